@@ -1,0 +1,103 @@
+"""The ``brokerd`` command line: run the broker, or a helper subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import logging
+import sys
+from pathlib import Path
+
+import brokerd
+
+EPILOG = """\
+subcommands:
+  brokerd hash-password        read a password and print its hash for brokerd.toml
+
+signals: SIGUSR1 full state dump, SIGUSR2 one-line state, SIGTERM graceful
+shutdown (clients get connection.close 320), SIGHUP re-read --config.
+"""
+
+
+def _port(value: str) -> int:
+    port = int(value)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is out of range 0..65535")
+    return port
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="brokerd",
+        description=f"{brokerd.PRODUCT} brokerd {brokerd.__version__}: "
+        "an AMQP 0-9-1 message broker.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"brokerd {brokerd.__version__}")
+    parser.add_argument(
+        "--bind", default="0.0.0.0", help="address to listen on for AMQP clients (default 0.0.0.0)"
+    )
+    parser.add_argument(
+        "--port", type=_port, default=5672, help="AMQP port (default 5672; 0 picks a free port)"
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path("var/brokerd"),
+        help="directory for the broker's state (default var/brokerd)",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="brokerd.toml with users, vhosts, permissions and limits "
+        "(default: DATA_DIR/brokerd.toml if it exists, else guest/guest from loopback only)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity (default info); logs are one line per event on stderr",
+    )
+    return parser
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def hash_password_main(argv: list[str]) -> int:
+    from brokerd.model.auth import hash_password
+
+    parser = argparse.ArgumentParser(
+        prog="brokerd hash-password", description="Print a password hash for brokerd.toml."
+    )
+    parser.add_argument("--stdin", action="store_true", help="read the password from stdin")
+    args = parser.parse_args(argv)
+    password = sys.stdin.readline().rstrip("\n") if args.stdin else getpass.getpass()
+    if not password:
+        print("brokerd hash-password: empty password", file=sys.stderr)
+        return 2
+    print(hash_password(password))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "hash-password":
+        return hash_password_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    setup_logging(args.log_level)
+    from brokerd.server.app import ServerOptions, run
+
+    config = args.config
+    if config is None and (args.data_dir / "brokerd.toml").exists():
+        config = args.data_dir / "brokerd.toml"
+    return run(
+        ServerOptions(bind=args.bind, port=args.port, data_dir=args.data_dir, config_file=config)
+    )

@@ -1,0 +1,1 @@
+"""Cluster membership and replication (seed 000). Identity lives here from day one."""

@@ -1,0 +1,114 @@
+"""Users, password hashes and per-vhost permissions (RabbitMQ's model).
+
+Passwords are stored as PBKDF2-SHA256 hashes; a verified login is
+remembered in memory (keyed by a keyed hash) so that reconnect storms do
+not stall the event loop on key stretching.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import ipaddress
+import re
+import secrets
+from dataclasses import dataclass, field
+
+from brokerd.model.errors import access_refused
+
+HASH_ALGORITHM = "pbkdf2_sha256"
+HASH_ITERATIONS = 120_000
+
+
+def hash_password(password: str, *, iterations: int = HASH_ITERATIONS, salt: str | None = None) -> str:
+    """Encode ``password`` as ``pbkdf2_sha256$iterations$salt$hash`` (Django's format)."""
+    salt = salt or secrets.token_hex(12)
+    digest = hashlib.pbkdf2_hmac("sha256", password.encode(), salt.encode(), iterations)
+    return f"{HASH_ALGORITHM}${iterations}${salt}${base64.b64encode(digest).decode()}"
+
+
+def check_password(password: str, encoded: str) -> bool:
+    try:
+        algorithm, iterations, salt, _digest = encoded.split("$", 3)
+        if algorithm != HASH_ALGORITHM:
+            return False
+        expected = hash_password(password, iterations=int(iterations), salt=salt)
+    except ValueError:
+        return False
+    return hmac.compare_digest(expected.encode(), encoded.encode())
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.split("%")[0]).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+@dataclass
+class User:
+    name: str
+    password_hash: str
+    tags: tuple[str, ...] = ()
+    #: like RabbitMQ's loopback_users: such a user may only log in from 127.0.0.0/8 or ::1
+    loopback_only: bool = False
+
+
+@dataclass
+class Permission:
+    configure: str = ".*"
+    write: str = ".*"
+    read: str = ".*"
+    _compiled: dict[str, re.Pattern[str]] = field(default_factory=dict, repr=False)
+
+    def allows(self, kind: str, resource: str) -> bool:
+        pattern = self._compiled.get(kind)
+        if pattern is None:
+            pattern = self._compiled[kind] = re.compile(getattr(self, kind))
+        # RabbitMQ: an empty pattern grants nothing; otherwise a full match is needed
+        return bool(getattr(self, kind)) and pattern.fullmatch(resource) is not None
+
+
+class UserDatabase:
+    """Users and permissions; swapped whole on a config reload."""
+
+    def __init__(self) -> None:
+        self.users: dict[str, User] = {}
+        self.permissions: dict[tuple[str, str], Permission] = {}
+        self._verified: dict[str, bytes] = {}
+        self._pepper = secrets.token_bytes(16)
+
+    def add_user(self, user: User) -> None:
+        self.users[user.name] = user
+        self._verified.pop(user.name, None)
+
+    def set_permission(self, user: str, vhost: str, permission: Permission) -> None:
+        self.permissions[(user, vhost)] = permission
+
+    def authenticate(self, username: str, password: str, peer_host: str) -> tuple[User | None, str]:
+        """Returns the user, or None and the reason (logged, never sent to the client)."""
+        user = self.users.get(username)
+        if user is None:
+            return None, f"user '{username}' does not exist"
+        if user.loopback_only and not is_loopback(peer_host):
+            return None, f"user '{username}' can only connect via localhost"
+        token = hmac.new(self._pepper, f"{user.password_hash}\0{password}".encode(), "sha256").digest()
+        if self._verified.get(username) == token:
+            return user, ""
+        if not check_password(password, user.password_hash):
+            return None, f"invalid credentials for user '{username}'"
+        self._verified[username] = token
+        return user, ""
+
+    def can_access_vhost(self, username: str, vhost: str) -> bool:
+        return (username, vhost) in self.permissions
+
+    def check(self, user: User, vhost: str, kind: str, resource_type: str, name: str) -> None:
+        """Raise 403 unless ``user`` has ``kind`` (configure/write/read) on the resource."""
+        permission = self.permissions.get((user.name, vhost))
+        if permission is None or not permission.allows(kind, name):
+            raise access_refused(
+                f"access to {resource_type} '{name}' in vhost '{vhost}' "
+                f"refused for user '{user.name}'"
+            )

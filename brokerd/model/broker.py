@@ -1,0 +1,54 @@
+"""The broker model's root: virtual hosts, users and limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from brokerd.model.auth import UserDatabase
+from brokerd.model.errors import NOT_ALLOWED, ConnectionError_
+from brokerd.model.vhost import VirtualHost
+
+
+@dataclass
+class Limits:
+    """Negotiation ceilings and protective limits; applied live on reload."""
+
+    frame_max: int = 131_072
+    channel_max: int = 2047
+    heartbeat: int = 60
+    max_message_size: int = 128 * 1024 * 1024
+    #: seed 000: returned messages a connection may receive per second; more are dropped
+    max_returns_per_second: int = 1000
+
+
+class Broker:
+    def __init__(self, users: UserDatabase, vhosts: list[str], limits: Limits | None = None) -> None:
+        self.users = users
+        self.limits = limits or Limits()
+        self.vhosts: dict[str, VirtualHost] = {name: VirtualHost(name) for name in vhosts}
+        self.messages_in = 0
+        self.messages_out = 0
+        self.messages_returned = 0
+
+    def vhost(self, name: str) -> VirtualHost:
+        vhost = self.vhosts.get(name)
+        if vhost is None:
+            raise ConnectionError_(NOT_ALLOWED, f"vhost '{name}' not found")
+        return vhost
+
+    def add_vhost(self, name: str) -> VirtualHost:
+        if name not in self.vhosts:
+            self.vhosts[name] = VirtualHost(name)
+        return self.vhosts[name]
+
+    def totals(self) -> dict[str, int]:
+        """Counts for the one-line dump, heartbeats and the console."""
+        queues = [q for v in self.vhosts.values() for q in v.queues.values()]
+        return {
+            "vhosts": len(self.vhosts),
+            "exchanges": sum(len(v.exchanges) for v in self.vhosts.values()),
+            "queues": len(queues),
+            "bindings": sum(len(v.binding_list()) for v in self.vhosts.values()),
+            "consumers": sum(len(q.consumers) for q in queues),
+            "messages_ready": sum(len(q.messages) for q in queues),
+        }

@@ -1,0 +1,95 @@
+"""A published message as the broker holds it.
+
+The content header's property bytes are kept encoded: the broker forwards
+them untouched on delivery and decodes them only when something (a headers
+muxer, a TTL, a dump) needs a property.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pamqp import commands
+
+from brokerd.wire import codec
+
+
+class Message:
+    """One message; shared (not copied) by every queue it is routed to."""
+
+    __slots__ = (
+        "_content",
+        "_properties",
+        "_tail",
+        "body",
+        "exchange",
+        "props_raw",
+        "publisher",
+        "routing_key",
+    )
+
+    def __init__(
+        self,
+        exchange: str,
+        routing_key: str,
+        props_raw: bytes,
+        body: bytes,
+        publisher: int = 0,
+    ) -> None:
+        self.exchange = exchange
+        self.routing_key = routing_key
+        self.props_raw = props_raw
+        self.body = body
+        #: id of the connection that published it (for no-local); 0 = broker
+        self.publisher = publisher
+        self._properties: commands.Basic.Properties | None = None
+        self._tail: bytes | None = None
+        self._content: tuple[int, int, bytes] | None = None
+
+    @classmethod
+    def build(
+        cls,
+        exchange: str,
+        routing_key: str,
+        body: bytes,
+        properties: commands.Basic.Properties | None = None,
+        publisher: int = 0,
+    ) -> Message:
+        """A message made by the broker itself (tests, dead letters, cluster relays)."""
+        msg = cls(exchange, routing_key, codec.encode_properties(properties), body, publisher)
+        msg._properties = properties
+        return msg
+
+    @property
+    def properties(self) -> commands.Basic.Properties:
+        if self._properties is None:
+            self._properties = codec.decode_properties(self.props_raw)
+        return self._properties
+
+    @property
+    def headers(self) -> dict[str, Any]:
+        return self.properties.headers or {}
+
+    @property
+    def size(self) -> int:
+        return len(self.body)
+
+    @property
+    def tail(self) -> bytes:
+        """Exchange and routing key encoded once for every delivery of this message."""
+        tail = self._tail
+        if tail is None:
+            tail = self._tail = codec.routing_tail(self.exchange, self.routing_key)
+        return tail
+
+    def content(self, channel: int, frame_max: int) -> bytes:
+        """Header and body frames, cached for the last (channel, frame_max) asked."""
+        cached = self._content
+        if cached is not None and cached[0] == channel and cached[1] == frame_max:
+            return cached[2]
+        frames = codec.content_frames(channel, self.props_raw, self.body, frame_max)
+        self._content = (channel, frame_max, frames)
+        return frames
+
+    def __repr__(self) -> str:
+        return f"<Message {self.exchange!r}/{self.routing_key!r} {len(self.body)}B>"

@@ -1,0 +1,114 @@
+"""WILD DESTINATION muxer: ``topic`` exchanges match dotted keys against ``*``/``#`` patterns.
+
+Bindings are held in a trie of words; results are cached per routing key
+and the cache is dropped whenever a binding changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from brokerd.model.message import Message
+from brokerd.model.muxers.base import Binding, Muxer, register
+
+_CACHE_LIMIT = 4096
+
+
+class _Node:
+    __slots__ = ("children", "destinations")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Node] = {}
+        self.destinations: dict[Any, int] = {}
+
+
+def topic_matches(pattern: str, routing_key: str) -> bool:
+    """Reference matcher (used by tests): does ``pattern`` match ``routing_key``?"""
+    return _match(pattern.split("."), routing_key.split("."))
+
+
+def _match(pat: list[str], words: list[str]) -> bool:
+    if not pat:
+        return not words
+    head, rest = pat[0], pat[1:]
+    if head == "#":
+        return any(_match(rest, words[i:]) for i in range(len(words) + 1))
+    if not words:
+        return False
+    if head == "*" or head == words[0]:
+        return _match(rest, words[1:])
+    return False
+
+
+@register
+class TopicMuxer(Muxer):
+    type_name = "topic"
+
+    def __init__(self, arguments: dict[str, Any]) -> None:
+        super().__init__(arguments)
+        self.root = _Node()
+        self._cache: dict[str, tuple[Any, ...]] = {}
+
+    def bind(self, binding: Binding) -> None:
+        node = self.root
+        for word in binding.routing_key.split("."):
+            node = node.children.setdefault(word, _Node())
+        dest = binding.destination
+        node.destinations[dest] = node.destinations.get(dest, 0) + 1
+        self._cache.clear()
+
+    def unbind(self, binding: Binding) -> None:
+        path = [self.root]
+        words = binding.routing_key.split(".")
+        for word in words:
+            nxt = path[-1].children.get(word)
+            if nxt is None:
+                return
+            path.append(nxt)
+        node = path[-1]
+        dest = binding.destination
+        if dest not in node.destinations:
+            return
+        node.destinations[dest] -= 1
+        if node.destinations[dest] <= 0:
+            del node.destinations[dest]
+        # prune empty branches
+        for depth in range(len(words), 0, -1):
+            child = path[depth]
+            if child.children or child.destinations:
+                break
+            del path[depth - 1].children[words[depth - 1]]
+        self._cache.clear()
+
+    def route(self, message: Message) -> Collection[Any]:
+        key = message.routing_key
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        found: dict[Any, None] = {}
+        self._walk(self.root, key.split("."), 0, found)
+        result = tuple(found)
+        if len(self._cache) >= _CACHE_LIMIT:
+            self._cache.clear()
+        self._cache[key] = result
+        return result
+
+    def _walk(self, node: _Node, words: list[str], i: int, found: dict[Any, None]) -> None:
+        children = node.children
+        if i == len(words):
+            found.update(dict.fromkeys(node.destinations))
+            hash_node = children.get("#")
+            if hash_node is not None:  # '#' also matches zero words
+                self._walk(hash_node, words, i, found)
+            return
+        child = children.get(words[i])
+        if child is not None:
+            self._walk(child, words, i + 1, found)
+        child = children.get("*")
+        if child is not None:
+            self._walk(child, words, i + 1, found)
+        child = children.get("#")
+        if child is not None:
+            for j in range(i, len(words) + 1):
+                self._walk(child, words, j, found)

@@ -1,0 +1,304 @@
+"""A virtual host: its exchanges, queues and bindings, and the routing walk.
+
+Every wiring change goes through here so the rules RabbitMQ users rely on
+(reserved names, equivalence on redeclare, exclusivity, auto-delete) live
+in one place.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from brokerd.model.errors import (
+    ACCESS_REFUSED,
+    ChannelError,
+    access_refused,
+    not_found,
+    precondition_failed,
+    resource_locked,
+)
+from brokerd.model.exchange import DefaultMuxer, Exchange
+from brokerd.model.message import Message
+from brokerd.model.muxers import Binding, lookup
+from brokerd.model.queue import Queue, validate_queue_arguments
+
+PREDECLARED = (
+    ("amq.direct", "direct"),
+    ("amq.fanout", "fanout"),
+    ("amq.topic", "topic"),
+    ("amq.headers", "headers"),
+    ("amq.match", "headers"),
+)
+
+
+def _flag(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class VirtualHost:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.queues: dict[str, Queue] = {}
+        self.exchanges: dict[str, Exchange] = {}
+        self.exchanges[""] = Exchange("", "direct", durable=True, muxer=DefaultMuxer(self.queues))
+        for xname, xtype in PREDECLARED:
+            self.exchanges[xname] = Exchange(xname, xtype, durable=True)
+        #: called with each queue removed (lets channels forget consumers, stores drop files)
+        self.on_queue_deleted: list[Callable[[Queue], None]] = []
+
+    # -- lookups -------------------------------------------------------------
+
+    def exchange(self, name: str) -> Exchange:
+        try:
+            return self.exchanges[name]
+        except KeyError:
+            raise not_found(f"no exchange '{name}' in vhost '{self.name}'") from None
+
+    def queue(self, name: str, connection_id: int | None = None) -> Queue:
+        """Look a queue up, enforcing exclusivity when ``connection_id`` is given."""
+        queue = self.queues.get(name)
+        if queue is None:
+            raise not_found(f"no queue '{name}' in vhost '{self.name}'")
+        if (
+            connection_id is not None
+            and queue.exclusive_owner is not None
+            and queue.exclusive_owner != connection_id
+        ):
+            raise resource_locked(
+                f"cannot obtain exclusive access to locked queue '{name}' in vhost '{self.name}'. "
+                "It could be originally declared on another connection or the exclusive "
+                "property value does not match that of the original declaration."
+            )
+        return queue
+
+    # -- exchanges -----------------------------------------------------------
+
+    def declare_exchange(
+        self,
+        name: str,
+        type_name: str,
+        *,
+        passive: bool = False,
+        durable: bool = False,
+        auto_delete: bool = False,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> tuple[Exchange, bool]:
+        """Declare (or check) an exchange; returns it and whether it was created."""
+        arguments = arguments or {}
+        existing = self.exchanges.get(name)
+        if passive:
+            if existing is None:
+                raise not_found(f"no exchange '{name}' in vhost '{self.name}'")
+            return existing, False
+        if name.startswith("amq.") and existing is None:
+            raise access_refused(
+                f"exchange name '{name}' contains reserved prefix 'amq.*'"
+            )
+        if name == "":
+            raise access_refused("operation not permitted on the default exchange")
+        if existing is not None:
+            self._check_equivalent(
+                "exchange",
+                name,
+                (
+                    ("type", type_name, existing.type_name),
+                    ("durable", durable, existing.durable),
+                    ("auto_delete", auto_delete, existing.auto_delete),
+                    ("internal", internal, existing.internal),
+                ),
+            )
+            return existing, False
+        lookup(type_name)  # 503 for an unknown type before anything is created
+        exchange = Exchange(
+            name,
+            type_name,
+            durable=durable,
+            auto_delete=auto_delete,
+            internal=internal,
+            arguments=arguments,
+        )
+        self.exchanges[name] = exchange
+        return exchange, True
+
+    def delete_exchange(self, name: str, *, if_unused: bool = False) -> Exchange | None:
+        if name == "" or name.startswith("amq."):
+            raise access_refused(f"operation not permitted on exchange '{name}'")
+        exchange = self.exchanges.get(name)
+        if exchange is None:
+            return None  # deleting what is not there succeeds, as in RabbitMQ
+        if if_unused and exchange.bindings:
+            raise precondition_failed(f"exchange '{name}' in vhost '{self.name}' in use")
+        for binding in list(exchange.bindings.values()) + list(exchange.inbound.values()):
+            self._drop_binding(binding)
+        del self.exchanges[name]
+        return exchange
+
+    # -- queues --------------------------------------------------------------
+
+    def declare_queue(
+        self,
+        name: str,
+        *,
+        connection_id: int,
+        passive: bool = False,
+        durable: bool = False,
+        exclusive: bool = False,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> tuple[Queue, bool]:
+        arguments = arguments or {}
+        if passive:
+            return self.queue(name, connection_id), False
+        if not name:
+            name = "amq.gen-" + secrets.token_urlsafe(16)
+        elif name.startswith("amq."):
+            raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
+        existing = self.queues.get(name)
+        if existing is not None:
+            self.queue(name, connection_id)  # 405 if another connection owns it
+            self._check_equivalent(
+                "queue",
+                name,
+                (
+                    ("durable", durable, existing.durable),
+                    ("exclusive", exclusive, existing.exclusive),
+                    ("auto_delete", auto_delete, existing.auto_delete),
+                )
+                + tuple(
+                    (key, arguments.get(key), existing.arguments.get(key))
+                    for key in sorted(set(arguments) | set(existing.arguments))
+                    if key.startswith("x-")
+                ),
+            )
+            return existing, False
+        validate_queue_arguments(name, self.name, arguments)
+        queue = Queue(
+            name,
+            self.name,
+            durable=durable,
+            exclusive_owner=connection_id if exclusive else None,
+            auto_delete=auto_delete,
+            arguments=arguments,
+        )
+        self.queues[name] = queue
+        return queue, True
+
+    def delete_queue(
+        self,
+        name: str,
+        *,
+        connection_id: int | None = None,
+        if_unused: bool = False,
+        if_empty: bool = False,
+    ) -> int:
+        """Delete a queue; returns the number of messages it held."""
+        queue = self.queues.get(name)
+        if queue is None:
+            return 0
+        self.queue(name, connection_id)
+        if if_unused and queue.consumers:
+            raise precondition_failed(f"queue '{name}' in vhost '{self.name}' in use")
+        if if_empty and queue.messages:
+            raise precondition_failed(f"queue '{name}' in vhost '{self.name}' is not empty")
+        return self.remove_queue(queue)
+
+    def remove_queue(self, queue: Queue) -> int:
+        """Remove a queue unconditionally: bindings, consumers (cancelled), messages."""
+        if self.queues.get(queue.name) is not queue:
+            return 0
+        del self.queues[queue.name]
+        queue.deleted = True
+        for binding in list(queue.bindings.values()):
+            self._drop_binding(binding)
+        count = queue.purge()
+        for consumer in list(queue.consumers):
+            queue.remove_consumer(consumer)
+            consumer.cancelled(queue)
+        for hook in self.on_queue_deleted:
+            hook(queue)
+        return count
+
+    # -- bindings ------------------------------------------------------------
+
+    def bind(
+        self,
+        source: Exchange,
+        destination: Queue | Exchange,
+        routing_key: str,
+        arguments: dict[str, Any] | None = None,
+    ) -> Binding:
+        if source.is_default or (isinstance(destination, Exchange) and destination.is_default):
+            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        binding = Binding(source, destination, routing_key, arguments or {})
+        if source.add_binding(binding):
+            target = destination.bindings if isinstance(destination, Queue) else destination.inbound
+            target[(id(source), *binding.key[1:])] = binding
+        return binding
+
+    def unbind(
+        self,
+        source: Exchange,
+        destination: Queue | Exchange,
+        routing_key: str,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        if source.is_default or (isinstance(destination, Exchange) and destination.is_default):
+            raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
+        probe = Binding(source, destination, routing_key, arguments or {})
+        binding = source.bindings.get(probe.key)
+        if binding is not None:
+            self._drop_binding(binding)
+
+    def _drop_binding(self, binding: Binding) -> None:
+        source: Exchange = binding.source
+        destination = binding.destination
+        source.remove_binding(binding)
+        target = destination.bindings if isinstance(destination, Queue) else destination.inbound
+        target.pop((id(source), *binding.key[1:]), None)
+        if source.auto_delete and not source.bindings and source.name in self.exchanges:
+            self.delete_exchange(source.name)
+
+    def binding_list(self) -> list[Binding]:
+        return [b for x in self.exchanges.values() for b in x.bindings.values()]
+
+    # -- routing -------------------------------------------------------------
+
+    def route(self, exchange: Exchange, message: Message) -> tuple[Queue, ...]:
+        """All queues a message reaches, each once, following exchange-to-exchange
+        bindings and stopping on cycles."""
+        exchange.stats_in += 1
+        destinations = exchange.muxer.route(message)
+        if not exchange.exchange_destinations:
+            return tuple(destinations)
+        queues: dict[Queue, None] = {}
+        seen = {exchange}
+        stack = list(destinations)
+        while stack:
+            dest = stack.pop()
+            if isinstance(dest, Queue):
+                queues[dest] = None
+            elif dest not in seen:
+                seen.add(dest)
+                dest.stats_in += 1
+                stack.extend(dest.muxer.route(message))
+        return tuple(queues)
+
+    # -- connection lifecycle -------------------------------------------------
+
+    def drop_exclusive(self, connection_id: int) -> None:
+        """The owner connection closed: its exclusive queues go."""
+        for queue in [q for q in self.queues.values() if q.exclusive_owner == connection_id]:
+            self.remove_queue(queue)
+
+    def _check_equivalent(self, kind: str, name: str, fields: Any) -> None:
+        for field, received, current in fields:
+            if received != current:
+                raise precondition_failed(
+                    f"inequivalent arg '{field}' for {kind} '{name}' in vhost '{self.name}': "
+                    f"received '{_flag(received)}' but current is '{_flag(current)}'"
+                )

@@ -1,0 +1,541 @@
+"""The AMQP connection state machine (handshake, channels, heartbeats, close)."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import logging
+import platform
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pamqp import commands, decode
+from pamqp.base import Frame as Method
+
+import brokerd
+from brokerd.model.broker import Broker
+from brokerd.model.errors import (
+    ACCESS_REFUSED,
+    CHANNEL_ERROR,
+    COMMAND_INVALID,
+    CONNECTION_FORCED,
+    FRAME_ERROR,
+    NOT_ALLOWED,
+    NOT_IMPLEMENTED,
+    SYNTAX_ERROR,
+    UNEXPECTED_FRAME,
+    AMQPError,
+    ConnectionError_,
+)
+from brokerd.wire import codec
+from brokerd.wire.codec import (
+    FRAME_BODY,
+    FRAME_HEADER,
+    FRAME_HEARTBEAT,
+    FRAME_METHOD,
+    FRAME_MIN_SIZE,
+    HEARTBEAT_FRAME,
+    PROTOCOL_HEADER,
+    FrameError,
+    SyntaxError_,
+    UnknownMethod,
+)
+
+log = logging.getLogger("brokerd.connection")
+
+HANDSHAKE_TIMEOUT = 10.0
+CLOSE_TIMEOUT = 3.0
+_ids = itertools.count(1)
+
+SERVER_CAPABILITIES = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "consumer_priorities": False,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": False,
+}
+
+
+class ConnectionState(enum.Enum):
+    AWAIT_HEADER = "awaiting protocol header"
+    AWAIT_START_OK = "starting"
+    AWAIT_TUNE_OK = "tuning"
+    AWAIT_OPEN = "opening"
+    OPEN = "running"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+def next_connection_id() -> int:
+    return next(_ids)
+
+
+class Connection:
+    """One client connection, from protocol header to close.
+
+    ``on_output`` is called (once) when the output buffer goes from empty to
+    non-empty, so an I/O shell can schedule a single write per loop turn.
+    """
+
+    def __init__(
+        self,
+        broker: Broker,
+        peer: tuple[str, int],
+        *,
+        connection_id: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_output: Callable[[], None] | None = None,
+        server_properties: dict[str, Any] | None = None,
+    ) -> None:
+        from brokerd.protocol.channel import Channel  # local: channel imports this module
+
+        self._channel_cls = Channel
+        self.broker = broker
+        self.peer = peer
+        self.id = connection_id if connection_id is not None else next_connection_id()
+        self.name = f"{peer[0]}:{peer[1]}"
+        self.clock = clock
+        self.on_output = on_output
+        self.state = ConnectionState.AWAIT_HEADER
+        self.created = clock()
+        self.last_received = self.created
+        self.last_sent = self.created
+        self._closing_since = 0.0
+        self._buf = bytearray()
+        self._out: list[bytes] = []
+        self.server_properties = server_properties or {}
+        # negotiated
+        self.frame_max = FRAME_MIN_SIZE
+        self.channel_max = broker.limits.channel_max
+        self.heartbeat = 0
+        self.client_properties: dict[str, Any] = {}
+        self.capabilities: dict[str, Any] = {}
+        self.user: Any = None
+        self.vhost: Any = None
+        self.channels: dict[int, Any] = {}
+        #: False while the transport's buffer is above its high-water mark
+        self.writable = True
+        self.blocked_reason: str | None = None
+        self.close_reason: str = ""
+        # counters
+        self.messages_in = 0
+        self.messages_out = 0
+        self._returns_window = 0.0
+        self._returns_in_window = 0
+        self.returns_dropped = 0
+        self._confirm_dirty: set[Any] = set()
+
+    # -- I/O boundary ----------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        out = self._out
+        if not out and self.on_output is not None:
+            out.append(data)
+            self.on_output()
+        else:
+            out.append(data)
+
+    def data_to_send(self) -> bytes:
+        """Everything queued for the peer since the last call."""
+        if not self._out:
+            return b""
+        data = b"".join(self._out)
+        self._out.clear()
+        self.last_sent = self.clock()
+        return data
+
+    @property
+    def closed(self) -> bool:
+        """The shell should flush ``data_to_send`` and then close the transport."""
+        return self.state is ConnectionState.CLOSED
+
+    def receive_data(self, data: bytes) -> None:
+        if self.state is ConnectionState.CLOSED:
+            return
+        self.last_received = self.clock()
+        buf = self._buf
+        buf += data
+        if self.state is ConnectionState.AWAIT_HEADER:
+            if len(buf) < 8:
+                if PROTOCOL_HEADER.startswith(bytes(buf)):
+                    return
+                self._refuse_header()
+                return
+            if bytes(buf[:8]) != PROTOCOL_HEADER:
+                self._refuse_header()
+                return
+            del buf[:8]
+            self._send_start()
+        frame_max = self.frame_max
+        try:
+            frames, pos = codec.split_frames(buf, 0, frame_max)
+        except FrameError as exc:
+            frames, pos = [], len(buf)
+            self._pending_error: AMQPError | None = ConnectionError_(FRAME_ERROR, str(exc))
+        else:
+            self._pending_error = None
+        if pos:
+            del buf[:pos]
+        for ftype, channel, payload in frames:
+            try:
+                self._handle_frame(ftype, channel, payload)
+            except AMQPError as exc:
+                self._amqp_error(exc, channel)
+            if self.state is ConnectionState.CLOSED:
+                break
+            if self.state is ConnectionState.CLOSING and self._closing_since:
+                # after we started closing only close/close-ok matter; keep scanning
+                continue
+        if self._pending_error is not None and self.state is not ConnectionState.CLOSED:
+            self.connection_error(self._pending_error.reply_code, self._pending_error.text)
+        if self._confirm_dirty:
+            for ch in self._confirm_dirty:
+                ch.flush_confirms()
+            self._confirm_dirty.clear()
+
+    def _refuse_header(self) -> None:
+        log.info("refused conn=%d peer=%s reason=bad protocol header", self.id, self.name)
+        self.write(PROTOCOL_HEADER)
+        self.state = ConnectionState.CLOSED
+
+    # -- frames ------------------------------------------------------------------
+
+    def _handle_frame(self, ftype: int, channel: int, payload: bytes) -> None:
+        state = self.state
+        if state is ConnectionState.CLOSING:
+            if ftype == FRAME_METHOD and channel == 0:
+                method = self._decode(payload)
+                if isinstance(method, commands.Connection.CloseOk):
+                    self._finish_close()
+                elif isinstance(method, commands.Connection.Close):
+                    self.send_method(0, commands.Connection.CloseOk())
+                    self._finish_close()
+            return
+        if ftype == FRAME_METHOD:
+            if channel == 0:
+                self._connection_method(self._decode(payload))
+                return
+            if state is not ConnectionState.OPEN:
+                raise ConnectionError_(CHANNEL_ERROR, "channel frame before connection.open")
+            ch = self.channels.get(channel)
+            if ch is None:
+                method = self._decode(payload)
+                if not isinstance(method, commands.Channel.Open):
+                    raise ConnectionError_(
+                        CHANNEL_ERROR, f"expected 'channel.open' on channel {channel}"
+                    )
+                self._open_channel(channel)
+                return
+            ch.handle_method(payload)
+        elif ftype == FRAME_HEADER or ftype == FRAME_BODY:
+            ch = self.channels.get(channel) if channel else None
+            if ch is None or state is not ConnectionState.OPEN:
+                raise ConnectionError_(
+                    UNEXPECTED_FRAME, f"content frame on channel {channel}, which is not open"
+                )
+            if ftype == FRAME_BODY:
+                ch.handle_body(payload)
+            else:
+                ch.handle_header(payload)
+        elif ftype == FRAME_HEARTBEAT:
+            if channel != 0:
+                raise ConnectionError_(FRAME_ERROR, "heartbeat frame on a non-zero channel")
+        else:
+            raise ConnectionError_(FRAME_ERROR, f"unknown frame type {ftype}")
+
+    def _decode(self, payload: bytes) -> Method:
+        try:
+            return codec.decode_method(payload)
+        except UnknownMethod as exc:
+            raise ConnectionError_(NOT_IMPLEMENTED, str(exc)) from None
+        except SyntaxError_ as exc:
+            raise ConnectionError_(SYNTAX_ERROR, str(exc)) from None
+
+    def send_method(self, channel: int, method: Method) -> None:
+        self.write(codec.method_frame(channel, method))
+
+    # -- errors and closing ----------------------------------------------------
+
+    def _amqp_error(self, exc: AMQPError, channel: int) -> None:
+        ch = self.channels.get(channel) if channel else None
+        if exc.connection_level or ch is None:
+            self.connection_error(exc.reply_code, exc.text, *getattr(exc, "method_id", (0, 0)))
+        else:
+            ch.close_by_server(exc)
+
+    def connection_error(self, code: int, text: str, class_id: int = 0, method_id: int = 0) -> None:
+        """Close the connection with an AMQP error (spec 4.2.3: then ignore all but close-ok)."""
+        if self.state in (ConnectionState.CLOSING, ConnectionState.CLOSED):
+            return
+        err = ConnectionError_(code, text)
+        log.warning(
+            "connection.error conn=%d peer=%s code=%d text=%r", self.id, self.name, code, text
+        )
+        self.close_reason = err.reply_text
+        if self.state in (ConnectionState.AWAIT_HEADER, ConnectionState.AWAIT_START_OK):
+            # before tune there is no agreed frame size; say why and drop the socket
+            self.send_method(0, commands.Connection.Close(code, err.reply_text, class_id, method_id))
+            self._teardown()
+            self.state = ConnectionState.CLOSED
+            return
+        self.send_method(0, commands.Connection.Close(code, err.reply_text, class_id, method_id))
+        self._teardown()
+        self.state = ConnectionState.CLOSING
+        self._closing_since = self.clock()
+
+    def close(self, code: int = CONNECTION_FORCED, text: str = "broker forced connection closure") -> None:
+        """Server-initiated close (shutdown, operator): clients get connection.close."""
+        if self.state is ConnectionState.OPEN:
+            self.connection_error(code, text)
+        elif self.state is not ConnectionState.CLOSED:
+            self._teardown()
+            self.state = ConnectionState.CLOSED
+
+    def _finish_close(self) -> None:
+        self._teardown()
+        self.state = ConnectionState.CLOSED
+        log.info("closed conn=%d peer=%s", self.id, self.name)
+
+    def connection_lost(self) -> None:
+        """The transport is gone: release everything the connection held."""
+        if self.state is not ConnectionState.CLOSED:
+            log.info("lost conn=%d peer=%s state=%s", self.id, self.name, self.state.value)
+        self._teardown()
+        self.state = ConnectionState.CLOSED
+
+    def _teardown(self) -> None:
+        for ch in list(self.channels.values()):
+            ch.release()
+        self.channels.clear()
+        if self.vhost is not None:
+            self.vhost.drop_exclusive(self.id)
+
+    # -- timers ----------------------------------------------------------------
+
+    def tick(self, now: float | None = None) -> None:
+        """Heartbeats and timeouts; the shell calls this about once a second."""
+        now = self.clock() if now is None else now
+        state = self.state
+        if state is ConnectionState.CLOSED:
+            return
+        if state is ConnectionState.CLOSING:
+            if now - self._closing_since > CLOSE_TIMEOUT:
+                self._finish_close()
+            return
+        if state is not ConnectionState.OPEN:
+            if now - self.created > HANDSHAKE_TIMEOUT:
+                log.info("handshake timeout conn=%d peer=%s", self.id, self.name)
+                self._teardown()
+                self.state = ConnectionState.CLOSED
+            return
+        if self.heartbeat:
+            if now - self.last_received > 2 * self.heartbeat:
+                log.warning(
+                    "missed heartbeats conn=%d peer=%s timeout=%ds",
+                    self.id, self.name, 2 * self.heartbeat,
+                )
+                self.close_reason = "missed heartbeats from client"
+                self._teardown()
+                self.state = ConnectionState.CLOSED
+                return
+            if now - self.last_sent >= self.heartbeat / 2 and not self._out:
+                self.write(HEARTBEAT_FRAME)
+
+    # -- flow control from the transport ------------------------------------------
+
+    def pause_writing(self) -> None:
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        queues = {c.queue for ch in self.channels.values() for c in ch.consumers.values()}
+        for queue in queues:
+            queue.dispatch()
+
+    def set_blocked(self, reason: str | None) -> None:
+        """connection.blocked / unblocked, for clients that declared the capability."""
+        if reason == self.blocked_reason:
+            return
+        self.blocked_reason = reason
+        if self.state is ConnectionState.OPEN and self.capabilities.get("connection.blocked"):
+            if reason is None:
+                self.send_method(0, commands.Connection.Unblocked())
+            else:
+                self.send_method(0, commands.Connection.Blocked(reason))
+
+    # -- returned-message limit (seed 000) ---------------------------------------
+
+    def may_return(self) -> bool:
+        now = self.clock()
+        if now - self._returns_window >= 1.0:
+            self._returns_window = now
+            self._returns_in_window = 0
+        if self._returns_in_window >= self.broker.limits.max_returns_per_second:
+            self.returns_dropped += 1
+            if self.returns_dropped == 1 or self.returns_dropped % 1000 == 0:
+                log.warning(
+                    "return limit conn=%d peer=%s dropped=%d", self.id, self.name, self.returns_dropped
+                )
+            return False
+        self._returns_in_window += 1
+        return True
+
+    # -- the handshake -----------------------------------------------------------
+
+    def _send_start(self) -> None:
+        props = {
+            "product": brokerd.PRODUCT,
+            "version": brokerd.__version__,
+            "platform": f"Python {platform.python_version()}",
+            "copyright": "Rookery contributors",
+            "information": "Rookery clustered AMQP broker; see https://www.rabbitmq.com/amqp-0-9-1-reference.html",
+            "capabilities": dict(SERVER_CAPABILITIES),
+        }
+        props.update(self.server_properties)
+        self.send_method(0, commands.Connection.Start(0, 9, props, "PLAIN AMQPLAIN", "en_US"))
+        self.state = ConnectionState.AWAIT_START_OK
+
+    def _connection_method(self, method: Method) -> None:
+        state = self.state
+        if state is ConnectionState.AWAIT_START_OK:
+            if not isinstance(method, commands.Connection.StartOk):
+                raise ConnectionError_(COMMAND_INVALID, f"expected connection.start-ok, got {method.name}")
+            self._on_start_ok(method)
+        elif state is ConnectionState.AWAIT_TUNE_OK:
+            if not isinstance(method, commands.Connection.TuneOk):
+                raise ConnectionError_(COMMAND_INVALID, f"expected connection.tune-ok, got {method.name}")
+            self._on_tune_ok(method)
+        elif state is ConnectionState.AWAIT_OPEN:
+            if not isinstance(method, commands.Connection.Open):
+                raise ConnectionError_(COMMAND_INVALID, f"expected connection.open, got {method.name}")
+            self._on_open(method)
+        elif isinstance(method, commands.Connection.Close):
+            log.info(
+                "client close conn=%d peer=%s code=%s text=%r",
+                self.id, self.name, method.reply_code, method.reply_text,
+            )
+            self.send_method(0, commands.Connection.CloseOk())
+            self._finish_close()
+        elif isinstance(method, commands.Connection.CloseOk):
+            raise ConnectionError_(COMMAND_INVALID, "connection.close-ok without connection.close")
+        else:
+            raise ConnectionError_(
+                COMMAND_INVALID, f"unexpected method {method.name} on channel 0"
+            )
+
+    def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
+        self.client_properties = method.client_properties or {}
+        caps = self.client_properties.get("capabilities")
+        self.capabilities = caps if isinstance(caps, dict) else {}
+        username, password = self._credentials(method.mechanism, method.response)
+        user, reason = self.broker.users.authenticate(username, password, self.peer[0])
+        if user is None:
+            log.warning(
+                "login refused conn=%d peer=%s mechanism=%s reason=%s",
+                self.id, self.name, method.mechanism, reason,
+            )
+            text = (
+                f"Login was refused using authentication mechanism {method.mechanism}. "
+                "For details see the broker logfile."
+            )
+            if self.capabilities.get("authentication_failure_close"):
+                self.send_method(
+                    0, commands.Connection.Close(ACCESS_REFUSED, f"ACCESS_REFUSED - {text}", 0, 0)
+                )
+            self.state = ConnectionState.CLOSED
+            return
+        self.user = user
+        limits = self.broker.limits
+        self.send_method(
+            0, commands.Connection.Tune(limits.channel_max, limits.frame_max, limits.heartbeat)
+        )
+        self.state = ConnectionState.AWAIT_TUNE_OK
+
+    def _credentials(self, mechanism: str, response: Any) -> tuple[str, str]:
+        raw = response.encode("latin-1") if isinstance(response, str) else bytes(response or b"")
+        if mechanism == "PLAIN":
+            parts = raw.split(b"\x00")
+            if len(parts) != 3:
+                raise ConnectionError_(ACCESS_REFUSED, "malformed PLAIN response")
+            return parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
+        if mechanism == "AMQPLAIN":
+            try:
+                _, table = decode.field_table(struct.pack(">I", len(raw)) + raw)
+            except Exception:
+                raise ConnectionError_(ACCESS_REFUSED, "malformed AMQPLAIN response") from None
+            return str(table.get("LOGIN", "")), str(table.get("PASSWORD", ""))
+        raise ConnectionError_(
+            ACCESS_REFUSED, f"unsupported authentication mechanism '{mechanism}'"
+        )
+
+    def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
+        limits = self.broker.limits
+        frame_max = method.frame_max or limits.frame_max
+        if frame_max < FRAME_MIN_SIZE:
+            raise ConnectionError_(
+                NOT_ALLOWED, f"frame_max={frame_max} < {FRAME_MIN_SIZE} min size"
+            )
+        if frame_max > limits.frame_max:
+            raise ConnectionError_(
+                NOT_ALLOWED, f"frame_max={frame_max} > {limits.frame_max} max size"
+            )
+        channel_max = method.channel_max or limits.channel_max
+        if channel_max > limits.channel_max:
+            raise ConnectionError_(
+                NOT_ALLOWED, f"channel_max={channel_max} > {limits.channel_max} max"
+            )
+        self.frame_max = frame_max
+        self.channel_max = channel_max
+        self.heartbeat = method.heartbeat
+        self.state = ConnectionState.AWAIT_OPEN
+
+    def _on_open(self, method: commands.Connection.Open) -> None:
+        name = method.virtual_host or "/"
+        vhost = self.broker.vhosts.get(name)
+        if vhost is None:
+            raise ConnectionError_(NOT_ALLOWED, f"vhost '{name}' not found")
+        if not self.broker.users.can_access_vhost(self.user.name, name):
+            raise ConnectionError_(
+                NOT_ALLOWED, f"access to vhost '{name}' refused for user '{self.user.name}'"
+            )
+        self.vhost = vhost
+        self.send_method(0, commands.Connection.OpenOk())
+        self.state = ConnectionState.OPEN
+        log.info(
+            "open conn=%d peer=%s user=%s vhost=%s client=%s heartbeat=%d frame_max=%d",
+            self.id, self.name, self.user.name, name,
+            self.client_properties.get("product", "?"), self.heartbeat, self.frame_max,
+        )
+
+    # -- channels ------------------------------------------------------------------
+
+    def _open_channel(self, number: int) -> None:
+        if number > self.channel_max:
+            raise ConnectionError_(
+                CHANNEL_ERROR, f"channel {number} exceeds channel_max {self.channel_max}"
+            )
+        self.channels[number] = self._channel_cls(self, number)
+        self.send_method(number, commands.Channel.OpenOk())
+
+    def channel_closed(self, number: int) -> None:
+        self.channels.pop(number, None)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "peer": self.name,
+            "state": self.state.value,
+            "user": getattr(self.user, "name", None),
+            "vhost": getattr(self.vhost, "name", None),
+            "client": self.client_properties.get("product"),
+            "channels": len(self.channels),
+            "heartbeat": self.heartbeat,
+            "messages_in": self.messages_in,
+            "messages_out": self.messages_out,
+        }

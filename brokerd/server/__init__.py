@@ -1,0 +1,1 @@
+"""The asyncio shell: sockets, timers and signals around the sans-IO machines."""

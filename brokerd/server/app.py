@@ -1,0 +1,162 @@
+"""The brokerd server: listener, timers, signals and graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from brokerd.cluster.identity import make_spid
+from brokerd.config import ConfigError, load_config
+from brokerd.model.broker import Broker
+from brokerd.model.errors import CONNECTION_FORCED
+from brokerd.server import dump
+from brokerd.server.amqp import AMQPProtocol
+
+log = logging.getLogger("brokerd.server")
+
+SHUTDOWN_GRACE = 5.0
+
+
+@dataclass
+class ServerOptions:
+    bind: str = "0.0.0.0"
+    port: int = 5672
+    data_dir: Path = Path("var/brokerd")
+    config_file: Path | None = None
+
+
+class Server:
+    def __init__(self, options: ServerOptions) -> None:
+        self.options = options
+        self.started = time.time()
+        self.spid = make_spid(self.started)
+        config = load_config(options.config_file)
+        self.broker = Broker(config.user_database(), config.vhosts, config.limits)
+        self.connections: dict[int, AMQPProtocol] = {}
+        self.rates = {"in": 0.0, "out": 0.0}
+        self._last_counts = (time.monotonic(), 0, 0)
+        self._listener: asyncio.AbstractServer | None = None
+        self._stopping: asyncio.Event | None = None
+        self.port = options.port
+
+    def server_properties(self) -> dict[str, Any]:
+        return {"spid": self.spid, "cluster_name": "standalone"}
+
+    def cluster_summary(self) -> dict[str, Any]:
+        """The cluster view for dumps; a standalone server is its own root."""
+        return {"role": "standalone", "root": self.spid, "peers_active": 0, "peers_known": 0}
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.options.data_dir.mkdir(parents=True, exist_ok=True)
+        self._stopping = asyncio.Event()
+        self._listener = await loop.create_server(
+            lambda: AMQPProtocol(self),
+            self.options.bind,
+            self.options.port,
+            reuse_address=True,
+            backlog=1024,
+        )
+        self.port = self._listener.sockets[0].getsockname()[1]
+        for sig, handler in (
+            (signal.SIGUSR1, self.dump_full),
+            (signal.SIGUSR2, self.dump_line),
+            (signal.SIGTERM, self.stop),
+            (signal.SIGINT, self.stop),
+            (signal.SIGHUP, self.reload),
+        ):
+            loop.add_signal_handler(sig, handler)
+        loop.create_task(self._ticker())
+        log.info(
+            "listening spid=%s bind=%s port=%d data_dir=%s",
+            self.spid, self.options.bind, self.port, self.options.data_dir,
+        )
+
+    async def serve_forever(self) -> None:
+        await self.start()
+        assert self._stopping is not None
+        await self._stopping.wait()
+        await self.shutdown()
+
+    def stop(self) -> None:
+        log.info("stop requested spid=%s", self.spid)
+        if self._stopping is not None:
+            self._stopping.set()
+
+    async def shutdown(self) -> None:
+        """Stop accepting, close every client with 320, wait briefly for close-ok."""
+        if self._listener is not None:
+            self._listener.close()
+        for proto in list(self.connections.values()):
+            if proto.machine is not None:
+                proto.machine.close(CONNECTION_FORCED, "broker shutdown")
+                proto.flush()
+        deadline = time.monotonic() + SHUTDOWN_GRACE
+        while self.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for proto in list(self.connections.values()):
+            if proto.transport is not None:
+                proto.transport.abort()
+        log.info("stopped spid=%s", self.spid)
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            for proto in list(self.connections.values()):
+                proto.tick(now)
+            then, last_in, last_out = self._last_counts
+            b = self.broker
+            span = max(now - then, 1e-6)
+            self.rates = {"in": (b.messages_in - last_in) / span, "out": (b.messages_out - last_out) / span}
+            self._last_counts = (now, b.messages_in, b.messages_out)
+
+    # -- signals ------------------------------------------------------------------
+
+    def dump_full(self) -> None:
+        for line in dump.full(self).splitlines():
+            log.warning("dump %s", line)
+
+    def dump_line(self) -> None:
+        log.warning("status %s", dump.one_line(self))
+
+    def reload(self) -> None:
+        try:
+            config = load_config(self.options.config_file)
+        except ConfigError as exc:
+            log.error("reload failed: %s", exc)
+            return
+        self.broker.users = config.user_database()
+        self.broker.limits = config.limits
+        for name in config.vhosts:
+            self.broker.add_vhost(name)
+        log.info("reloaded config=%s users=%d", self.options.config_file, len(config.users))
+
+
+def run(options: ServerOptions) -> int:
+    try:
+        server = Server(options)
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    runner_kwargs: dict[str, Any] = {}
+    try:
+        import uvloop
+
+        runner_kwargs["loop_factory"] = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        pass
+    try:
+        with asyncio.Runner(**runner_kwargs) as runner:
+            runner.run(server.serve_forever())
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", options.bind, options.port, exc.strerror)
+        return 1
+    return 0

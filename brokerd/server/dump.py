@@ -1,0 +1,76 @@
+"""State dumps for SIGUSR1 (full, multi-line) and SIGUSR2 (one line)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from brokerd.server.app import Server
+
+
+def one_line(server: Server) -> str:
+    totals = server.broker.totals()
+    queues = [q for v in server.broker.vhosts.values() for q in v.queues.values()]
+    unacked = sum(
+        ch.unacked_count
+        for proto in server.connections.values()
+        if proto.machine is not None
+        for ch in proto.machine.channels.values()
+    )
+    cluster = server.cluster_summary()
+    return (
+        f"spid={server.spid} role={cluster['role']} root={cluster['root'] or '-'} "
+        f"peers={cluster['peers_active']}/{cluster['peers_known']} "
+        f"connections={len(server.connections)} queues={len(queues)} "
+        f"ready={totals['messages_ready']} unacked={unacked} "
+        f"in={server.rates['in']:.1f}/s out={server.rates['out']:.1f}/s"
+    )
+
+
+def full(server: Server) -> str:
+    broker = server.broker
+    lines = ["=== brokerd state dump ===", one_line(server)]
+    lines.append(f"cluster: {server.cluster_summary()}")
+    lines.append(f"connections: {len(server.connections)}")
+    for proto in server.connections.values():
+        conn = proto.machine
+        if conn is None:
+            continue
+        d = conn.describe()
+        lines.append(
+            f"  connection {d['id']} peer={d['peer']} user={d['user']} vhost={d['vhost']} "
+            f"state={d['state']} client={d['client']} channels={d['channels']} "
+            f"in={d['messages_in']} out={d['messages_out']}"
+        )
+        for ch in conn.channels.values():
+            c = ch.describe()
+            lines.append(
+                f"    channel {c['number']} consumers={c['consumers']} unacked={c['unacked']} "
+                f"prefetch={c['prefetch']} confirm={c['confirm']} tx={c['tx']} flow={c['flow']}"
+            )
+            for consumer in ch.consumers.values():
+                lines.append(
+                    f"      consumer {consumer.tag} queue={consumer.queue.name} "
+                    f"no_ack={consumer.no_ack} unacked={consumer.unacked}"
+                )
+    for vhost in broker.vhosts.values():
+        lines.append(f"vhost {vhost.name}")
+        for ex in vhost.exchanges.values():
+            lines.append(
+                f"  exchange {ex.name or '(default)'} type={ex.type_name} durable={ex.durable} "
+                f"auto_delete={ex.auto_delete} internal={ex.internal} in={ex.stats_in}"
+            )
+        for q in vhost.queues.values():
+            lines.append(
+                f"  queue {q.name} ready={q.message_count} consumers={q.consumer_count} "
+                f"durable={q.durable} exclusive={q.exclusive} auto_delete={q.auto_delete} "
+                f"in={q.stats_in} out={q.stats_out} dropped={q.stats_dropped}"
+            )
+        for b in vhost.binding_list():
+            kind = "queue" if hasattr(b.destination, "messages") else "exchange"
+            lines.append(
+                f"  binding {b.source.name} -> {kind} {b.destination.name} "
+                f"key={b.routing_key!r} args={b.arguments or {}}"
+            )
+    lines.append("=== end of dump ===")
+    return "\n".join(lines)

@@ -1,0 +1,247 @@
+"""Frame splitting, method decoding through pamqp, and the publish/deliver fast path."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from pamqp import commands
+from pamqp.base import Frame as Method
+
+PROTOCOL_HEADER = b"AMQP\x00\x00\x09\x01"
+FRAME_METHOD = 1
+FRAME_HEADER = 2
+FRAME_BODY = 3
+FRAME_HEARTBEAT = 8
+FRAME_END = 0xCE
+FRAME_END_BYTE = b"\xce"
+#: the smallest frame_max a peer may negotiate (spec 4.2.3)
+FRAME_MIN_SIZE = 4096
+HEARTBEAT_FRAME = b"\x08\x00\x00\x00\x00\x00\x00\xce"
+
+_frame_head = struct.Struct("!BHI")
+_method_id = struct.Struct("!HH")
+_header_head = struct.Struct("!HHQ")
+_pack_head = _frame_head.pack
+_unpack_head = _frame_head.unpack_from
+_deliver_tag = struct.Struct("!QB").pack
+_u16 = struct.Struct("!H")
+
+#: (class_id, method_id) packed as one big-endian integer, as pamqp indexes methods
+BASIC_PUBLISH = 0x003C0028
+BASIC_DELIVER_PREFIX = _method_id.pack(60, 60)
+BASIC_GET_OK_PREFIX = _method_id.pack(60, 71)
+BASIC_RETURN_PREFIX = _method_id.pack(60, 50)
+
+
+class FrameError(Exception):
+    """The byte stream is not a valid frame sequence (reply code 501)."""
+
+
+class SyntaxError_(Exception):  # noqa: N801 - keep the builtin SyntaxError usable
+    """A frame's fields cannot be decoded (reply code 502)."""
+
+
+class UnknownMethod(Exception):
+    """A method frame names a class/method this server does not know (540)."""
+
+
+def split_frames(
+    buf: bytes | bytearray, pos: int, frame_max: int
+) -> tuple[list[tuple[int, int, bytes]], int]:
+    """Cut whole frames out of ``buf`` starting at ``pos``.
+
+    Returns ``(frames, new_pos)`` where each frame is ``(type, channel,
+    payload)``; an incomplete trailing frame is left for the next call.
+    Raises FrameError for a bad frame-end octet or a frame above frame_max.
+    """
+    frames: list[tuple[int, int, bytes]] = []
+    append = frames.append
+    n = len(buf)
+    while n - pos >= 8:
+        ftype, channel, size = _unpack_head(buf, pos)
+        if size + 8 > frame_max:
+            raise FrameError(f"frame size {size + 8} exceeds frame_max {frame_max}")
+        end = pos + 7 + size
+        if end >= n:
+            break
+        if buf[end] != FRAME_END:
+            raise FrameError("frame end octet is not 0xCE")
+        append((ftype, channel, bytes(buf[pos + 7 : end])))
+        pos = end + 1
+    return frames, pos
+
+
+# -- methods ---------------------------------------------------------------
+
+
+def decode_method(payload: bytes) -> Method:
+    """Decode a method frame payload into a pamqp method object."""
+    if len(payload) < 4:
+        raise SyntaxError_("method frame shorter than its class and method ids")
+    index = int.from_bytes(payload[:4], "big")
+    cls = commands.INDEX_MAPPING.get(index)
+    if cls is None:
+        raise UnknownMethod(f"unknown method class={index >> 16} method={index & 0xFFFF}")
+    method = cls.__new__(cls)
+    try:
+        _unmarshal_strict(method, payload[4:])
+    except (SyntaxError_, UnknownMethod):
+        raise
+    except Exception as exc:  # pamqp raises struct.error, ValueError, UnicodeError, ...
+        raise SyntaxError_(f"cannot decode {cls.name}: {exc}") from None
+    return method
+
+
+def _unmarshal_strict(method: Method, data: bytes) -> None:
+    """pamqp's unmarshal, but refusing truncated input instead of defaulting."""
+    from pamqp import decode
+
+    offset, in_bits = 0, False
+    for argument in method.__slots__:
+        data_type = method.amqp_type(argument)
+        if in_bits and (data_type != "bit" or offset == 8):
+            data = data[1:]
+            offset = 0
+            in_bits = False
+        if data_type == "bit":
+            if not data:
+                raise SyntaxError_(f"{method.name}: truncated bit field {argument}")
+            setattr(method, argument, bool(data[0] & (1 << offset)))
+            offset += 1
+            in_bits = True
+            continue
+        if not data:
+            raise SyntaxError_(f"{method.name}: missing field {argument}")
+        consumed, value = decode.by_type(data, data_type)
+        if consumed > len(data):
+            raise SyntaxError_(f"{method.name}: truncated field {argument}")
+        setattr(method, argument, value)
+        data = data[consumed:]
+
+
+def method_frame(channel: int, method: Method) -> bytes:
+    """Encode a pamqp method object as a complete method frame."""
+    payload = _method_id.pack(method.index >> 16, method.index & 0xFFFF) + method.marshal()
+    return _pack_head(FRAME_METHOD, channel, len(payload)) + payload + FRAME_END_BYTE
+
+
+# -- the hot path ----------------------------------------------------------
+
+
+def decode_publish(payload: bytes) -> tuple[str, str, bool, bool]:
+    """Decode basic.publish without pamqp: (exchange, routing_key, mandatory, immediate)."""
+    try:
+        pos = 6  # class, method, reserved-1
+        n = payload[pos]
+        exchange = payload[pos + 1 : pos + 1 + n].decode()
+        pos += 1 + n
+        n = payload[pos]
+        routing_key = payload[pos + 1 : pos + 1 + n].decode()
+        pos += 1 + n
+        bits = payload[pos]
+    except (IndexError, UnicodeDecodeError) as exc:
+        raise SyntaxError_(f"cannot decode basic.publish: {exc}") from None
+    if pos + 1 != len(payload):
+        raise SyntaxError_("basic.publish has trailing bytes")
+    return exchange, routing_key, bool(bits & 1), bool(bits & 2)
+
+
+def decode_header(payload: bytes) -> tuple[int, int, bytes]:
+    """Decode a content header: (class_id, body_size, raw property flags and list).
+
+    The property bytes stay encoded: most messages are delivered without
+    anyone reading their properties, so they are decoded only on demand.
+    """
+    if len(payload) < 14:
+        raise SyntaxError_("content header frame too short")
+    class_id, _weight, body_size = _header_head.unpack_from(payload)
+    return class_id, body_size, payload[12:]
+
+
+def decode_properties(raw: bytes) -> commands.Basic.Properties:
+    """Decode the raw property bytes of a content header into Basic.Properties."""
+    from pamqp import decode
+
+    props = commands.Basic.Properties()
+    try:
+        flags, pos, word = 0, 0, 0
+        while True:
+            (part,) = _u16.unpack_from(raw, pos)
+            pos += 2
+            flags |= (part & 0xFFFE) << (16 * word)
+            if not part & 1:
+                break
+            word += 1
+        data = raw[pos:]
+        for name in props.__slots__:
+            if flags & props.flags[name]:
+                consumed, value = decode.by_type(data, getattr(props.__class__, "_" + name))
+                if consumed > len(data):
+                    raise SyntaxError_(f"truncated property {name}")
+                setattr(props, name, value)
+                data = data[consumed:]
+    except SyntaxError_:
+        raise
+    except Exception as exc:
+        raise SyntaxError_(f"cannot decode content properties: {exc}") from None
+    return props
+
+
+def encode_properties(props: commands.Basic.Properties | None) -> bytes:
+    """Encode Basic.Properties as the raw flags-and-list bytes of a content header."""
+    if props is None:
+        return b"\x00\x00"
+    return props.marshal()
+
+
+def content_frames(channel: int, props_raw: bytes, body: bytes, frame_max: int) -> bytes:
+    """The content header frame and as many body frames as frame_max requires."""
+    header = _header_head.pack(60, 0, len(body)) + props_raw
+    parts = [_pack_head(FRAME_HEADER, channel, len(header)), header, FRAME_END_BYTE]
+    chunk = frame_max - 8
+    if len(body) <= chunk:
+        if body:
+            parts += (_pack_head(FRAME_BODY, channel, len(body)), body, FRAME_END_BYTE)
+    else:
+        for start in range(0, len(body), chunk):
+            piece = body[start : start + chunk]
+            parts += (_pack_head(FRAME_BODY, channel, len(piece)), piece, FRAME_END_BYTE)
+    return b"".join(parts)
+
+
+def shortstr(value: str) -> bytes:
+    raw = value.encode()
+    if len(raw) > 255:
+        raise ValueError("short string longer than 255 bytes")
+    return bytes((len(raw),)) + raw
+
+
+def deliver_frame(
+    channel: int, consumer_tag_raw: bytes, delivery_tag: int, redelivered: bool, tail: bytes
+) -> bytes:
+    """basic.deliver as a frame; ``tail`` is the encoded exchange and routing key.
+
+    ``consumer_tag_raw`` is the consumer tag already encoded as a short string,
+    so a delivery costs one struct pack and a join.
+    """
+    size = 4 + len(consumer_tag_raw) + 9 + len(tail)
+    return b"".join(
+        (
+            _pack_head(FRAME_METHOD, channel, size),
+            BASIC_DELIVER_PREFIX,
+            consumer_tag_raw,
+            _deliver_tag(delivery_tag, redelivered),
+            tail,
+            FRAME_END_BYTE,
+        )
+    )
+
+
+def routing_tail(exchange: str, routing_key: str) -> bytes:
+    """The exchange and routing key as two short strings (end of deliver/get-ok)."""
+    return shortstr(exchange) + shortstr(routing_key)
+
+
+def field_summary(value: Any) -> str:  # pragma: no cover - debugging aid
+    return repr(value)[:80]
