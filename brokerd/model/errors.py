@@ -74,7 +74,7 @@ class ChannelError(AMQPError):
     """Soft error: closes only the channel it happened on."""
 
 
-class ConnectionError_(AMQPError):  # noqa: N801 - avoid shadowing the builtin
+class ConnectionError_(AMQPError):
     """Hard error: closes the connection (and every channel on it)."""
 
     connection_level = True

@@ -39,27 +39,54 @@ class ConsumerSink(Protocol):
         """The queue went away under the consumer (server-side cancel)."""
 
 
+def amqp_type_name(value: Any) -> str:
+    """The AMQP field type a client most likely sent ``value`` as, named as RabbitMQ does."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "signedint" if -(2**31) <= value < 2**31 else "long"
+    if isinstance(value, str | bytes):
+        return "longstr"
+    if isinstance(value, float):
+        return "double"
+    if isinstance(value, dict):
+        return "table"
+    if isinstance(value, list):
+        return "array"
+    if value is None:
+        return "void"
+    return {"Decimal": "decimal", "datetime": "timestamp"}.get(type(value).__name__, "longstr")
+
+
 def validate_queue_arguments(name: str, vhost: str, arguments: dict[str, Any]) -> None:
-    """Refuse mistyped or out-of-range x-arguments with 406, as RabbitMQ does."""
+    """Refuse mistyped or out-of-range x-arguments with 406 and RabbitMQ's texts."""
     for key, value in arguments.items():
         types = QUEUE_ARGUMENTS.get(key)
         if types is None:
             continue
+        invalid = f"invalid arg '{key}' for queue '{name}' in vhost '{vhost}'"
         if isinstance(value, bool) or not isinstance(value, types):
-            raise precondition_failed(
-                f"invalid arg '{key}' for queue '{name}' in vhost '{vhost}': "
-                f"{{unacceptable_type,{type(value).__name__}}}"
-            )
-        if isinstance(value, int) and (value < 0 or (key == "x-expires" and value == 0)):
-            raise precondition_failed(
-                f"invalid arg '{key}' for queue '{name}' in vhost '{vhost}': "
-                f"{{value_negative,{value}}}"
-            )
+            got = amqp_type_name(value)
+            if key == "x-dead-letter-exchange":
+                raise precondition_failed(
+                    f"invalid type '{got}' for arg '{key}' in queue '{name}' in vhost '{vhost}'"
+                )
+            if int in types:
+                raise precondition_failed(f'{invalid}: "expected integer, got {got}"')
+            raise precondition_failed(f"{invalid}: {{unacceptable_type,{got}}}")
+        if isinstance(value, int) and value < 0:
+            raise precondition_failed(f"{invalid}: {{value_negative,{value}}}")
+        if key == "x-expires" and value == 0:
+            raise precondition_failed(f"{invalid}: {{value_zero,{value}}}")
+    if "x-dead-letter-routing-key" in arguments and "x-dead-letter-exchange" not in arguments:
+        raise precondition_failed(
+            f"invalid arg 'x-dead-letter-routing-key' for queue '{name}' in vhost '{vhost}': "
+            "routing_key_but_no_dlx_defined"
+        )
     overflow = arguments.get("x-overflow")
     if overflow is not None and overflow not in OVERFLOW_MODES:
         raise precondition_failed(
-            f"invalid arg 'x-overflow' for queue '{name}' in vhost '{vhost}': "
-            f"{{unknown_overflow_type,{overflow}}}"
+            f"invalid arg 'x-overflow' for queue '{name}' in vhost '{vhost}': invalid_overflow"
         )
 
 

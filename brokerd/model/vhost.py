@@ -22,7 +22,7 @@ from brokerd.model.errors import (
 from brokerd.model.exchange import DefaultMuxer, Exchange
 from brokerd.model.message import Message
 from brokerd.model.muxers import Binding, lookup
-from brokerd.model.queue import Queue, validate_queue_arguments
+from brokerd.model.queue import Queue, amqp_type_name, validate_queue_arguments
 
 PREDECLARED = (
     ("amq.direct", "direct"),
@@ -32,11 +32,36 @@ PREDECLARED = (
     ("amq.match", "headers"),
 )
 
+#: the x-arguments RabbitMQ compares when a queue is redeclared; it ignores all others
+EQUIVALENT_QUEUE_ARGUMENTS = (
+    "x-expires",
+    "x-message-ttl",
+    "x-dead-letter-exchange",
+    "x-dead-letter-routing-key",
+    "x-max-length",
+    "x-max-length-bytes",
+    "x-max-in-memory-length",
+    "x-max-in-memory-bytes",
+    "x-max-priority",
+    "x-overflow",
+    "x-queue-mode",
+    "x-single-active-consumer",
+    "x-queue-type",
+    "x-queue-master-locator",
+)
+
 
 def _flag(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def _described(value: Any) -> str:
+    """An argument in RabbitMQ's words, for when only one side of a comparison has it."""
+    if value is None:
+        return "none"
+    return f"the value '{_flag(value)}' of type '{amqp_type_name(value)}'"
 
 
 class VirtualHost:
@@ -68,12 +93,15 @@ class VirtualHost:
             and queue.exclusive_owner is not None
             and queue.exclusive_owner != connection_id
         ):
-            raise resource_locked(
-                f"cannot obtain exclusive access to locked queue '{name}' in vhost '{self.name}'. "
-                "It could be originally declared on another connection or the exclusive "
-                "property value does not match that of the original declaration."
-            )
+            raise self._locked(name)
         return queue
+
+    def _locked(self, name: str) -> ChannelError:
+        return resource_locked(
+            f"cannot obtain exclusive access to locked queue '{name}' in vhost '{self.name}'. "
+            "It could be originally declared on another connection or the exclusive "
+            "property value does not match that of the original declaration."
+        )
 
     # -- exchanges -----------------------------------------------------------
 
@@ -91,6 +119,8 @@ class VirtualHost:
         """Declare (or check) an exchange; returns it and whether it was created."""
         arguments = arguments or {}
         existing = self.exchanges.get(name)
+        if name == "":  # even passively, as RabbitMQ
+            raise access_refused("operation not permitted on the default exchange")
         if passive:
             if existing is None:
                 raise not_found(f"no exchange '{name}' in vhost '{self.name}'")
@@ -99,8 +129,6 @@ class VirtualHost:
             raise access_refused(
                 f"exchange name '{name}' contains reserved prefix 'amq.*'"
             )
-        if name == "":
-            raise access_refused("operation not permitted on the default exchange")
         if existing is not None:
             self._check_equivalent(
                 "exchange",
@@ -126,8 +154,12 @@ class VirtualHost:
         return exchange, True
 
     def delete_exchange(self, name: str, *, if_unused: bool = False) -> Exchange | None:
-        if name == "" or name.startswith("amq."):
-            raise access_refused(f"operation not permitted on exchange '{name}'")
+        if name == "":
+            raise access_refused("operation not permitted on the default exchange")
+        if name.startswith("amq."):
+            raise access_refused(
+                f"deletion of system exchange '{name}' in vhost '{self.name}' not allowed"
+            )
         exchange = self.exchanges.get(name)
         if exchange is None:
             return None  # deleting what is not there succeeds, as in RabbitMQ
@@ -161,18 +193,23 @@ class VirtualHost:
         existing = self.queues.get(name)
         if existing is not None:
             self.queue(name, connection_id)  # 405 if another connection owns it
+            if exclusive != existing.exclusive:
+                raise self._locked(name)  # RabbitMQ: 405, not an inequivalent-arg 406
             self._check_equivalent(
                 "queue",
                 name,
                 (
                     ("durable", durable, existing.durable),
-                    ("exclusive", exclusive, existing.exclusive),
                     ("auto_delete", auto_delete, existing.auto_delete),
-                )
-                + tuple(
-                    (key, arguments.get(key), existing.arguments.get(key))
-                    for key in sorted(set(arguments) | set(existing.arguments))
-                    if key.startswith("x-")
+                    *(
+                        (key, arguments.get(key), existing.arguments.get(key))
+                        for key in EQUIVALENT_QUEUE_ARGUMENTS
+                        if not (  # an absent x-queue-type means classic
+                            key == "x-queue-type"
+                            and arguments.get(key, "classic")
+                            == existing.arguments.get(key, "classic")
+                        )
+                    ),
                 ),
             )
             return existing, False
@@ -204,7 +241,7 @@ class VirtualHost:
         if if_unused and queue.consumers:
             raise precondition_failed(f"queue '{name}' in vhost '{self.name}' in use")
         if if_empty and queue.messages:
-            raise precondition_failed(f"queue '{name}' in vhost '{self.name}' is not empty")
+            raise precondition_failed(f"queue '{name}' in vhost '{self.name}' not empty")
         return self.remove_queue(queue)
 
     def remove_queue(self, queue: Queue) -> int:
@@ -298,7 +335,11 @@ class VirtualHost:
     def _check_equivalent(self, kind: str, name: str, fields: Any) -> None:
         for field, received, current in fields:
             if received != current:
+                if received is None or current is None:
+                    detail = f"received {_described(received)} but current is {_described(current)}"
+                else:
+                    detail = f"received '{_flag(received)}' but current is '{_flag(current)}'"
                 raise precondition_failed(
-                    f"inequivalent arg '{field}' for {kind} '{name}' in vhost '{self.name}': "
-                    f"received '{_flag(received)}' but current is '{_flag(current)}'"
+                    f"inequivalent arg '{field}' for {kind} '{name}' "
+                    f"in vhost '{self.name}': {detail}"
                 )

@@ -490,7 +490,7 @@ class Channel:
 
     def _on_basic_qos(self, m: commands.Basic.Qos) -> None:
         if m.prefetch_size:
-            raise ConnectionError_(NOT_IMPLEMENTED, "prefetch_size!=0 (%d)" % m.prefetch_size)
+            raise ConnectionError_(NOT_IMPLEMENTED, f"prefetch_size!=0 ({m.prefetch_size})")
         # RabbitMQ semantics: global=false sets the limit for each new consumer,
         # global=true one limit shared by the whole channel
         if m.global_:
@@ -664,7 +664,7 @@ class Channel:
             self.unacked.clear()
             self.unacked_count = 0
             orphans = []
-            for _tag, (queue, message, consumer) in entries:
+            for _tag, (_queue, _message, consumer) in entries:
                 if consumer is not None:
                     consumer.unacked -= 1
             for _tag, (queue, message, consumer) in entries:

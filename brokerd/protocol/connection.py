@@ -22,6 +22,7 @@ from brokerd.model.errors import (
     COMMAND_INVALID,
     CONNECTION_FORCED,
     FRAME_ERROR,
+    INTERNAL_ERROR,
     NOT_ALLOWED,
     NOT_IMPLEMENTED,
     SYNTAX_ERROR,
@@ -172,14 +173,17 @@ class Connection:
                 return
             del buf[:8]
             self._send_start()
-        frame_max = self.frame_max
+        # a pipelining client may send tune-ok and large frames in one write:
+        # until the connection is open, split against the server's own ceiling
+        frame_max = (
+            self.frame_max if self.state is ConnectionState.OPEN else self.broker.limits.frame_max
+        )
+        error: AMQPError | None = None
         try:
             frames, pos = codec.split_frames(buf, 0, frame_max)
         except FrameError as exc:
-            frames, pos = [], len(buf)
-            self._pending_error: AMQPError | None = ConnectionError_(FRAME_ERROR, str(exc))
-        else:
-            self._pending_error = None
+            frames, pos = exc.frames, len(buf)
+            error = ConnectionError_(FRAME_ERROR, str(exc))
         if pos:
             del buf[:pos]
         for ftype, channel, payload in frames:
@@ -187,13 +191,16 @@ class Connection:
                 self._handle_frame(ftype, channel, payload)
             except AMQPError as exc:
                 self._amqp_error(exc, channel)
+            except Exception:
+                # a broker bug must cost only this connection, and the client
+                # hears why (RabbitMQ: 541 INTERNAL_ERROR), rather than a reset
+                log.exception("internal error conn=%d peer=%s channel=%d", self.id, self.name,
+                              channel)
+                self.connection_error(INTERNAL_ERROR, "internal error; see the broker log")
             if self.state is ConnectionState.CLOSED:
                 break
-            if self.state is ConnectionState.CLOSING and self._closing_since:
-                # after we started closing only close/close-ok matter; keep scanning
-                continue
-        if self._pending_error is not None and self.state is not ConnectionState.CLOSED:
-            self.connection_error(self._pending_error.reply_code, self._pending_error.text)
+        if error is not None:
+            self.connection_error(error.reply_code, error.text)
         if self._confirm_dirty:
             for ch in self._confirm_dirty:
                 ch.flush_confirms()
@@ -233,7 +240,7 @@ class Connection:
                 self._open_channel(channel)
                 return
             ch.handle_method(payload)
-        elif ftype == FRAME_HEADER or ftype == FRAME_BODY:
+        elif ftype in (FRAME_HEADER, FRAME_BODY):
             ch = self.channels.get(channel) if channel else None
             if ch is None or state is not ConnectionState.OPEN:
                 raise ConnectionError_(
@@ -310,6 +317,7 @@ class Connection:
         self.state = ConnectionState.CLOSED
 
     def _teardown(self) -> None:
+        self.writable = False  # requeued messages must not come back to this connection
         for ch in list(self.channels.values()):
             ch.release()
         self.channels.clear()
@@ -499,7 +507,7 @@ class Connection:
         name = method.virtual_host or "/"
         vhost = self.broker.vhosts.get(name)
         if vhost is None:
-            raise ConnectionError_(NOT_ALLOWED, f"vhost '{name}' not found")
+            raise ConnectionError_(NOT_ALLOWED, f"vhost {name} not found")  # RabbitMQ's wording
         if not self.broker.users.can_access_vhost(self.user.name, name):
             raise ConnectionError_(
                 NOT_ALLOWED, f"access to vhost '{name}' refused for user '{self.user.name}'"

@@ -73,7 +73,7 @@ class Server:
             (signal.SIGHUP, self.reload),
         ):
             loop.add_signal_handler(sig, handler)
-        loop.create_task(self._ticker())
+        self._ticker_task = loop.create_task(self._ticker())
         log.info(
             "listening spid=%s bind=%s port=%d data_dir=%s",
             self.spid, self.options.bind, self.port, self.options.data_dir,

@@ -9,8 +9,8 @@ queues or sockets.
 from brokerd.wire.codec import (
     FRAME_BODY,
     FRAME_END,
-    FRAME_HEARTBEAT,
     FRAME_HEADER,
+    FRAME_HEARTBEAT,
     FRAME_METHOD,
     FRAME_MIN_SIZE,
     HEARTBEAT_FRAME,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import struct
-from typing import Any
 
 from pamqp import commands
 from pamqp.base import Frame as Method
@@ -35,10 +34,18 @@ BASIC_RETURN_PREFIX = _method_id.pack(60, 50)
 
 
 class FrameError(Exception):
-    """The byte stream is not a valid frame sequence (reply code 501)."""
+    """The byte stream is not a valid frame sequence (reply code 501).
+
+    ``frames`` holds the whole frames that preceded the bad one, so that
+    they are still processed before the connection is closed.
+    """
+
+    def __init__(self, message: str, frames: list[tuple[int, int, bytes]] | None = None) -> None:
+        super().__init__(message)
+        self.frames = frames or []
 
 
-class SyntaxError_(Exception):  # noqa: N801 - keep the builtin SyntaxError usable
+class SyntaxError_(Exception):
     """A frame's fields cannot be decoded (reply code 502)."""
 
 
@@ -61,12 +68,12 @@ def split_frames(
     while n - pos >= 8:
         ftype, channel, size = _unpack_head(buf, pos)
         if size + 8 > frame_max:
-            raise FrameError(f"frame size {size + 8} exceeds frame_max {frame_max}")
+            raise FrameError(f"frame size {size + 8} exceeds frame_max {frame_max}", frames)
         end = pos + 7 + size
         if end >= n:
             break
         if buf[end] != FRAME_END:
-            raise FrameError("frame end octet is not 0xCE")
+            raise FrameError("frame end octet is not 0xCE", frames)
         append((ftype, channel, bytes(buf[pos + 7 : end])))
         pos = end + 1
     return frames, pos
@@ -156,7 +163,75 @@ def decode_header(payload: bytes) -> tuple[int, int, bytes]:
     if len(payload) < 14:
         raise SyntaxError_("content header frame too short")
     class_id, _weight, body_size = _header_head.unpack_from(payload)
-    return class_id, body_size, payload[12:]
+    props = payload[12:]
+    if props not in _checked_properties:
+        check_properties(props)
+        if len(_checked_properties) >= 4096:
+            _checked_properties.clear()
+        _checked_properties[props] = None
+    return class_id, body_size, props
+
+
+#: property lists already checked: publishers tend to repeat theirs
+_checked_properties: dict[bytes, None] = {b"\x00\x00": None}
+
+
+#: (flag, type) of each basic property in wire order: s shortstr, o octet, t timestamp, F table
+_PROPERTY_LAYOUT = tuple(
+    (
+        commands.Basic.Properties.flags[name],
+        {"shortstr": "s", "octet": "o", "timestamp": "t", "table": "F"}[
+            getattr(commands.Basic.Properties, "_" + name)
+        ],
+    )
+    for name in commands.Basic.Properties.__slots__
+)
+
+
+def check_properties(raw: bytes) -> None:
+    """Refuse a property list that decode_properties could not decode (502).
+
+    Properties stay encoded until someone needs them, possibly while serving
+    another connection (routing, expiry, a consumer's client library): a
+    message is only accepted if that later decode cannot fail. Cheaper than
+    decoding: no pamqp objects unless there is a header table.
+    """
+    try:
+        flags, pos, word = 0, 0, 0
+        while True:
+            (part,) = _u16.unpack_from(raw, pos)
+            pos += 2
+            flags |= (part & 0xFFFE) << (16 * word)
+            if not part & 1:
+                break
+            word += 1
+        end = len(raw)
+        flags &= 0xFFFC  # bits past the last basic property are ignored, as pamqp does
+        for flag, kind in _PROPERTY_LAYOUT:
+            if not flags & flag:
+                if not flags:
+                    break
+                continue
+            flags ^= flag
+            if kind == "s":
+                n = raw[pos]
+                raw[pos + 1 : pos + 1 + n].decode()
+                pos += 1 + n
+            elif kind == "o":
+                pos += 1
+            elif kind == "t":
+                pos += 8
+            else:
+                from pamqp import decode
+
+                consumed, _ = decode.field_table(raw[pos:])
+                pos += consumed
+            if pos > end:
+                raise SyntaxError_("truncated content properties")
+    except SyntaxError_:
+        raise
+    except Exception as exc:
+        raise SyntaxError_(f"cannot decode content properties: {exc}") from None
 
 
 def decode_properties(raw: bytes) -> commands.Basic.Properties:
@@ -176,7 +251,16 @@ def decode_properties(raw: bytes) -> commands.Basic.Properties:
         data = raw[pos:]
         for name in props.__slots__:
             if flags & props.flags[name]:
-                consumed, value = decode.by_type(data, getattr(props.__class__, "_" + name))
+                kind = getattr(props.__class__, "_" + name)
+                if kind == "timestamp" and len(data) >= 8:
+                    # any 64-bit value is legal on the wire (RabbitMQ passes it on);
+                    # one that a datetime cannot hold is left out, not an error
+                    try:
+                        consumed, value = decode.timestamp(data)
+                    except (ValueError, OverflowError, OSError):
+                        consumed, value = 8, None
+                else:
+                    consumed, value = decode.by_type(data, kind)
                 if consumed > len(data):
                     raise SyntaxError_(f"truncated property {name}")
                 setattr(props, name, value)
@@ -242,6 +326,3 @@ def routing_tail(exchange: str, routing_key: str) -> bytes:
     """The exchange and routing key as two short strings (end of deliver/get-ok)."""
     return shortstr(exchange) + shortstr(routing_key)
 
-
-def field_summary(value: Any) -> str:  # pragma: no cover - debugging aid
-    return repr(value)[:80]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from brokerd.model.errors import ConnectionError_, COMMAND_INVALID
+from brokerd.model.errors import COMMAND_INVALID, ConnectionError_
 
 if TYPE_CHECKING:
     from brokerd.model.message import Message

@@ -1,0 +1,125 @@
+"""Root election as pure functions over one server's view of the cluster (seed 000).
+
+Every server runs the same election over its own view:
+
+- candidates are the active primaries with root enabled and a matching
+  checksum; a server that is root stays the choice while it remains a
+  candidate (enabling a more senior server does not steal root), otherwise
+  the most senior candidate (earliest start, then lowest spid) is chosen;
+- a server is root when it is its own choice, every active primary votes
+  for it (unanimity), and the active primaries are more than half of the
+  known primaries (quorum).
+
+Because quorums of two servers always share a member and each member casts
+one vote, two servers can never both satisfy the root condition with
+current votes; tests/unit/test_election.py checks this with hypothesis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PRIMARY = "primary"
+SECONDARY = "secondary"
+
+
+@dataclass(frozen=True)
+class Member:
+    """What a server knows of one cluster member (itself included)."""
+
+    spid: str
+    type: str = PRIMARY
+    start_time: float = 0.0
+    root_enabled: bool = True
+    checksum: str = ""
+    #: statuses arrive within the timeout (always true for the server itself)
+    active: bool = True
+    #: the spid this member votes for, from its latest status (None: no vote yet)
+    vote: str | None = None
+    #: a primary counts only if it is one of the cluster file's known hosts
+    listed: bool = True
+
+    @property
+    def voter(self) -> bool:
+        return self.type == PRIMARY and self.listed
+
+    @property
+    def seniority(self) -> tuple[float, str]:
+        return (self.start_time, self.spid)
+
+
+@dataclass(frozen=True)
+class View:
+    """One server's picture of the cluster at one moment."""
+
+    me: Member
+    peers: tuple[Member, ...] = ()
+    #: number of primaries in the shared cluster file's known_hosts
+    known_primaries: int = 1
+    #: the root this server currently recognises (sticky across elections)
+    current_root: str | None = None
+
+    def members(self) -> tuple[Member, ...]:
+        return (self.me, *self.peers)
+
+    def active_primaries(self) -> list[Member]:
+        return [m for m in self.members() if m.voter and m.active]
+
+
+@dataclass(frozen=True)
+class Decision:
+    vote: str | None
+    is_root: bool
+    quorum: bool
+    reason: str = field(default="")
+
+
+def is_candidate(member: Member, checksum: str) -> bool:
+    return (
+        member.voter
+        and member.active
+        and member.root_enabled
+        and member.checksum == checksum
+    )
+
+
+def has_quorum(view: View) -> bool:
+    """Active primaries (this server included) are more than half of the known primaries."""
+    return 2 * len(view.active_primaries()) > view.known_primaries
+
+
+def choose(view: View) -> str | None:
+    """The spid this server votes for: the sitting root if still eligible, else the eldest."""
+    checksum = view.me.checksum
+    candidates = [m for m in view.members() if is_candidate(m, checksum)]
+    if not candidates:
+        return None
+    if view.current_root is not None:
+        for member in candidates:
+            if member.spid == view.current_root:
+                return member.spid
+    return min(candidates, key=lambda m: m.seniority).spid
+
+
+def decide(view: View) -> Decision:
+    """This server's vote, and whether it is root now."""
+    vote = choose(view)
+    quorum = has_quorum(view)
+    me = view.me
+    if me.type != PRIMARY:
+        return Decision(vote, False, quorum, "secondaries never become root")
+    if not me.listed:
+        return Decision(vote, False, quorum, "this primary is not in known_hosts")
+    if vote != me.spid:
+        return Decision(vote, False, quorum, f"votes for {vote}" if vote else "no candidate")
+    if not quorum:
+        return Decision(
+            vote,
+            False,
+            quorum,
+            f"no quorum: {len(view.active_primaries())} of {view.known_primaries} primaries active",
+        )
+    dissent = [m.spid for m in view.peers if m.voter and m.active and m.vote != me.spid]
+    if dissent:
+        return Decision(vote, False, quorum, f"waiting for votes from {', '.join(dissent)}")
+    return Decision(vote, True, quorum, "root")

@@ -1,0 +1,176 @@
+"""The cluster state log: ordered wiring changes, compaction and replay (seed 000).
+
+Wiring changes (exchange and shared-queue declares/deletes, bindings, and
+meta-bindings for private queues) are ordered by the root with sequence
+numbers. Every primary keeps the log; a joining server receives the
+compacted log and replays it. These functions are pure: compaction must
+never change what a replay builds, which tests/unit/test_statelog.py checks
+with hypothesis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+EXCHANGE_DECLARE = "exchange.declare"
+EXCHANGE_DELETE = "exchange.delete"
+QUEUE_DECLARE = "queue.declare"
+QUEUE_DELETE = "queue.delete"
+QUEUE_BIND = "queue.bind"
+QUEUE_UNBIND = "queue.unbind"
+EXCHANGE_BIND = "exchange.bind"
+EXCHANGE_UNBIND = "exchange.unbind"
+META_BIND = "meta.bind"
+META_UNBIND = "meta.unbind"
+SERVER_GONE = "server.gone"
+
+OPS = (
+    EXCHANGE_DECLARE, EXCHANGE_DELETE, QUEUE_DECLARE, QUEUE_DELETE, QUEUE_BIND, QUEUE_UNBIND,
+    EXCHANGE_BIND, EXCHANGE_UNBIND, META_BIND, META_UNBIND, SERVER_GONE,
+)
+
+
+def freeze(value: Any) -> Any:
+    """A hashable, order-independent form of an AMQP field table."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, freeze(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One ordered wiring change.
+
+    ``name`` is the exchange or queue; for bindings ``source`` is the
+    exchange and ``name`` the destination (queue or exchange); meta-bindings
+    carry the ``spid`` of the server holding the private queue. ``props``
+    holds declare flags and arguments as a frozen table.
+    """
+
+    seq: int
+    op: str
+    vhost: str = "/"
+    name: str = ""
+    source: str = ""
+    routing_key: str = ""
+    arguments: tuple[Any, ...] = ()
+    props: tuple[Any, ...] = ()
+    spid: str = ""
+
+    def binding_key(self) -> tuple[Any, ...]:
+        return (self.vhost, self.source, self.name, self.routing_key, self.arguments, self.spid)
+
+
+Fact = tuple[Any, ...]
+
+
+@dataclass
+class Wiring:
+    """What replaying a log builds: the cluster-wide exchanges, queues and bindings.
+
+    Bindings are keyed ``(vhost, source exchange, destination, routing key,
+    arguments, spid)``; ``spid`` is only set for meta-bindings.
+    """
+
+    exchanges: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict)
+    queues: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict)
+    queue_bindings: set[Fact] = field(default_factory=set)
+    exchange_bindings: set[Fact] = field(default_factory=set)
+    meta_bindings: set[Fact] = field(default_factory=set)
+
+    def apply(self, entry: Entry) -> tuple[list[Fact], list[Fact]]:
+        """Apply one entry; returns the facts it added and removed.
+
+        Entries that refer to missing objects change nothing (the root
+        validates before ordering, so this only matters for replays of
+        arbitrary logs in tests).
+        """
+        op, vhost, name = entry.op, entry.vhost, entry.name
+        added: list[Fact] = []
+        removed: list[Fact] = []
+        if op == EXCHANGE_DECLARE:
+            if (vhost, name) not in self.exchanges:
+                self.exchanges[(vhost, name)] = entry.props
+                added.append(("x", vhost, name))
+        elif op == EXCHANGE_DELETE:
+            if self.exchanges.pop((vhost, name), None) is not None:
+                removed.append(("x", vhost, name))
+                for kind, bindings, touches in (
+                    ("qb", self.queue_bindings, lambda b: b[1] == name),
+                    ("mb", self.meta_bindings, lambda b: b[1] == name),
+                    ("xb", self.exchange_bindings, lambda b: name in (b[1], b[2])),
+                ):
+                    doomed = {b for b in bindings if b[0] == vhost and touches(b)}
+                    bindings -= doomed
+                    removed += [(kind, *b) for b in doomed]
+        elif op == QUEUE_DECLARE:
+            if (vhost, name) not in self.queues:
+                self.queues[(vhost, name)] = entry.props
+                added.append(("q", vhost, name))
+        elif op == QUEUE_DELETE:
+            if self.queues.pop((vhost, name), None) is not None:
+                removed.append(("q", vhost, name))
+                doomed = {b for b in self.queue_bindings if b[0] == vhost and b[2] == name}
+                self.queue_bindings -= doomed
+                removed += [("qb", *b) for b in doomed]
+        elif op in (QUEUE_BIND, EXCHANGE_BIND, META_BIND):
+            kind, bindings = self._bindings(op)
+            exists = (
+                (vhost, name) in self.queues
+                if op == QUEUE_BIND
+                else (vhost, name) in self.exchanges or op == META_BIND
+            )
+            key = entry.binding_key()
+            if exists and (vhost, entry.source) in self.exchanges and key not in bindings:
+                bindings.add(key)
+                added.append((kind, *key))
+        elif op in (QUEUE_UNBIND, EXCHANGE_UNBIND, META_UNBIND):
+            kind, bindings = self._bindings(op)
+            key = entry.binding_key()
+            if key in bindings:
+                bindings.discard(key)
+                removed.append((kind, *key))
+        elif op == SERVER_GONE:
+            doomed = {b for b in self.meta_bindings if b[5] == entry.spid}
+            self.meta_bindings -= doomed
+            removed += [("mb", *b) for b in doomed]
+        else:
+            raise ValueError(f"unknown state log operation {op!r}")
+        return added, removed
+
+    def _bindings(self, op: str) -> tuple[str, set[Fact]]:
+        if op.startswith("queue."):
+            return "qb", self.queue_bindings
+        if op.startswith("exchange."):
+            return "xb", self.exchange_bindings
+        return "mb", self.meta_bindings
+
+
+def replay(entries: Iterable[Entry]) -> Wiring:
+    wiring = Wiring()
+    for entry in entries:
+        wiring.apply(entry)
+    return wiring
+
+
+def compact(entries: Iterable[Entry]) -> list[Entry]:
+    """The shortest log that replays to the same wiring.
+
+    An entry survives while a fact it created is still there: a delete
+    cancels the declare before it and every binding hanging off it, an
+    unbind cancels its bind, and an entry that changed nothing is dropped.
+    """
+    wiring = Wiring()
+    creator: dict[Fact, Entry] = {}
+    for entry in entries:
+        added, removed = wiring.apply(entry)
+        for fact in removed:
+            creator.pop(fact, None)
+        for fact in added:
+            creator[fact] = entry
+    unique = {id(e): e for e in creator.values()}
+    return sorted(unique.values(), key=lambda e: e.seq)

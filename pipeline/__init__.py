@@ -1,0 +1,1 @@
+"""PySpark jobs over the heartbeat lake (imports neither Django nor brokerd)."""

@@ -1,0 +1,113 @@
+"""The election is a pure function; these properties must hold over any views."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from brokerd.cluster.election import PRIMARY, SECONDARY, Member, View, choose, decide
+
+
+def _member(spid: str, **kw: object) -> Member:
+    return Member(spid=spid, start_time=float(int(spid[1:])), checksum="c", **kw)  # type: ignore[arg-type]
+
+
+def test_most_senior_primary_is_chosen_and_becomes_root_with_unanimity() -> None:
+    a, b, c = _member("s1"), _member("s2"), _member("s3")
+    view = View(me=a, peers=(_member("s2", vote="s1"), _member("s3", vote="s1")), known_primaries=3)
+    assert choose(view) == "s1"
+    assert decide(view).is_root
+    # one dissenting vote blocks it
+    view = View(me=a, peers=(_member("s2", vote="s1"), _member("s3", vote="s3")), known_primaries=3)
+    assert not decide(view).is_root
+    assert b.spid != c.spid
+
+
+def test_quorum_requires_more_than_half_of_known_primaries() -> None:
+    me = _member("s1")
+    two_of_four = View(me=me, peers=(_member("s2", vote="s1"),), known_primaries=4)
+    assert not decide(two_of_four).is_root
+    assert "no quorum" in decide(two_of_four).reason
+    two_of_three = View(me=me, peers=(_member("s2", vote="s1"),), known_primaries=3)
+    assert decide(two_of_three).is_root
+
+
+def test_secondaries_never_vote_themselves_root_nor_count_for_quorum() -> None:
+    sec = _member("s0", type=SECONDARY)
+    view = View(me=sec, peers=(_member("s1", vote="s1"),), known_primaries=1)
+    assert choose(view) == "s1"
+    assert not decide(view).is_root
+    primary = View(me=_member("s5"), peers=(_member("s0", type=SECONDARY),), known_primaries=3)
+    assert not decide(primary).quorum
+
+
+def test_disabled_root_hands_over_and_enabling_does_not_steal() -> None:
+    peers = (_member("s2", vote="s2"), _member("s3", vote="s2"))
+    disabled = View(me=_member("s1", root_enabled=False), peers=peers, known_primaries=3)
+    assert choose(disabled) == "s2"
+    # s1 is enabled again while s2 is the sitting root: everyone keeps s2
+    enabled = View(me=_member("s1"), peers=peers, known_primaries=3, current_root="s2")
+    assert choose(enabled) == "s2"
+    assert not decide(enabled).is_root
+
+
+def test_a_primary_missing_from_known_hosts_never_counts() -> None:
+    stray = _member("s0", listed=False, vote="s0")
+    view = View(me=stray, peers=(_member("s1", vote="s1"),), known_primaries=1)
+    assert choose(view) == "s1"
+    assert not decide(view).is_root
+
+
+def test_mismatched_checksum_is_not_a_candidate() -> None:
+    odd = Member(spid="s1", start_time=1.0, checksum="other", vote="s1")
+    view = View(me=_member("s2"), peers=(odd,), known_primaries=2)
+    assert choose(view) == "s2"
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> list[View]:
+    """N servers, each with its own (possibly asymmetric) view; votes are current."""
+    n = draw(st.integers(min_value=1, max_value=7))
+    spids = [f"s{i}" for i in range(n)]
+    types = [draw(st.sampled_from([PRIMARY, PRIMARY, SECONDARY])) for _ in spids]
+    listed = [t == PRIMARY and draw(st.booleans()) or draw(st.booleans()) for t in types]
+    # known_hosts lists every listed primary (and maybe hosts that never started)
+    known = max(1, sum(t == PRIMARY and ok for t, ok in zip(types, listed, strict=True)))
+    known += draw(st.integers(min_value=0, max_value=2))
+    enabled = [draw(st.booleans()) or draw(st.booleans()) for _ in spids]
+    hears = {(i, j): draw(st.booleans()) for i in range(n) for j in range(n) if i != j}
+    sticky = [draw(st.sampled_from([None, *spids])) for _ in spids]
+
+    def base(j: int, active: bool, vote: str | None) -> Member:
+        return Member(
+            spid=spids[j], type=types[j], start_time=float(j), root_enabled=enabled[j],
+            checksum="c", active=active, vote=vote, listed=listed[j],
+        )
+
+    # first round: every server's vote is a function of its own view only
+    votes = []
+    for i in range(n):
+        peers = tuple(base(j, hears[(i, j)], None) for j in range(n) if j != i)
+        votes.append(choose(View(base(i, True, None), peers, known, sticky[i])))
+    views = []
+    for i in range(n):
+        peers = tuple(base(j, hears[(i, j)], votes[j]) for j in range(n) if j != i)
+        views.append(View(base(i, True, votes[i]), peers, known, sticky[i]))
+    return views
+
+
+@settings(max_examples=800, deadline=None)
+@given(worlds())
+def test_never_two_roots(views: list[View]) -> None:
+    roots = [v.me.spid for v in views if decide(v).is_root]
+    assert len(roots) <= 1, roots
+
+
+@settings(max_examples=300, deadline=None)
+@given(worlds())
+def test_a_root_is_always_an_enabled_primary_with_quorum(views: list[View]) -> None:
+    for view in views:
+        decision = decide(view)
+        if decision.is_root:
+            me = view.me
+            assert me.type == PRIMARY and me.listed and me.root_enabled and decision.quorum
