@@ -1,0 +1,1 @@
+"""Admin registrations for clusterapi's models (none yet)."""

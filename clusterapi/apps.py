@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class ClusterApiConfig(AppConfig):
+    name = "clusterapi"
+    verbose_name = "Rookery cluster"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,222 @@
+"""Django settings for the Rookery console.
+
+Every setting an operator may need comes from the environment, with a default
+that works from a fresh checkout (SQLite and runtime state under ``var/``).
+
+Environment (see ``deploy/README.md`` and ``deploy/console.env.example``):
+
+=====================  ==========================================================
+``SECRET_KEY``         Django's signing key. Unset: one is generated on first start
+                       and kept in ``DATA_DIR/secret_key`` (mode 0600). Set it when
+                       several hosts serve the same console.
+``DEBUG``              ``1`` for development (tracebacks, static files served by
+                       ``runserver``). Default ``0``.
+``ALLOWED_HOSTS``      comma-separated host names; default ``127.0.0.1,localhost``.
+``CSRF_TRUSTED_ORIGINS`` comma-separated origins (``https://console.example.com``)
+                       allowed to POST when they differ from the request's own host.
+``CONSOLE_HTTPS``      the console is served over HTTPS (behind the nginx of
+                       ``deploy/nginx``): secure cookies, trust ``X-Forwarded-Proto``.
+                       Default: on unless ``DEBUG``.
+``DATABASE_URL``       ``sqlite:///var/console.sqlite3`` (relative to the checkout;
+                       four slashes for an absolute path) or
+                       ``postgres://user:password@host:port/dbname``.
+                       Default: ``DATA_DIR/console.sqlite3``.
+``REDIS_URL``          Channels layer and Celery broker; default
+                       ``redis://127.0.0.1:6379/0``.
+``CONSOLE_BROKER_TOKEN`` the token brokers present on the broker link; empty:
+                       no broker is accepted.
+``SPARK_MASTER``       where the pipeline's Spark jobs run; default ``local[*]``.
+``DATA_DIR``           runtime state (database, secret key, static files, reports);
+                       default ``var/`` in the checkout; relative paths are taken
+                       from the checkout.
+``LOG_LEVEL``          default ``INFO``.
+=====================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from console.environment import (
+    ensure_sqlite_directory,
+    env_bool,
+    env_int,
+    env_list,
+    env_str,
+    load_or_create_secret_key,
+    parse_database_url,
+    resolve_path,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# -- runtime state and secrets ----------------------------------------------------------
+
+DATA_DIR = resolve_path(env_str("DATA_DIR", "var"), BASE_DIR)
+
+DEBUG = env_bool("DEBUG", False)
+
+SECRET_KEY = env_str("SECRET_KEY", "") or load_or_create_secret_key(DATA_DIR / "secret_key")
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
+
+# -- applications -------------------------------------------------------------------------
+
+INSTALLED_APPS = [
+    "daphne",  # first: its runserver replaces Django's and serves the ASGI app
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "clusterapi",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+WSGI_APPLICATION = "console.wsgi.application"
+ASGI_APPLICATION = "console.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# -- database -----------------------------------------------------------------------------
+
+DATABASES = {
+    "default": parse_database_url(
+        env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'console.sqlite3'}"), BASE_DIR
+    )
+}
+ensure_sqlite_directory(DATABASES["default"])
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# -- Redis: Channels layer and Celery -------------------------------------------------
+
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": "rookery:asgi"},
+    }
+}
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TIMEZONE = "UTC"
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+
+# -- Rookery ------------------------------------------------------------------------------
+
+CONSOLE_BROKER_TOKEN = env_str("CONSOLE_BROKER_TOKEN", "")
+SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
+
+# -- authentication -----------------------------------------------------------------------
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "home"
+LOGOUT_REDIRECT_URL = "login"
+
+# -- cookies and transport security -------------------------------------------------------
+
+CONSOLE_HTTPS = env_bool("CONSOLE_HTTPS", not DEBUG)
+
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 12 * 3600)  # an operator's shift
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_SECURE = CONSOLE_HTTPS
+CSRF_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SECURE = CONSOLE_HTTPS
+if CONSOLE_HTTPS:
+    # TLS ends at the reverse proxy (deploy/nginx/rookery.conf), which sets this header;
+    # Daphne itself listens on loopback only.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+
+# -- REST API -----------------------------------------------------------------------------
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 100,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Rookery admin API",
+    "DESCRIPTION": "Brokers, cluster state and configuration of a Rookery cluster. "
+    "Authenticate with POST /api/v1/auth/token/ and send 'Authorization: Token <token>'.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": r"/api/v1",
+}
+
+# -- internationalisation, static files ---------------------------------------------------
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "static"
+
+# -- logging: one line per event on stderr, like brokerd ----------------------------------
+
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO").upper()
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "line": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+    },
+    "handlers": {
+        "stderr": {"class": "logging.StreamHandler", "formatter": "line"},
+    },
+    "root": {"handlers": ["stderr"], "level": LOG_LEVEL},
+}
