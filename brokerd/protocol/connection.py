@@ -63,6 +63,10 @@ SERVER_CAPABILITIES = {
 }
 
 
+#: channel.close and connection.close: confirms still pending must be sent before these
+_CLOSE_METHODS = (struct.pack("!HH", 20, 40), struct.pack("!HH", 10, 50))
+
+
 class ConnectionState(enum.Enum):
     AWAIT_HEADER = "awaiting protocol header"
     AWAIT_START_OK = "starting"
@@ -187,9 +191,12 @@ class Connection:
         if pos:
             del buf[:pos]
         for ftype, channel, payload in frames:
+            if self._confirm_dirty and payload[:4] in _CLOSE_METHODS:
+                self._flush_confirms()  # the acks of earlier publishes precede close-ok
             try:
                 self._handle_frame(ftype, channel, payload)
             except AMQPError as exc:
+                self._flush_confirms()  # ... and precede the error
                 self._amqp_error(exc, channel)
             except Exception:
                 # a broker bug must cost only this connection, and the client
@@ -199,8 +206,11 @@ class Connection:
                 self.connection_error(INTERNAL_ERROR, "internal error; see the broker log")
             if self.state is ConnectionState.CLOSED:
                 break
+        self._flush_confirms()
         if error is not None:
             self.connection_error(error.reply_code, error.text)
+
+    def _flush_confirms(self) -> None:
         if self._confirm_dirty:
             for ch in self._confirm_dirty:
                 ch.flush_confirms()
