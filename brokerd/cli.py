@@ -12,6 +12,8 @@ import brokerd
 
 EPILOG = """\
 subcommands:
+  brokerd ctl --data-dir DIR status [--json] | dump | root enable|disable
+                               control a running broker (see brokerd ctl --help)
   brokerd hash-password        read a password and print its hash for brokerd.toml
 
 signals: SIGUSR1 full state dump, SIGUSR2 one-line state, SIGTERM graceful
@@ -91,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "hash-password":
         return hash_password_main(argv[1:])
+    if argv and argv[0] == "ctl":
+        from brokerd.ctl import main as ctl_main
+
+        return ctl_main(argv[1:])
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level)
     from brokerd.server.app import ServerOptions, run

@@ -110,7 +110,11 @@ class Queue:
         self.exclusive_owner = exclusive_owner
         self.auto_delete = auto_delete
         self.arguments = arguments or {}
-        self.messages: deque[tuple[Message, bool]] = deque()
+        #: ready messages, oldest first; plain Message objects, so a deep queue
+        #: costs one reference per message and no per-entry allocation
+        self.messages: deque[Message] = deque()
+        #: ids of queued messages that were delivered before (requeued ones)
+        self._redelivered: set[int] = set()
         self.consumers: list[ConsumerSink] = []
         self.bindings: dict[tuple[Any, ...], Any] = {}
         self.had_consumers = False
@@ -153,19 +157,34 @@ class Queue:
                 self.stats_dropped += 1
                 return False
             while self.messages and len(self.messages) >= max_length:
-                self.messages.popleft()
+                self._pop()
                 self.stats_dropped += 1
             if max_length == 0:
                 self.stats_dropped += 1
                 return True
-        self.messages.append((message, False))
+        self.messages.append(message)
         return True
 
     def requeue(self, messages: Iterable[Message]) -> None:
         """Put rejected/recovered messages back at the head, in their original order."""
         for message in reversed(list(messages)):
-            self.messages.appendleft((message, True))
+            self.messages.appendleft(message)
+            self._redelivered.add(id(message))
         self.dispatch()
+
+    def _pop(self) -> tuple[Message, bool]:
+        message = self.messages.popleft()
+        if self._redelivered and id(message) in self._redelivered:
+            self._redelivered.discard(id(message))
+            return message, True
+        return message, False
+
+    def peek(self) -> tuple[Message, bool] | None:
+        """The head message and its redelivered flag, without taking it."""
+        if not self.messages:
+            return None
+        message = self.messages[0]
+        return message, id(message) in self._redelivered
 
     # -- messages out ------------------------------------------------------
 
@@ -186,11 +205,10 @@ class Queue:
         """Hand queued messages to ready consumers until one side runs out."""
         messages = self.messages
         while messages and self.consumers:
-            message, redelivered = messages[0]
-            consumer = self._next_ready(message)
+            consumer = self._next_ready(messages[0])
             if consumer is None:
                 return
-            messages.popleft()
+            message, redelivered = self._pop()
             self.stats_out += 1
             consumer.deliver(self, message, redelivered)
 
@@ -199,11 +217,12 @@ class Queue:
         if not self.messages:
             return None
         self.stats_out += 1
-        return self.messages.popleft()
+        return self._pop()
 
     def purge(self) -> int:
         count = len(self.messages)
         self.messages.clear()
+        self._redelivered.clear()
         return count
 
     # -- consumers -----------------------------------------------------------

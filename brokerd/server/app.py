@@ -16,6 +16,7 @@ from brokerd.model.broker import Broker
 from brokerd.model.errors import CONNECTION_FORCED
 from brokerd.server import dump
 from brokerd.server.amqp import AMQPProtocol
+from brokerd.server.control import ControlError, serve_control
 
 log = logging.getLogger("brokerd.server")
 
@@ -42,14 +43,44 @@ class Server:
         self._last_counts = (time.monotonic(), 0, 0)
         self._listener: asyncio.AbstractServer | None = None
         self._stopping: asyncio.Event | None = None
+        self._control: asyncio.AbstractServer | None = None
         self.port = options.port
 
     def server_properties(self) -> dict[str, Any]:
         return {"spid": self.spid, "cluster_name": "standalone"}
 
     def cluster_summary(self) -> dict[str, Any]:
-        """The cluster view for dumps; a standalone server is its own root."""
-        return {"role": "standalone", "root": self.spid, "peers_active": 0, "peers_known": 0}
+        """The cluster view for dumps; a standalone server has no root and no peers."""
+        return {"role": "standalone", "root": None, "peers_active": 0, "peers_known": 0}
+
+    def status(self) -> dict[str, Any]:
+        """``brokerd ctl status --json``: identity, cluster view, counts."""
+        return {
+            "spid": self.spid,
+            "type": "standalone",
+            "is_root": False,
+            "root": None,
+            "ready": True,
+            "root_enabled": False,
+            "peers": [],
+            "checksum": None,
+            "port": self.port,
+            "started": self.started,
+            "connections": len(self.connections),
+            "rates": self.rates,
+            **self.broker.totals(),
+        }
+
+    def control(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Answer one control-socket request (see brokerd/ctl.py)."""
+        command = request["command"]
+        if command == "status":
+            return self.status()
+        if command == "dump":
+            return {"dump": dump.full(self)}
+        if command in ("root", "fault"):
+            raise ControlError(f"'{command}' needs a clustered broker (started with --cluster)")
+        raise ControlError(f"unknown command '{command}'")
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -74,6 +105,7 @@ class Server:
         ):
             loop.add_signal_handler(sig, handler)
         self._ticker_task = loop.create_task(self._ticker())
+        self._control = await serve_control(self.options.data_dir, self.control)
         log.info(
             "listening spid=%s bind=%s port=%d data_dir=%s",
             self.spid, self.options.bind, self.port, self.options.data_dir,
@@ -94,6 +126,8 @@ class Server:
         """Stop accepting, close every client with 320, wait briefly for close-ok."""
         if self._listener is not None:
             self._listener.close()
+        if self._control is not None:
+            self._control.close()
         for proto in list(self.connections.values()):
             if proto.machine is not None:
                 proto.machine.close(CONNECTION_FORCED, "broker shutdown")
@@ -132,6 +166,10 @@ class Server:
             config = load_config(self.options.config_file)
         except ConfigError as exc:
             log.error("reload failed: %s", exc)
+            return
+        except Exception as exc:  # a file of the wrong shape (users = ["x"]): keep running
+            log.error("reload failed: %s: %s: %s", self.options.config_file,
+                      type(exc).__name__, exc)
             return
         self.broker.users = config.user_database()
         self.broker.limits = config.limits

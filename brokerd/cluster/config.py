@@ -1,0 +1,145 @@
+"""The shared cluster file (TOML) and the known-hosts checksum.
+
+    name = "rookery"
+    vhost = "/"                     # the clustered vhost; links and clients use it
+    secret = "..."                  # cluster user's password on every link
+    user = "cluster"                # optional, default "cluster"
+    known_hosts = ["h1:5672", "h2:5672", "h3:5672"]   # the primary servers
+
+    [heartbeat]
+    interval = 1.0                  # seconds between Cluster.Status messages
+    timeout = 3.0                   # a peer is inactive after this long without one
+    open_timeout = 10.0             # Connection.Open waits this long for a root, then 541
+
+A server's type (primary/secondary) is on its command line, never here.
+The secret may also come from the environment (``secret_env = "VAR"``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ClusterConfigError(Exception):
+    """The cluster file cannot be used; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class HostPort:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    name: str
+    vhost: str
+    secret: str
+    user: str
+    known_hosts: tuple[HostPort, ...]
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 3.0
+    open_timeout: float = 10.0
+
+    @property
+    def checksum(self) -> str:
+        return known_hosts_checksum(self.known_hosts)
+
+
+def parse_host(value: Any, where: str) -> HostPort:
+    if not isinstance(value, str) or not value.strip():
+        raise ClusterConfigError(f"{where}: known_hosts entries must be 'host:port' strings")
+    text = value.strip()
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = text, "5672"
+    host = host.strip("[]").lower()
+    if not host:
+        raise ClusterConfigError(f"{where}: known host {value!r} has no host name")
+    try:
+        number = int(port)
+    except ValueError:
+        raise ClusterConfigError(f"{where}: known host {value!r} has a bad port") from None
+    if not 0 < number < 65536:
+        raise ClusterConfigError(f"{where}: known host {value!r} port is out of range")
+    return HostPort(host, number)
+
+
+def known_hosts_checksum(hosts: tuple[HostPort, ...] | list[HostPort]) -> str:
+    """SHA-256 (first 16 hex digits) of the sorted, lower-cased, de-duplicated list."""
+    normalised = "\n".join(sorted({str(h) for h in hosts}))
+    return hashlib.sha256(normalised.encode()).hexdigest()[:16]
+
+
+def load_cluster_config(path: Path) -> ClusterConfig:
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ClusterConfigError(f"cannot read cluster file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ClusterConfigError(f"cluster file {path} is not valid TOML: {exc}") from None
+    return parse_cluster_config(raw, str(path))
+
+
+def parse_cluster_config(raw: dict[str, Any], where: str = "cluster file") -> ClusterConfig:
+    allowed = {"name", "vhost", "secret", "secret_env", "user", "known_hosts", "heartbeat"}
+    unknown = set(raw) - allowed
+    if unknown:
+        raise ClusterConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
+    if "type" in raw:  # pragma: no cover - caught above, kept for the message
+        raise ClusterConfigError(f"{where}: the server type belongs on the command line")
+    name = raw.get("name", "rookery")
+    vhost = raw.get("vhost", "/")
+    user = raw.get("user", "cluster")
+    for key, value in (("name", name), ("vhost", vhost), ("user", user)):
+        if not isinstance(value, str) or not value:
+            raise ClusterConfigError(f"{where}: '{key}' must be a non-empty string")
+    secret = raw.get("secret")
+    if "secret_env" in raw:
+        var = raw["secret_env"]
+        secret = os.environ.get(var) if isinstance(var, str) else None
+        if not secret:
+            raise ClusterConfigError(f"{where}: environment variable {var!r} (secret_env) is not set")
+    if not isinstance(secret, str) or len(secret) < 8:
+        raise ClusterConfigError(f"{where}: 'secret' must be a string of at least 8 characters")
+    hosts_raw = raw.get("known_hosts")
+    if isinstance(hosts_raw, str):
+        hosts_raw = [h for h in hosts_raw.split(",") if h.strip()]
+    if not isinstance(hosts_raw, list) or not hosts_raw:
+        raise ClusterConfigError(f"{where}: 'known_hosts' must list at least one primary 'host:port'")
+    hosts = tuple(dict.fromkeys(parse_host(h, where) for h in hosts_raw))
+    heartbeat = raw.get("heartbeat", {})
+    if not isinstance(heartbeat, dict):
+        raise ClusterConfigError(f"{where}: [heartbeat] must be a table")
+    unknown = set(heartbeat) - {"interval", "timeout", "open_timeout"}
+    if unknown:
+        raise ClusterConfigError(f"{where}: unknown [heartbeat] key(s) {', '.join(sorted(unknown))}")
+    values = {}
+    for key, default in (("interval", 1.0), ("timeout", 3.0), ("open_timeout", 10.0)):
+        value = heartbeat.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ClusterConfigError(f"{where}: heartbeat {key} must be a positive number")
+        values[key] = float(value)
+    if values["timeout"] <= values["interval"]:
+        raise ClusterConfigError(
+            f"{where}: heartbeat timeout ({values['timeout']}) must exceed the interval "
+            f"({values['interval']})"
+        )
+    return ClusterConfig(
+        name=name,
+        vhost=vhost,
+        secret=secret,
+        user=user,
+        known_hosts=hosts,
+        heartbeat_interval=values["interval"],
+        heartbeat_timeout=values["timeout"],
+        open_timeout=values["open_timeout"],
+    )

@@ -1,0 +1,76 @@
+"""``brokerd ctl``: talk to a running broker over its control socket."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from brokerd.server.control import request, socket_path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="brokerd ctl",
+        description="Control a running brokerd through the socket in its data directory.",
+    )
+    parser.add_argument(
+        "--data-dir", type=Path, default=Path("var/brokerd"),
+        help="the broker's --data-dir (default var/brokerd)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    status = sub.add_parser("status", help="the server's cluster view and counts")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    sub.add_parser("dump", help="the full state dump (as SIGUSR1 logs it)")
+    root = sub.add_parser("root", help="enable or disable root candidacy on this server")
+    root.add_argument("action", choices=["enable", "disable"])
+    fault = sub.add_parser(
+        "fault", help="fault injection for tests (needs --enable-fault-injection)"
+    )
+    fault_sub = fault.add_subparsers(dest="fault", required=True)
+    cut = fault_sub.add_parser("cut-link", help="drop the links to and from a peer")
+    cut.add_argument("spid")
+    fault_sub.add_parser("heal", help="restore every cut link")
+    return parser
+
+
+def _print_status(status: dict[str, Any]) -> None:
+    print(f"spid       {status.get('spid')}")
+    print(f"type       {status.get('type')}")
+    print(f"root       {status.get('root') or '-'}{' (this server)' if status.get('is_root') else ''}")
+    print(f"ready      {status.get('ready')}")
+    print(f"root ok    {status.get('root_enabled')}")
+    print(f"checksum   {status.get('checksum') or '-'}")
+    for peer in status.get("peers", []):
+        state = "active" if peer.get("active") else "inactive"
+        print(f"peer       {peer.get('spid')} {peer.get('type')} {state}")
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    extra: list[str] = []
+    if args.command == "root":
+        extra = [args.action]
+    elif args.command == "fault":
+        extra = [args.fault] + ([args.spid] if args.fault == "cut-link" else [])
+    if not socket_path(args.data_dir).exists():
+        print(f"brokerd ctl: no broker control socket in {args.data_dir}", file=sys.stderr)
+        return 2
+    try:
+        reply = request(args.data_dir, args.command, extra)
+    except OSError as exc:
+        print(f"brokerd ctl: cannot reach the broker: {exc}", file=sys.stderr)
+        return 2
+    if not reply.get("ok"):
+        print(f"brokerd ctl: {reply.get('error')}", file=sys.stderr)
+        return 1
+    result = reply.get("result", {})
+    if args.command == "status" and not args.json:
+        _print_status(result)
+    elif args.command == "dump":
+        print(result.get("dump", ""))
+    else:
+        print(json.dumps(result, indent=2))
+    return 0

@@ -1,0 +1,51 @@
+"""`brokerd ctl` against a running broker's control socket."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pika
+
+from tests.brokerd_process import BrokerProcess
+
+
+def ctl(broker: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(broker.data_dir), *args],
+        capture_output=True, text=True, timeout=30,
+    )
+
+
+def test_status_json_has_the_fixed_keys(broker: BrokerProcess) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        conn.channel().queue_declare("ctl-status-q")
+        result = ctl(broker, "status", "--json")
+        assert result.returncode == 0, result.stderr
+        status = json.loads(result.stdout)
+        for key in ("spid", "type", "is_root", "root", "ready", "root_enabled", "peers", "checksum"):
+            assert key in status
+        assert status["ready"] is True and status["peers"] == []
+        assert status["connections"] >= 1 and status["queues"] >= 1
+        assert status["spid"] in broker.log_text()
+    finally:
+        conn.close()
+
+
+def test_dump_and_plain_status(broker: BrokerProcess) -> None:
+    dumped = ctl(broker, "dump")
+    assert dumped.returncode == 0 and "=== brokerd state dump ===" in dumped.stdout
+    plain = ctl(broker, "status")
+    assert plain.returncode == 0 and plain.stdout.startswith("spid")
+
+
+def test_refusals_are_clear(broker: BrokerProcess, tmp_path) -> None:  # noqa: ANN001
+    root = ctl(broker, "root", "disable")
+    assert root.returncode == 1 and "clustered broker" in root.stderr
+    missing = subprocess.run(
+        [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(tmp_path), "status"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert missing.returncode == 2 and "no broker control socket" in missing.stderr

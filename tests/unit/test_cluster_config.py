@@ -1,0 +1,65 @@
+"""The cluster file: parsing, clear errors, and the known-hosts checksum."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from brokerd.cluster.config import (
+    ClusterConfigError,
+    HostPort,
+    known_hosts_checksum,
+    load_cluster_config,
+    parse_cluster_config,
+)
+
+GOOD = {"secret": "s3cret-s3cret", "known_hosts": ["h1:5672", "H2:5673"]}
+
+
+def test_defaults_and_hosts() -> None:
+    cfg = parse_cluster_config(GOOD)
+    assert cfg.vhost == "/" and cfg.user == "cluster" and cfg.name == "rookery"
+    assert cfg.known_hosts == (HostPort("h1", 5672), HostPort("h2", 5673))
+    assert cfg.heartbeat_interval == 1.0 and cfg.heartbeat_timeout == 3.0
+
+
+def test_checksum_ignores_order_case_and_duplicates() -> None:
+    a = known_hosts_checksum([HostPort("h1", 1), HostPort("h2", 2)])
+    b = parse_cluster_config({**GOOD, "known_hosts": ["H2:2", "h1:1", "h1:1"]}).checksum
+    assert a == b
+    assert a != known_hosts_checksum([HostPort("h1", 1), HostPort("h3", 2)])
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"known_hosts": ["h:1"]}, "'secret'"),
+        ({"secret": "short", "known_hosts": ["h:1"]}, "at least 8"),
+        ({"secret": "long-enough"}, "known_hosts"),
+        ({**GOOD, "known_hosts": ["h:notaport"]}, "bad port"),
+        ({**GOOD, "known_hosts": ["h:70000"]}, "out of range"),
+        ({**GOOD, "type": "primary"}, "unknown key"),
+        ({**GOOD, "heartbeat": {"interval": 2, "timeout": 1}}, "must exceed"),
+        ({**GOOD, "heartbeat": {"interval": -1}}, "positive"),
+        ({**GOOD, "secret_env": "ROOKERY_TEST_UNSET_VAR"}, "not set"),
+    ],
+)
+def test_errors_name_the_problem(raw: dict, message: str) -> None:
+    with pytest.raises(ClusterConfigError, match=message):
+        parse_cluster_config(raw)
+
+
+def test_secret_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROOKERY_TEST_SECRET", "from-the-env")
+    raw = {"secret_env": "ROOKERY_TEST_SECRET", "known_hosts": ["h:1"]}
+    assert parse_cluster_config(raw).secret == "from-the-env"
+
+
+def test_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(ClusterConfigError, match="cannot read"):
+        load_cluster_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("known_hosts = [")
+    with pytest.raises(ClusterConfigError, match="not valid TOML"):
+        load_cluster_config(bad)
