@@ -33,6 +33,20 @@ BASIC_GET_OK_PREFIX = _method_id.pack(60, 71)
 BASIC_RETURN_PREFIX = _method_id.pack(60, 50)
 
 
+def _echo_names_unchecked(self: Method) -> None:
+    """No client-side name rules on methods only a server sends (see below)."""
+
+
+# pamqp validates names as a client library would: a narrow character set and
+# exchange names of at most 127 characters. RabbitMQ accepts any UTF-8 name
+# up to 255 bytes, and so does this broker, which must then be able to echo
+# such a name back ("café", "jobs{1}"). These four methods only ever go from
+# server to client, so no client code in this process constructs them.
+for _cls in (commands.Queue.DeclareOk, commands.Basic.Return, commands.Basic.Deliver,
+             commands.Basic.GetOk):
+    _cls.validate = _echo_names_unchecked  # type: ignore[method-assign]
+
+
 class FrameError(Exception):
     """The byte stream is not a valid frame sequence (reply code 501).
 
@@ -120,11 +134,75 @@ def _unmarshal_strict(method: Method, data: bytes) -> None:
             continue
         if not data:
             raise SyntaxError_(f"{method.name}: missing field {argument}")
+        if data_type == "table":
+            check_field_table(data)
         consumed, value = decode.by_type(data, data_type)
         if consumed > len(data):
             raise SyntaxError_(f"{method.name}: truncated field {argument}")
         setattr(method, argument, value)
         data = data[consumed:]
+
+
+#: field-value types of tables and arrays (pamqp's set) with a fixed size
+_FIELD_SIZES = {
+    ord(c): n
+    for c, n in (("t", 1), ("b", 1), ("B", 1), ("s", 2), ("u", 2), ("I", 4), ("i", 4),
+                 ("l", 8), ("L", 8), ("f", 4), ("d", 8), ("D", 5), ("T", 8), ("V", 0),
+                 ("\x00", 0))
+}
+_u32 = struct.Struct("!I").unpack_from
+
+
+def check_field_table(data: bytes, pos: int = 0) -> int:
+    """Walk the field table at ``pos`` strictly; returns the position just after it.
+
+    pamqp decodes tables leniently (a key or string running past the table's
+    declared end is cut short, a missing value becomes void), so every table
+    is checked first: each entry must lie inside the table and end exactly at
+    its end, as RabbitMQ requires. Raises SyntaxError_ (502).
+    """
+    if len(data) - pos < 4:
+        raise SyntaxError_("truncated field table length")
+    end = pos + 4 + _u32(data, pos)[0]
+    if end > len(data):
+        raise SyntaxError_("field table longer than its frame")
+    pos += 4
+    while pos < end:
+        pos += 1 + data[pos]  # the key, a short string
+        if pos >= end:
+            raise SyntaxError_("field table entry runs past the end of the table")
+        pos = _check_field_value(data, pos, end)
+    return end
+
+
+def _check_field_value(data: bytes, pos: int, end: int) -> int:
+    kind = data[pos]
+    pos += 1
+    size = _FIELD_SIZES.get(kind)
+    if size is not None:
+        pos += size
+    elif kind in (0x53, 0x78):  # S long string, x byte array
+        if pos + 4 > end:
+            raise SyntaxError_("truncated field value length")
+        pos += 4 + _u32(data, pos)[0]
+    elif kind == 0x46:  # F nested table
+        if pos + 4 > end:
+            raise SyntaxError_("truncated field table length")
+        pos = check_field_table(data, pos)
+    elif kind == 0x41:  # A array
+        if pos + 4 > end:
+            raise SyntaxError_("truncated field array length")
+        array_end = pos + 4 + _u32(data, pos)[0]
+        if array_end > end:
+            raise SyntaxError_("field array longer than its table")
+        pos += 4
+        while pos < array_end:
+            pos = _check_field_value(data, pos, array_end)
+    else:
+        raise SyntaxError_(f"unknown field value type {chr(kind)!r}")
+    if pos > end:
+        raise SyntaxError_("field value runs past the end of its table")
+    return pos
 
 
 def method_frame(channel: int, method: Method) -> bytes:
@@ -166,9 +244,10 @@ def decode_header(payload: bytes) -> tuple[int, int, bytes]:
     props = payload[12:]
     if props not in _checked_properties:
         check_properties(props)
-        if len(_checked_properties) >= 4096:
-            _checked_properties.clear()
-        _checked_properties[props] = None
+        if len(props) <= 256:  # small ones only: the cache stays under 1 MB
+            if len(_checked_properties) >= 4096:
+                _checked_properties.clear()
+            _checked_properties[props] = None
     return class_id, body_size, props
 
 
@@ -224,7 +303,8 @@ def check_properties(raw: bytes) -> None:
             else:
                 from pamqp import decode
 
-                consumed, _ = decode.field_table(raw[pos:])
+                check_field_table(raw, pos)
+                consumed, _ = decode.field_table(raw[pos:])  # keys must be UTF-8
                 pos += consumed
             if pos > end:
                 raise SyntaxError_("truncated content properties")
@@ -260,6 +340,8 @@ def decode_properties(raw: bytes) -> commands.Basic.Properties:
                     except (ValueError, OverflowError, OSError):
                         consumed, value = 8, None
                 else:
+                    if kind == "table":
+                        check_field_table(data)
                     consumed, value = decode.by_type(data, kind)
                 if consumed > len(data):
                     raise SyntaxError_(f"truncated property {name}")
