@@ -81,6 +81,12 @@ def parse_config(raw: dict[str, Any], where: str = "config") -> BrokerConfig:
         raise ConfigError(f"{where}: unknown section(s) {', '.join(sorted(unknown))}")
     config = BrokerConfig(vhosts=[], users=[], permissions=[])
     limits = raw.get("limits", {})
+    if not isinstance(limits, dict):
+        raise ConfigError(f"{where}: [limits] must be a table")
+    for section in ("vhosts", "users", "permissions"):
+        entries = raw.get(section, [])
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise ConfigError(f"{where}: '{section}' must be an array of tables ([[{section}]])")
     known = {f.name for f in fields(Limits)}
     for key, value in limits.items():
         if key not in known:
@@ -91,7 +97,7 @@ def parse_config(raw: dict[str, Any], where: str = "config") -> BrokerConfig:
     if config.limits.frame_max and config.limits.frame_max < 4096:
         raise ConfigError(f"{where}: frame_max must be at least 4096")
     for entry in raw.get("vhosts", [{"name": "/"}]):
-        name = entry.get("name") if isinstance(entry, dict) else None
+        name = entry.get("name")
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{where}: every [[vhosts]] entry needs a non-empty 'name'")
         config.vhosts.append(name)
@@ -103,11 +109,14 @@ def parse_config(raw: dict[str, Any], where: str = "config") -> BrokerConfig:
             raise ConfigError(
                 f"{where}: user '{name}' needs a 'password_hash' made by 'brokerd hash-password'"
             )
+        tags = entry.get("tags", [])
+        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+            raise ConfigError(f"{where}: user '{name}' tags must be a list of strings")
         config.users.append(
             User(
                 name,
                 pw_hash,
-                tuple(entry.get("tags", ())),
+                tuple(tags),
                 loopback_only=bool(entry.get("loopback_only", name == "guest")),
             )
         )

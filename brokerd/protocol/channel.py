@@ -345,6 +345,7 @@ class Channel:
     # -- channel class -----------------------------------------------------------
 
     def _on_close(self, method: commands.Channel.Close) -> None:
+        self.flush_confirms()  # acks of earlier publishes precede close-ok
         self.release()
         self.connection.send_method(self.number, commands.Channel.CloseOk())
         self.connection.channel_closed(self.number)

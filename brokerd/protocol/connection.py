@@ -47,6 +47,8 @@ from brokerd.wire.codec import (
 log = logging.getLogger("brokerd.connection")
 
 HANDSHAKE_TIMEOUT = 10.0
+#: bytes of output a connection may gather in one loop turn before its consumers pause
+OUTPUT_HIGH_WATER = 1024 * 1024
 CLOSE_TIMEOUT = 3.0
 _ids = itertools.count(1)
 
@@ -61,10 +63,6 @@ SERVER_CAPABILITIES = {
     "per_consumer_qos": True,
     "direct_reply_to": False,
 }
-
-
-#: channel.close and connection.close: confirms still pending must be sent before these
-_CLOSE_METHODS = (struct.pack("!HH", 20, 40), struct.pack("!HH", 10, 50))
 
 
 class ConnectionState(enum.Enum):
@@ -124,8 +122,12 @@ class Connection:
         self.user: Any = None
         self.vhost: Any = None
         self.channels: dict[int, Any] = {}
-        #: False while the transport's buffer is above its high-water mark
+        #: False while the transport's buffer is above its high-water mark or
+        #: this machine's own output buffer holds more than OUTPUT_HIGH_WATER
         self.writable = True
+        self._transport_paused = False
+        self._output_full = False
+        self._out_bytes = 0
         self.blocked_reason: str | None = None
         self.close_reason: str = ""
         # counters
@@ -140,11 +142,18 @@ class Connection:
 
     def write(self, data: bytes) -> None:
         out = self._out
-        if not out and self.on_output is not None:
+        if not out:
             out.append(data)
-            self.on_output()
+            self._out_bytes = len(data)
+            if self.on_output is not None:
+                self.on_output()
         else:
             out.append(data)
+            self._out_bytes += len(data)
+            if self._out_bytes > OUTPUT_HIGH_WATER and not self._output_full:
+                # deliveries pause until this buffer is handed to the transport
+                self._output_full = True
+                self.writable = False
 
     def data_to_send(self) -> bytes:
         """Everything queued for the peer since the last call."""
@@ -152,7 +161,12 @@ class Connection:
             return b""
         data = b"".join(self._out)
         self._out.clear()
+        self._out_bytes = 0
         self.last_sent = self.clock()
+        if self._output_full:
+            self._output_full = False
+            if not self._transport_paused and self.state is ConnectionState.OPEN:
+                self.resume_writing()
         return data
 
     @property
@@ -191,8 +205,6 @@ class Connection:
         if pos:
             del buf[:pos]
         for ftype, channel, payload in frames:
-            if self._confirm_dirty and payload[:4] in _CLOSE_METHODS:
-                self._flush_confirms()  # the acks of earlier publishes precede close-ok
             try:
                 self._handle_frame(ftype, channel, payload)
             except AMQPError as exc:
@@ -368,9 +380,14 @@ class Connection:
     # -- flow control from the transport ------------------------------------------
 
     def pause_writing(self) -> None:
+        """The transport's buffer is above its high-water mark."""
+        self._transport_paused = True
         self.writable = False
 
     def resume_writing(self) -> None:
+        self._transport_paused = False
+        if self._output_full:
+            return
         self.writable = True
         queues = {c.queue for ch in self.channels.values() for c in ch.consumers.values()}
         for queue in queues:
@@ -434,6 +451,7 @@ class Connection:
                 raise ConnectionError_(COMMAND_INVALID, f"expected connection.open, got {method.name}")
             self._on_open(method)
         elif isinstance(method, commands.Connection.Close):
+            self._flush_confirms()  # acks of earlier publishes precede close-ok
             log.info(
                 "client close conn=%d peer=%s code=%s text=%r",
                 self.id, self.name, method.reply_code, method.reply_text,

@@ -81,7 +81,10 @@ def test_registry_has_the_standard_types():
         ("a.#.c", "a.c", True),
         ("a.#.c", "a.x.y.c", True),
         ("*.#", "a", True),
-        ("*.#", "", True),  # reference: "" is one empty word, as in the trie
+        ("*.#", "", False),  # as RabbitMQ: the empty key has no words
+        ("*", "", False),
+        ("", "", True),
+        ("", "a", False),
         ("#.#", "a.b", True),
         ("*", "a.b", False),
         ("a.*", "a.", True),  # an empty word is still a word
