@@ -17,7 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Control a running brokerd through the socket in its data directory.",
     )
     parser.add_argument(
-        "--data-dir", type=Path, default=Path("var/brokerd"),
+        "--data-dir",
+        type=Path,
+        default=Path("var/brokerd"),
         help="the broker's --data-dir (default var/brokerd)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
@@ -39,7 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _print_status(status: dict[str, Any]) -> None:
     print(f"spid       {status.get('spid')}")
     print(f"type       {status.get('type')}")
-    print(f"root       {status.get('root') or '-'}{' (this server)' if status.get('is_root') else ''}")
+    print(
+        f"root       {status.get('root') or '-'}{' (this server)' if status.get('is_root') else ''}"
+    )
     print(f"ready      {status.get('ready')}")
     print(f"root ok    {status.get('root_enabled')}")
     print(f"checksum   {status.get('checksum') or '-'}")

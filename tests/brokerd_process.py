@@ -50,13 +50,19 @@ class BrokerProcess:
 
     def start(self) -> BrokerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
         cmd = [
-            sys.executable, "-m", "brokerd",
-            "--bind", "127.0.0.1",
-            "--port", str(self.port),
-            "--data-dir", str(self.data_dir),
-            "--log-level", "info",
+            sys.executable,
+            "-m",
+            "brokerd",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--data-dir",
+            str(self.data_dir),
+            "--log-level",
+            "info",
             *self.extra_args,
         ]
         env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -107,21 +107,27 @@ def parse_cluster_config(raw: dict[str, Any], where: str = "cluster file") -> Cl
         var = raw["secret_env"]
         secret = os.environ.get(var) if isinstance(var, str) else None
         if not secret:
-            raise ClusterConfigError(f"{where}: environment variable {var!r} (secret_env) is not set")
+            raise ClusterConfigError(
+                f"{where}: environment variable {var!r} (secret_env) is not set"
+            )
     if not isinstance(secret, str) or len(secret) < 8:
         raise ClusterConfigError(f"{where}: 'secret' must be a string of at least 8 characters")
     hosts_raw = raw.get("known_hosts")
     if isinstance(hosts_raw, str):
         hosts_raw = [h for h in hosts_raw.split(",") if h.strip()]
     if not isinstance(hosts_raw, list) or not hosts_raw:
-        raise ClusterConfigError(f"{where}: 'known_hosts' must list at least one primary 'host:port'")
+        raise ClusterConfigError(
+            f"{where}: 'known_hosts' must list at least one primary 'host:port'"
+        )
     hosts = tuple(dict.fromkeys(parse_host(h, where) for h in hosts_raw))
     heartbeat = raw.get("heartbeat", {})
     if not isinstance(heartbeat, dict):
         raise ClusterConfigError(f"{where}: [heartbeat] must be a table")
     unknown = set(heartbeat) - {"interval", "timeout", "open_timeout"}
     if unknown:
-        raise ClusterConfigError(f"{where}: unknown [heartbeat] key(s) {', '.join(sorted(unknown))}")
+        raise ClusterConfigError(
+            f"{where}: unknown [heartbeat] key(s) {', '.join(sorted(unknown))}"
+        )
     values = {}
     for key, default in (("interval", 1.0), ("timeout", 3.0), ("open_timeout", 10.0)):
         value = heartbeat.get(key, default)

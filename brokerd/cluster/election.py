@@ -75,12 +75,7 @@ class Decision:
 
 
 def is_candidate(member: Member, checksum: str) -> bool:
-    return (
-        member.voter
-        and member.active
-        and member.root_enabled
-        and member.checksum == checksum
-    )
+    return member.voter and member.active and member.root_enabled and member.checksum == checksum
 
 
 def has_quorum(view: View) -> bool:

@@ -21,7 +21,9 @@ HASH_ALGORITHM = "pbkdf2_sha256"
 HASH_ITERATIONS = 120_000
 
 
-def hash_password(password: str, *, iterations: int = HASH_ITERATIONS, salt: str | None = None) -> str:
+def hash_password(
+    password: str, *, iterations: int = HASH_ITERATIONS, salt: str | None = None
+) -> str:
     """Encode ``password`` as ``pbkdf2_sha256$iterations$salt$hash`` (Django's format)."""
     salt = salt or secrets.token_hex(12)
     digest = hashlib.pbkdf2_hmac("sha256", password.encode(), salt.encode(), iterations)
@@ -93,7 +95,9 @@ class UserDatabase:
             return None, f"user '{username}' does not exist"
         if user.loopback_only and not is_loopback(peer_host):
             return None, f"user '{username}' can only connect via localhost"
-        token = hmac.new(self._pepper, f"{user.password_hash}\0{password}".encode(), "sha256").digest()
+        token = hmac.new(
+            self._pepper, f"{user.password_hash}\0{password}".encode(), "sha256"
+        ).digest()
         if self._verified.get(username) == token:
             return user, ""
         if not check_password(password, user.password_hash):

@@ -22,7 +22,9 @@ class Limits:
 
 
 class Broker:
-    def __init__(self, users: UserDatabase, vhosts: list[str], limits: Limits | None = None) -> None:
+    def __init__(
+        self, users: UserDatabase, vhosts: list[str], limits: Limits | None = None
+    ) -> None:
         self.users = users
         self.limits = limits or Limits()
         self.vhosts: dict[str, VirtualHost] = {name: VirtualHost(name) for name in vhosts}

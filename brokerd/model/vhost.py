@@ -126,9 +126,7 @@ class VirtualHost:
                 raise not_found(f"no exchange '{name}' in vhost '{self.name}'")
             return existing, False
         if name.startswith("amq.") and existing is None:
-            raise access_refused(
-                f"exchange name '{name}' contains reserved prefix 'amq.*'"
-            )
+            raise access_refused(f"exchange name '{name}' contains reserved prefix 'amq.*'")
         if existing is not None:
             self._check_equivalent(
                 "exchange",

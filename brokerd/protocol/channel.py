@@ -148,7 +148,8 @@ class Channel:
             return
         if self._publish is not None:
             raise ConnectionError_(
-                UNEXPECTED_FRAME, f"expected content header for basic.publish on channel {self.number}"
+                UNEXPECTED_FRAME,
+                f"expected content header for basic.publish on channel {self.number}",
             )
         if payload[:4] == _PUBLISH_ID:
             try:
@@ -368,7 +369,10 @@ class Channel:
         class_id, method_id = getattr(exc, "method_id", (0, 0))
         log.info(
             "channel.error conn=%d channel=%d code=%d text=%r",
-            self.connection.id, self.number, exc.reply_code, exc.text,
+            self.connection.id,
+            self.number,
+            exc.reply_code,
+            exc.text,
         )
         self.release()
         self.connection.send_method(
@@ -416,7 +420,12 @@ class Channel:
         vhost = self.connection.vhost
         self._permit("write", "exchange", m.destination)
         self._permit("read", "exchange", m.source)
-        vhost.bind(vhost.exchange(m.source), vhost.exchange(m.destination), m.routing_key, m.arguments or {})
+        vhost.bind(
+            vhost.exchange(m.source),
+            vhost.exchange(m.destination),
+            m.routing_key,
+            m.arguments or {},
+        )
         if not m.nowait:
             self.connection.send_method(self.number, commands.Exchange.BindOk())
 
@@ -424,7 +433,12 @@ class Channel:
         vhost = self.connection.vhost
         self._permit("write", "exchange", m.destination)
         self._permit("read", "exchange", m.source)
-        vhost.unbind(vhost.exchange(m.source), vhost.exchange(m.destination), m.routing_key, m.arguments or {})
+        vhost.unbind(
+            vhost.exchange(m.source),
+            vhost.exchange(m.destination),
+            m.routing_key,
+            m.arguments or {},
+        )
         if not m.nowait:
             self.connection.send_method(self.number, commands.Exchange.UnbindOk())
 
@@ -515,7 +529,8 @@ class Channel:
                 ACCESS_REFUSED,
                 f"queue '{name}' in vhost '{conn.vhost.name}' in exclusive use"
                 if not m.exclusive
-                else f"queue '{name}' in vhost '{conn.vhost.name}' has consumers, cannot become exclusive",
+                else f"queue '{name}' in vhost '{conn.vhost.name}' has consumers, "
+                "cannot become exclusive",
             )
         consumer = Consumer(
             self,
@@ -549,7 +564,9 @@ class Channel:
         if self.consumers.pop(consumer.tag, None) is None or not self.open:
             return
         if self.connection.capabilities.get("consumer_cancel_notify"):
-            self.connection.send_method(self.number, commands.Basic.Cancel(consumer.tag, nowait=True))
+            self.connection.send_method(
+                self.number, commands.Basic.Cancel(consumer.tag, nowait=True)
+            )
 
     def _on_basic_get(self, m: commands.Basic.Get) -> None:
         conn = self.connection

@@ -213,8 +213,9 @@ class Connection:
             except Exception:
                 # a broker bug must cost only this connection, and the client
                 # hears why (RabbitMQ: 541 INTERNAL_ERROR), rather than a reset
-                log.exception("internal error conn=%d peer=%s channel=%d", self.id, self.name,
-                              channel)
+                log.exception(
+                    "internal error conn=%d peer=%s channel=%d", self.id, self.name, channel
+                )
                 self.connection_error(INTERNAL_ERROR, "internal error; see the broker log")
             if self.state is ConnectionState.CLOSED:
                 break
@@ -309,7 +310,9 @@ class Connection:
         self.close_reason = err.reply_text
         if self.state in (ConnectionState.AWAIT_HEADER, ConnectionState.AWAIT_START_OK):
             # before tune there is no agreed frame size; say why and drop the socket
-            self.send_method(0, commands.Connection.Close(code, err.reply_text, class_id, method_id))
+            self.send_method(
+                0, commands.Connection.Close(code, err.reply_text, class_id, method_id)
+            )
             self._teardown()
             self.state = ConnectionState.CLOSED
             return
@@ -318,7 +321,9 @@ class Connection:
         self.state = ConnectionState.CLOSING
         self._closing_since = self.clock()
 
-    def close(self, code: int = CONNECTION_FORCED, text: str = "broker forced connection closure") -> None:
+    def close(
+        self, code: int = CONNECTION_FORCED, text: str = "broker forced connection closure"
+    ) -> None:
         """Server-initiated close (shutdown, operator): clients get connection.close."""
         if self.state is ConnectionState.OPEN:
             self.connection_error(code, text)
@@ -368,7 +373,9 @@ class Connection:
             if now - self.last_received > 2 * self.heartbeat:
                 log.warning(
                     "missed heartbeats conn=%d peer=%s timeout=%ds",
-                    self.id, self.name, 2 * self.heartbeat,
+                    self.id,
+                    self.name,
+                    2 * self.heartbeat,
                 )
                 self.close_reason = "missed heartbeats from client"
                 self._teardown()
@@ -415,7 +422,10 @@ class Connection:
             self.returns_dropped += 1
             if self.returns_dropped == 1 or self.returns_dropped % 1000 == 0:
                 log.warning(
-                    "return limit conn=%d peer=%s dropped=%d", self.id, self.name, self.returns_dropped
+                    "return limit conn=%d peer=%s dropped=%d",
+                    self.id,
+                    self.name,
+                    self.returns_dropped,
                 )
             return False
         self._returns_in_window += 1
@@ -440,30 +450,37 @@ class Connection:
         state = self.state
         if state is ConnectionState.AWAIT_START_OK:
             if not isinstance(method, commands.Connection.StartOk):
-                raise ConnectionError_(COMMAND_INVALID, f"expected connection.start-ok, got {method.name}")
+                raise ConnectionError_(
+                    COMMAND_INVALID, f"expected connection.start-ok, got {method.name}"
+                )
             self._on_start_ok(method)
         elif state is ConnectionState.AWAIT_TUNE_OK:
             if not isinstance(method, commands.Connection.TuneOk):
-                raise ConnectionError_(COMMAND_INVALID, f"expected connection.tune-ok, got {method.name}")
+                raise ConnectionError_(
+                    COMMAND_INVALID, f"expected connection.tune-ok, got {method.name}"
+                )
             self._on_tune_ok(method)
         elif state is ConnectionState.AWAIT_OPEN:
             if not isinstance(method, commands.Connection.Open):
-                raise ConnectionError_(COMMAND_INVALID, f"expected connection.open, got {method.name}")
+                raise ConnectionError_(
+                    COMMAND_INVALID, f"expected connection.open, got {method.name}"
+                )
             self._on_open(method)
         elif isinstance(method, commands.Connection.Close):
             self._flush_confirms()  # acks of earlier publishes precede close-ok
             log.info(
                 "client close conn=%d peer=%s code=%s text=%r",
-                self.id, self.name, method.reply_code, method.reply_text,
+                self.id,
+                self.name,
+                method.reply_code,
+                method.reply_text,
             )
             self.send_method(0, commands.Connection.CloseOk())
             self._finish_close()
         elif isinstance(method, commands.Connection.CloseOk):
             raise ConnectionError_(COMMAND_INVALID, "connection.close-ok without connection.close")
         else:
-            raise ConnectionError_(
-                COMMAND_INVALID, f"unexpected method {method.name} on channel 0"
-            )
+            raise ConnectionError_(COMMAND_INVALID, f"unexpected method {method.name} on channel 0")
 
     def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
         self.client_properties = method.client_properties or {}
@@ -474,7 +491,10 @@ class Connection:
         if user is None:
             log.warning(
                 "login refused conn=%d peer=%s mechanism=%s reason=%s",
-                self.id, self.name, method.mechanism, reason,
+                self.id,
+                self.name,
+                method.mechanism,
+                reason,
             )
             text = (
                 f"Login was refused using authentication mechanism {method.mechanism}. "
@@ -545,8 +565,13 @@ class Connection:
         self.state = ConnectionState.OPEN
         log.info(
             "open conn=%d peer=%s user=%s vhost=%s client=%s heartbeat=%d frame_max=%d",
-            self.id, self.name, self.user.name, name,
-            self.client_properties.get("product", "?"), self.heartbeat, self.frame_max,
+            self.id,
+            self.name,
+            self.user.name,
+            name,
+            self.client_properties.get("product", "?"),
+            self.heartbeat,
+            self.frame_max,
         )
 
     # -- channels ------------------------------------------------------------------

@@ -109,7 +109,10 @@ class Server:
         self._control = await serve_control(self.options.data_dir, self.control)
         log.info(
             "listening spid=%s bind=%s port=%d data_dir=%s",
-            self.spid, self.options.bind, self.port, self.options.data_dir,
+            self.spid,
+            self.options.bind,
+            self.port,
+            self.options.data_dir,
         )
 
     async def serve_forever(self) -> None:
@@ -150,7 +153,10 @@ class Server:
             then, last_in, last_out = self._last_counts
             b = self.broker
             span = max(now - then, 1e-6)
-            self.rates = {"in": (b.messages_in - last_in) / span, "out": (b.messages_out - last_out) / span}
+            self.rates = {
+                "in": (b.messages_in - last_in) / span,
+                "out": (b.messages_out - last_out) / span,
+            }
             self._last_counts = (now, b.messages_in, b.messages_out)
 
     # -- signals ------------------------------------------------------------------
@@ -169,8 +175,9 @@ class Server:
             log.error("reload failed: %s", exc)
             return
         except Exception as exc:  # a file of the wrong shape (users = ["x"]): keep running
-            log.error("reload failed: %s: %s: %s", self.options.config_file,
-                      type(exc).__name__, exc)
+            log.error(
+                "reload failed: %s: %s: %s", self.options.config_file, type(exc).__name__, exc
+            )
             return
         self.broker.users = config.user_database()
         self.broker.limits = config.limits

@@ -64,7 +64,9 @@ async def serve_control(data_dir: Path, handler: Handler) -> asyncio.AbstractSer
     return server
 
 
-def request(data_dir: Path, command: str, args: list[str] | None = None, timeout: float = 10.0) -> dict[str, Any]:
+def request(
+    data_dir: Path, command: str, args: list[str] | None = None, timeout: float = 10.0
+) -> dict[str, Any]:
     """Client side: send one request over the socket and return the decoded reply."""
     import socket
 

@@ -42,8 +42,12 @@ def _echo_names_unchecked(self: Method) -> None:
 # up to 255 bytes, and so does this broker, which must then be able to echo
 # such a name back ("café", "jobs{1}"). These four methods only ever go from
 # server to client, so no client code in this process constructs them.
-for _cls in (commands.Queue.DeclareOk, commands.Basic.Return, commands.Basic.Deliver,
-             commands.Basic.GetOk):
+for _cls in (
+    commands.Queue.DeclareOk,
+    commands.Basic.Return,
+    commands.Basic.Deliver,
+    commands.Basic.GetOk,
+):
     _cls.validate = _echo_names_unchecked  # type: ignore[method-assign]
 
 
@@ -146,9 +150,23 @@ def _unmarshal_strict(method: Method, data: bytes) -> None:
 #: field-value types of tables and arrays (pamqp's set) with a fixed size
 _FIELD_SIZES = {
     ord(c): n
-    for c, n in (("t", 1), ("b", 1), ("B", 1), ("s", 2), ("u", 2), ("I", 4), ("i", 4),
-                 ("l", 8), ("L", 8), ("f", 4), ("d", 8), ("D", 5), ("T", 8), ("V", 0),
-                 ("\x00", 0))
+    for c, n in (
+        ("t", 1),
+        ("b", 1),
+        ("B", 1),
+        ("s", 2),
+        ("u", 2),
+        ("I", 4),
+        ("i", 4),
+        ("l", 8),
+        ("L", 8),
+        ("f", 4),
+        ("d", 8),
+        ("D", 5),
+        ("T", 8),
+        ("V", 0),
+        ("\x00", 0),
+    )
 }
 _u32 = struct.Struct("!I").unpack_from
 
@@ -407,4 +425,3 @@ def deliver_frame(
 def routing_tail(exchange: str, routing_key: str) -> bytes:
     """The exchange and routing key as two short strings (end of deliver/get-ok)."""
     return shortstr(exchange) + shortstr(routing_key)
-

@@ -259,6 +259,7 @@ async def test_server_cancel_when_queue_deleted(
 ) -> None:
     channel = await connection.channel()
     queue = await channel.declare_queue(uid("q"), robust=False)
+
     async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
         await message.ack()
 
@@ -275,9 +276,7 @@ async def test_server_cancel_when_queue_deleted(
 
 
 async def test_robust_connection_recovers_after_broker_restart(fresh_broker: BrokerProcess) -> None:
-    conn = await aio_pika.connect_robust(
-        f"{fresh_broker.url}?reconnect_interval=0.2", timeout=10
-    )
+    conn = await aio_pika.connect_robust(f"{fresh_broker.url}?reconnect_interval=0.2", timeout=10)
     try:
         channel = await conn.channel()
         queue = await channel.declare_queue(uid("robust"), auto_delete=False)

@@ -41,9 +41,18 @@ class Worker:
             PYTHONUNBUFFERED="1",
         )
         cmd = [
-            sys.executable, "-m", "celery", "-A", "tests.integration.celery_app", "worker",
-            "--pool=solo", "--concurrency=1", "-l", "info",
-            "-n", self.name,
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "tests.integration.celery_app",
+            "worker",
+            "--pool=solo",
+            "--concurrency=1",
+            "-l",
+            "info",
+            "-n",
+            self.name,
         ]
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen(
@@ -102,7 +111,8 @@ def worker(
     log = proc.log_text()
     assert code == 0, f"worker exit code {code}:\n{log[-5000:]}"
     unexpected = [
-        line for line in log.splitlines()
+        line
+        for line in log.splitlines()
         if ("ERROR/" in line or "WARNING/" in line or "CRITICAL/" in line)
         and "raised unexpected: ValueError('boom')" not in line
     ]

@@ -14,7 +14,9 @@ from tests.brokerd_process import BrokerProcess
 def ctl(broker: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(broker.data_dir), *args],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
 
 
@@ -25,7 +27,16 @@ def test_status_json_has_the_fixed_keys(broker: BrokerProcess) -> None:
         result = ctl(broker, "status", "--json")
         assert result.returncode == 0, result.stderr
         status = json.loads(result.stdout)
-        for key in ("spid", "type", "is_root", "root", "ready", "root_enabled", "peers", "checksum"):
+        for key in (
+            "spid",
+            "type",
+            "is_root",
+            "root",
+            "ready",
+            "root_enabled",
+            "peers",
+            "checksum",
+        ):
             assert key in status
         assert status["ready"] is True and status["peers"] == []
         assert status["connections"] >= 1 and status["queues"] >= 1
@@ -41,11 +52,13 @@ def test_dump_and_plain_status(broker: BrokerProcess) -> None:
     assert plain.returncode == 0 and plain.stdout.startswith("spid")
 
 
-def test_refusals_are_clear(broker: BrokerProcess, tmp_path) -> None:  # noqa: ANN001
+def test_refusals_are_clear(broker: BrokerProcess, tmp_path) -> None:
     root = ctl(broker, "root", "disable")
     assert root.returncode == 1 and "clustered broker" in root.stderr
     missing = subprocess.run(
         [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(tmp_path), "status"],
-        capture_output=True, text=True, timeout=30,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert missing.returncode == 2 and "no broker control socket" in missing.stderr

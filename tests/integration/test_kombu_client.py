@@ -105,8 +105,13 @@ def test_requeue_sets_redelivered(conn: Connection) -> None:
     name = uid("q")
     queue = Queue(name, routing_key=name, durable=False)  # via the default exchange
     Producer(conn.channel()).publish(
-        b"again", routing_key=queue.name, declare=[queue], serializer=None,
-        content_type="application/octet-stream", content_encoding="binary", retry=False,
+        b"again",
+        routing_key=queue.name,
+        declare=[queue],
+        serializer=None,
+        content_type="application/octet-stream",
+        content_encoding="binary",
+        retry=False,
     )
     seen: list[tuple[bool, bytes]] = []
 
@@ -117,8 +122,9 @@ def test_requeue_sets_redelivered(conn: Connection) -> None:
         else:
             message.ack()
 
-    with Consumer(conn.channel(), queues=[queue], callbacks=[on_message],
-                  accept=["application/octet-stream"]):
+    with Consumer(
+        conn.channel(), queues=[queue], callbacks=[on_message], accept=["application/octet-stream"]
+    ):
         drain_until(conn, seen, 2)
     assert seen == [(False, b"again"), (True, b"again")]
 
@@ -146,11 +152,18 @@ def test_topic_exchange(conn: Connection) -> None:
     for key in ("app.error", "app.info", "app.db.error", "db.error"):
         producer.publish({"key": key}, routing_key=key, retry=False)
     got: dict[str, list[str]] = {"errors": [], "all": []}
-    with Consumer(channel, queues=[errors], callbacks=[
-        lambda body, m: (got["errors"].append(body["key"]), m.ack())
-    ]), Consumer(conn.channel(), queues=[everything], callbacks=[
-        lambda body, m: (got["all"].append(body["key"]), m.ack())
-    ]):
+    with (
+        Consumer(
+            channel,
+            queues=[errors],
+            callbacks=[lambda body, m: (got["errors"].append(body["key"]), m.ack())],
+        ),
+        Consumer(
+            conn.channel(),
+            queues=[everything],
+            callbacks=[lambda body, m: (got["all"].append(body["key"]), m.ack())],
+        ),
+    ):
         drain_until(conn, got["all"], 3)
         drain_until(conn, got["errors"], 2)
     assert got["errors"] == ["app.error", "db.error"]
@@ -160,7 +173,9 @@ def test_topic_exchange(conn: Connection) -> None:
 def test_headers_exchange(conn: Connection) -> None:
     exchange = Exchange(uid("headers"), type="headers", durable=False)
     queue = Queue(
-        uid("pdf"), exchange, durable=False,
+        uid("pdf"),
+        exchange,
+        durable=False,
         binding_arguments={"x-match": "all", "format": "pdf", "lang": "en"},
     )
     channel = conn.channel()
@@ -169,8 +184,9 @@ def test_headers_exchange(conn: Connection) -> None:
     producer.publish("match", headers={"format": "pdf", "lang": "en", "extra": 1}, retry=False)
     producer.publish("partial", headers={"format": "pdf"}, retry=False)
     received: list[str] = []
-    with Consumer(channel, queues=[queue],
-                  callbacks=[lambda body, m: (received.append(body), m.ack())]):
+    with Consumer(
+        channel, queues=[queue], callbacks=[lambda body, m: (received.append(body), m.ack())]
+    ):
         drain_until(conn, received, 1)
         with pytest.raises(TimeoutError):
             conn.drain_events(timeout=0.3)
@@ -178,12 +194,19 @@ def test_headers_exchange(conn: Connection) -> None:
 
 
 def test_confirm_publish_nack_raises(amqp_url: str) -> None:
-    with Connection(amqp_url, connect_timeout=5,
-                    transport_options={"confirm_publish": True}) as conn:
+    with Connection(
+        amqp_url, connect_timeout=5, transport_options={"confirm_publish": True}
+    ) as conn:
         name = uid("full")
-        queue = Queue(name, routing_key=name, durable=False, queue_arguments={
-            "x-max-length": 1, "x-overflow": "reject-publish",
-        })
+        queue = Queue(
+            name,
+            routing_key=name,
+            durable=False,
+            queue_arguments={
+                "x-max-length": 1,
+                "x-overflow": "reject-publish",
+            },
+        )
         producer = Producer(conn.channel())
         producer.publish("fits", routing_key=queue.name, declare=[queue], retry=False)
         with pytest.raises(amqp.exceptions.MessageNacked):
@@ -200,7 +223,5 @@ def test_missing_queue_passive_declare_is_404(conn: Connection) -> None:
 
 def test_wrong_password_is_refused(amqp_url: str) -> None:
     url = amqp_url.replace("guest:guest", "guest:wrong")
-    with Connection(url, connect_timeout=5) as conn, pytest.raises(
-        amqp.exceptions.AccessRefused
-    ):
+    with Connection(url, connect_timeout=5) as conn, pytest.raises(amqp.exceptions.AccessRefused):
         conn.connect()

@@ -39,8 +39,13 @@ def amqp_port(broker: BrokerProcess) -> int:
     return int(os.environ.get("ROOKERY_REFERENCE_AMQP_PORT") or broker.port)
 
 
-def params(port: int, *, user: str = "guest", password: str = "guest", vhost: str = "/",
-           ) -> pika.ConnectionParameters:
+def params(
+    port: int,
+    *,
+    user: str = "guest",
+    password: str = "guest",
+    vhost: str = "/",
+) -> pika.ConnectionParameters:
     return pika.ConnectionParameters(
         host="127.0.0.1",
         port=port,
@@ -652,7 +657,10 @@ def test_topic_exchange_routing(ch: BlockingChannel) -> None:
         ch.basic_publish(exchange, key, key.encode())
     assert drain(ch, queues["star"]) == [b"stock.ibm.nyse"]
     assert drain(ch, queues["hash"]) == [
-        b"stock.ibm.nyse", b"stock.ibm", b"stock.sap.xetra.eur", b"stock",
+        b"stock.ibm.nyse",
+        b"stock.ibm",
+        b"stock.sap.xetra.eur",
+        b"stock",
     ]
     assert drain(ch, queues["tail"]) == [b"stock.sap.xetra.eur", b"bond.eur"]
     assert len(drain(ch, queues["all"])) == 5
@@ -823,8 +831,7 @@ not_yet = pytest.mark.xfail(
 
 def death_summary(headers: dict) -> list[tuple[str, str, int, list[str]]]:
     return [
-        (d["reason"], d["queue"], d["count"], list(d["routing-keys"]))
-        for d in headers["x-death"]
+        (d["reason"], d["queue"], d["count"], list(d["routing-keys"])) for d in headers["x-death"]
     ]
 
 
@@ -879,11 +886,14 @@ def test_dead_letter_on_expiry_with_routing_key(ch: BlockingChannel) -> None:
     ch.exchange_declare(dlx, "direct")
     dead = declare_queue(ch, "dead")
     ch.queue_bind(dead, dlx, "expired")
-    queue = declare_queue(ch, arguments={
-        "x-dead-letter-exchange": dlx,
-        "x-dead-letter-routing-key": "expired",
-        "x-message-ttl": 50,
-    })
+    queue = declare_queue(
+        ch,
+        arguments={
+            "x-dead-letter-exchange": dlx,
+            "x-dead-letter-routing-key": "expired",
+            "x-message-ttl": 50,
+        },
+    )
     publish(ch, queue, b"too late")
     time.sleep(0.4)
     method, props, body = ch.basic_get(dead, auto_ack=True)

@@ -54,5 +54,5 @@ def test_transport_pause_holds_deliveries_until_resume() -> None:
     queue = consumer.broker.vhosts["/"].queues["tp"]
     assert queue.message_count == 1 and consumer.replies() == []
     consumer.conn.resume_writing()
-    assert [type(m) for _, m in consumer.replies()][0] is commands.Basic.Deliver
+    assert next(type(m) for _, m in consumer.replies()) is commands.Basic.Deliver
     assert queue.message_count == 0

@@ -70,7 +70,7 @@ def worlds(draw: st.DrawFn) -> list[View]:
     n = draw(st.integers(min_value=1, max_value=7))
     spids = [f"s{i}" for i in range(n)]
     types = [draw(st.sampled_from([PRIMARY, PRIMARY, SECONDARY])) for _ in spids]
-    listed = [t == PRIMARY and draw(st.booleans()) or draw(st.booleans()) for t in types]
+    listed = [(t == PRIMARY and draw(st.booleans())) or draw(st.booleans()) for t in types]
     # known_hosts lists every listed primary (and maybe hosts that never started)
     known = max(1, sum(t == PRIMARY and ok for t, ok in zip(types, listed, strict=True)))
     known += draw(st.integers(min_value=0, max_value=2))
@@ -80,8 +80,14 @@ def worlds(draw: st.DrawFn) -> list[View]:
 
     def base(j: int, active: bool, vote: str | None) -> Member:
         return Member(
-            spid=spids[j], type=types[j], start_time=float(j), root_enabled=enabled[j],
-            checksum="c", active=active, vote=vote, listed=listed[j],
+            spid=spids[j],
+            type=types[j],
+            start_time=float(j),
+            root_enabled=enabled[j],
+            checksum="c",
+            active=active,
+            vote=vote,
+            listed=listed[j],
         )
 
     # first round: every server's vote is a function of its own view only

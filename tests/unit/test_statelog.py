@@ -26,7 +26,9 @@ def logs(draw: st.DrawFn) -> list[Entry]:
                 routing_key=draw(st.sampled_from(["", "k", "k.#"])),
                 arguments=draw(st.sampled_from([(), (("x-match", "any"),)])),
                 props=draw(st.sampled_from([(), (("durable", True),)])),
-                spid=draw(st.sampled_from(["", "s1", "s2"])) if "meta" in op or op == sl.SERVER_GONE else "",
+                spid=draw(st.sampled_from(["", "s1", "s2"]))
+                if "meta" in op or op == sl.SERVER_GONE
+                else "",
             )
         )
     return entries

@@ -79,4 +79,3 @@ def lookup(type_name: str) -> type[Muxer]:
         return MUXERS[type_name]
     except KeyError:
         raise ConnectionError_(COMMAND_INVALID, f"unknown exchange type '{type_name}'") from None
-
