@@ -57,6 +57,26 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: DATA_DIR/brokerd.toml if it exists, else guest/guest from loopback only)",
     )
     parser.add_argument(
+        "--cluster",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the shared cluster file (TOML: name, vhost, secret, known_hosts, heartbeat); "
+        "without it the broker runs standalone",
+    )
+    parser.add_argument(
+        "--type",
+        choices=["primary", "secondary"],
+        default="primary",
+        help="this server's partition in the cluster (default primary); "
+        "secondaries never vote or become root",
+    )
+    parser.add_argument(
+        "--enable-fault-injection",
+        action="store_true",
+        help="allow 'brokerd ctl fault cut-link/heal' (tests only)",
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -104,6 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     config = args.config
     if config is None and (args.data_dir / "brokerd.toml").exists():
         config = args.data_dir / "brokerd.toml"
+    if args.cluster is None and (args.type != "primary" or args.enable_fault_injection):
+        print("brokerd: --type and --enable-fault-injection need --cluster", file=sys.stderr)
+        return 2
     return run(
-        ServerOptions(bind=args.bind, port=args.port, data_dir=args.data_dir, config_file=config)
+        ServerOptions(
+            bind=args.bind,
+            port=args.port,
+            data_dir=args.data_dir,
+            config_file=config,
+            cluster_file=args.cluster,
+            server_type=args.type,
+            fault_injection=args.enable_fault_injection,
+        )
     )

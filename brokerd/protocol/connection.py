@@ -30,6 +30,7 @@ from brokerd.model.errors import (
     AMQPError,
     ConnectionError_,
 )
+from brokerd.protocol.hooks import ConnectionHooks, Wait
 from brokerd.wire import codec
 from brokerd.wire.codec import (
     FRAME_BODY,
@@ -70,6 +71,7 @@ class ConnectionState(enum.Enum):
     AWAIT_START_OK = "starting"
     AWAIT_TUNE_OK = "tuning"
     AWAIT_OPEN = "opening"
+    AWAIT_ADMISSION = "waiting for the cluster"
     OPEN = "running"
     CLOSING = "closing"
     CLOSED = "closed"
@@ -95,6 +97,7 @@ class Connection:
         clock: Callable[[], float] = time.monotonic,
         on_output: Callable[[], None] | None = None,
         server_properties: dict[str, Any] | None = None,
+        hooks: ConnectionHooks | None = None,
     ) -> None:
         from brokerd.protocol.channel import Channel  # local: channel imports this module
 
@@ -113,6 +116,10 @@ class Connection:
         self._buf = bytearray()
         self._out: list[bytes] = []
         self.server_properties = server_properties or {}
+        self.hooks = hooks
+        self._admission: Wait | None = None
+        self._admission_deadline = 0.0
+        self._closed_notified = False
         # negotiated
         self.frame_max = FRAME_MIN_SIZE
         self.channel_max = broker.limits.channel_max
@@ -180,6 +187,8 @@ class Connection:
         self.last_received = self.clock()
         buf = self._buf
         buf += data
+        if self.state is ConnectionState.AWAIT_ADMISSION:
+            return  # frames pipelined after connection.open wait with it
         if self.state is ConnectionState.AWAIT_HEADER:
             if len(buf) < 8:
                 if PROTOCOL_HEADER.startswith(bytes(buf)):
@@ -345,6 +354,9 @@ class Connection:
 
     def _teardown(self) -> None:
         self.writable = False  # requeued messages must not come back to this connection
+        if self.hooks is not None and not self._closed_notified:
+            self._closed_notified = True
+            self.hooks.closed(self)
         for ch in list(self.channels.values()):
             ch.release()
         self.channels.clear()
@@ -362,6 +374,10 @@ class Connection:
         if state is ConnectionState.CLOSING:
             if now - self._closing_since > CLOSE_TIMEOUT:
                 self._finish_close()
+            return
+        if state is ConnectionState.AWAIT_ADMISSION:
+            if now >= self._admission_deadline and self._admission is not None:
+                self.connection_error(INTERNAL_ERROR, self._admission.reason)
             return
         if state is not ConnectionState.OPEN:
             if now - self.created > HANDSHAKE_TIMEOUT:
@@ -500,6 +516,8 @@ class Connection:
                 f"Login was refused using authentication mechanism {method.mechanism}. "
                 "For details see the broker logfile."
             )
+            if self.hooks is not None:
+                self.hooks.login_refused(self, reason)
             if self.capabilities.get("authentication_failure_close"):
                 self.send_method(
                     0, commands.Connection.Close(ACCESS_REFUSED, f"ACCESS_REFUSED - {text}", 0, 0)
@@ -561,8 +579,24 @@ class Connection:
                 NOT_ALLOWED, f"access to vhost '{name}' refused for user '{self.user.name}'"
             )
         self.vhost = vhost
+        self._try_admit()
+
+    def _try_admit(self) -> None:
+        """Ask the hooks whether this connection may start now."""
+        decision = self.hooks.admit(self) if self.hooks is not None else None
+        if decision is not None:
+            if self._admission is None:
+                log.info(
+                    "open waiting conn=%d peer=%s reason=%s", self.id, self.name, decision.reason
+                )
+                self._admission_deadline = self.clock() + decision.timeout
+            self._admission = decision
+            self.state = ConnectionState.AWAIT_ADMISSION
+            return
+        self._admission = None
         self.send_method(0, commands.Connection.OpenOk())
         self.state = ConnectionState.OPEN
+        name = self.vhost.name
         log.info(
             "open conn=%d peer=%s user=%s vhost=%s client=%s heartbeat=%d frame_max=%d",
             self.id,
@@ -573,6 +607,18 @@ class Connection:
             self.heartbeat,
             self.frame_max,
         )
+
+    def readmit(self) -> None:
+        """The hooks' answer may have changed (a root appeared): try again."""
+        if self.state is not ConnectionState.AWAIT_ADMISSION:
+            return
+        try:
+            self._try_admit()
+        except AMQPError as exc:
+            self.connection_error(exc.reply_code, exc.text)
+            return
+        if self.state is ConnectionState.OPEN and self._buf:
+            self.receive_data(b"")
 
     # -- channels ------------------------------------------------------------------
 

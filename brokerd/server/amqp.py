@@ -32,6 +32,7 @@ class AMQPProtocol(asyncio.Protocol):
             (str(peer[0]), int(peer[1])),
             on_output=self._schedule_flush,
             server_properties=self.server.server_properties(),
+            hooks=self.server.hooks,
         )
         self.server.connections[self.machine.id] = self
 

@@ -6,15 +6,21 @@ import asyncio
 import gc
 import logging
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from brokerd.cluster.config import ClusterConfig, ClusterConfigError, load_cluster_config
+from brokerd.cluster.controller import ClusterController, ClusterSink
 from brokerd.cluster.identity import make_spid
-from brokerd.config import ConfigError, load_config
+from brokerd.cluster.messages import CLUSTER_EXCHANGE
+from brokerd.config import BrokerConfig, ConfigError, load_config
+from brokerd.model.auth import Permission, User, hash_password
 from brokerd.model.broker import Broker
 from brokerd.model.errors import CONNECTION_FORCED
+from brokerd.model.exchange import Exchange
 from brokerd.server import dump
 from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError, serve_control
@@ -30,6 +36,9 @@ class ServerOptions:
     port: int = 5672
     data_dir: Path = Path("var/brokerd")
     config_file: Path | None = None
+    cluster_file: Path | None = None
+    server_type: str = "primary"
+    fault_injection: bool = False
 
 
 class Server:
@@ -38,7 +47,13 @@ class Server:
         self.started = time.time()
         self.spid = make_spid(self.started)
         config = load_config(options.config_file)
+        self.cluster_config: ClusterConfig | None = None
+        if options.cluster_file is not None:
+            self.cluster_config = load_cluster_config(options.cluster_file)
         self.broker = Broker(config.user_database(), config.vhosts, config.limits)
+        self.cluster: ClusterController | None = None
+        if self.cluster_config is not None:
+            self._install_cluster_user(config)
         self.connections: dict[int, AMQPProtocol] = {}
         self.rates = {"in": 0.0, "out": 0.0}
         self._last_counts = (time.monotonic(), 0, 0)
@@ -46,16 +61,44 @@ class Server:
         self._stopping: asyncio.Event | None = None
         self._control: asyncio.AbstractServer | None = None
         self.port = options.port
+        self._cluster_secret_hash = ""
+
+    def _install_cluster_user(self, config: BrokerConfig) -> None:
+        """The cluster vhost exists and the cluster user (password = secret) may use it."""
+        cluster = self.cluster_config
+        assert cluster is not None
+        self.broker.add_vhost(cluster.vhost)
+        if not getattr(self, "_cluster_secret_hash", ""):
+            self._cluster_secret_hash = hash_password(cluster.secret)
+        users = self.broker.users
+        users.add_user(User(cluster.user, self._cluster_secret_hash, ("cluster",)))
+        users.set_permission(cluster.user, cluster.vhost, Permission())
+
+    @property
+    def hooks(self) -> ClusterController | None:
+        return self.cluster
 
     def server_properties(self) -> dict[str, Any]:
-        return {"spid": self.spid, "cluster_name": "standalone"}
+        name = self.cluster_config.name if self.cluster_config is not None else "standalone"
+        return {"spid": self.spid, "cluster_name": name}
 
     def cluster_summary(self) -> dict[str, Any]:
         """The cluster view for dumps; a standalone server has no root and no peers."""
+        if self.cluster is not None:
+            return self.cluster.summary()
         return {"role": "standalone", "root": None, "peers_active": 0, "peers_known": 0}
 
     def status(self) -> dict[str, Any]:
         """``brokerd ctl status --json``: identity, cluster view, counts."""
+        counts = {
+            "port": self.port,
+            "started": self.started,
+            "connections": len(self.connections),
+            "rates": self.rates,
+            **self.broker.totals(),
+        }
+        if self.cluster is not None:
+            return {**self.cluster.status(), **counts}
         return {
             "spid": self.spid,
             "type": "standalone",
@@ -80,7 +123,19 @@ class Server:
         if command == "dump":
             return {"dump": dump.full(self)}
         if command in ("root", "fault"):
-            raise ControlError(f"'{command}' needs a clustered broker (started with --cluster)")
+            if self.cluster is None:
+                raise ControlError(f"'{command}' needs a clustered broker (started with --cluster)")
+            args = request.get("args") or []
+            try:
+                if command == "root" and args in (["enable"], ["disable"]):
+                    return self.cluster.set_root_enabled(args[0] == "enable")
+                if command == "fault" and len(args) == 2 and args[0] == "cut-link":
+                    return self.cluster.cut_link(args[1])
+                if command == "fault" and args == ["heal"]:
+                    return self.cluster.heal()
+            except ValueError as exc:
+                raise ControlError(str(exc)) from None
+            raise ControlError(f"bad arguments for '{command}': {args}")
         raise ControlError(f"unknown command '{command}'")
 
     # -- lifecycle ----------------------------------------------------------------
@@ -107,6 +162,8 @@ class Server:
             loop.add_signal_handler(sig, handler)
         self._ticker_task = loop.create_task(self._ticker())
         self._control = await serve_control(self.options.data_dir, self.control)
+        if self.cluster_config is not None:
+            await self._start_cluster(self.cluster_config)
         log.info(
             "listening spid=%s bind=%s port=%d data_dir=%s",
             self.spid,
@@ -114,6 +171,40 @@ class Server:
             self.port,
             self.options.data_dir,
         )
+
+    async def _start_cluster(self, config: ClusterConfig) -> None:
+        host = self.options.bind
+        if host in ("0.0.0.0", "::", ""):
+            import socket
+
+            host = socket.getfqdn()
+        self.cluster = ClusterController(
+            config,
+            spid=self.spid,
+            server_type=self.options.server_type,
+            start_time=self.started,
+            address=f"{host}:{self.port}",
+            fault_injection=self.options.fault_injection,
+            on_ready_change=self._cluster_ready_changed,
+            load=self.broker.totals,
+        )
+        vhost = self.broker.vhosts[config.vhost]
+        vhost.exchanges[CLUSTER_EXCHANGE] = Exchange(
+            CLUSTER_EXCHANGE, ClusterSink.type_name, durable=True, muxer=ClusterSink(self.cluster)
+        )
+        await self.cluster.start()
+
+    def _cluster_ready_changed(self, ready: bool, reason: str) -> None:
+        """Admit connections waiting in connection.open; block or unblock publishers."""
+        for proto in list(self.connections.values()):
+            conn = proto.machine
+            if conn is None or self.cluster is None:
+                continue
+            if ready:
+                conn.readmit()
+            if not isinstance(conn.client_properties.get("rookery_link"), dict):
+                conn.set_blocked(None if ready else f"cluster not ready: {reason}")
+            proto.flush()
 
     async def serve_forever(self) -> None:
         await self.start()
@@ -132,6 +223,8 @@ class Server:
             self._listener.close()
         if self._control is not None:
             self._control.close()
+        if self.cluster is not None:
+            await self.cluster.stop()
         for proto in list(self.connections.values()):
             if proto.machine is not None:
                 proto.machine.close(CONNECTION_FORCED, "broker shutdown")
@@ -181,6 +274,8 @@ class Server:
             return
         self.broker.users = config.user_database()
         self.broker.limits = config.limits
+        if self.cluster_config is not None:
+            self._install_cluster_user(config)
         for name in config.vhosts:
             self.broker.add_vhost(name)
         log.info("reloaded config=%s users=%d", self.options.config_file, len(config.users))
@@ -189,8 +284,9 @@ class Server:
 def run(options: ServerOptions) -> int:
     try:
         server = Server(options)
-    except ConfigError as exc:
+    except (ConfigError, ClusterConfigError) as exc:
         log.error("%s", exc)
+        print(f"brokerd: {exc}", file=sys.stderr)
         return 2
     # deep queues hold millions of long-lived objects: collect the young
     # generation less often so the collector does not keep walking them

@@ -1,0 +1,167 @@
+"""An outgoing cluster link: an aio-pika connection to one known host or peer.
+
+The link logs in with the cluster user and secret on the cluster vhost and
+tells the peer who we are in its client properties; the peer's spid comes
+back in the server properties. It reconnects with capped exponential
+backoff until stopped, and reports refusals (wrong secret, checksum
+mismatch) to its owner so both can raise an alarm.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import quote
+
+import aio_pika
+import aiormq
+
+from brokerd.cluster.messages import CLUSTER_EXCHANGE, LINK_PROPERTY
+
+log = logging.getLogger("brokerd.cluster.link")
+
+BACKOFF_MIN = 0.2
+BACKOFF_MAX = 5.0
+
+
+class Link:
+    """One outgoing link; ``on_up(link)`` / ``on_down(link, reason)`` report its state."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        user: str,
+        secret: str,
+        vhost: str,
+        identity: Callable[[], dict[str, Any]],
+        on_up: Callable[[Link], None],
+        on_down: Callable[[Link, str], None],
+        connect_timeout: float = 3.0,
+    ) -> None:
+        self.address = address
+        credentials = f"{quote(user, safe='')}:{quote(secret, safe='')}"
+        self.url = f"amqp://{credentials}@{address}/{quote(vhost, safe='')}"
+        self.identity = identity
+        self.on_up = on_up
+        self.on_down = on_down
+        self.connect_timeout = connect_timeout
+        self.peer_spid: str | None = None
+        self.server_properties: dict[str, Any] = {}
+        self.state = "connecting"
+        self.last_error = ""
+        self._connection: aio_pika.abc.AbstractConnection | None = None
+        self._exchange: aio_pika.abc.AbstractExchange | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = asyncio.Event()
+        self._stopped = False
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        self._stopped = True
+        self._closed.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        await self._close_connection()
+
+    @property
+    def up(self) -> bool:
+        return self.state == "up"
+
+    async def send(self, kind: str, body: bytes) -> bool:
+        """Publish one control message; False if the link is not up."""
+        exchange = self._exchange
+        if exchange is None or not self.up:
+            return False
+        try:
+            await exchange.publish(aio_pika.Message(body), routing_key=kind)
+        except Exception as exc:  # the connection went away under us
+            self._lost(f"send failed: {exc}")
+            return False
+        return True
+
+    async def _run(self) -> None:
+        backoff = BACKOFF_MIN
+        while not self._stopped:
+            self._closed.clear()
+            try:
+                await self._connect()
+            except Exception as exc:
+                reason = describe_error(exc)
+                if reason != self.last_error or self.state != "retrying":
+                    log.info("link down address=%s reason=%s", self.address, reason)
+                self.last_error = reason
+                self.state = "retrying"
+                self.on_down(self, reason)
+                await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
+            backoff = BACKOFF_MIN
+            self.state = "up"
+            self.last_error = ""
+            self.on_up(self)
+            await self._closed.wait()
+            await self._close_connection()
+
+    async def _connect(self) -> None:
+        # aio_pika.connect() folds client_properties into the URL query, which
+        # cannot carry a table; handed to the connection's kwargs they reach
+        # aiormq.connect() intact
+        connection = aio_pika.Connection(self.url)
+        connection.kwargs["client_properties"] = {
+            LINK_PROPERTY: self.identity(),
+            "connection_name": "rookery-link",
+        }
+        await connection.connect(timeout=self.connect_timeout)
+        try:
+            underlay = connection.transport.connection  # type: ignore[union-attr]
+            self.server_properties = dict(underlay.server_properties or {})
+            self.peer_spid = str(self.server_properties.get("spid") or "") or None
+            channel = await connection.channel()
+            self._exchange = await channel.get_exchange(CLUSTER_EXCHANGE, ensure=False)
+        except Exception:
+            await connection.close()
+            raise
+        connection.close_callbacks.add(lambda *_: self._lost("connection closed"))
+        self._connection = connection
+
+    def _lost(self, reason: str) -> None:
+        if self.state == "up":
+            log.info("link lost address=%s peer=%s reason=%s", self.address, self.peer_spid, reason)
+            self.state = "retrying"
+            self.last_error = reason
+            self._exchange = None
+            self.on_down(self, reason)
+        self._closed.set()
+
+    def drop(self, reason: str) -> None:
+        """Close the current connection (a duplicate, ourselves, a cut); it may reconnect."""
+        self._lost(reason)
+
+    async def _close_connection(self) -> None:
+        connection, self._connection = self._connection, None
+        self._exchange = None
+        if connection is not None and not connection.is_closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(connection.close(), timeout=2.0)
+
+
+def describe_error(exc: BaseException) -> str:
+    """A one-line reason for a failed link, keeping the broker's AMQP reply text."""
+    if isinstance(exc, aiormq.exceptions.ProbableAuthenticationError):
+        return "authentication refused (wrong cluster secret?)"
+    if isinstance(exc, aiormq.exceptions.ConnectionClosed):
+        return "closed by peer: " + " ".join(str(a) for a in exc.args[:2])
+    if isinstance(exc, aiormq.exceptions.AMQPError) and exc.args:
+        return " ".join(str(a) for a in exc.args)
+    if isinstance(exc, OSError | asyncio.TimeoutError):
+        return f"unreachable: {exc.__class__.__name__} {exc}".strip()
+    return f"{exc.__class__.__name__}: {exc}"

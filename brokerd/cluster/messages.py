@@ -1,0 +1,76 @@
+"""Cluster control messages: versioned JSON bodies on the cluster exchange.
+
+Each message is published on a link to the ``amq.rookery.cluster``
+exchange of the peer's cluster vhost, with the message type as routing key.
+docs/protocol.md documents every field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+VERSION = 1
+CLUSTER_EXCHANGE = "amq.rookery.cluster"
+STATUS = "cluster.status"
+ROOT = "cluster.root"
+#: client property carrying a link's identity (a table)
+LINK_PROPERTY = "rookery_link"
+
+
+class MessageError(ValueError):
+    """A cluster message that cannot be understood."""
+
+
+@dataclass
+class Status:
+    """Cluster.Status, sent to every linked peer each heartbeat interval."""
+
+    spid: str
+    type: str
+    start_time: float
+    checksum: str
+    root_enabled: bool
+    vote: str | None
+    is_root: bool
+    listed: bool
+    address: str
+    #: spids this server currently sees as active
+    peers: list[str] = field(default_factory=list)
+    load: dict[str, Any] = field(default_factory=dict)
+    sent_at: float = 0.0
+
+
+@dataclass
+class Root:
+    """Cluster.Root: the sender has become root (or, with ``is_root`` false, stepped down)."""
+
+    spid: str
+    is_root: bool
+    reason: str = ""
+
+
+KINDS: dict[str, type] = {STATUS: Status, ROOT: Root}
+
+
+def encode(message: Status | Root) -> tuple[str, bytes]:
+    kind = STATUS if isinstance(message, Status) else ROOT
+    return kind, json.dumps({"v": VERSION, **asdict(message)}).encode()
+
+
+def decode(kind: str, body: bytes) -> Status | Root:
+    cls = KINDS.get(kind)
+    if cls is None:
+        raise MessageError(f"unknown cluster message {kind!r}")
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise MessageError(f"{kind}: body is not JSON: {exc}") from None
+    if not isinstance(data, dict) or data.pop("v", None) != VERSION:
+        raise MessageError(f"{kind}: unsupported version (this server speaks v{VERSION})")
+    known = cls.__dataclass_fields__
+    try:
+        return cls(**{k: v for k, v in data.items() if k in known})
+    except TypeError as exc:
+        raise MessageError(f"{kind}: {exc}") from None
