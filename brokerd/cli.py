@@ -91,6 +91,9 @@ def setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    # aiormq logs every failed link attempt as an ERROR with a traceback;
+    # brokerd.cluster.link already logs one line per link state change
+    logging.getLogger("aiormq").setLevel(logging.CRITICAL)
 
 
 def hash_password_main(argv: list[str]) -> int:
