@@ -1,0 +1,180 @@
+"""The cluster controller's decisions, driven without sockets (fake clock and connections)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from brokerd.cluster import messages
+from brokerd.cluster.config import parse_cluster_config
+from brokerd.cluster.controller import ClusterController
+from brokerd.cluster.messages import LINK_PROPERTY, Status
+from brokerd.model.errors import AMQPError, ChannelError
+from brokerd.protocol.hooks import Wait
+
+CONFIG = parse_cluster_config(
+    {
+        "secret": "cluster-secret",
+        "known_hosts": ["h1:1", "h2:2", "h3:3"],
+        "heartbeat": {"interval": 1, "timeout": 3, "open_timeout": 7},
+    }
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class User:
+    name: str
+
+
+@dataclass
+class VHost:
+    name: str = "/"
+
+
+@dataclass
+class FakeConn:
+    id: int
+    user: User
+    vhost: VHost = field(default_factory=VHost)
+    client_properties: dict[str, Any] = field(default_factory=dict)
+    name: str = "127.0.0.1:9"
+    peer: tuple[str, int] = ("127.0.0.1", 9)
+
+
+def make(
+    spid: str = "s1", start: float = 1.0, server_type: str = "primary"
+) -> tuple[ClusterController, Clock]:
+    clock = Clock()
+    ctl = ClusterController(
+        CONFIG, spid=spid, server_type=server_type, start_time=start, address="h1:1", clock=clock
+    )
+    ctl.started = clock.now - 10  # past the start-up grace
+    ctl.listed = True
+    return ctl, clock
+
+
+def link_from(ctl: ClusterController, conn_id: int, spid: str, start: float, **extra: Any) -> None:
+    props = {
+        "spid": spid,
+        "type": "primary",
+        "callback": "",
+        "start_time": start,
+        "checksum": ctl.checksum,
+        **extra,
+    }
+    conn = FakeConn(conn_id, User("cluster"), client_properties={LINK_PROPERTY: props})
+    assert ctl.admit(conn) is None
+
+
+def status(ctl: ClusterController, conn_id: int, spid: str, start: float, **kw: Any) -> None:
+    fields = {
+        "type": "primary",
+        "checksum": ctl.checksum,
+        "root_enabled": True,
+        "vote": None,
+        "is_root": False,
+        "listed": True,
+        "address": "",
+    }
+    fields.update(kw)
+    kind, body = messages.encode(Status(spid=spid, start_time=start, **fields))
+    ctl.receive(conn_id, kind, body)
+
+
+def test_most_senior_becomes_root_once_every_active_primary_votes_for_it() -> None:
+    ctl, _clock = make("s1", 1.0)
+    link_from(ctl, 11, "s2", 2.0)
+    status(ctl, 11, "s2", 2.0, vote="s2")  # s2 has not heard of s1 yet
+    assert not ctl.decision.is_root and "waiting for votes" in ctl.decision.reason
+    status(ctl, 11, "s2", 2.0, vote="s1")
+    assert ctl.decision.is_root and ctl.ready
+    assert ctl.status()["root"] == "s1"
+
+
+def test_root_steps_down_when_quorum_is_lost() -> None:
+    ctl, clock = make("s1", 1.0)
+    link_from(ctl, 11, "s2", 2.0)
+    status(ctl, 11, "s2", 2.0, vote="s1")
+    assert ctl.decision.is_root
+    clock.now += CONFIG.heartbeat_timeout + 0.1  # s2 falls silent
+    ctl.evaluate()
+    assert not ctl.decision.is_root and not ctl.ready
+    assert "no quorum" in ctl.decision.reason
+
+
+def test_clients_wait_without_a_root_and_are_admitted_with_one() -> None:
+    ctl, _ = make("s1", 1.0)
+    client = FakeConn(1, User("guest"))
+    wait = ctl.admit(client)
+    assert isinstance(wait, Wait) and wait.timeout == 7 and "not ready" in wait.reason
+    link_from(ctl, 11, "s2", 2.0)
+    status(ctl, 11, "s2", 2.0, vote="s1")
+    assert ctl.admit(client) is None
+
+
+def test_link_refusals() -> None:
+    ctl, _ = make()
+    bad_sum = FakeConn(
+        5, User("cluster"), client_properties={LINK_PROPERTY: {"spid": "sx", "checksum": "other"}}
+    )
+    with pytest.raises(AMQPError, match="checksum mismatch") as info:
+        ctl.admit(bad_sum)
+    assert info.value.reply_code == 530 and "config-mismatch" in ctl.alarms
+    with pytest.raises(AMQPError, match="cluster user"):
+        ctl.admit(FakeConn(6, User("guest"), client_properties={LINK_PROPERTY: {"spid": "sy"}}))
+    with pytest.raises(AMQPError, match="only be used by cluster links"):
+        ctl.admit(FakeConn(7, User("cluster")))
+    with pytest.raises(AMQPError, match="serves vhost"):
+        ctl.admit(FakeConn(8, User("guest"), vhost=VHost("/other")))
+
+
+def test_only_links_may_publish_cluster_messages() -> None:
+    ctl, _ = make()
+    with pytest.raises(ChannelError) as info:
+        ctl.receive(99, messages.STATUS, b"{}")
+    assert info.value.reply_code == 403
+
+
+def test_malformed_or_foreign_version_messages_are_dropped() -> None:
+    ctl, _ = make()
+    link_from(ctl, 11, "s2", 2.0)
+    ctl.receive(11, messages.STATUS, b"not json")
+    ctl.receive(11, messages.STATUS, b'{"v": 99, "spid": "s2"}')
+    ctl.receive(11, "cluster.unknown", b"{}")
+    assert ctl.peers["s2"].status is None
+
+
+def test_secondary_never_becomes_root_and_cannot_disable() -> None:
+    ctl, _ = make("s0", 0.5, server_type="secondary")
+    link_from(ctl, 11, "s1", 1.0)
+    status(ctl, 11, "s1", 1.0, vote="s1", is_root=True)
+    assert not ctl.decision.is_root and ctl.ready and ctl.status()["root"] == "s1"
+    with pytest.raises(ValueError):
+        ctl.set_root_enabled(False)
+
+
+def test_fault_injection_is_refused_unless_enabled() -> None:
+    ctl, _ = make()
+    with pytest.raises(ValueError, match="fault injection is off"):
+        ctl.cut_link("s2")
+    ctl.fault_injection = True
+    link_from(ctl, 11, "s2", 2.0)
+    status(ctl, 11, "s2", 2.0, vote="s1")
+    assert ctl.decision.is_root
+    ctl.cut_link("s2")
+    assert not ctl.decision.is_root  # s2 no longer counts, no quorum
+    status(ctl, 11, "s2", 2.0, vote="s1")  # ignored while cut
+    assert not ctl.decision.is_root
+    ctl.heal()
+    status(ctl, 11, "s2", 2.0, vote="s1")
+    assert ctl.decision.is_root
