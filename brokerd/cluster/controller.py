@@ -16,18 +16,51 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pamqp import commands
+
 from brokerd.cluster import messages
+from brokerd.cluster import replication as rep
 from brokerd.cluster.config import ClusterConfig
 from brokerd.cluster.election import PRIMARY, SECONDARY, Decision, Member, View, decide
 from brokerd.cluster.link import Link
 from brokerd.cluster.messages import LINK_PROPERTY, MessageError, Root, Status
-from brokerd.model.errors import NOT_ALLOWED, ConnectionError_, access_refused
+from brokerd.cluster.statelog import Entry, compact, freeze, replay
+from brokerd.model.broker import Broker
+from brokerd.model.errors import (
+    INTERNAL_ERROR,
+    NOT_ALLOWED,
+    AMQPError,
+    ChannelError,
+    ConnectionError_,
+    access_refused,
+)
 from brokerd.model.message import Message
 from brokerd.model.muxers import Binding, Muxer
 from brokerd.protocol.hooks import Wait
 
 if TYPE_CHECKING:
+    from pamqp.base import Frame as Method
+
+    from brokerd.protocol.channel import Channel
     from brokerd.protocol.connection import Connection
+
+CHANGE = "cluster.change"
+STATE = "cluster.state"
+REFUSE = "cluster.refuse"
+SYNC_REQUEST = "cluster.sync-request"
+SYNC = "cluster.sync"
+REPLICATION_KINDS = (CHANGE, STATE, REFUSE, SYNC_REQUEST, SYNC)
+
+
+@dataclass
+class PendingChange:
+    """A client's wiring change waiting for the root to order it."""
+
+    entry: Entry
+    channel: Channel | None
+    created: float
+    sent_to: str | None = None
+
 
 log = logging.getLogger("brokerd.cluster")
 
@@ -88,6 +121,7 @@ class ClusterController:
         on_ready_change: Callable[[bool, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         load: Callable[[], dict[str, Any]] | None = None,
+        broker: Broker | None = None,
     ) -> None:
         self.config = config
         self.spid = spid
@@ -113,6 +147,14 @@ class ClusterController:
         self.started = clock()
         self._task: asyncio.Task[None] | None = None
         self._sends: set[asyncio.Task[Any]] = set()
+        # wiring replication
+        self.broker = broker
+        self.log: list[Entry] = []
+        self.last_seq = 0
+        self.synced_root: str | None = None
+        self._sync_asked: tuple[str, float] | None = None
+        self.pending: dict[str, PendingChange] = {}
+        self._request_seq = 0
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -277,6 +319,9 @@ class ClusterController:
             raise access_refused("only cluster links may publish to the cluster exchange")
         if spid in self.cut or spid == self.spid:
             return
+        if kind in REPLICATION_KINDS:
+            self._replication_message(spid, kind, body)
+            return
         try:
             message = messages.decode(kind, body)
         except MessageError as exc:
@@ -351,6 +396,8 @@ class ClusterController:
             decision = Decision(None, False, decision.quorum, "starting")
         was_root = self.decision.is_root
         self.decision = decision
+        if decision.is_root and not was_root:
+            self.synced_root = self.spid  # a new root's own log is the cluster state
         if decision.is_root != was_root:
             log.warning(
                 "root %s spid=%s reason=%s",
@@ -360,8 +407,16 @@ class ClusterController:
             )
             self._broadcast(Root(self.spid, decision.is_root, decision.reason))
         root = self.root(view, now)
-        ready = root is not None
-        reason = "" if ready else f"no root ({decision.reason})"
+        if root is not None and root != self.spid and self.synced_root != root:
+            self._ask_sync(root)
+        in_sync = root is not None and (root == self.spid or self.synced_root == root)
+        ready = in_sync
+        if root is None:
+            reason = f"no root ({decision.reason})"
+        elif not in_sync:
+            reason = f"synchronising wiring from root {root}"
+        else:
+            reason = ""
         if ready != self.ready:
             log.warning(
                 "cluster %s spid=%s root=%s %s",
@@ -410,6 +465,7 @@ class ClusterController:
         while True:
             try:
                 self.evaluate()
+                self._retry_pending()
                 kind, body = messages.encode(self.status_message())
                 for peer in list(self.peers.values()):
                     if peer.link is not None and peer.link.up and peer.spid not in self.cut:
@@ -492,6 +548,10 @@ class ClusterController:
             "quorum": decision.quorum,
             "listed": self.listed,
             "known_hosts": sorted(self.known),
+            "state_seq": self.last_seq,
+            "state_log": len(self.log),
+            "synced_with": self.synced_root,
+            "pending_changes": len(self.pending),
             "peers": [
                 {
                     "spid": p.spid,
@@ -525,3 +585,255 @@ class ClusterController:
             "checksum": self.checksum,
             "ready": self.ready,
         }
+
+    # -- wiring replication -------------------------------------------------------
+
+    def replicate(self, conn: Connection, channel: Channel, method: Method) -> bool:
+        """Connection hook: a wiring change made on this server joins the cluster state."""
+        vhost = conn.vhost
+        if vhost is None or vhost.name != self.config.vhost:
+            return False
+        if isinstance(method, commands.Queue.Declare) and method.exclusive:
+            return False  # private queues stay on their server
+        meta = ""
+        if isinstance(method, commands.Queue.Bind | commands.Queue.Unbind):
+            queue = vhost.queues.get(method.queue)
+            if queue is not None and queue.exclusive:
+                meta = self.spid  # other servers forward matches here
+        entry = rep.entry_for(method, vhost.name, origin=self.spid, meta_spid=meta)
+        if self.decision.is_root:
+            self._order(entry, None)  # the root orders its own changes at once
+            return False
+        self._request_seq += 1
+        request = f"{self.spid}/{self._request_seq}"
+        self.pending[request] = PendingChange(entry, None if meta else channel, self.clock())
+        self._send_change(request)
+        return not meta  # meta-bindings do not hold the client
+
+    def _send_change(self, request: str) -> None:
+        change = self.pending[request]
+        root = self.root()
+        link = self._link_to(root) if root else None
+        if link is None:
+            return  # sent when a root is known (see _retry_pending)
+        change.sent_to = root
+        header = {**rep.entry_header(change.entry), "request": request}
+        self._spawn(link.send(CHANGE, rep.encode_bucket(header, [change.entry.frame])))
+
+    def _retry_pending(self) -> None:
+        now = self.clock()
+        root = self.root()
+        for request, change in list(self.pending.items()):
+            if now - change.created > 3 * self.config.open_timeout:
+                del self.pending[request]
+                if change.channel is not None:
+                    change.channel.replicated(
+                        ConnectionError_(INTERNAL_ERROR, "cluster did not order the change in time")
+                    )
+            elif root is not None and change.sent_to != root:
+                self._send_change(request)
+
+    def _link_to(self, spid: str | None) -> Link | None:
+        peer = self.peers.get(spid) if spid else None
+        if peer is None or peer.link is None or not peer.link.up or spid in self.cut:
+            return None
+        return peer.link
+
+    def _order(self, entry: Entry, request: str | None) -> AMQPError | None:
+        """Root only: validate by applying, give the next sequence number, broadcast."""
+        error = rep.try_apply(self.broker, entry) if self.broker is not None else None
+        if error is not None:
+            return error
+        self.last_seq += 1
+        ordered = Entry(
+            self.last_seq,
+            entry.op,
+            entry.vhost,
+            entry.name,
+            entry.source,
+            entry.routing_key,
+            entry.arguments,
+            entry.props,
+            entry.spid,
+            entry.frame,
+            entry.origin,
+        )
+        self._append(ordered)
+        header = {**rep.entry_header(ordered), "request": request}
+        body = rep.encode_bucket(header, [ordered.frame])
+        for peer in self.peers.values():
+            if peer.link is not None and peer.link.up and peer.spid not in self.cut:
+                self._spawn(peer.link.send(STATE, body))
+        log.info(
+            "state ordered seq=%d op=%s name=%s origin=%s",
+            ordered.seq,
+            ordered.op,
+            ordered.name,
+            ordered.origin,
+        )
+        return None
+
+    def _append(self, entry: Entry) -> None:
+        self.log.append(entry)
+        if len(self.log) > 256 and len(self.log) > 2 * self._compacted_size:
+            self.log = compact(self.log)
+            self._compacted_size = len(self.log)
+
+    _compacted_size = 0
+
+    def _replication_message(self, spid: str, kind: str, body: bytes) -> None:
+        try:
+            header, frames = rep.decode_bucket(body)
+            if kind == CHANGE:
+                self._on_change(spid, header, frames)
+            elif kind == STATE:
+                self._on_state(spid, header, frames)
+            elif kind == REFUSE:
+                self._on_refuse(header)
+            elif kind == SYNC_REQUEST:
+                self._on_sync_request(spid)
+            elif kind == SYNC:
+                self._on_sync(spid, header, frames)
+        except rep.BucketError as exc:
+            log.warning("replication message refused from=%s kind=%s: %s", spid, kind, exc)
+
+    def _on_change(self, spid: str, header: dict[str, Any], frames: list[bytes]) -> None:
+        request = header.get("request")
+        if not self.decision.is_root:
+            log.info("change from=%s ignored: not root (it will resend)", spid)
+            return
+        entry = rep.entry_from_header(header, frames[0] if frames else b"")
+        error = self._order(entry, request)
+        if error is not None:
+            link = self._link_to(spid)
+            if link is not None:
+                refusal = {
+                    "request": request,
+                    "code": error.reply_code,
+                    "text": error.text,
+                    "connection_level": error.connection_level,
+                }
+                self._spawn(link.send(REFUSE, rep.encode_bucket(refusal, [])))
+
+    def _on_state(self, spid: str, header: dict[str, Any], frames: list[bytes]) -> None:
+        if spid != self.root() or self.synced_root != spid:
+            return  # only the root's stream counts, once synced with it
+        entry = rep.entry_from_header(header, frames[0] if frames else b"")
+        if entry.seq <= self.last_seq:
+            return
+        if entry.seq != self.last_seq + 1:
+            log.warning("state gap at=%d got=%d: resync", self.last_seq, entry.seq)
+            self.synced_root = None
+            self._sync_asked = None
+            self.evaluate()
+            return
+        self._apply(entry)
+        self.last_seq = entry.seq
+        self._append(entry)
+        change = self.pending.pop(str(header.get("request")), None)
+        if change is not None and change.channel is not None:
+            change.channel.replicated(None)
+
+    def _apply(self, entry: Entry) -> None:
+        if self.broker is None:
+            return
+        error = rep.try_apply(self.broker, entry)
+        if error is not None:
+            log.warning(
+                "state seq=%d op=%s name=%s not applied: %s",
+                entry.seq,
+                entry.op,
+                entry.name,
+                error.text,
+            )
+
+    def _on_refuse(self, header: dict[str, Any]) -> None:
+        change = self.pending.pop(str(header.get("request")), None)
+        if change is None or change.channel is None:
+            return
+        cls = ConnectionError_ if header.get("connection_level") else ChannelError
+        change.channel.replicated(cls(int(header.get("code", 541)), str(header.get("text", ""))))
+        # this server applied something the root refused: take the root's state again
+        self.synced_root = None
+        self._sync_asked = None
+
+    def _ask_sync(self, root: str) -> None:
+        now = self.clock()
+        if (
+            self._sync_asked is not None
+            and self._sync_asked[0] == root
+            and (now - self._sync_asked[1] < self.config.heartbeat_timeout)
+        ):
+            return
+        link = self._link_to(root)
+        if link is None:
+            return
+        self._sync_asked = (root, now)
+        log.info("sync requested root=%s", root)
+        self._spawn(link.send(SYNC_REQUEST, rep.encode_bucket({}, [])))
+
+    def _on_sync_request(self, spid: str) -> None:
+        if not self.decision.is_root:
+            return
+        link = self._link_to(spid)
+        if link is None:
+            return
+        self.log = compact(self.log)
+        self._compacted_size = len(self.log)
+        header = {"seq": self.last_seq, "entries": [rep.entry_header(e) for e in self.log]}
+        self._spawn(link.send(SYNC, rep.encode_bucket(header, [e.frame for e in self.log])))
+        log.info("sync sent to=%s entries=%d seq=%d", spid, len(self.log), self.last_seq)
+
+    def _on_sync(self, spid: str, header: dict[str, Any], frames: list[bytes]) -> None:
+        if spid != self.root():
+            return
+        headers = header.get("entries") or []
+        if len(headers) != len(frames):
+            raise rep.BucketError("sync entries and frames differ in number")
+        entries = [rep.entry_from_header(h, f) for h, f in zip(headers, frames, strict=True)]
+        self._reconcile(entries)
+        for entry in entries:
+            self._apply(entry)
+        self.log = entries
+        self._compacted_size = len(entries)
+        self.last_seq = int(header.get("seq", 0))
+        self.synced_root = spid
+        log.warning("sync done root=%s entries=%d seq=%d", spid, len(entries), self.last_seq)
+        for request in list(self.pending):
+            self.pending[request].sent_to = None  # resend to this root
+        self.evaluate()
+
+    def _reconcile(self, entries: list[Entry]) -> None:
+        """Drop local shared wiring that the root's state no longer has."""
+        if self.broker is None:
+            return
+        wiring = replay(entries)
+        vhost = self.broker.vhosts.get(self.config.vhost)
+        if vhost is None:
+            return
+        for queue in list(vhost.queues.values()):
+            if not queue.exclusive and (vhost.name, queue.name) not in wiring.queues:
+                log.info("sync drops queue=%s", queue.name)
+                vhost.remove_queue(queue)
+        for name in list(vhost.exchanges):
+            if name and not name.startswith("amq.") and (vhost.name, name) not in wiring.exchanges:
+                log.info("sync drops exchange=%s", name)
+                vhost.delete_exchange(name)
+        for exchange in list(vhost.exchanges.values()):
+            for binding in list(exchange.bindings.values()):
+                dest = binding.destination
+                key = (
+                    vhost.name,
+                    exchange.name,
+                    dest.name,
+                    binding.routing_key,
+                    freeze(binding.arguments),
+                    "",
+                )
+                if getattr(dest, "exclusive", False):
+                    continue
+                known = (
+                    wiring.queue_bindings if hasattr(dest, "messages") else wiring.exchange_bindings
+                )
+                if exchange.name and key not in known:
+                    vhost._drop_binding(binding)

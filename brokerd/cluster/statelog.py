@@ -69,6 +69,10 @@ class Entry:
     arguments: tuple[Any, ...] = ()
     props: tuple[Any, ...] = ()
     spid: str = ""
+    #: the encoded AMQP method frame payload this entry came from (the binary bucket)
+    frame: bytes = field(default=b"", compare=False)
+    #: the server that asked for the change
+    origin: str = field(default="", compare=False)
 
     def binding_key(self) -> tuple[Any, ...]:
         return (self.vhost, self.source, self.name, self.routing_key, self.arguments, self.spid)
@@ -131,10 +135,10 @@ class Wiring:
             exists = (
                 (vhost, name) in self.queues
                 if op == QUEUE_BIND
-                else (vhost, name) in self.exchanges or op == META_BIND
+                else self.has_exchange(vhost, name) or op == META_BIND
             )
             key = entry.binding_key()
-            if exists and (vhost, entry.source) in self.exchanges and key not in bindings:
+            if exists and self.has_exchange(vhost, entry.source) and key not in bindings:
                 bindings.add(key)
                 added.append((kind, *key))
         elif op in (QUEUE_UNBIND, EXCHANGE_UNBIND, META_UNBIND):
@@ -150,6 +154,10 @@ class Wiring:
         else:
             raise ValueError(f"unknown state log operation {op!r}")
         return added, removed
+
+    def has_exchange(self, vhost: str, name: str) -> bool:
+        """Declared in the log, or predeclared on every server (``amq.*``)."""
+        return name.startswith("amq.") or (vhost, name) in self.exchanges
 
     def _bindings(self, op: str) -> tuple[str, set[Fact]]:
         if op.startswith("queue."):

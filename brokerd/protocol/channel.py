@@ -33,7 +33,7 @@ from brokerd.model.exchange import Exchange
 from brokerd.model.message import Message
 from brokerd.model.queue import Queue
 from brokerd.wire import codec
-from brokerd.wire.codec import SyntaxError_, UnknownMethod
+from brokerd.wire.codec import FRAME_BODY, FRAME_HEADER, FRAME_METHOD, SyntaxError_, UnknownMethod
 
 if TYPE_CHECKING:
     from brokerd.protocol.connection import Connection
@@ -139,10 +139,16 @@ class Channel:
         self._size = 0
         self._received = 0
         self._write_allowed: dict[str, bool] = {}
+        #: frames received while a wiring change waits for the cluster (None: not holding)
+        self._held: list[tuple[int, bytes]] | None = None
+        self._deferred: Method | None = None
 
     # -- frames in -------------------------------------------------------------
 
     def handle_method(self, payload: bytes) -> None:
+        if self._held is not None:
+            self._held.append((FRAME_METHOD, payload))
+            return
         if not self.open:
             self._handle_while_closing(payload)
             return
@@ -193,6 +199,9 @@ class Channel:
             self.connection.channel_closed(self.number)
 
     def handle_header(self, payload: bytes) -> None:
+        if self._held is not None:
+            self._held.append((FRAME_HEADER, payload))
+            return
         if not self.open:
             return
         if self._publish is None or self._parts or self._props:
@@ -218,6 +227,9 @@ class Channel:
             self._content_complete(b"")
 
     def handle_body(self, payload: bytes) -> None:
+        if self._held is not None:
+            self._held.append((FRAME_BODY, payload))
+            return
         if not self.open:
             return
         if self._publish is None or not self._props:
@@ -329,6 +341,50 @@ class Channel:
             send(self.number, commands.Basic.Ack(run_end, multiple=True))
         confirms.clear()
 
+    # -- replication of wiring (cluster) -------------------------------------------
+
+    def _reply(self, method: Method, reply: Method, *, changed: bool) -> None:
+        """Send a wiring method's -Ok, after the cluster has ordered the change if it
+        changed shared wiring; the channel holds later frames meanwhile."""
+        hooks = self.connection.hooks
+        if changed and hooks is not None and hooks.replicate(self.connection, self, method):
+            self._held = []
+            self._deferred = None if getattr(method, "nowait", False) else reply
+            return
+        if not getattr(method, "nowait", False):
+            self.connection.send_method(self.number, reply)
+
+    def replicated(self, error: AMQPError | None) -> None:
+        """The cluster ordered (or refused) the change this channel is holding for."""
+        held, self._held = self._held, None
+        reply, self._deferred = self._deferred, None
+        if held is None or not self.open:
+            return
+        conn = self.connection
+        if error is not None:
+            if error.connection_level:
+                conn.connection_error(error.reply_code, error.text)
+            else:
+                self.close_by_server(error)
+            return
+        if reply is not None:
+            conn.send_method(self.number, reply)
+        for index, (kind, payload) in enumerate(held):
+            try:
+                if kind == FRAME_METHOD:
+                    self.handle_method(payload)
+                elif kind == FRAME_HEADER:
+                    self.handle_header(payload)
+                else:
+                    self.handle_body(payload)
+            except AMQPError as exc:
+                conn._amqp_error(exc, self.number)
+                return
+            if self._held is not None:  # a later method is being replicated in turn
+                self._held.extend(held[index + 1 :])
+                break
+        conn._flush_confirms()
+
     # -- permissions ----------------------------------------------------------------
 
     def _permit(self, kind: str, resource_type: str, name: str) -> None:
@@ -384,6 +440,7 @@ class Channel:
         if not self.open:
             return
         self.open = False
+        self._held = None
         self._publish = None
         self._parts = []
         self._confirms.clear()
@@ -398,7 +455,7 @@ class Channel:
         vhost = self.connection.vhost
         if not m.passive:
             self._permit("configure", "exchange", m.exchange)
-        vhost.declare_exchange(
+        _exchange, created = vhost.declare_exchange(
             m.exchange,
             m.exchange_type or "direct",
             passive=m.passive,
@@ -407,40 +464,30 @@ class Channel:
             internal=m.internal,
             arguments=m.arguments or {},
         )
-        if not m.nowait:
-            self.connection.send_method(self.number, commands.Exchange.DeclareOk())
+        self._reply(m, commands.Exchange.DeclareOk(), changed=created)
 
     def _on_exchange_delete(self, m: commands.Exchange.Delete) -> None:
         self._permit("configure", "exchange", m.exchange)
-        self.connection.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
-        if not m.nowait:
-            self.connection.send_method(self.number, commands.Exchange.DeleteOk())
+        deleted = self.connection.vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
+        self._reply(m, commands.Exchange.DeleteOk(), changed=deleted is not None)
 
     def _on_exchange_bind(self, m: commands.Exchange.Bind) -> None:
         vhost = self.connection.vhost
         self._permit("write", "exchange", m.destination)
         self._permit("read", "exchange", m.source)
-        vhost.bind(
-            vhost.exchange(m.source),
-            vhost.exchange(m.destination),
-            m.routing_key,
-            m.arguments or {},
-        )
-        if not m.nowait:
-            self.connection.send_method(self.number, commands.Exchange.BindOk())
+        source = vhost.exchange(m.source)
+        before = len(source.bindings)
+        vhost.bind(source, vhost.exchange(m.destination), m.routing_key, m.arguments or {})
+        self._reply(m, commands.Exchange.BindOk(), changed=len(source.bindings) != before)
 
     def _on_exchange_unbind(self, m: commands.Exchange.Unbind) -> None:
         vhost = self.connection.vhost
         self._permit("write", "exchange", m.destination)
         self._permit("read", "exchange", m.source)
-        vhost.unbind(
-            vhost.exchange(m.source),
-            vhost.exchange(m.destination),
-            m.routing_key,
-            m.arguments or {},
-        )
-        if not m.nowait:
-            self.connection.send_method(self.number, commands.Exchange.UnbindOk())
+        source = vhost.exchange(m.source)
+        before = len(source.bindings)
+        vhost.unbind(source, vhost.exchange(m.destination), m.routing_key, m.arguments or {})
+        self._reply(m, commands.Exchange.UnbindOk(), changed=len(source.bindings) != before)
 
     # -- queue class ---------------------------------------------------------------
 
@@ -448,7 +495,7 @@ class Channel:
         conn = self.connection
         if not m.passive and m.queue:
             self._permit("configure", "queue", m.queue)
-        queue, _created = conn.vhost.declare_queue(
+        queue, created = conn.vhost.declare_queue(
             m.queue,
             connection_id=conn.id,
             passive=m.passive,
@@ -458,11 +505,12 @@ class Channel:
             arguments=m.arguments or {},
         )
         self.last_queue = queue.name
-        if not m.nowait:
-            conn.send_method(
-                self.number,
-                commands.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count),
-            )
+        m.queue = queue.name  # a server-named queue replicates under its name
+        self._reply(
+            m,
+            commands.Queue.DeclareOk(queue.name, queue.message_count, queue.consumer_count),
+            changed=created,
+        )
 
     def _on_queue_bind(self, m: commands.Queue.Bind) -> None:
         conn = self.connection
@@ -470,9 +518,10 @@ class Channel:
         self._permit("write", "queue", name)
         self._permit("read", "exchange", m.exchange)
         queue = conn.vhost.queue(name, conn.id)
+        before = len(queue.bindings)
         conn.vhost.bind(conn.vhost.exchange(m.exchange), queue, m.routing_key, m.arguments or {})
-        if not m.nowait:
-            conn.send_method(self.number, commands.Queue.BindOk())
+        m.queue = name
+        self._reply(m, commands.Queue.BindOk(), changed=len(queue.bindings) != before)
 
     def _on_queue_unbind(self, m: commands.Queue.Unbind) -> None:
         conn = self.connection
@@ -480,8 +529,10 @@ class Channel:
         self._permit("write", "queue", name)
         self._permit("read", "exchange", m.exchange)
         queue = conn.vhost.queue(name, conn.id)
+        before = len(queue.bindings)
         conn.vhost.unbind(conn.vhost.exchange(m.exchange), queue, m.routing_key, m.arguments or {})
-        conn.send_method(self.number, commands.Queue.UnbindOk())
+        m.queue = name
+        self._reply(m, commands.Queue.UnbindOk(), changed=len(queue.bindings) != before)
 
     def _on_queue_purge(self, m: commands.Queue.Purge) -> None:
         conn = self.connection
@@ -495,11 +546,13 @@ class Channel:
         conn = self.connection
         name = self._queue_name(m.queue)
         self._permit("configure", "queue", name)
+        existed = conn.vhost.queues.get(name)
         count = conn.vhost.delete_queue(
             name, connection_id=conn.id, if_unused=m.if_unused, if_empty=m.if_empty
         )
-        if not m.nowait:
-            conn.send_method(self.number, commands.Queue.DeleteOk(count))
+        m.queue = name
+        shared = existed is not None and not existed.exclusive
+        self._reply(m, commands.Queue.DeleteOk(count), changed=shared)
 
     # -- basic class -----------------------------------------------------------------
 

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from pamqp.base import Frame as Method
+
+    from brokerd.protocol.channel import Channel
     from brokerd.protocol.connection import Connection
 
 
@@ -32,3 +35,7 @@ class ConnectionHooks(Protocol):
 
     def closed(self, conn: Connection) -> None:
         """The connection is gone, whatever the cause."""
+
+    def replicate(self, conn: Connection, channel: Channel, method: Method) -> bool:
+        """A wiring method changed local state. True: the cluster takes it and will
+        call ``channel.replicated(error)`` once the root has ordered it."""

@@ -187,6 +187,7 @@ class Server:
             fault_injection=self.options.fault_injection,
             on_ready_change=self._cluster_ready_changed,
             load=self.broker.totals,
+            broker=self.broker,
         )
         vhost = self.broker.vhosts[config.vhost]
         vhost.exchanges[CLUSTER_EXCHANGE] = Exchange(

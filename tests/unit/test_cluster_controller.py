@@ -11,6 +11,7 @@ from brokerd.cluster import messages
 from brokerd.cluster.config import parse_cluster_config
 from brokerd.cluster.controller import ClusterController
 from brokerd.cluster.messages import LINK_PROPERTY, Status
+from brokerd.cluster.replication import encode_bucket
 from brokerd.model.errors import AMQPError, ChannelError
 from brokerd.protocol.hooks import Wait
 
@@ -158,7 +159,10 @@ def test_secondary_never_becomes_root_and_cannot_disable() -> None:
     ctl, _ = make("s0", 0.5, server_type="secondary")
     link_from(ctl, 11, "s1", 1.0)
     status(ctl, 11, "s1", 1.0, vote="s1", is_root=True)
-    assert not ctl.decision.is_root and ctl.ready and ctl.status()["root"] == "s1"
+    # a root is known, but wiring must come from it before clients are served
+    assert not ctl.decision.is_root and not ctl.ready and "synchronising" in ctl.not_ready_reason
+    ctl.receive(11, "cluster.sync", encode_bucket({"seq": 0, "entries": []}, []))
+    assert ctl.ready and ctl.status()["root"] == "s1" and ctl.synced_root == "s1"
     with pytest.raises(ValueError):
         ctl.set_root_enabled(False)
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from brokerd.cluster import statelog as sl
 from brokerd.cluster.statelog import Entry, compact, replay
 
-NAMES = ["a", "b", "c"]
+NAMES = ["a", "b", "c", "amq.topic"]
 
 
 @st.composite
@@ -59,6 +59,15 @@ def test_delete_cancels_declare_and_its_bindings() -> None:
     ]
     assert [e.seq for e in compact(log)] == [2]
     assert replay(log).queue_bindings == set()
+
+
+def test_bindings_to_predeclared_exchanges_survive() -> None:
+    log = [
+        Entry(1, sl.QUEUE_DECLARE, name="q"),
+        Entry(2, sl.QUEUE_BIND, name="q", source="amq.topic", routing_key="a.#"),
+    ]
+    assert [e.seq for e in compact(log)] == [1, 2]
+    assert len(replay(log).queue_bindings) == 1
 
 
 def test_server_gone_drops_its_meta_bindings_only() -> None:
