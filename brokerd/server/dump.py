@@ -21,6 +21,7 @@ def one_line(server: Server) -> str:
     return (
         f"spid={server.spid} role={cluster['role']} root={cluster['root'] or '-'} "
         f"peers={cluster['peers_active']}/{cluster['peers_known']} "
+        f"checksum={cluster.get('checksum') or '-'} "
         f"connections={len(server.connections)} queues={len(queues)} "
         f"ready={totals['messages_ready']} unacked={unacked} "
         f"in={server.rates['in']:.1f}/s out={server.rates['out']:.1f}/s"
