@@ -612,6 +612,13 @@ class ClusterController:
 
     def _send_change(self, request: str) -> None:
         change = self.pending[request]
+        if self.decision.is_root:
+            # this server became root while the change was in flight: order it here
+            del self.pending[request]
+            error = self._order(change.entry, request)
+            if change.channel is not None:
+                change.channel.replicated(error)
+            return
         root = self.root()
         link = self._link_to(root) if root else None
         if link is None:
@@ -630,7 +637,7 @@ class ClusterController:
                     change.channel.replicated(
                         ConnectionError_(INTERNAL_ERROR, "cluster did not order the change in time")
                     )
-            elif root is not None and change.sent_to != root:
+            elif root is not None and change.sent_to != root and request in self.pending:
                 self._send_change(request)
 
     def _link_to(self, spid: str | None) -> Link | None:
