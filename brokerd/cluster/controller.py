@@ -610,6 +610,26 @@ class ClusterController:
         self._send_change(request)
         return not meta  # meta-bindings do not hold the client
 
+    def private_queue_removed(self, queue: Any) -> None:
+        """VirtualHost hook: a private queue went; withdraw its meta-bindings."""
+        if not queue.exclusive or queue.vhost != self.config.vhost:
+            return
+        for binding in list(queue.bindings.values()):
+            method = commands.Queue.Unbind(
+                queue=queue.name,
+                exchange=binding.source.name,
+                routing_key=binding.routing_key,
+                arguments=binding.arguments,
+            )
+            entry = rep.entry_for(method, queue.vhost, origin=self.spid, meta_spid=self.spid)
+            if self.decision.is_root:
+                self._order(entry, None)
+            else:
+                self._request_seq += 1
+                request = f"{self.spid}/{self._request_seq}"
+                self.pending[request] = PendingChange(entry, None, self.clock())
+                self._send_change(request)
+
     def _send_change(self, request: str) -> None:
         change = self.pending[request]
         if self.decision.is_root:

@@ -72,7 +72,8 @@ class VirtualHost:
         self.exchanges[""] = Exchange("", "direct", durable=True, muxer=DefaultMuxer(self.queues))
         for xname, xtype in PREDECLARED:
             self.exchanges[xname] = Exchange(xname, xtype, durable=True)
-        #: called with each queue removed (lets channels forget consumers, stores drop files)
+        #: called with each queue being removed, bindings still attached (the cluster
+        #: withdraws a private queue's meta-bindings, a store drops its files)
         self.on_queue_deleted: list[Callable[[Queue], None]] = []
 
     # -- lookups -------------------------------------------------------------
@@ -248,14 +249,14 @@ class VirtualHost:
             return 0
         del self.queues[queue.name]
         queue.deleted = True
+        for hook in self.on_queue_deleted:  # before the bindings go: hooks may need them
+            hook(queue)
         for binding in list(queue.bindings.values()):
             self._drop_binding(binding)
         count = queue.purge()
         for consumer in list(queue.consumers):
             queue.remove_consumer(consumer)
             consumer.cancelled(queue)
-        for hook in self.on_queue_deleted:
-            hook(queue)
         return count
 
     # -- bindings ------------------------------------------------------------

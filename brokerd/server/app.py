@@ -190,6 +190,7 @@ class Server:
             broker=self.broker,
         )
         vhost = self.broker.vhosts[config.vhost]
+        vhost.on_queue_deleted.append(self.cluster.private_queue_removed)
         vhost.exchanges[CLUSTER_EXCHANGE] = Exchange(
             CLUSTER_EXCHANGE, ClusterSink.type_name, durable=True, muxer=ClusterSink(self.cluster)
         )

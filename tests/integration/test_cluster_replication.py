@@ -127,8 +127,18 @@ def test_wiring_declared_on_a_secondary_exists_everywhere_in_order(cluster: Mini
     for port in cluster.ports:
         assert exists(port, "exchange", "orders") and exists(port, "queue", "billing")
         assert not exists(port, "queue", private) or port == cluster.ports[3]
-    # 4 shared changes + 1 meta-binding (which does not hold the client) on every server
-    cluster.wait(lambda: {cluster.status(s)["state_seq"] for s in cluster.servers} == {5})
+    # 4 shared changes, the private queue's meta.bind (which does not hold the client)
+    # and its meta.unbind when the connection closed, on every server in the same order
+    cluster.wait(lambda: {cluster.status(s)["state_seq"] for s in cluster.servers} == {6})
+
+
+def test_a_private_queue_withdraws_its_meta_bindings_when_it_goes(cluster: MiniCluster) -> None:
+    conn, ch = channel(cluster.ports[2])
+    private = ch.queue_declare("", exclusive=True).method.queue
+    ch.queue_bind(private, "amq.fanout")
+    cluster.wait(lambda: {cluster.status(s)["state_log"] for s in cluster.servers} == {1})
+    conn.close()  # the exclusive queue goes with its connection
+    cluster.wait(lambda: {cluster.status(s)["state_seq"] for s in cluster.servers} == {2})
 
 
 def test_routing_uses_replicated_bindings_on_every_server(cluster: MiniCluster) -> None:
