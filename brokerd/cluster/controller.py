@@ -74,6 +74,8 @@ class Peer:
     aliases: set[str] = field(default_factory=set)
     status: Status | None = None
     last_seen: float = float("-inf")
+    #: when its statuses started arriving again after a silence (it may not know the root yet)
+    active_since: float = float("-inf")
     link: Link | None = None
     inbound: set[int] = field(default_factory=set)
 
@@ -145,6 +147,7 @@ class ClusterController:
         self.ready = False
         self.not_ready_reason = "no root elected yet"
         self.started = clock()
+        self._last_eval = 0.0
         self._task: asyncio.Task[None] | None = None
         self._sends: set[asyncio.Task[Any]] = set()
         # wiring replication
@@ -329,15 +332,19 @@ class ClusterController:
             return
         peer = self._peer(spid)
         if isinstance(message, Status):
+            now = self.clock()
+            if not self.active(peer, now):
+                peer.active_since = now
             peer.status = message
             peer.type = message.type
             peer.start_time = message.start_time
-            peer.last_seen = self.clock()
+            peer.last_seen = now
             if message.address:
                 peer.address = message.address
         elif isinstance(message, Root) and peer.status is not None:
+            # only the flag: liveness and votes come from statuses, so a stale
+            # status is never revived by an announcement
             peer.status.is_root = message.is_root
-            peer.last_seen = self.clock()
         self.evaluate()
 
     # -- election ---------------------------------------------------------------
@@ -357,6 +364,9 @@ class ClusterController:
             if status is None:
                 continue
             active = self.active(peer, now)
+            # a peer heard again only just now voted before it could know the
+            # sitting root: count it as abstaining for one timeout
+            settled = now - peer.active_since >= self.config.heartbeat_timeout
             if active and status.is_root and (sitting is None or peer.spid < sitting):
                 sitting = peer.spid
             members.append(
@@ -367,7 +377,7 @@ class ClusterController:
                     root_enabled=status.root_enabled,
                     checksum=status.checksum,
                     active=active,
-                    vote=status.vote,
+                    vote=status.vote if settled else None,
                     listed=status.listed,
                 )
             )
@@ -388,6 +398,16 @@ class ClusterController:
     def evaluate(self) -> Decision:
         """Re-run the election on the current view; announce and log changes."""
         now = self.clock()
+        if self._last_eval and now - self._last_eval > self.config.heartbeat_timeout:
+            # we were frozen (SIGSTOP, a long pause): our view is stale, so abstain
+            # until peers have been heard again rather than vote from it
+            log.warning(
+                "stalled for %.1fs spid=%s: abstaining for a while",
+                now - self._last_eval,
+                self.spid,
+            )
+            self.started = now
+        self._last_eval = now
         view = self.view(now)
         decision = decide(view)
         if now - self.started < self.config.heartbeat_timeout:
@@ -520,6 +540,10 @@ class ClusterController:
         if not self.fault_injection:
             raise ValueError("fault injection is off (start brokerd with --enable-fault-injection)")
         self.cut.add(spid)
+        if spid in self.peers:
+            # what we heard before the cut must not count after a heal: the peer
+            # becomes active again only through fresh statuses
+            self.peers[spid].last_seen = float("-inf")
         log.warning("fault cut-link spid=%s", spid)
         self.evaluate()
         return {"cut": sorted(self.cut)}

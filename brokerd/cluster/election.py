@@ -10,6 +10,10 @@ Every server runs the same election over its own view:
   for it (unanimity), and the active primaries are more than half of the
   known primaries (quorum).
 
+A primary that abstains (its vote is None: it is starting, or rejoining
+after a stall) counts for neither quorum nor unanimity; otherwise a
+server returning with a stale view would knock the sitting root over.
+
 Because quorums of two servers always share a member and each member casts
 one vote, two servers can never both satisfy the root condition with
 current votes; tests/unit/test_election.py checks this with hypothesis.
@@ -63,7 +67,12 @@ class View:
         return (self.me, *self.peers)
 
     def active_primaries(self) -> list[Member]:
-        return [m for m in self.members() if m.voter and m.active]
+        """Active listed primaries that take part: this server, and peers that vote."""
+        return [
+            m
+            for m in self.members()
+            if m.voter and m.active and (m is self.me or m.vote is not None)
+        ]
 
 
 @dataclass(frozen=True)
@@ -114,7 +123,11 @@ def decide(view: View) -> Decision:
             quorum,
             f"no quorum: {len(view.active_primaries())} of {view.known_primaries} primaries active",
         )
-    dissent = [m.spid for m in view.peers if m.voter and m.active and m.vote != me.spid]
+    dissent = [
+        m.spid
+        for m in view.peers
+        if m.voter and m.active and m.vote is not None and m.vote != me.spid
+    ]
     if dissent:
         return Decision(vote, False, quorum, f"waiting for votes from {', '.join(dissent)}")
     return Decision(vote, True, quorum, "root")

@@ -78,6 +78,8 @@ def link_from(ctl: ClusterController, conn_id: int, spid: str, start: float, **e
 
 
 def status(ctl: ClusterController, conn_id: int, spid: str, start: float, **kw: Any) -> None:
+    """Deliver a status; a peer heard for the first time counts as settled (as if it
+    had been heard for a while), so tests can focus on votes."""
     fields = {
         "type": "primary",
         "checksum": ctl.checksum,
@@ -90,6 +92,10 @@ def status(ctl: ClusterController, conn_id: int, spid: str, start: float, **kw: 
     fields.update(kw)
     kind, body = messages.encode(Status(spid=spid, start_time=start, **fields))
     ctl.receive(conn_id, kind, body)
+    peer = ctl.peers[spid]
+    if peer.active_since == ctl.clock():
+        peer.active_since -= CONFIG.heartbeat_timeout
+        ctl.evaluate()
 
 
 def test_most_senior_becomes_root_once_every_active_primary_votes_for_it() -> None:
@@ -107,10 +113,26 @@ def test_root_steps_down_when_quorum_is_lost() -> None:
     link_from(ctl, 11, "s2", 2.0)
     status(ctl, 11, "s2", 2.0, vote="s1")
     assert ctl.decision.is_root
-    clock.now += CONFIG.heartbeat_timeout + 0.1  # s2 falls silent
-    ctl.evaluate()
+    for _ in range(4):  # s2 falls silent while our heartbeats go on
+        clock.now += CONFIG.heartbeat_interval
+        ctl.evaluate()
     assert not ctl.decision.is_root and not ctl.ready
     assert "no quorum" in ctl.decision.reason
+
+
+def test_a_stalled_server_abstains_before_voting_again() -> None:
+    ctl, clock = make("s1", 1.0)
+    link_from(ctl, 11, "s2", 2.0)
+    status(ctl, 11, "s2", 2.0, vote="s1")
+    assert ctl.decision.is_root
+    clock.now += 5 * CONFIG.heartbeat_timeout  # SIGSTOP: nothing ran for a while
+    ctl.evaluate()
+    assert ctl.decision.vote is None and not ctl.decision.is_root
+    for _ in range(5):  # s2 took over meanwhile; heartbeats go on
+        status(ctl, 11, "s2", 2.0, vote="s2", is_root=True)
+        clock.now += CONFIG.heartbeat_interval
+    status(ctl, 11, "s2", 2.0, vote="s2", is_root=True)
+    assert ctl.decision.vote == "s2" and ctl.root() == "s2"  # follows, does not steal
 
 
 def test_clients_wait_without_a_root_and_are_admitted_with_one() -> None:

@@ -58,6 +58,17 @@ def test_a_primary_missing_from_known_hosts_never_counts() -> None:
     assert not decide(view).is_root
 
 
+def test_abstaining_peers_count_for_neither_quorum_nor_unanimity() -> None:
+    me = _member("s2")
+    returning = _member("s1", vote=None)  # back from a stall, not voting yet
+    view = View(
+        me=me, peers=(returning, _member("s3", vote="s2")), known_primaries=3, current_root="s2"
+    )
+    assert decide(view).is_root  # s2 + s3 are a quorum; s1's silence does not dissent
+    alone = View(me=me, peers=(returning,), known_primaries=3, current_root="s2")
+    assert not decide(alone).quorum
+
+
 def test_mismatched_checksum_is_not_a_candidate() -> None:
     odd = Member(spid="s1", start_time=1.0, checksum="other", vote="s1")
     view = View(me=_member("s2"), peers=(odd,), known_primaries=2)
@@ -77,6 +88,8 @@ def worlds(draw: st.DrawFn) -> list[View]:
     enabled = [draw(st.booleans()) or draw(st.booleans()) for _ in spids]
     hears = {(i, j): draw(st.booleans()) for i in range(n) for j in range(n) if i != j}
     sticky = [draw(st.sampled_from([None, *spids])) for _ in spids]
+    # some servers abstain (starting up, or rejoining after a stall)
+    abstains = [draw(st.integers(0, 4)) == 0 for _ in spids]
 
     def base(j: int, active: bool, vote: str | None) -> Member:
         return Member(
@@ -94,7 +107,8 @@ def worlds(draw: st.DrawFn) -> list[View]:
     votes = []
     for i in range(n):
         peers = tuple(base(j, hears[(i, j)], None) for j in range(n) if j != i)
-        votes.append(choose(View(base(i, True, None), peers, known, sticky[i])))
+        vote = choose(View(base(i, True, None), peers, known, sticky[i]))
+        votes.append(None if abstains[i] else vote)
     views = []
     for i in range(n):
         peers = tuple(base(j, hears[(i, j)], votes[j]) for j in range(n) if j != i)
@@ -105,7 +119,8 @@ def worlds(draw: st.DrawFn) -> list[View]:
 @settings(max_examples=800, deadline=None)
 @given(worlds())
 def test_never_two_roots(views: list[View]) -> None:
-    roots = [v.me.spid for v in views if decide(v).is_root]
+    # an abstaining server does not claim root (the controller withholds its vote)
+    roots = [v.me.spid for v in views if v.me.vote is not None and decide(v).is_root]
     assert len(roots) <= 1, roots
 
 

@@ -1,0 +1,118 @@
+"""A loopback cluster of real brokerd processes for integration tests."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from brokerd.server.control import request
+from tests.brokerd_process import BrokerProcess, free_port
+
+HEARTBEAT = {"interval": 0.3, "timeout": 1.0, "open_timeout": 8}
+
+
+def cluster_file(
+    path: Path,
+    ports: list[int],
+    *,
+    secret: str = "cluster-secret-1",
+    heartbeat: dict[str, float] | None = None,
+) -> Path:
+    hb = {**HEARTBEAT, **(heartbeat or {})}
+    hosts = ", ".join(f'"127.0.0.1:{p}"' for p in ports)
+    path.write_text(
+        f'name = "test"\nsecret = "{secret}"\nknown_hosts = [{hosts}]\n[heartbeat]\n'
+        + "".join(f"{k} = {v}\n" for k, v in hb.items())
+    )
+    return path
+
+
+class Cluster:
+    """``primaries`` known hosts plus ``secondaries``, started oldest first."""
+
+    def __init__(
+        self,
+        root: Path,
+        primaries: int = 3,
+        secondaries: int = 1,
+        heartbeat: dict[str, float] | None = None,
+    ) -> None:
+        self.root = root
+        self.ports = [free_port() for _ in range(primaries + secondaries)]
+        self.primaries = primaries
+        self.file = cluster_file(root / "cluster.toml", self.ports[:primaries], heartbeat=heartbeat)
+        self.servers: dict[int, BrokerProcess] = {}
+
+    def start(
+        self, index: int, *, extra: list[str] | None = None, file: Path | None = None
+    ) -> BrokerProcess:
+        args = ["--cluster", str(file or self.file), "--enable-fault-injection", *(extra or [])]
+        if index >= self.primaries:
+            args += ["--type", "secondary"]
+        proc = BrokerProcess(self.root / f"n{index}", port=self.ports[index], extra_args=args)
+        proc.start()
+        self.servers[index] = proc
+        return proc
+
+    def start_all(self, stagger: float = 0.15) -> None:
+        for index in range(len(self.ports)):
+            self.start(index)
+            time.sleep(stagger)
+
+    def status(self, index: int, timeout: float = 2.0) -> dict[str, Any]:
+        reply = request(self.servers[index].data_dir, "status", timeout=timeout)
+        assert reply["ok"], reply
+        return reply["result"]
+
+    def ctl(self, index: int, command: str, *args: str) -> dict[str, Any]:
+        return request(self.servers[index].data_dir, command, list(args))
+
+    def running(self) -> list[int]:
+        return [i for i, p in self.servers.items() if p.alive()]
+
+    def sample(self, indexes: list[int] | None = None) -> dict[int, dict[str, Any]]:
+        """Every answering server's status (a stopped or dead one is skipped)."""
+        out = {}
+        for index in indexes if indexes is not None else self.running():
+            try:
+                out[index] = self.status(index, timeout=0.5)
+            except (OSError, AssertionError, ValueError):
+                continue
+        return out
+
+    def agreed_root(self, indexes: list[int] | None = None) -> str | None:
+        views = self.sample(indexes)
+        wanted = indexes if indexes is not None else self.running()
+        roots = {v["root"] for v in views.values()}
+        if (
+            len(views) == len(wanted)
+            and len(roots) == 1
+            and all(v["ready"] for v in views.values())
+        ):
+            return roots.pop()
+        return None
+
+    def wait(self, predicate: Callable[[], Any], timeout: float = 15.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                value = predicate()
+            except (OSError, AssertionError, KeyError, ValueError):
+                value = None
+            if value:
+                return value
+            time.sleep(0.05)
+        raise AssertionError(f"not within {timeout}s; views: {self.sample()}")
+
+    def stop(self) -> None:
+        for proc in self.servers.values():
+            if proc.proc is not None and proc.proc.poll() is None:
+                proc.proc.send_signal(signal.SIGCONT)
+            proc.stop()
+
+
+def roots_with_quorum(views: dict[int, dict[str, Any]]) -> list[str]:
+    return [v["spid"] for v in views.values() if v["is_root"] and v["quorum"]]
