@@ -220,7 +220,7 @@ def test_connection_open_waits_for_a_root_then_541_or_admits(make_cluster) -> No
             )
             result["open"] = conn.is_open
             conn.close()
-        except Exception as exc:  # noqa: BLE001 - reported below
+        except Exception as exc:
             result["error"] = exc
 
     thread = threading.Thread(target=connect)
