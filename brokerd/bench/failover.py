@@ -124,7 +124,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             assert victim.proc is not None
             os.kill(victim.proc.pid, signal.SIGKILL)
             killed = time.monotonic()
-            new_root = wait_for(lambda: agreed(survivors, exclude=root), 30, args.poll)
+            new_root = wait_for(
+                lambda survivors=survivors, root=root: agreed(survivors, exclude=root),
+                30,
+                args.poll,
+            )
             elapsed = time.monotonic() - killed
             if not new_root:
                 raise SystemExit(f"failover bench: no new root after run {run_no}")
