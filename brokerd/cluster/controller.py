@@ -486,10 +486,7 @@ class ClusterController:
             try:
                 self.evaluate()
                 self._retry_pending()
-                kind, body = messages.encode(self.status_message())
-                for peer in list(self.peers.values()):
-                    if peer.link is not None and peer.link.up and peer.spid not in self.cut:
-                        self._spawn(peer.link.send(kind, body))
+                self._broadcast(self.status_message())
             except Exception:  # the heartbeat must outlive any single bad peer
                 log.exception("heartbeat failed")
             await asyncio.sleep(self.config.heartbeat_interval)
@@ -499,8 +496,11 @@ class ClusterController:
         self._spawn(link.send(kind, body))
 
     def _broadcast(self, message: Status | Root) -> None:
-        kind, body = messages.encode(message)
-        for peer in self.peers.values():
+        self._send_all(*messages.encode(message))
+
+    def _send_all(self, kind: str, body: bytes) -> None:
+        """Send one message to every linked peer (not to cut ones)."""
+        for peer in list(self.peers.values()):
             if peer.link is not None and peer.link.up and peer.spid not in self.cut:
                 self._spawn(peer.link.send(kind, body))
 
@@ -711,10 +711,7 @@ class ClusterController:
         )
         self._append(ordered)
         header = {**rep.entry_header(ordered), "request": request}
-        body = rep.encode_bucket(header, [ordered.frame])
-        for peer in self.peers.values():
-            if peer.link is not None and peer.link.up and peer.spid not in self.cut:
-                self._spawn(peer.link.send(STATE, body))
+        self._send_all(STATE, rep.encode_bucket(header, [ordered.frame]))
         log.info(
             "state ordered seq=%d op=%s name=%s origin=%s",
             ordered.seq,

@@ -285,6 +285,18 @@ _PROPERTY_LAYOUT = tuple(
 )
 
 
+def _property_flags(raw: bytes) -> tuple[int, int]:
+    """The property flag words of a content header: (flags, offset of the first value)."""
+    flags, pos, word = 0, 0, 0
+    while True:
+        (part,) = _u16.unpack_from(raw, pos)
+        pos += 2
+        flags |= (part & 0xFFFE) << (16 * word)
+        if not part & 1:
+            return flags, pos
+        word += 1
+
+
 def check_properties(raw: bytes) -> None:
     """Refuse a property list that decode_properties could not decode (502).
 
@@ -294,14 +306,7 @@ def check_properties(raw: bytes) -> None:
     decoding: no pamqp objects unless there is a header table.
     """
     try:
-        flags, pos, word = 0, 0, 0
-        while True:
-            (part,) = _u16.unpack_from(raw, pos)
-            pos += 2
-            flags |= (part & 0xFFFE) << (16 * word)
-            if not part & 1:
-                break
-            word += 1
+        flags, pos = _property_flags(raw)
         end = len(raw)
         flags &= 0xFFFC  # bits past the last basic property are ignored, as pamqp does
         for flag, kind in _PROPERTY_LAYOUT:
@@ -338,14 +343,7 @@ def decode_properties(raw: bytes) -> commands.Basic.Properties:
 
     props = commands.Basic.Properties()
     try:
-        flags, pos, word = 0, 0, 0
-        while True:
-            (part,) = _u16.unpack_from(raw, pos)
-            pos += 2
-            flags |= (part & 0xFFFE) << (16 * word)
-            if not part & 1:
-                break
-            word += 1
+        flags, pos = _property_flags(raw)
         data = raw[pos:]
         for name in props.__slots__:
             if flags & props.flags[name]:
