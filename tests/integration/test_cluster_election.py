@@ -263,3 +263,33 @@ def test_standalone_broker_ignores_cluster_commands(tmp_path: Path) -> None:
         assert not reply["ok"] and "clustered broker" in reply["error"]
     finally:
         proc.stop()
+
+
+def test_aliases_collapse_by_spid_and_dumps_show_the_cluster_view(make_cluster) -> None:
+    cluster = make_cluster(3, 0)
+    # the first server is listed twice, under two names
+    text = cluster.file.read_text().replace(
+        "known_hosts = [", f'known_hosts = ["localhost:{cluster.ports[0]}", '
+    )
+    cluster.file.write_text(text)
+    cluster.start_all()
+    root = cluster.wait(cluster.agreed_root)
+    first = cluster.status(0)
+    assert root == first["spid"]
+    # on the first server both names led to itself: one is kept as 'self'
+    assert "self" in first["links"].values()
+    peer = next(p for p in cluster.status(1)["peers"] if p["spid"] == first["spid"])
+    assert {f"127.0.0.1:{cluster.ports[0]}", f"localhost:{cluster.ports[0]}"} <= set(
+        peer["aliases"]
+    )
+    assert "duplicate" in cluster.status(1)["links"].values()
+    assert len(cluster.status(1)["peers"]) == 2  # two peers, not three
+    server = cluster.servers[1]
+    server.signal(signal.SIGUSR2)
+    server.signal(signal.SIGUSR1)
+    cluster.wait(lambda: "=== end of dump ===" in server.log_text())
+    log = server.log_text()
+    line = next(x for x in log.splitlines() if " status spid=" in x)
+    assert f"root={root}" in line and "peers=2/2" in line and "role=primary" in line
+    assert f"checksum={first['checksum']}" in line
+    assert "cluster: {" in log and "'peers_active': 2" in log
