@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,3 +32,15 @@ def fresh_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
         yield proc
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="module")
+def amqp_port(broker: BrokerProcess) -> int:
+    """The module broker's port, or ROOKERY_REFERENCE_AMQP_PORT to run the same
+    client tests against a real RabbitMQ."""
+    return int(os.environ.get("ROOKERY_REFERENCE_AMQP_PORT") or broker.port)
+
+
+def uid(prefix: str) -> str:
+    """A unique resource name, so tests sharing a broker never collide."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"

@@ -7,8 +7,6 @@ a real RabbitMQ on 127.0.0.1 (guest/guest) and compare.
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,18 +16,14 @@ import pytest
 from aio_pika.abc import AbstractRobustConnection
 
 from tests.brokerd_process import BrokerProcess
+from tests.conftest import uid
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
-def uid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
 @pytest.fixture(scope="module")
-def amqp_url(broker: BrokerProcess) -> str:
-    port = int(os.environ.get("ROOKERY_REFERENCE_AMQP_PORT") or broker.port)
-    return f"amqp://guest:guest@127.0.0.1:{port}/"
+def amqp_url(amqp_port: int) -> str:
+    return f"amqp://guest:guest@127.0.0.1:{amqp_port}/"
 
 
 @pytest.fixture

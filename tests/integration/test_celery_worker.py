@@ -85,9 +85,8 @@ class Worker:
 
 
 @pytest.fixture(scope="module")
-def broker_url(broker: BrokerProcess) -> str:
-    port = int(os.environ.get("ROOKERY_REFERENCE_AMQP_PORT") or broker.port)
-    return f"amqp://guest:guest@127.0.0.1:{port}//"
+def broker_url(amqp_port: int) -> str:
+    return f"amqp://guest:guest@127.0.0.1:{amqp_port}//"
 
 
 @pytest.fixture(scope="module")

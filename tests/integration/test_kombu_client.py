@@ -6,9 +6,7 @@ RabbitMQ on 127.0.0.1 (guest/guest) and compare.
 
 from __future__ import annotations
 
-import os
 import time
-import uuid
 from collections.abc import Iterator
 from queue import Empty
 
@@ -17,19 +15,14 @@ import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.message import Message
 
-from tests.brokerd_process import BrokerProcess
+from tests.conftest import uid
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
-def uid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
 @pytest.fixture(scope="module")
-def amqp_url(broker: BrokerProcess) -> str:
-    port = int(os.environ.get("ROOKERY_REFERENCE_AMQP_PORT") or broker.port)
-    return f"amqp://guest:guest@127.0.0.1:{port}//"
+def amqp_url(amqp_port: int) -> str:
+    return f"amqp://guest:guest@127.0.0.1:{amqp_port}//"
 
 
 @pytest.fixture

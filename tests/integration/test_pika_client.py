@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterator
 
 import pika
@@ -23,20 +22,11 @@ from pika.exceptions import (
     UnroutableError,
 )
 
-from tests.brokerd_process import BrokerProcess
+from tests.conftest import uid
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 Delivery = tuple[pika.spec.Basic.Deliver, pika.BasicProperties, bytes]
-
-
-def uid(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture(scope="module")
-def amqp_port(broker: BrokerProcess) -> int:
-    return int(os.environ.get("ROOKERY_REFERENCE_AMQP_PORT") or broker.port)
 
 
 def params(
