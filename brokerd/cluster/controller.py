@@ -296,6 +296,9 @@ class ClusterController:
         peer.address = callback
         if callback:
             peer.aliases.add(callback)
+        stale = self.links.get(callback)
+        if stale is not None and not stale.up:
+            stale.retry_now()  # it was backing off: the peer is evidently back
         if (peer.link is None or not peer.link.up) and callback and callback not in self.links:
             # an unknown server linked to us (a secondary, a new primary): link back
             log.info("link back peer=%s callback=%s", spid, callback)
@@ -410,6 +413,12 @@ class ClusterController:
         self._last_eval = now
         view = self.view(now)
         decision = decide(view)
+        heard = [m for m in view.members() if m.voter and m.active]
+        if self.type == PRIMARY and 2 * len(heard) <= view.known_primaries:
+            # hearing too few primaries (just restarted, links still backing off,
+            # the minority side of a partition): a vote from this view would only
+            # unseat a root we cannot see, so abstain
+            decision = Decision(None, False, False, decision.reason)
         if now - self.started < self.config.heartbeat_timeout:
             # give every known host a chance to link before the first vote,
             # so the cluster forms around its most senior primary
@@ -625,7 +634,7 @@ class ClusterController:
             if queue is not None and queue.exclusive:
                 meta = self.spid  # other servers forward matches here
         entry = rep.entry_for(method, vhost.name, origin=self.spid, meta_spid=meta)
-        if self.decision.is_root:
+        if self._root_now():
             self._order(entry, None)  # the root orders its own changes at once
             return False
         self._request_seq += 1
@@ -646,7 +655,7 @@ class ClusterController:
                 arguments=binding.arguments,
             )
             entry = rep.entry_for(method, queue.vhost, origin=self.spid, meta_spid=self.spid)
-            if self.decision.is_root:
+            if self._root_now():
                 self._order(entry, None)
             else:
                 self._request_seq += 1
@@ -654,9 +663,14 @@ class ClusterController:
                 self.pending[request] = PendingChange(entry, None, self.clock())
                 self._send_change(request)
 
+    def _root_now(self) -> bool:
+        """Re-run the election before acting as root: after a freeze (SIGSTOP) the
+        stored decision is stale, and the stall check must demote us first."""
+        return self.evaluate().is_root
+
     def _send_change(self, request: str) -> None:
         change = self.pending[request]
-        if self.decision.is_root:
+        if self._root_now():
             # this server became root while the change was in flight: order it here
             del self.pending[request]
             error = self._order(change.entry, request)
@@ -747,7 +761,7 @@ class ClusterController:
 
     def _on_change(self, spid: str, header: dict[str, Any], frames: list[bytes]) -> None:
         request = header.get("request")
-        if not self.decision.is_root:
+        if not self._root_now():
             log.info("change from=%s ignored: not root (it will resend)", spid)
             return
         entry = rep.entry_from_header(header, frames[0] if frames else b"")
@@ -821,7 +835,7 @@ class ClusterController:
         self._spawn(link.send(SYNC_REQUEST, rep.encode_bucket({}, [])))
 
     def _on_sync_request(self, spid: str) -> None:
-        if not self.decision.is_root:
+        if not self._root_now():
             return
         link = self._link_to(spid)
         if link is None:

@@ -58,6 +58,7 @@ class Link:
         self._exchange: aio_pika.abc.AbstractExchange | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
+        self._wake = asyncio.Event()
         self._stopped = False
 
     def start(self) -> None:
@@ -71,6 +72,10 @@ class Link:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         await self._close_connection()
+
+    def retry_now(self) -> None:
+        """Cut the backoff short (the peer just linked to us, so it is up)."""
+        self._wake.set()
 
     @property
     def up(self) -> bool:
@@ -101,7 +106,11 @@ class Link:
                 self.last_error = reason
                 self.state = "retrying"
                 self.on_down(self, reason)
-                await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._wake.wait(), timeout=backoff * random.uniform(0.8, 1.2)
+                    )
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
             backoff = BACKOFF_MIN
