@@ -3,10 +3,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+NPM_STAMP := node_modules/.installed
 
 .PHONY: setup test run lint bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(NPM_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,11 +15,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# htmx, htmx-ext-ws and uPlot, exactly as package-lock.json pins them.
+$(NPM_STAMP): package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $(NPM_STAMP)
+
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# Console, Redis, Celery and a four-broker cluster; environment knobs in deploy/README.md.
 run: setup
-	$(PY) -m brokerd --port $${BROKERD_PORT:-5680} --data-dir var/brokerd --log-level info
+	$(PY) deploy/quickstart.py
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -28,4 +35,4 @@ bench: setup
 	$(PY) -m brokerd.bench --help
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .ruff_cache
+	rm -rf $(VENV) node_modules var .pytest_cache .ruff_cache

@@ -203,6 +203,13 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
+# htmx, htmx-ext-ws and uPlot: served from node_modules (npm ci in `make setup`) as
+# static/vendor/<name>; the names are listed in console/vendor_static.py.
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "console.vendor_static.NodeModulesFinder",
+]
 STATIC_ROOT = DATA_DIR / "static"
 
 # -- logging: one line per event on stderr, like brokerd ----------------------------------
