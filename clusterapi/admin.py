@@ -1,1 +1,200 @@
-"""Admin registrations for clusterapi's models (none yet)."""
+"""Admin pages for clusterapi's models.
+
+What brokers report (brokers, samples, snapshots) and what the console records
+(commands, configuration versions, applications, audit) is read-only here: those
+change through the broker link and the service functions, which validate, audit
+and deliver. Alarms can be browsed; they clear themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from clusterapi import models
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Browse and search only: the data comes from brokers or from audited services."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class PrunableAdmin(ReadOnlyAdmin):
+    """Read-only, but a superuser may delete rows (e.g. a broker that is gone for good)."""
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.is_superuser
+
+
+class SampleAdmin(ReadOnlyAdmin):
+    """Time series: kept by the retention task, never edited or deleted by hand."""
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(models.Broker)
+class BrokerAdmin(PrunableAdmin):
+    list_display = (
+        "name",
+        "broker_type",
+        "state",
+        "connected",
+        "is_root",
+        "root_enabled",
+        "ready",
+        "config_version",
+        "last_seen",
+        "version",
+    )
+    list_filter = ("state", "connected", "broker_type", "is_root", "ready", "root_enabled")
+    search_fields = ("name", "spid", "address", "cluster")
+    ordering = ("name",)
+
+
+@admin.register(models.HeartbeatSample)
+class HeartbeatSampleAdmin(SampleAdmin):
+    list_display = (
+        "time",
+        "broker",
+        "connections",
+        "consumers",
+        "queues",
+        "messages_ready",
+        "messages_unacked",
+        "rate_published",
+        "rate_delivered",
+        "is_root",
+        "ready",
+        "peers_active",
+    )
+    list_filter = ("broker", "is_root", "ready")
+    date_hierarchy = "time"
+    list_select_related = ("broker",)
+    show_full_result_count = False
+
+
+@admin.register(models.QueueSample)
+class QueueSampleAdmin(SampleAdmin):
+    list_display = (
+        "time",
+        "broker",
+        "vhost",
+        "queue",
+        "messages",
+        "unacked",
+        "consumers",
+        "rate_in",
+        "rate_out",
+    )
+    list_filter = ("broker", "vhost")
+    search_fields = ("queue",)
+    date_hierarchy = "time"
+    list_select_related = ("broker",)
+    show_full_result_count = False
+
+
+@admin.register(models.QueueSnapshot)
+class QueueSnapshotAdmin(SampleAdmin):
+    list_display = (
+        "name",
+        "vhost",
+        "broker",
+        "durable",
+        "shared",
+        "messages",
+        "unacked",
+        "consumers",
+        "updated_at",
+    )
+    list_filter = ("broker", "vhost", "durable", "shared", "exclusive", "auto_delete")
+    search_fields = ("name",)
+    list_select_related = ("broker",)
+
+
+@admin.register(models.ExchangeSnapshot)
+class ExchangeSnapshotAdmin(SampleAdmin):
+    list_display = ("name", "vhost", "type", "broker", "durable", "auto_delete", "internal")
+    list_filter = ("broker", "vhost", "type", "durable", "internal")
+    search_fields = ("name",)
+    list_select_related = ("broker",)
+
+
+@admin.register(models.BindingSnapshot)
+class BindingSnapshotAdmin(SampleAdmin):
+    list_display = ("source", "destination", "destination_type", "routing_key", "vhost", "broker")
+    list_filter = ("broker", "vhost", "destination_type")
+    search_fields = ("source", "destination", "routing_key")
+    list_select_related = ("broker",)
+
+
+class ConfigApplicationInline(admin.TabularInline):
+    model = models.ConfigApplication
+    fields = ("broker", "state", "checksum", "error", "updated_at")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(models.ConfigVersion)
+class ConfigVersionAdmin(ReadOnlyAdmin):
+    """New versions are saved through the API or dashboard, which validate and push them."""
+
+    list_display = ("number", "checksum", "comment", "created_by", "created_at")
+    search_fields = ("comment", "checksum")
+    inlines = (ConfigApplicationInline,)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(models.ConfigApplication)
+class ConfigApplicationAdmin(SampleAdmin):
+    list_display = ("version", "broker", "state", "checksum", "error", "updated_at")
+    list_filter = ("state", "broker", "version")
+    list_select_related = ("version", "broker")
+
+
+@admin.register(models.Command)
+class CommandAdmin(SampleAdmin):
+    list_display = (
+        "created_at",
+        "name",
+        "broker",
+        "state",
+        "attempts",
+        "created_by",
+        "finished_at",
+        "error",
+    )
+    list_filter = ("state", "name", "broker")
+    search_fields = ("id", "error")
+    date_hierarchy = "created_at"
+    list_select_related = ("broker", "created_by")
+
+
+@admin.register(models.AuditEntry)
+class AuditEntryAdmin(SampleAdmin):
+    list_display = ("time", "username", "action", "target")
+    list_filter = ("action",)
+    search_fields = ("username", "action", "target")
+    date_hierarchy = "time"
+
+
+@admin.register(models.Alarm)
+class AlarmAdmin(PrunableAdmin):
+    list_display = ("raised_at", "kind", "broker", "source", "active", "cleared_at", "message")
+    list_filter = ("active", "source", "kind", "broker")
+    search_fields = ("kind", "message")
+    date_hierarchy = "raised_at"
+    list_select_related = ("broker",)

@@ -1,1 +1,372 @@
-"""Models of the cluster as the console sees it. None yet: they arrive with the broker link."""
+"""Models of the cluster as the console sees it.
+
+Brokers report themselves over the broker link (``clusterapi.consumers``): their
+identity (``hello``), then a ``status`` every heartbeat, which is kept three ways:
+the latest values on :class:`Broker`, a time series (:class:`HeartbeatSample`,
+:class:`QueueSample`) for charts and the pipeline, and the current queues,
+exchanges and bindings as snapshots. The console's own records are configuration
+versions and their application per broker, commands, alarms and the audit log.
+
+Field names are a contract with the REST API and the dashboard (see the
+``clusterapi`` helpers' model contract); add, never rename.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+
+class Broker(models.Model):
+    """One brokerd, identified across restarts by its callback ``host:port``."""
+
+    TYPE_PRIMARY = "primary"
+    TYPE_SECONDARY = "secondary"
+    TYPE_STANDALONE = "standalone"
+    TYPE_CHOICES = [
+        (TYPE_PRIMARY, "primary"),
+        (TYPE_SECONDARY, "secondary"),
+        (TYPE_STANDALONE, "standalone"),
+    ]
+
+    STATE_UP = "up"
+    STATE_DOWN = "down"
+    STATE_UNKNOWN = "unknown"
+    STATE_CHOICES = [(STATE_UP, "up"), (STATE_DOWN, "down"), (STATE_UNKNOWN, "unknown")]
+
+    name = models.CharField(
+        max_length=255, unique=True, help_text="stable name: the broker's callback host:port"
+    )
+    spid = models.CharField(max_length=64, blank=True, help_text="server process id of this run")
+    address = models.CharField(max_length=255, blank=True, help_text="host:port for clients")
+    broker_type = models.CharField(max_length=16, choices=TYPE_CHOICES, default=TYPE_STANDALONE)
+    version = models.CharField(max_length=64, blank=True)
+    cluster = models.CharField(max_length=255, blank=True)
+    start_time = models.DateTimeField(null=True, blank=True)
+    checksum = models.CharField(max_length=64, blank=True, help_text="known-hosts checksum")
+    state = models.CharField(max_length=16, choices=STATE_CHOICES, default=STATE_UNKNOWN)
+    connected = models.BooleanField(default=False, help_text="the broker link is open now")
+    last_seen = models.DateTimeField(null=True, blank=True, help_text="last hello or status")
+    is_root = models.BooleanField(default=False)
+    root_enabled = models.BooleanField(default=True)
+    ready = models.BooleanField(default=False)
+    quorum = models.CharField(max_length=255, blank=True)
+    config_version = models.IntegerField(
+        null=True, blank=True, help_text="console configuration version applied in this run"
+    )
+    config_checksum = models.CharField(max_length=64, blank=True)
+    counts = models.JSONField(default=dict, blank=True)
+    totals = models.JSONField(default=dict, blank=True)
+    rates = models.JSONField(default=dict, blank=True)
+    view = models.JSONField(default=dict, blank=True, help_text="the last status's cluster view")
+    heartbeat_interval = models.FloatField(default=1.0, help_text="seconds between statuses")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class HeartbeatSample(models.Model):
+    """One broker status: the time series behind charts and the traffic pipeline."""
+
+    broker = models.ForeignKey(Broker, on_delete=models.CASCADE, related_name="heartbeats")
+    time = models.DateTimeField()
+    connections = models.IntegerField(default=0)
+    consumers = models.IntegerField(default=0)
+    queues = models.IntegerField(default=0)
+    messages_ready = models.BigIntegerField(default=0)
+    messages_unacked = models.BigIntegerField(default=0)
+    published_total = models.BigIntegerField(default=0)
+    routed_total = models.BigIntegerField(default=0)
+    delivered_total = models.BigIntegerField(default=0)
+    rate_published = models.FloatField(default=0.0)
+    rate_routed = models.FloatField(default=0.0)
+    rate_delivered = models.FloatField(default=0.0)
+    is_root = models.BooleanField(default=False)
+    ready = models.BooleanField(default=False)
+    peers_active = models.IntegerField(default=0)
+    peers_known = models.IntegerField(default=0)
+    peers = models.JSONField(
+        default=list, blank=True, help_text="list of {spid, address, active, rtt_ms}"
+    )
+
+    class Meta:
+        ordering = ["-time"]
+        indexes = [
+            models.Index(fields=["broker", "time"], name="heartbeat_broker_time"),
+            models.Index(fields=["time"], name="heartbeat_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.broker_id}@{self.time:%Y-%m-%d %H:%M:%S}"
+
+
+class QueueSample(models.Model):
+    """One queue's counters at one status (per-queue rates for the pipeline)."""
+
+    broker = models.ForeignKey(Broker, on_delete=models.CASCADE, related_name="queue_samples")
+    time = models.DateTimeField()
+    vhost = models.CharField(max_length=255)
+    queue = models.CharField(max_length=255)
+    messages = models.BigIntegerField(default=0)
+    unacked = models.BigIntegerField(default=0)
+    consumers = models.IntegerField(default=0)
+    enqueued_total = models.BigIntegerField(default=0)
+    delivered_total = models.BigIntegerField(default=0)
+    rate_in = models.FloatField(default=0.0)
+    rate_out = models.FloatField(default=0.0)
+
+    class Meta:
+        ordering = ["-time"]
+        indexes = [
+            models.Index(fields=["broker", "time"], name="queuesample_broker_time"),
+            models.Index(fields=["time"], name="queuesample_time"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.vhost}/{self.queue}@{self.time:%Y-%m-%d %H:%M:%S}"
+
+
+class QueueSnapshot(models.Model):
+    """A queue as its broker last reported it."""
+
+    broker = models.ForeignKey(Broker, on_delete=models.CASCADE, related_name="queues")
+    vhost = models.CharField(max_length=255)
+    name = models.CharField(max_length=255)
+    durable = models.BooleanField(default=False)
+    exclusive = models.BooleanField(default=False)
+    auto_delete = models.BooleanField(default=False)
+    shared = models.BooleanField(default=False, help_text="declared cluster-wide")
+    messages = models.BigIntegerField(default=0)
+    unacked = models.BigIntegerField(default=0)
+    consumers = models.IntegerField(default=0)
+    enqueued = models.BigIntegerField(default=0)
+    delivered = models.BigIntegerField(default=0)
+    arguments = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["broker", "vhost", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["broker", "vhost", "name"], name="queue_snapshot_key")
+        ]
+        indexes = [models.Index(fields=["vhost", "name"], name="queue_snapshot_name")]
+
+    def __str__(self) -> str:
+        return f"{self.vhost}/{self.name}"
+
+
+class ExchangeSnapshot(models.Model):
+    """An exchange as its broker last reported it."""
+
+    broker = models.ForeignKey(Broker, on_delete=models.CASCADE, related_name="exchanges")
+    vhost = models.CharField(max_length=255)
+    name = models.CharField(max_length=255, blank=True)
+    type = models.CharField(max_length=64)
+    durable = models.BooleanField(default=False)
+    auto_delete = models.BooleanField(default=False)
+    internal = models.BooleanField(default=False)
+    arguments = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["broker", "vhost", "name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["broker", "vhost", "name"], name="exchange_snapshot_key"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.vhost}/{self.name or '(default)'}"
+
+
+class BindingSnapshot(models.Model):
+    """A binding as its broker last reported it."""
+
+    DESTINATION_CHOICES = [("queue", "queue"), ("exchange", "exchange")]
+
+    broker = models.ForeignKey(Broker, on_delete=models.CASCADE, related_name="bindings")
+    vhost = models.CharField(max_length=255)
+    source = models.CharField(max_length=255, blank=True)
+    destination = models.CharField(max_length=255)
+    destination_type = models.CharField(max_length=16, choices=DESTINATION_CHOICES)
+    routing_key = models.CharField(max_length=255, blank=True)
+    arguments = models.JSONField(default=dict, blank=True)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["broker", "vhost", "source", "destination"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=[
+                    "broker",
+                    "vhost",
+                    "source",
+                    "destination",
+                    "destination_type",
+                    "routing_key",
+                ],
+                name="binding_snapshot_key",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.vhost}: {self.source} -> {self.destination} ({self.routing_key})"
+
+
+class ConfigVersion(models.Model):
+    """A saved cluster configuration document (docs/protocol.md); never edited, only added."""
+
+    number = models.PositiveIntegerField(unique=True)
+    document = models.JSONField(default=dict)
+    checksum = models.CharField(max_length=16, help_text="the checksum brokers ack with")
+    comment = models.CharField(max_length=500, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-number"]
+
+    def __str__(self) -> str:
+        return f"version {self.number}"
+
+
+class ConfigApplication(models.Model):
+    """Whether one broker applied one configuration version (convergence)."""
+
+    STATE_PENDING = "pending"
+    STATE_ACKED = "acked"
+    STATE_FAILED = "failed"
+    STATE_CHOICES = [(STATE_PENDING, "pending"), (STATE_ACKED, "acked"), (STATE_FAILED, "failed")]
+
+    version = models.ForeignKey(
+        ConfigVersion, on_delete=models.CASCADE, related_name="applications"
+    )
+    broker = models.ForeignKey(Broker, on_delete=models.CASCADE, related_name="config_applications")
+    state = models.CharField(max_length=16, choices=STATE_CHOICES, default=STATE_PENDING)
+    checksum = models.CharField(max_length=64, blank=True, help_text="as the broker acked it")
+    error = models.TextField(blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-version__number", "broker__name"]
+        constraints = [
+            models.UniqueConstraint(fields=["version", "broker"], name="config_application_key")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.version} on {self.broker}: {self.state}"
+
+
+class Command(models.Model):
+    """A command for one broker, delivered (and retried) until acked or timed out."""
+
+    CONFIG_APPLY = "config.apply"
+    ROOT_ENABLE = "root.enable"
+    ROOT_DISABLE = "root.disable"
+    STATE_DUMP = "state.dump"
+    NAME_CHOICES = [
+        (CONFIG_APPLY, "config.apply"),
+        (ROOT_ENABLE, "root.enable"),
+        (ROOT_DISABLE, "root.disable"),
+        (STATE_DUMP, "state.dump"),
+    ]
+
+    STATE_PENDING = "pending"
+    STATE_SENT = "sent"
+    STATE_ACKED = "acked"
+    STATE_FAILED = "failed"
+    STATE_TIMED_OUT = "timed_out"
+    STATE_CHOICES = [
+        (STATE_PENDING, "pending"),
+        (STATE_SENT, "sent"),
+        (STATE_ACKED, "acked"),
+        (STATE_FAILED, "failed"),
+        (STATE_TIMED_OUT, "timed out"),
+    ]
+    OPEN_STATES = (STATE_PENDING, STATE_SENT)
+    FINAL_STATES = (STATE_ACKED, STATE_FAILED, STATE_TIMED_OUT)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    broker = models.ForeignKey(Broker, on_delete=models.CASCADE, related_name="commands")
+    name = models.CharField(max_length=32, choices=NAME_CHOICES)
+    args = models.JSONField(default=dict, blank=True)
+    state = models.CharField(max_length=16, choices=STATE_CHOICES, default=STATE_PENDING)
+    attempts = models.IntegerField(default=0, help_text="times sent to the broker")
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True, help_text="first sent")
+    last_attempt_at = models.DateTimeField(null=True, blank=True, help_text="last sent")
+    finished_at = models.DateTimeField(null=True, blank=True)
+    deadline = models.DateTimeField(help_text="timed out if not acked by then")
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["state", "deadline"], name="command_state_deadline")]
+
+    def __str__(self) -> str:
+        return f"{self.name} -> {self.broker_id} ({self.state})"
+
+    @property
+    def is_open(self) -> bool:
+        return self.state in self.OPEN_STATES
+
+
+class AuditEntry(models.Model):
+    """Who did what, kept even when the user is deleted (``username``)."""
+
+    time = models.DateTimeField(auto_now_add=True, db_index=True)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    username = models.CharField(max_length=150, blank=True)
+    action = models.CharField(max_length=64, help_text='e.g. "command.root.disable", "config.push"')
+    target = models.CharField(max_length=255, blank=True)
+    details = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-time"]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.time:%Y-%m-%d %H:%M:%S} {self.username or '-'} {self.action} {self.target}"
+
+
+class Alarm(models.Model):
+    """Something an operator should look at; ``active`` until cleared."""
+
+    SOURCE_CONSOLE = "console"
+    SOURCE_BROKER = "broker"
+    SOURCE_CHOICES = [(SOURCE_CONSOLE, "console"), (SOURCE_BROKER, "broker")]
+
+    broker = models.ForeignKey(
+        Broker, null=True, blank=True, on_delete=models.CASCADE, related_name="alarms"
+    )
+    kind = models.CharField(max_length=64, help_text="e.g. broker.down, link.refused")
+    message = models.TextField(blank=True)
+    source = models.CharField(max_length=16, choices=SOURCE_CHOICES, default=SOURCE_CONSOLE)
+    raised_at = models.DateTimeField()
+    cleared_at = models.DateTimeField(null=True, blank=True)
+    active = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True, help_text="last raised again or changed")
+
+    class Meta:
+        ordering = ["-raised_at"]
+        indexes = [models.Index(fields=["active", "kind"], name="alarm_active_kind")]
+
+    def __str__(self) -> str:
+        where = f" on {self.broker}" if self.broker_id else ""
+        return f"{self.kind}{where}"
