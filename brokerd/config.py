@@ -25,17 +25,33 @@ fresh RabbitMQ: vhost ``/`` and user ``guest``/``guest``, loopback only.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from brokerd.model.auth import Permission, User, UserDatabase, hash_password
+from brokerd.model.auth import Permission, User, UserDatabase, hash_password, is_password_hash
 from brokerd.model.broker import Limits
 
 
 class ConfigError(Exception):
     """The configuration cannot be used; the message names the problem."""
+
+
+#: the largest value each limit may take: the AMQP field width, or a sane ceiling
+LIMIT_MAXIMA: dict[str, int] = {
+    "frame_max": 2**32 - 1,
+    "channel_max": 65535,
+    "heartbeat": 65535,
+    "max_message_size": 512 * 1024 * 1024,
+    "max_returns_per_second": 1_000_000,
+}
+#: AMQP's frame_min_size: no peer may be asked to use smaller frames
+FRAME_MIN = 4096
+USER_KEYS = frozenset({"name", "password_hash", "tags"})
+PERMISSION_KEYS = frozenset({"user", "vhost", "configure", "write", "read"})
+PERMISSION_KINDS = ("configure", "write", "read")
 
 
 @dataclass
@@ -75,65 +91,120 @@ def load_config(path: Path | None) -> BrokerConfig:
     return parse_config(raw, str(path))
 
 
+# -- the parts shared by brokerd.toml and the console's document (brokerd.configdoc) --
+# ``key`` is where the value sits, e.g. "brokerd.toml: users[1]" or "users[1]";
+# every message starts with it so the operator sees which entry is wrong.
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_keys(entry: dict[str, Any], allowed: frozenset[str], key: str) -> None:
+    unknown = sorted(set(entry) - allowed)
+    if unknown:
+        raise ConfigError(f"{key}: unknown key(s) {', '.join(map(repr, unknown))}")
+
+
+def parse_limits(raw: object, key: str, *, minimum: int = 0) -> Limits:
+    """Limits from a table/object; missing ones keep their defaults."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{key}: must be a table of limits")
+    limits = Limits()
+    known = {f.name for f in fields(Limits)}
+    for name, value in raw.items():
+        if name not in known:
+            raise ConfigError(
+                f"{key}.{name}: unknown limit '{name}' (known: {', '.join(sorted(known))})"
+            )
+        maximum = LIMIT_MAXIMA[name]
+        if not _is_int(value) or not minimum <= value <= maximum:
+            kind = "non-negative" if minimum == 0 else "positive"
+            raise ConfigError(
+                f"{key}.{name}: limit '{name}' must be a {kind} integer (at most {maximum})"
+            )
+        setattr(limits, name, value)
+    if limits.frame_max and limits.frame_max < FRAME_MIN:
+        raise ConfigError(f"{key}.frame_max: frame_max must be at least {FRAME_MIN}")
+    return limits
+
+
+def parse_user(entry: object, key: str, *, strict: bool) -> User:
+    """One user; ``strict`` refuses keys other than name, password_hash and tags."""
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{key}: must be a table/object")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{key}.name: every user needs a non-empty 'name'")
+    if strict:
+        _check_keys(entry, USER_KEYS, key)
+    if not is_password_hash(entry.get("password_hash")):
+        raise ConfigError(
+            f"{key}.password_hash: user '{name}' needs a 'password_hash' made by "
+            "'brokerd hash-password' (plaintext passwords are refused)"
+        )
+    tags = entry.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise ConfigError(f"{key}.tags: user '{name}' tags must be a list of strings")
+    loopback_only = entry.get("loopback_only", name == "guest")
+    if not isinstance(loopback_only, bool):
+        raise ConfigError(f"{key}.loopback_only: must be true or false")
+    return User(name, entry["password_hash"], tuple(tags), loopback_only=loopback_only)
+
+
+def parse_permission(
+    entry: object, key: str, users: set[str], vhosts: list[str], *, strict: bool
+) -> tuple[str, str, Permission]:
+    """One permission of a defined user on a defined vhost; patterns must compile."""
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{key}: must be a table/object")
+    if strict:
+        _check_keys(entry, PERMISSION_KEYS, key)
+    user, vhost = entry.get("user"), entry.get("vhost", "/")
+    if not isinstance(user, str) or user not in users:
+        raise ConfigError(f"{key}.user: permission for unknown user {user!r}")
+    if not isinstance(vhost, str) or vhost not in vhosts:
+        raise ConfigError(f"{key}.vhost: permission on unknown vhost {vhost!r}")
+    patterns = []
+    for kind in PERMISSION_KINDS:
+        pattern = entry.get(kind, ".*")
+        if not isinstance(pattern, str):
+            raise ConfigError(f"{key}.{kind}: bad {kind} pattern for '{user}': not a string")
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"{key}.{kind}: bad {kind} pattern for '{user}': {exc}") from None
+        patterns.append(pattern)
+    return user, vhost, Permission(*patterns)
+
+
+def parse_vhost_name(value: object, key: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{key}: a vhost name must be a non-empty string")
+    return value
+
+
 def parse_config(raw: dict[str, Any], where: str = "config") -> BrokerConfig:
     unknown = set(raw) - {"limits", "vhosts", "users", "permissions"}
     if unknown:
         raise ConfigError(f"{where}: unknown section(s) {', '.join(sorted(unknown))}")
-    config = BrokerConfig(vhosts=[], users=[], permissions=[])
-    limits = raw.get("limits", {})
-    if not isinstance(limits, dict):
-        raise ConfigError(f"{where}: [limits] must be a table")
     for section in ("vhosts", "users", "permissions"):
         entries = raw.get(section, [])
         if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
             raise ConfigError(f"{where}: '{section}' must be an array of tables ([[{section}]])")
-    known = {f.name for f in fields(Limits)}
-    for key, value in limits.items():
-        if key not in known:
-            raise ConfigError(f"{where}: unknown limit '{key}' (known: {', '.join(sorted(known))})")
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConfigError(f"{where}: limit '{key}' must be a non-negative integer")
-        setattr(config.limits, key, value)
-    if config.limits.frame_max and config.limits.frame_max < 4096:
-        raise ConfigError(f"{where}: frame_max must be at least 4096")
-    for entry in raw.get("vhosts", [{"name": "/"}]):
-        name = entry.get("name")
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"{where}: every [[vhosts]] entry needs a non-empty 'name'")
-        config.vhosts.append(name)
-    for entry in raw.get("users", []):
-        name, pw_hash = entry.get("name"), entry.get("password_hash")
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"{where}: every [[users]] entry needs a 'name'")
-        if not isinstance(pw_hash, str) or not pw_hash.startswith("pbkdf2_sha256$"):
-            raise ConfigError(
-                f"{where}: user '{name}' needs a 'password_hash' made by 'brokerd hash-password'"
-            )
-        tags = entry.get("tags", [])
-        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-            raise ConfigError(f"{where}: user '{name}' tags must be a list of strings")
-        config.users.append(
-            User(
-                name,
-                pw_hash,
-                tuple(tags),
-                loopback_only=bool(entry.get("loopback_only", name == "guest")),
+    config = BrokerConfig(vhosts=[], users=[], permissions=[])
+    config.limits = parse_limits(raw.get("limits", {}), f"{where}: limits")
+    for i, entry in enumerate(raw.get("vhosts", [{"name": "/"}])):
+        config.vhosts.append(parse_vhost_name(entry.get("name"), f"{where}: vhosts[{i}].name"))
+    for i, entry in enumerate(raw.get("users", [])):
+        config.users.append(parse_user(entry, f"{where}: users[{i}]", strict=False))
+    users = {u.name for u in config.users}
+    for i, entry in enumerate(raw.get("permissions", [])):
+        config.permissions.append(
+            parse_permission(
+                entry, f"{where}: permissions[{i}]", users, config.vhosts, strict=False
             )
         )
-    users = {u.name for u in config.users}
-    for entry in raw.get("permissions", []):
-        user, vhost = entry.get("user"), entry.get("vhost", "/")
-        if user not in users:
-            raise ConfigError(f"{where}: permission for unknown user '{user}'")
-        if vhost not in config.vhosts:
-            raise ConfigError(f"{where}: permission on unknown vhost '{vhost}'")
-        perm = Permission(*(entry.get(k, ".*") for k in ("configure", "write", "read")))
-        for kind in ("configure", "write", "read"):
-            try:
-                perm.allows(kind, "")
-            except Exception as exc:
-                raise ConfigError(f"{where}: bad {kind} pattern for '{user}': {exc}") from None
-        config.permissions.append((user, vhost, perm))
     if not config.users:
         defaults = default_config()
         config.users = defaults.users

@@ -41,6 +41,22 @@ def check_password(password: str, encoded: str) -> bool:
     return hmac.compare_digest(expected.encode(), encoded.encode())
 
 
+def is_password_hash(encoded: object) -> bool:
+    """Is ``encoded`` shaped like :func:`hash_password`'s output (never a plaintext)?"""
+    if not isinstance(encoded, str):
+        return False
+    parts = encoded.split("$")
+    if len(parts) != 4 or parts[0] != HASH_ALGORITHM or not parts[2] or not parts[3]:
+        return False
+    if not parts[1].isdigit() or int(parts[1]) < 1:
+        return False
+    try:
+        base64.b64decode(parts[3], validate=True)
+    except ValueError:
+        return False
+    return True
+
+
 def is_loopback(host: str) -> bool:
     try:
         return ipaddress.ip_address(host.split("%")[0]).is_loopback

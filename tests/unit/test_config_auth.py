@@ -251,9 +251,9 @@ GOOD_HASH = "pbkdf2_sha256$1000$salt$abc="
         ("[limits]\nheartbeat = -1\n", "limit 'heartbeat' must be a non-negative integer"),
         ("[limits]\nheartbeat = true\n", "limit 'heartbeat' must be a non-negative integer"),
         ("[limits]\nframe_max = 1000\n", "frame_max must be at least 4096"),
-        ('[[vhosts]]\nname = ""\n', "every [[vhosts]] entry needs a non-empty 'name'"),
-        ("[[vhosts]]\nnom = 'x'\n", "every [[vhosts]] entry needs a non-empty 'name'"),
-        ('[[users]]\npassword_hash = "x"\n', "every [[users]] entry needs a 'name'"),
+        ('[[vhosts]]\nname = ""\n', "vhosts[0].name: a vhost name must be a non-empty string"),
+        ("[[vhosts]]\nnom = 'x'\n", "vhosts[0].name: a vhost name must be a non-empty string"),
+        ('[[users]]\npassword_hash = "x"\n', "users[0].name: every user needs a non-empty 'name'"),
         ('[[users]]\nname = "bob"\n', "user 'bob' needs a 'password_hash'"),
         (
             '[[users]]\nname = "bob"\npassword_hash = "plain"\n',

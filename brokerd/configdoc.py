@@ -1,0 +1,155 @@
+"""The console's cluster configuration document: validation and checksum.
+
+Pure functions, no I/O: the console validates a version with them before
+saving it, and the broker validates again before applying it (docs/protocol.md,
+"Cluster configuration document"). Field rules are shared with brokerd.toml
+(``brokerd.config``) and the cluster file (``brokerd.cluster.config``), so a
+document the console accepts is one the broker can apply.
+
+Normalisation makes the checksum stable: numbers get their canonical types,
+defaults are filled in inside each part present, host names are lower-cased
+and de-duplicated, and ``validate_document`` of a normalised document returns
+it unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from typing import Any
+
+from brokerd.cluster.config import ClusterConfigError, parse_host
+from brokerd.config import (
+    ConfigError,
+    parse_limits,
+    parse_permission,
+    parse_user,
+    parse_vhost_name,
+)
+
+DOCUMENT_KEYS = ("heartbeat", "known_hosts", "limits", "vhosts", "users", "permissions")
+HEARTBEAT_DEFAULTS = {"interval": 1.0, "timeout": 3.0, "open_timeout": 10.0}
+#: an hour between heartbeats is already useless; larger values are typos
+HEARTBEAT_MAX = 3600.0
+
+
+class ConfigDocumentError(ValueError):
+    """The document cannot be applied; the message starts with the bad key."""
+
+
+def _heartbeat(raw: object) -> dict[str, float]:
+    if not isinstance(raw, dict):
+        raise ConfigDocumentError("heartbeat: must be an object")
+    unknown = sorted(set(raw) - set(HEARTBEAT_DEFAULTS))
+    if unknown:
+        raise ConfigDocumentError(f"heartbeat: unknown key(s) {', '.join(map(repr, unknown))}")
+    values = {}
+    for key, default in HEARTBEAT_DEFAULTS.items():
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigDocumentError(f"heartbeat.{key} must be a number of seconds")
+        if not 0 < value <= HEARTBEAT_MAX:
+            raise ConfigDocumentError(
+                f"heartbeat.{key} must be greater than 0 and at most {HEARTBEAT_MAX:g}"
+            )
+        values[key] = float(value)
+    if values["timeout"] <= values["interval"]:
+        raise ConfigDocumentError("heartbeat.timeout must be greater than heartbeat.interval")
+    return values
+
+
+def _known_hosts(raw: object) -> list[str]:
+    if not isinstance(raw, list) or not raw:
+        raise ConfigDocumentError("known_hosts: must be a non-empty list of 'host:port' strings")
+    hosts: dict[str, None] = {}
+    for i, value in enumerate(raw):
+        try:
+            hosts[str(parse_host(value, f"known_hosts[{i}]"))] = None
+        except ClusterConfigError as exc:
+            raise ConfigDocumentError(str(exc)) from None
+    return list(hosts)
+
+
+def _vhosts(raw: object) -> list[str]:
+    if not isinstance(raw, list) or not raw:
+        raise ConfigDocumentError("vhosts: must be a non-empty list of vhost names")
+    names = [parse_vhost_name(value, f"vhosts[{i}]") for i, value in enumerate(raw)]
+    return list(dict.fromkeys(names))
+
+
+def _users(raw: object) -> list[dict[str, Any]]:
+    if not isinstance(raw, list) or not raw:
+        raise ConfigDocumentError("users: must be a non-empty list of users")
+    users: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(raw):
+        user = parse_user(entry, f"users[{i}]", strict=True)
+        if user.name in seen:
+            raise ConfigDocumentError(f"users[{i}].name: user '{user.name}' is defined twice")
+        seen.add(user.name)
+        users.append(
+            {"name": user.name, "password_hash": user.password_hash, "tags": list(user.tags)}
+        )
+    return users
+
+
+def _permissions(raw: object, doc: dict[str, Any]) -> list[dict[str, str]]:
+    if not isinstance(raw, list):
+        raise ConfigDocumentError("permissions: must be a list")
+    for needed in ("users", "vhosts"):
+        if needed not in doc:
+            raise ConfigDocumentError(
+                f"permissions: need '{needed}' in the same document to refer to"
+            )
+    users = {u["name"] for u in doc["users"]}
+    permissions: dict[tuple[str, str], dict[str, str]] = {}
+    for i, entry in enumerate(raw):
+        user, vhost, perm = parse_permission(
+            entry, f"permissions[{i}]", users, doc["vhosts"], strict=True
+        )
+        if (user, vhost) in permissions:
+            raise ConfigDocumentError(
+                f"permissions[{i}]: a second permission for user '{user}' on vhost '{vhost}'"
+            )
+        permissions[(user, vhost)] = {
+            "user": user,
+            "vhost": vhost,
+            "configure": perm.configure,
+            "write": perm.write,
+            "read": perm.read,
+        }
+    return list(permissions.values())
+
+
+def validate_document(doc: object) -> dict[str, Any]:
+    """Check a configuration document; return it normalised, or raise
+    :class:`ConfigDocumentError` naming the first bad key."""
+    if not isinstance(doc, dict):
+        raise ConfigDocumentError("the configuration must be a JSON object")
+    unknown = sorted(set(doc) - set(DOCUMENT_KEYS))
+    if unknown:
+        raise ConfigDocumentError(f"{unknown[0]}: unknown key (known: {', '.join(DOCUMENT_KEYS)})")
+    out: dict[str, Any] = {}
+    try:
+        if "heartbeat" in doc:
+            out["heartbeat"] = _heartbeat(doc["heartbeat"])
+        if "known_hosts" in doc:
+            out["known_hosts"] = _known_hosts(doc["known_hosts"])
+        if "limits" in doc:
+            out["limits"] = asdict(parse_limits(doc["limits"], "limits", minimum=1))
+        if "vhosts" in doc:
+            out["vhosts"] = _vhosts(doc["vhosts"])
+        if "users" in doc:
+            out["users"] = _users(doc["users"])
+        if "permissions" in doc:
+            out["permissions"] = _permissions(doc["permissions"], out)
+    except ConfigError as exc:
+        raise ConfigDocumentError(str(exc)) from None
+    return out
+
+
+def document_checksum(doc: dict[str, Any]) -> str:
+    """First 16 hex digits of SHA-256 over the canonical JSON of ``doc``."""
+    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
