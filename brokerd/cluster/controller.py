@@ -21,7 +21,15 @@ from pamqp import commands
 from brokerd.cluster import messages
 from brokerd.cluster import replication as rep
 from brokerd.cluster.config import ClusterConfig
-from brokerd.cluster.election import PRIMARY, SECONDARY, Decision, Member, View, decide
+from brokerd.cluster.election import (
+    PRIMARY,
+    SECONDARY,
+    Decision,
+    Member,
+    View,
+    decide,
+    holds_lease,
+)
 from brokerd.cluster.link import Link
 from brokerd.cluster.messages import LINK_PROPERTY, MessageError, Root, Status
 from brokerd.cluster.statelog import Entry, compact, freeze, replay
@@ -78,6 +86,10 @@ class Peer:
     active_since: float = float("-inf")
     link: Link | None = None
     inbound: set[int] = field(default_factory=set)
+    #: wall-clock time its latest status arrived (for the round-trip echo)
+    received_at: float = 0.0
+    #: link round-trip time from the echo of our own status, in milliseconds
+    rtt_ms: float | None = None
 
 
 @dataclass
@@ -143,6 +155,8 @@ class ClusterController:
         self.cut: set[str] = set()
         self.root_enabled = server_type == PRIMARY
         self.listed = False
+        #: known-host addresses that turned out to be this server
+        self.own_addresses: set[str] = set()
         self.decision = Decision(None, False, False, "starting")
         self.ready = False
         self.not_ready_reason = "no root elected yet"
@@ -211,6 +225,7 @@ class ClusterController:
             return
         if spid == self.spid:
             # a known host that is ourselves: remember it, and never link to it again
+            self.own_addresses.add(link.address)
             if link.address in self.known:
                 self.listed = True
             log.info("link self address=%s", link.address)
@@ -342,6 +357,11 @@ class ClusterController:
             peer.type = message.type
             peer.start_time = message.start_time
             peer.last_seen = now
+            peer.received_at = time.time()
+            echo = message.echo.get(self.spid)
+            if echo is not None:
+                sent_at, held = echo
+                peer.rtt_ms = round(max(0.0, peer.received_at - sent_at - held) * 1000, 3)
             if message.address:
                 peer.address = message.address
         elif isinstance(message, Root) and peer.status is not None:
@@ -352,21 +372,29 @@ class ClusterController:
 
     # -- election ---------------------------------------------------------------
 
-    def active(self, peer: Peer, now: float) -> bool:
-        return (
-            peer.status is not None
-            and peer.spid not in self.cut
-            and now - peer.last_seen < self.config.heartbeat_timeout
-        )
+    def active(self, peer: Peer, now: float, window: float | None = None) -> bool:
+        """Heard within ``window`` (default: the heartbeat timeout). A cut link ages
+        out like a real one: its statuses are dropped, what was heard stays valid."""
+        window = self.config.heartbeat_timeout if window is None else window
+        return peer.status is not None and now - peer.last_seen < window
 
-    def view(self, now: float) -> View:
+    @property
+    def lease(self) -> float:
+        """How recent the votes keeping this server root must be: short enough that
+        a cut-off root steps down before its followers' timeout runs out (they may
+        have heard it last an interval before the cut), long enough to span more
+        than one heartbeat."""
+        interval = self.config.heartbeat_interval
+        return max(1.2 * interval, self.config.heartbeat_timeout - 1.5 * interval)
+
+    def view(self, now: float, window: float | None = None) -> View:
         members = []
         sitting = None
         for peer in self.peers.values():
             status = peer.status
             if status is None:
                 continue
-            active = self.active(peer, now)
+            active = self.active(peer, now, window)
             # a peer heard again only just now voted before it could know the
             # sitting root: count it as abstaining for one timeout
             settled = now - peer.active_since >= self.config.heartbeat_timeout
@@ -413,6 +441,13 @@ class ClusterController:
         self._last_eval = now
         view = self.view(now)
         decision = decide(view)
+        if decision.is_root and not holds_lease(self.view(now, self.lease)):
+            decision = Decision(
+                decision.vote,
+                False,
+                decision.quorum,
+                f"lease: fewer than a quorum of primaries voted for it within {self.lease:.2f}s",
+            )
         heard = [m for m in view.members() if m.voter and m.active]
         if self.type == PRIMARY and 2 * len(heard) <= view.known_primaries:
             # hearing too few primaries (just restarted, links still backing off,
@@ -487,7 +522,12 @@ class ClusterController:
             address=self.address,
             peers=[p.spid for p in self.peers.values() if self.active(p, now)],
             load=self.load(),
-            sent_at=time.time(),
+            sent_at=(wall := time.time()),
+            echo={
+                p.spid: (p.status.sent_at, round(wall - p.received_at, 6))
+                for p in self.peers.values()
+                if p.status is not None and self.active(p, now)
+            },
         )
 
     async def _heartbeat(self) -> None:
@@ -545,14 +585,55 @@ class ClusterController:
             self._broadcast(self.status_message())
         return {"root_enabled": self.root_enabled, "is_root": self.decision.is_root}
 
+    def reconfigure(self, config: ClusterConfig) -> dict[str, Any]:
+        """Apply a new cluster configuration live (the console's config.apply):
+        heartbeat timing at the next beat, known hosts by linking to the new ones
+        and dropping links to the removed. Name, vhost, user and secret are read at
+        start only; a change to them needs a restart."""
+        applied = []
+        old = self.config
+        self.config = config
+        if (old.heartbeat_interval, old.heartbeat_timeout, old.open_timeout) != (
+            config.heartbeat_interval,
+            config.heartbeat_timeout,
+            config.open_timeout,
+        ):
+            applied.append("heartbeat")
+        known = {str(h) for h in config.known_hosts}
+        if known != self.known:
+            removed, added = self.known - known, known - self.known
+            self.known, self.checksum = known, config.checksum
+            self.listed = bool(self.own_addresses & known)
+            for address in removed:
+                link = self.links.pop(address, None)
+                if link is None:
+                    continue
+                for peer in self.peers.values():
+                    if peer.link is link:
+                        peer.link = None
+                self._spawn(link.stop())
+            for address in added:
+                if address not in self.own_addresses:
+                    self._add_link(address)
+            self.clear_alarm("config-mismatch")
+            applied.append("known_hosts")
+            log.warning(
+                "cluster known hosts changed checksum=%s added=%s removed=%s",
+                self.checksum,
+                ",".join(sorted(added)) or "-",
+                ",".join(sorted(removed)) or "-",
+            )
+        if applied:
+            self.evaluate()
+            self._broadcast(self.status_message())
+        return {"applied": applied, "checksum": self.checksum}
+
     def cut_link(self, spid: str) -> dict[str, Any]:
         if not self.fault_injection:
             raise ValueError("fault injection is off (start brokerd with --enable-fault-injection)")
+        # like a network cut: nothing more goes out or comes in on this link, and
+        # the peer turns inactive when its last status ages past the timeout
         self.cut.add(spid)
-        if spid in self.peers:
-            # what we heard before the cut must not count after a heal: the peer
-            # becomes active again only through fresh statuses
-            self.peers[spid].last_seen = float("-inf")
         log.warning("fault cut-link spid=%s", spid)
         self.evaluate()
         return {"cut": sorted(self.cut)}
@@ -597,6 +678,7 @@ class ClusterController:
                     "vote": p.status.vote if p.status else None,
                     "link": p.link.state if p.link else None,
                     "last_seen_age": None if p.status is None else round(now - p.last_seen, 3),
+                    "rtt_ms": p.rtt_ms,
                     "cut": p.spid in self.cut,
                 }
                 for p in sorted(self.peers.values(), key=lambda p: p.spid)

@@ -17,6 +17,12 @@ server returning with a stale view would knock the sitting root over.
 Because quorums of two servers always share a member and each member casts
 one vote, two servers can never both satisfy the root condition with
 current votes; tests/unit/test_election.py checks this with hypothesis.
+
+Votes travel in heartbeats, so they are never quite current. The root
+therefore also holds a *lease* (``holds_lease``): it keeps root only while
+more than half of the known primaries voted for it within a window shorter
+than the followers' timeout. A root cut off from its followers so steps
+down before any of them can see it inactive and elect another.
 """
 
 from __future__ import annotations
@@ -90,6 +96,13 @@ def is_candidate(member: Member, checksum: str) -> bool:
 def has_quorum(view: View) -> bool:
     """Active primaries (this server included) are more than half of the known primaries."""
     return 2 * len(view.active_primaries()) > view.known_primaries
+
+
+def holds_lease(view: View) -> bool:
+    """Recent votes for this server (itself included) are more than half of the
+    known primaries; ``view`` marks active only members heard within the lease."""
+    backing = [m for m in view.active_primaries() if m is view.me or m.vote == view.me.spid]
+    return 2 * len(backing) > view.known_primaries
 
 
 def choose(view: View) -> str | None:

@@ -40,6 +40,8 @@ class Status:
     peers: list[str] = field(default_factory=list)
     load: dict[str, Any] = field(default_factory=dict)
     sent_at: float = 0.0
+    #: per peer spid: (that peer's latest ``sent_at``, seconds we held it) for round trips
+    echo: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,6 +73,19 @@ def decode(kind: str, body: bytes) -> Status | Root:
         raise MessageError(f"{kind}: unsupported version (this server speaks v{VERSION})")
     known = cls.__dataclass_fields__
     try:
-        return cls(**{k: v for k, v in data.items() if k in known})
+        message = cls(**{k: v for k, v in data.items() if k in known})
     except TypeError as exc:
         raise MessageError(f"{kind}: {exc}") from None
+    if isinstance(message, Status):
+        message.echo = _echo(kind, message.echo)
+    return message
+
+
+def _echo(kind: str, value: Any) -> dict[str, tuple[float, float]]:
+    """Round-trip echoes are optional; a malformed one is an error like any field."""
+    if not isinstance(value, dict):
+        raise MessageError(f"{kind}: echo must be an object")
+    try:
+        return {str(spid): (float(pair[0]), float(pair[1])) for spid, pair in value.items()}
+    except (TypeError, ValueError, IndexError) as exc:
+        raise MessageError(f"{kind}: bad echo: {exc}") from None

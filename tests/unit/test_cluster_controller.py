@@ -190,7 +190,7 @@ def test_secondary_never_becomes_root_and_cannot_disable() -> None:
 
 
 def test_fault_injection_is_refused_unless_enabled() -> None:
-    ctl, _ = make()
+    ctl, clock = make()
     with pytest.raises(ValueError, match="fault injection is off"):
         ctl.cut_link("s2")
     ctl.fault_injection = True
@@ -198,9 +198,64 @@ def test_fault_injection_is_refused_unless_enabled() -> None:
     status(ctl, 11, "s2", 2.0, vote="s1")
     assert ctl.decision.is_root
     ctl.cut_link("s2")
-    assert not ctl.decision.is_root  # s2 no longer counts, no quorum
-    status(ctl, 11, "s2", 2.0, vote="s1")  # ignored while cut
-    assert not ctl.decision.is_root
+    status(ctl, 11, "s2", 2.0, vote="s1")  # dropped while cut, like a real cut
+    clock.now += ctl.lease
+    ctl.evaluate()
+    assert not ctl.decision.is_root  # s2's vote aged past the lease: no quorum
+    assert ctl.peers["s2"].last_seen == 100.0
     ctl.heal()
     status(ctl, 11, "s2", 2.0, vote="s1")
     assert ctl.decision.is_root
+
+
+def test_a_cut_off_root_steps_down_before_its_followers_time_it_out() -> None:
+    """The lease: the root needs votes fresher than the followers' timeout, so a
+    follower cut off from it an interval after its last status still sees the old
+    root when the old root has already stepped down."""
+    root, clock = make()
+    link_from(root, 11, "s2", 2.0)
+    link_from(root, 12, "s3", 3.0)
+    status(root, 11, "s2", 2.0, vote="s1")
+    status(root, 12, "s3", 3.0, vote="s1")
+    assert root.decision.is_root
+    interval, timeout = CONFIG.heartbeat_interval, CONFIG.heartbeat_timeout
+    assert interval < root.lease <= timeout - 1.5 * interval
+    # nothing arrives any more; a follower last heard the root up to an interval
+    # before that, so it may elect another at (silence + timeout - interval)
+    clock.now += root.lease
+    root.evaluate()
+    assert not root.decision.is_root
+    assert "lease" in root.decision.reason
+    assert clock.now < 100.0 + timeout - interval
+    assert all(root.active(p, clock.now) for p in root.peers.values())  # not timed out yet
+
+
+def test_round_trip_time_comes_from_the_echo_of_our_status() -> None:
+    ctl, _ = make()
+    link_from(ctl, 11, "s2", 2.0)
+    sent = ctl.status_message()
+    status(ctl, 11, "s2", 2.0, vote="s1", echo={"s1": (sent.sent_at - 0.5, 0.2)})
+    rtt = ctl.peers["s2"].rtt_ms
+    assert rtt is not None and 290 <= rtt < 1000
+    assert ctl.status()["peers"][0]["rtt_ms"] == rtt
+    echoed = ctl.status_message().echo
+    assert set(echoed) == {"s2"}
+
+
+def test_reconfigure_applies_heartbeat_timing_and_known_hosts_live() -> None:
+    ctl, _ = make()
+    ctl.own_addresses.add("h1:1")
+    new = parse_cluster_config(
+        {
+            "secret": "cluster-secret",
+            "known_hosts": ["h1:1", "h2:2"],
+            "heartbeat": {"interval": 0.5, "timeout": 2, "open_timeout": 7},
+        }
+    )
+    old_checksum = ctl.checksum
+    result = ctl.reconfigure(new)
+    assert result["applied"] == ["heartbeat", "known_hosts"]
+    assert ctl.checksum == new.checksum != old_checksum
+    assert ctl.known == {"h1:1", "h2:2"} and ctl.listed
+    assert ctl.config.heartbeat_interval == 0.5
+    assert ctl.reconfigure(new)["applied"] == []

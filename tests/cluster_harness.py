@@ -1,0 +1,445 @@
+"""A loopback cluster of real brokerd processes, for the membership tests.
+
+    cluster = Cluster(tmp_path, primaries=3, secondaries=2)
+    try:
+        cluster.start_all()                   # oldest first, staggered: seniority is defined
+        root = cluster.wait_until(cluster.settled_root)
+        cluster.kill(0)                       # SIGKILL; pause()/resume() are SIGSTOP/SIGCONT
+    finally:
+        cluster.close()                       # SIGCONT the paused ones, then stop everything
+
+Every server gets the same cluster file (``Cluster.file``) unless a test
+passes another one to ``start``. Statuses are read over each server's
+control socket with a short timeout, so a stopped or dead server is simply
+missing from a sample. ``Sampler`` polls every answering server in the
+background and records each sample, so a test can check a safety property
+(never two roots with quorum) over the whole run, not just at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from brokerd.server.control import request
+from tests.brokerd_process import BrokerProcess, free_port
+
+INTERVAL = 0.3
+TIMEOUT = 1.0
+OPEN_TIMEOUT = 5.0
+SECRET = "cluster-secret-123"
+
+View = dict[str, Any]
+ROOT_EVENT = re.compile(r"^(\S+ \S+) WARNING brokerd\.cluster: root (taken|released) spid=(\S+)")
+
+
+def write_cluster_file(
+    path: Path,
+    ports: Iterable[int | str],
+    *,
+    secret: str = SECRET,
+    name: str = "test",
+    interval: float = INTERVAL,
+    timeout: float = TIMEOUT,
+    open_timeout: float = OPEN_TIMEOUT,
+) -> Path:
+    """The shared TOML file; ``ports`` may also hold whole ``host:port`` strings."""
+    hosts = ", ".join(f'"{p}"' if isinstance(p, str) else f'"127.0.0.1:{p}"' for p in ports)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f'name = "{name}"\n'
+        f'secret = "{secret}"\n'
+        f"known_hosts = [{hosts}]\n"
+        "[heartbeat]\n"
+        f"interval = {interval}\n"
+        f"timeout = {timeout}\n"
+        f"open_timeout = {open_timeout}\n"
+    )
+    return path
+
+
+@dataclass
+class Node:
+    index: int
+    kind: str
+    port: int
+    process: BrokerProcess | None = None
+    spid: str | None = None
+    paused: bool = False
+    #: wall-clock times (time.time()) at which a process of this node was paused or ended
+    paused_at: list[float] = field(default_factory=list)
+    ended_at: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def data_dir(self) -> Path:
+        assert self.process is not None
+        return self.process.data_dir
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
+    def answering(self) -> bool:
+        return self.alive() and not self.paused
+
+
+def brief(view: View) -> str:
+    """One line per view, for failure messages."""
+    root = (view.get("root") or "-")[-9:]
+    return (
+        f"{view.get('type', '?')[0]}:{str(view.get('spid', '?'))[-9:]} root={root} "
+        f"is_root={view.get('is_root')} quorum={view.get('quorum')} ready={view.get('ready')} "
+        f"vote={(view.get('vote') or '-')[-9:]} reason={view.get('reason')!r} "
+        f"active={sum(bool(p.get('active')) for p in view.get('peers', []))}"
+    )
+
+
+def roots_with_quorum(views: dict[int, View]) -> list[int]:
+    """Indexes of the sampled servers that believe they are root and have quorum."""
+    return sorted(i for i, v in views.items() if v.get("is_root") and v.get("quorum"))
+
+
+class Cluster:
+    """``primaries`` known hosts (indexes 0..primaries-1) and ``secondaries`` after them."""
+
+    def __init__(
+        self,
+        base: Path,
+        primaries: int = 3,
+        secondaries: int = 0,
+        *,
+        interval: float = INTERVAL,
+        timeout: float = TIMEOUT,
+        open_timeout: float = OPEN_TIMEOUT,
+        secret: str = SECRET,
+        fault_injection: bool = True,
+    ) -> None:
+        self.base = base
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.interval = interval
+        self.timeout = timeout
+        self.fault_injection = fault_injection
+        self.nodes = [
+            Node(i, "primary" if i < primaries else "secondary", free_port())
+            for i in range(primaries + secondaries)
+        ]
+        self.primary_ports = [n.port for n in self.nodes[:primaries]]
+        self.file = write_cluster_file(
+            base / "cluster.toml",
+            self.primary_ports,
+            secret=secret,
+            interval=interval,
+            timeout=timeout,
+            open_timeout=open_timeout,
+        )
+
+    # -- processes ---------------------------------------------------------------
+
+    def add_secondary(self) -> int:
+        """Room for one more secondary (not in known_hosts); returns its index."""
+        self.nodes.append(Node(len(self.nodes), "secondary", free_port()))
+        return len(self.nodes) - 1
+
+    def start(
+        self, index: int, *, file: Path | None = None, extra: list[str] | None = None
+    ) -> Node:
+        """Start one server and wait until its control socket answers (its spid is known)."""
+        node = self.nodes[index]
+        args = ["--cluster", str(file or self.file), "--type", node.kind]
+        if self.fault_injection:
+            args.append("--enable-fault-injection")
+        node.process = BrokerProcess(
+            self.base / f"n{index}", port=node.port, extra_args=[*args, *(extra or [])]
+        )
+        node.paused = False
+        node.process.start()
+        view = self.wait_until(lambda: self.status(index), timeout=10, what=f"status of {index}")
+        node.spid = view["spid"]
+        return node
+
+    def start_all(self, indexes: Iterable[int] | None = None, stagger: float = 0.15) -> None:
+        """Start servers in order, oldest first: seniority follows the index."""
+        for index in indexes if indexes is not None else range(len(self.nodes)):
+            self.start(index)
+            time.sleep(stagger)
+
+    def kill(self, index: int) -> float:
+        """SIGKILL; returns the monotonic time of the kill."""
+        node = self.nodes[index]
+        assert node.process is not None and node.process.proc is not None
+        node.process.proc.kill()
+        killed = time.monotonic()
+        node.ended_at[node.spid or ""] = time.time()
+        node.process.proc.wait(5)
+        node.paused = False
+        return killed
+
+    def pause(self, index: int) -> float:
+        node = self.nodes[index]
+        assert node.process is not None
+        node.paused = True  # before the signal: samplers must skip it from now on
+        node.process.signal(signal.SIGSTOP)
+        node.paused_at.append(time.time())
+        return time.monotonic()
+
+    def resume(self, index: int) -> float:
+        node = self.nodes[index]
+        assert node.process is not None
+        node.process.signal(signal.SIGCONT)
+        node.paused = False
+        return time.monotonic()
+
+    def stop(self, index: int) -> int | None:
+        node = self.nodes[index]
+        if node.process is None:
+            return None
+        if node.paused and node.alive():
+            node.process.signal(signal.SIGCONT)
+            node.paused = False
+        return node.process.stop()
+
+    def close(self) -> None:
+        """Resume every paused server, then stop them all (never raises)."""
+        for node in self.nodes:
+            if node.process is not None and node.alive():
+                with contextlib.suppress(OSError):
+                    node.process.signal(signal.SIGCONT)
+            node.paused = False
+        for node in self.nodes:
+            if node.process is not None:
+                try:
+                    node.process.stop(timeout=5)
+                except Exception:  # keep stopping the others
+                    if node.process.proc is not None:
+                        node.process.proc.kill()
+
+    # -- views -------------------------------------------------------------------
+
+    def status(self, index: int, timeout: float = 0.5) -> View | None:
+        """One server's ctl status, or None if it does not answer in time."""
+        node = self.nodes[index]
+        if not node.answering():
+            return None
+        try:
+            reply = request(node.data_dir, "status", timeout=timeout)
+        except (OSError, ValueError):
+            return None
+        return reply["result"] if reply.get("ok") else None
+
+    def ctl(self, index: int, command: str, *args: str) -> dict[str, Any]:
+        reply = request(self.nodes[index].data_dir, command, list(args), timeout=5)
+        assert reply.get("ok"), f"ctl {command} {args} on {index}: {reply}"
+        return reply["result"]
+
+    def running(self) -> list[int]:
+        return [n.index for n in self.nodes if n.alive()]
+
+    def sample(self, indexes: Iterable[int] | None = None, timeout: float = 0.3) -> dict[int, View]:
+        """Every answering server's view (paused, dead and silent ones are left out)."""
+        out = {}
+        for index in indexes if indexes is not None else self.running():
+            view = self.status(index, timeout=timeout)
+            if view is not None:
+                out[index] = view
+        return out
+
+    def agreed_root(self, indexes: Iterable[int] | None = None) -> str | None:
+        """The root every listed server (default: every running one) reports, all ready."""
+        wanted = list(indexes) if indexes is not None else self.running()
+        views = self.sample(wanted)
+        if len(views) != len(wanted) or not views:
+            return None
+        roots = {v["root"] for v in views.values()}
+        if len(roots) == 1 and all(v["ready"] for v in views.values()):
+            return roots.pop()
+        return None
+
+    def settled_root(self, indexes: Iterable[int] | None = None) -> str | None:
+        """Like ``agreed_root``, and every listed primary votes for it and sees a quorum.
+
+        Right after formation the youngest primary may still be in its start
+        window (abstaining), so the root's quorum rests on fewer votes than it
+        seems; tests that then take a server away wait for this instead.
+        """
+        wanted = list(indexes) if indexes is not None else self.running()
+        views = self.sample(wanted)
+        if len(views) != len(wanted) or not views:
+            return None
+        roots = {v["root"] for v in views.values()}
+        if len(roots) != 1 or not all(v["ready"] for v in views.values()):
+            return None
+        root = roots.pop()
+        primaries = [v for v in views.values() if v["type"] == "primary"]
+        if all(v["vote"] == root and v["quorum"] for v in primaries):
+            return root
+        return None
+
+    def root_intervals(self) -> dict[str, list[tuple[float, float]]]:
+        """Each server's terms as root (wall clock), from its own log.
+
+        ``root taken`` / ``root released`` are logged in the same step that
+        changes the decision, with millisecond timestamps from the one clock
+        all the servers share, so the terms are exact to the millisecond,
+        unlike samples, whose answers are never quite simultaneous. A term
+        ends at its release, at a kill, or at the first SIGSTOP within it (a
+        frozen server acts on nothing; what it does after SIGCONT is checked
+        by sampling); a term still running ends now.
+        """
+        now = time.time()
+        terms: dict[str, list[tuple[float, float]]] = {}
+        for node in self.nodes:
+            if node.process is None:
+                continue
+            spans: list[tuple[str, float, float]] = []
+            opened: dict[str, float] = {}
+            for line in node.process.log_text().splitlines():
+                match = ROOT_EVENT.match(line)
+                if match is None:
+                    continue
+                at = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                if match[2] == "taken":
+                    opened[match[3]] = at
+                elif match[3] in opened:
+                    spans.append((match[3], opened.pop(match[3]), at))
+            spans += [(spid, start, node.ended_at.get(spid, now)) for spid, start in opened.items()]
+            for spid, start, end in spans:
+                pauses = [p for p in node.paused_at if start <= p < end]
+                terms.setdefault(spid, []).append((start, min([end, *pauses])))
+        return terms
+
+    def root_overlaps(self) -> list[tuple[str, str, float, float]]:
+        """Pairs of terms of two servers that overlap by at least one millisecond."""
+        terms = sorted(
+            (start, end, spid)
+            for spid, spans in self.root_intervals().items()
+            for start, end in spans
+        )
+        overlaps = []
+        for i, (_, end_a, spid_a) in enumerate(terms):
+            for start_b, end_b, spid_b in terms[i + 1 :]:
+                if spid_b != spid_a and start_b < end_a and min(end_a, end_b) - start_b >= 0.001:
+                    overlaps.append((spid_a, spid_b, start_b, min(end_a, end_b)))
+        return overlaps
+
+    def spid(self, index: int) -> str:
+        spid = self.nodes[index].spid
+        assert spid is not None
+        return spid
+
+    def index_of(self, spid: str | None) -> int | None:
+        return next((n.index for n in self.nodes if n.spid == spid), None)
+
+    def describe(self) -> str:
+        lines = []
+        for index, view in self.sample().items():
+            lines.append(f"  [{index}] {brief(view)}")
+        for node in self.nodes:
+            if node.process is None:
+                continue
+            tail = [
+                line
+                for line in node.process.log_text().splitlines()
+                if " WARNING " in line or " ERROR " in line
+            ][-6:]
+            lines.append(f"  [{node.index}] log: " + "\n      ".join(tail))
+        return "\n".join(lines)
+
+    def wait_until(
+        self,
+        predicate: Callable[[], Any],
+        timeout: float = 15.0,
+        interval: float = 0.05,
+        what: str = "condition",
+    ) -> Any:
+        """Poll until ``predicate()`` is truthy and return its value; fail with the views."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                value = predicate()
+            except (OSError, KeyError, ValueError):
+                value = None
+            if value:
+                return value
+            if time.monotonic() >= deadline:
+                raise AssertionError(f"{what}: not within {timeout}s\n{self.describe()}")
+            time.sleep(interval)
+
+
+@dataclass
+class Sample:
+    at: float
+    views: dict[int, View]
+
+
+@dataclass
+class Sampler:
+    """Samples every answering server about every ``period`` seconds in a thread.
+
+    The servers of one sample are asked at the same moment (one thread each),
+    so their answers are at most a few milliseconds apart. A sample in which
+    two servers claim is_root with quorum is asked again at once: a claim that
+    holds on the second asking is a split brain (``double_roots``); one that
+    does not was a hand-over caught mid-way between two answers
+    (``passing_roots``, informational: the old root released before the new
+    one took over, a few milliseconds apart).
+
+    Use as a context manager; ``samples`` holds every sample.
+    """
+
+    cluster: Cluster
+    period: float = 0.1
+    #: per-request socket timeout: a server that does not answer in time is left out
+    timeout: float = 0.3
+    indexes: list[int] | None = None
+    samples: list[Sample] = field(default_factory=list)
+    double_roots: list[tuple[float, dict[int, str]]] = field(default_factory=list)
+    passing_roots: list[tuple[float, dict[int, str]]] = field(default_factory=list)
+    _halt: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _pool: ThreadPoolExecutor | None = None
+
+    def __enter__(self) -> Sampler:
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sampler")
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._halt.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def _ask(self, indexes: list[int]) -> dict[int, View]:
+        assert self._pool is not None
+        answering = [i for i in indexes if self.cluster.nodes[i].answering()]
+        answers = self._pool.map(lambda i: self.cluster.status(i, timeout=self.timeout), answering)
+        return {i: v for i, v in zip(answering, answers, strict=True) if v is not None}
+
+    def _run(self) -> None:
+        while not self._halt.is_set():
+            started = time.monotonic()
+            indexes = self.indexes if self.indexes is not None else self.cluster.running()
+            views = self._ask(indexes)
+            self.samples.append(Sample(started, views))
+            if len(roots := roots_with_quorum(views)) > 1:
+                again = self._ask(roots)
+                seen = {i: brief(views[i]) for i in roots}
+                if len(roots_with_quorum(again)) > 1:
+                    seen.update({i + 100: "again " + brief(v) for i, v in again.items()})
+                    self.double_roots.append((started, seen))
+                else:
+                    self.passing_roots.append((started, seen))
+            self._halt.wait(max(0.0, self.period - (time.monotonic() - started)))
+
+    def since(self, moment: float) -> list[Sample]:
+        return [s for s in self.samples if s.at >= moment]
