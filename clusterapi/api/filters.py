@@ -1,0 +1,140 @@
+"""Query filters of the API's lists (django-filter), documented in the OpenAPI schema."""
+
+from __future__ import annotations
+
+from django.db.models import Q, QuerySet
+from django_filters import rest_framework as filters
+
+from clusterapi.models import (
+    Alarm,
+    AuditEntry,
+    BindingSnapshot,
+    Broker,
+    Command,
+    ConfigVersion,
+    ExchangeSnapshot,
+    HeartbeatSample,
+    QueueSample,
+    QueueSnapshot,
+)
+
+
+class BrokerRefFilter(filters.CharFilter):
+    """A broker given by its id or its name (``host:port``)."""
+
+    def __init__(self, field_name: str = "broker", **kwargs: object) -> None:
+        kwargs.setdefault("help_text", "broker id or name (host:port)")
+        super().__init__(field_name=field_name, **kwargs)
+
+    def filter(self, qs: QuerySet, value: str) -> QuerySet:
+        if value in (None, ""):
+            return qs
+        by_name = Q(**{f"{self.field_name}__name": value})
+        if value.isdigit():
+            return qs.filter(by_name | Q(**{f"{self.field_name}_id": int(value)}))
+        return qs.filter(by_name)
+
+
+def since_until(field: str = "time") -> tuple[filters.IsoDateTimeFilter, filters.IsoDateTimeFilter]:
+    return (
+        filters.IsoDateTimeFilter(
+            field_name=field, lookup_expr="gte", help_text="ISO 8601 time, inclusive"
+        ),
+        filters.IsoDateTimeFilter(
+            field_name=field, lookup_expr="lt", help_text="ISO 8601 time, exclusive"
+        ),
+    )
+
+
+class BrokerFilter(filters.FilterSet):
+    type = filters.ChoiceFilter(field_name="broker_type", choices=Broker.TYPE_CHOICES)
+    state = filters.ChoiceFilter(choices=Broker.STATE_CHOICES)
+    name_contains = filters.CharFilter(field_name="name", lookup_expr="icontains")
+
+    class Meta:
+        model = Broker
+        fields = ["type", "state", "is_root", "root_enabled", "ready", "connected", "name"]
+
+
+class QueueFilter(filters.FilterSet):
+    broker = BrokerRefFilter()
+    name_contains = filters.CharFilter(field_name="name", lookup_expr="icontains")
+    min_messages = filters.NumberFilter(field_name="messages", lookup_expr="gte")
+
+    class Meta:
+        model = QueueSnapshot
+        fields = ["broker", "vhost", "name", "shared", "durable", "exclusive", "auto_delete"]
+
+
+class ExchangeFilter(filters.FilterSet):
+    broker = BrokerRefFilter()
+    name_contains = filters.CharFilter(field_name="name", lookup_expr="icontains")
+
+    class Meta:
+        model = ExchangeSnapshot
+        fields = ["broker", "vhost", "name", "type", "durable", "internal"]
+
+
+class BindingFilter(filters.FilterSet):
+    broker = BrokerRefFilter()
+
+    class Meta:
+        model = BindingSnapshot
+        fields = ["broker", "vhost", "source", "destination", "destination_type", "routing_key"]
+
+
+class HeartbeatFilter(filters.FilterSet):
+    broker = BrokerRefFilter()
+    since, until = since_until()
+
+    class Meta:
+        model = HeartbeatSample
+        fields = ["broker", "since", "until", "is_root", "ready"]
+
+
+class QueueSampleFilter(filters.FilterSet):
+    broker = BrokerRefFilter()
+    since, until = since_until()
+
+    class Meta:
+        model = QueueSample
+        fields = ["broker", "vhost", "queue", "since", "until"]
+
+
+class ConfigVersionFilter(filters.FilterSet):
+    since, until = since_until("created_at")
+
+    class Meta:
+        model = ConfigVersion
+        fields = ["since", "until"]
+
+
+class CommandFilter(filters.FilterSet):
+    broker = BrokerRefFilter()
+    state = filters.ChoiceFilter(choices=Command.STATE_CHOICES)
+    name = filters.ChoiceFilter(choices=Command.NAME_CHOICES)
+    since, until = since_until("created_at")
+
+    class Meta:
+        model = Command
+        fields = ["broker", "state", "name", "since", "until"]
+
+
+class AuditFilter(filters.FilterSet):
+    user = filters.CharFilter(field_name="username", help_text="user name")
+    action_prefix = filters.CharFilter(field_name="action", lookup_expr="startswith")
+    since, until = since_until()
+
+    class Meta:
+        model = AuditEntry
+        fields = ["user", "action", "action_prefix", "target", "since", "until"]
+
+
+class AlarmFilter(filters.FilterSet):
+    broker = BrokerRefFilter()
+    source = filters.ChoiceFilter(choices=Alarm.SOURCE_CHOICES)
+    since, until = since_until("raised_at")
+
+    class Meta:
+        model = Alarm
+        fields = ["broker", "active", "kind", "source", "since", "until"]

@@ -1,0 +1,24 @@
+"""Routes of the REST admin API, included under ``/api/v1/`` by ``console/urls.py``."""
+
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from clusterapi.api import views
+
+router = SimpleRouter()
+router.register("brokers", views.BrokerViewSet, basename="broker")
+router.register("queues", views.QueueViewSet, basename="queue")
+router.register("exchanges", views.ExchangeViewSet, basename="exchange")
+router.register("bindings", views.BindingViewSet, basename="binding")
+router.register("heartbeats", views.HeartbeatViewSet, basename="heartbeat")
+router.register("queue-samples", views.QueueSampleViewSet, basename="queue-sample")
+router.register("configs", views.ConfigVersionViewSet, basename="config")
+router.register("commands", views.CommandViewSet, basename="command")
+router.register("audit", views.AuditViewSet, basename="audit")
+router.register("alarms", views.AlarmViewSet, basename="alarm")
+
+urlpatterns = [
+    path("cluster/", views.ClusterView.as_view(), name="api-cluster"),
+    path("endpoints/", views.EndpointsView.as_view(), name="api-endpoints"),
+    *router.urls,
+]
