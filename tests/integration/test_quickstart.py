@@ -1,0 +1,223 @@
+"""``make run`` for real: deploy/quickstart.py with its own DATA_DIR and free ports.
+
+The first run must bring up Redis, the console, four brokers and Celery, let the
+admin log in with the generated password, and stop every process on SIGINT with
+status 0. The second run must reuse the password, token and cluster file, and
+stop everything with status 1 when one of its processes dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pika
+import psutil
+import pytest
+
+from tests.brokerd_process import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(150)]
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The caller's console settings must not leak into the quickstart under test.
+LEAKY_ENV = (
+    "SECRET_KEY",
+    "DEBUG",
+    "ALLOWED_HOSTS",
+    "CONSOLE_HTTPS",
+    "DATABASE_URL",
+    "REDIS_URL",
+    "CONSOLE_BROKER_TOKEN",
+    "DATA_DIR",
+    "ROOKERY_ADMIN_USER",
+    "ROOKERY_ADMIN_PASSWORD",
+)
+
+
+class Quickstart:
+    """deploy/quickstart.py as a subprocess whose output is collected line by line."""
+
+    def __init__(self, data_dir: Path, console_port: int, broker_ports: list[int]) -> None:
+        self.console_port = console_port
+        self.broker_ports = broker_ports
+        env = {k: v for k, v in os.environ.items() if k not in LEAKY_ENV}
+        env.update(
+            DATA_DIR=str(data_dir),
+            ROOKERY_CONSOLE_PORT=str(console_port),
+            ROOKERY_BROKER_PORTS=",".join(map(str, broker_ports)),
+            ROOKERY_REDIS_PORT=str(free_port()),
+            NO_COLOR="1",
+        )
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(
+            [sys.executable, "deploy/quickstart.py"],
+            cwd=REPO,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_running(self, timeout: float = 75.0) -> None:
+        deadline = time.monotonic() + timeout
+        while "Rookery is running:" not in self.output:
+            if self.proc.poll() is not None:
+                pytest.fail(f"quickstart exited {self.proc.returncode}:\n{self.tail()}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"quickstart not running after {timeout} s:\n{self.tail()}")
+            time.sleep(0.2)
+
+    def children(self) -> list[psutil.Process]:
+        return psutil.Process(self.proc.pid).children(recursive=True)
+
+    def wait_exit(self, timeout: float = 45.0) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"quickstart still running {timeout} s after the signal:\n{self.tail()}")
+        self.reader.join(5)
+        return code
+
+    def tail(self, lines: int = 80) -> str:
+        return "\n".join(self.lines[-lines:])
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.console_port}{path}"
+
+    def http(self, path: str, form: dict[str, str] | None = None) -> tuple[int, bytes]:
+        data = urllib.parse.urlencode(form).encode() if form is not None else None
+        try:
+            with urllib.request.urlopen(self.url(path), data=data, timeout=10) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
+    def kill_leftovers(self) -> None:
+        """After a failed assertion: never leave processes behind."""
+        procs = []
+        if self.proc.poll() is None:
+            procs = self.children()
+            self.proc.kill()
+        for child in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+
+
+def gone(procs: list[psutil.Process], timeout: float = 10.0) -> list[psutil.Process]:
+    """The processes still alive (zombies count as gone) after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    alive = procs
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _alive(p)]
+        time.sleep(0.1)
+    return alive
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def api_token(qs: Quickstart, username: str, password: str) -> tuple[int, dict]:
+    status, body = qs.http("/api/v1/auth/token/", {"username": username, "password": password})
+    return status, json.loads(body or b"{}")
+
+
+def test_quickstart_runs_everything_and_stops_cleanly(tmp_path: Path) -> None:
+    data_dir = tmp_path / "var"
+    console_port = free_port()
+    broker_ports = [free_port() for _ in range(4)]
+
+    # -- first run: fresh DATA_DIR --------------------------------------------------------
+    qs = Quickstart(data_dir, console_port, broker_ports)
+    try:
+        qs.wait_running()
+        password_file = data_dir / "admin-password"
+        password = password_file.read_text().strip()
+        assert password_file.stat().st_mode & 0o777 == 0o600
+        assert password in qs.output  # printed once, at this first run
+        assert (data_dir / "console-broker-token").stat().st_mode & 0o777 == 0o600
+
+        status, body = qs.http("/healthz")
+        assert (status, json.loads(body)) == (200, {"status": "ok"})
+        status, body = qs.http("/accounts/login/")
+        assert status == 200 and b'name="password"' in body
+        status, token = api_token(qs, "admin", password)
+        assert status == 200 and token.get("token"), token
+        status, _ = api_token(qs, "admin", password + "-wrong")
+        assert status == 400
+        status, body = qs.http("/static/vendor/htmx.min.js")  # from node_modules
+        assert status == 200 and b"htmx" in body
+
+        for port in broker_ports:
+            params = pika.ConnectionParameters(
+                "127.0.0.1", port, credentials=pika.PlainCredentials("guest", "guest")
+            )
+            conn = pika.BlockingConnection(params)
+            conn.channel().queue_declare("", exclusive=True)
+            conn.close()
+
+        children = qs.children()
+        names = " ".join(" ".join(p.cmdline()) for p in children)
+        assert "redis-server" in names and "runserver" in names and "celery" in names
+        assert sum("brokerd" in " ".join(p.cmdline()) for p in children) == 4
+
+        qs.proc.send_signal(signal.SIGINT)
+        assert qs.wait_exit() == 0, qs.tail()
+        assert gone(children) == []
+        assert "everything stopped" in qs.output
+    finally:
+        qs.kill_leftovers()
+
+    token_before = (data_dir / "console-broker-token").read_text()
+    cluster_before = (data_dir / "cluster.toml").read_text()
+
+    # -- second run: reuses the state; a dying process stops everything -------------------
+    qs = Quickstart(data_dir, console_port, broker_ports)
+    try:
+        qs.wait_running()
+        assert password not in qs.output  # not printed again
+        assert str(password_file) in qs.output  # but its place is
+        assert password_file.read_text().strip() == password
+        assert (data_dir / "console-broker-token").read_text() == token_before
+        assert (data_dir / "cluster.toml").read_text() == cluster_before
+        status, token = api_token(qs, "admin", password)
+        assert status == 200 and token.get("token"), token
+
+        children = qs.children()
+        secondary = next(
+            p for p in children if "brokerd" in p.cmdline() and "secondary" in p.cmdline()
+        )
+        secondary.kill()
+        assert qs.wait_exit() == 1, qs.tail()
+        assert "secondary exited unexpectedly" in qs.output
+        assert gone(children) == []
+    finally:
+        qs.kill_leftovers()
