@@ -114,7 +114,7 @@ def make_plan(
     if not hours > 0:
         raise GenerateError("--hours must be positive")
     interval_us = round(interval * 1e6)
-    ticks = int(round(hours * 3600 / interval))
+    ticks = round(hours * 3600 / interval)
     if ticks < MIN_TICKS:
         raise GenerateError(
             f"{hours} h at {interval} s is {ticks} samples per broker; "
@@ -155,7 +155,7 @@ def make_plan(
         (plan.backlog_tick - 1, plan.backlog_tick + plan.backlog_ticks + 1),
         (plan.flap_tick, plan.flap_tick + 5 * FLAP_CYCLES + 1),
     ]
-    for (_, end), (next_start, _) in zip(windows, windows[1:] + [(ticks, 0)], strict=True):
+    for (_, end), (next_start, _) in zip(windows, [*windows[1:], (ticks, 0)], strict=True):
         if end >= next_start:
             raise GenerateError(
                 f"{hours} h at {interval} s is too short to keep the injected incidents "
