@@ -6,6 +6,9 @@ Starts three primaries and one secondary on free loopback ports (real
 brokerd processes), waits for a root, kills it with SIGKILL, polls every
 survivor's control socket until all report the same new root and ready,
 restarts the killed server, waits for the cluster to settle, and repeats.
+Before each kill it waits a settle window (default: timeout + 2 intervals,
+so the restarted server is an ordinary voting member again) plus a random
+fraction of an interval, so kills land at every phase of the heartbeat.
 Prints the median and maximum, and saves the raw figures with --json.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import socket
 import statistics
@@ -111,6 +115,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         Node(base, i, p, cluster, "primary" if i < 3 else "secondary") for i, p in enumerate(ports)
     ]
     times: list[float] = []
+    settle = args.settle if args.settle is not None else args.timeout + 2 * args.interval
+    rng = random.Random(args.seed)
     try:
         for node in nodes:
             node.start()
@@ -118,7 +124,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not wait_for(lambda: agreed(nodes), 30, 0.1):
             raise SystemExit("failover bench: the cluster did not form")
         for run_no in range(1, args.runs + 1):
+            time.sleep(settle + rng.random() * args.interval)
             root = agreed(nodes)
+            if not root:
+                raise SystemExit(f"failover bench: no agreed root before run {run_no}")
             victim = next(n for n in nodes if (s := n.status()) and s["spid"] == root)
             survivors = [n for n in nodes if n is not victim]
             assert victim.proc is not None
@@ -147,6 +156,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "heartbeat_interval": args.interval,
         "heartbeat_timeout": args.timeout,
+        "settle": settle,
         "runs": len(times),
         "seconds": times,
         "median": statistics.median(times),
@@ -174,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0.02,
         help="status polling period while waiting (default 0.02 s)",
     )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        help="seconds to let the cluster settle before each kill (default timeout + 2 x interval)",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="seed of the kill phase (default 1)")
     parser.add_argument("--json", type=Path, help="write the raw figures here")
     args = parser.parse_args(argv)
     result = run(args)
