@@ -48,6 +48,13 @@ class Broker(models.Model):
     checksum = models.CharField(max_length=64, blank=True, help_text="known-hosts checksum")
     state = models.CharField(max_length=16, choices=STATE_CHOICES, default=STATE_UNKNOWN)
     connected = models.BooleanField(default=False, help_text="the broker link is open now")
+    link_channel = models.CharField(
+        max_length=255,
+        blank=True,
+        editable=False,
+        help_text="channel name of the open link",
+    )
+    # (so that an old link closing late does not mark a reconnected broker disconnected)
     last_seen = models.DateTimeField(null=True, blank=True, help_text="last hello or status")
     is_root = models.BooleanField(default=False)
     root_enabled = models.BooleanField(default=True)

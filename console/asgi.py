@@ -1,11 +1,18 @@
 """ASGI entry point: ``daphne console.asgi:application``.
 
-HTTP goes to Django; websockets go through the origin check (the request's
-Origin must be one of ALLOWED_HOSTS) and the session-based auth middleware
-(``scope["user"]``) to the routes in ``websocket_urlpatterns``.
+HTTP goes to Django. Websockets split in two:
+
+- ``/ws/brokers/``, the broker link (``clusterapi.consumers.BrokerLinkConsumer``):
+  brokers are not browsers and send no Origin; they authenticate with their
+  bearer token, checked by the consumer before it accepts.
+- everything else is for browsers: the origin check (the request's Origin must
+  be one of ALLOWED_HOSTS), the session-based auth middleware (``scope["user"]``)
+  and the routes in ``websocket_urlpatterns``; a path nobody serves is refused
+  at the handshake (HTTP 403) rather than failing with an error.
 """
 
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -17,15 +24,27 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import re_path  # noqa: E402
 
-# Browser websocket consumers are added here by later work.
+from clusterapi.consumers import BrokerLinkConsumer, refuse_websocket  # noqa: E402
+
+BROKER_LINK_PATHS = frozenset({"/ws/brokers/", "/ws/brokers"})
+
+# Browser websocket consumers (live dashboard pages) are added here.
 websocket_urlpatterns: list = []
 
-application = ProtocolTypeRouter(
-    {
-        "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
-    }
+broker_link = BrokerLinkConsumer.as_asgi()
+
+browser_websockets = AllowedHostsOriginValidator(
+    AuthMiddlewareStack(URLRouter([*websocket_urlpatterns, re_path(r"", refuse_websocket)]))
 )
+
+
+async def websocket_router(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The broker link outside the browser stack; every other path inside it."""
+    if scope["path"] in BROKER_LINK_PATHS:
+        return await broker_link(scope, receive, send)
+    return await browser_websockets(scope, receive, send)
+
+
+application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket_router})

@@ -1,6 +1,13 @@
-"""The console's Celery app: configured from Django settings (``CELERY_*``)."""
+"""The console's Celery app: configured from Django settings (``CELERY_*``).
+
+Beat runs the cluster housekeeping of ``clusterapi.tasks``: command retries and
+stale-broker detection every ``STALE_CHECK_SECONDS``, sample retention hourly.
+"""
+
+from __future__ import annotations
 
 import os
+from typing import Any
 
 from celery import Celery
 
@@ -10,3 +17,24 @@ app = Celery("console")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # Finds tasks.py in every installed app (clusterapi.tasks).
 app.autodiscover_tasks()
+
+
+@app.on_after_configure.connect
+def schedule_housekeeping(sender: Celery, **kwargs: Any) -> None:
+    """Periodic tasks, with intervals from Django settings (read once configured)."""
+    from django.conf import settings
+
+    every = float(settings.STALE_CHECK_SECONDS)
+    retry = float(settings.COMMAND_RETRY_SECONDS)
+    # a periodic task that has not run within its own interval is pointless: let it expire
+    sender.add_periodic_task(
+        retry, sender.signature("clusterapi.tasks.sweep_commands", expires=retry), name="commands"
+    )
+    sender.add_periodic_task(
+        every,
+        sender.signature("clusterapi.tasks.detect_stale_brokers", expires=every),
+        name="stale brokers",
+    )
+    sender.add_periodic_task(
+        3600.0, sender.signature("clusterapi.tasks.prune_heartbeats"), name="heartbeat retention"
+    )

@@ -25,6 +25,18 @@ Environment (see ``deploy/README.md`` and ``deploy/console.env.example``):
                        ``redis://127.0.0.1:6379/0``.
 ``CONSOLE_BROKER_TOKEN`` the token brokers present on the broker link; empty:
                        no broker is accepted.
+``COMMAND_TIMEOUT_SECONDS`` how long a command to a broker is retried before it
+                       times out; default 60.
+``COMMAND_RETRY_SECONDS`` seconds between deliveries of an unacknowledged command;
+                       default 2.
+``BROKER_STALE_INTERVALS`` a broker silent for this many heartbeat intervals is
+                       marked down (alarm ``broker.down``); default 3.
+``STALE_CHECK_SECONDS``  how often Celery beat looks for silent brokers and
+                       overdue commands; default 2.
+``HEARTBEAT_RETENTION`` hours of heartbeat and queue samples kept; default 48.
+``QUEUE_SAMPLE_SECONDS`` at most one per-queue sample per queue in this many
+                       seconds (queue snapshots are updated every status anyway);
+                       default 5.
 ``SPARK_MASTER``       where the pipeline's Spark jobs run; default ``local[*]``.
 ``DATA_DIR``           runtime state (database, secret key, static files, reports);
                        default ``var/`` in the checkout; relative paths are taken
@@ -138,6 +150,12 @@ CELERY_ACCEPT_CONTENT = ["json"]
 # -- Rookery ------------------------------------------------------------------------------
 
 CONSOLE_BROKER_TOKEN = env_str("CONSOLE_BROKER_TOKEN", "")
+COMMAND_TIMEOUT_SECONDS = env_int("COMMAND_TIMEOUT_SECONDS", 60)
+COMMAND_RETRY_SECONDS = env_int("COMMAND_RETRY_SECONDS", 2)
+BROKER_STALE_INTERVALS = env_int("BROKER_STALE_INTERVALS", 3)
+STALE_CHECK_SECONDS = env_int("STALE_CHECK_SECONDS", 2)
+HEARTBEAT_RETENTION = env_int("HEARTBEAT_RETENTION", 48)  # hours
+QUEUE_SAMPLE_SECONDS = env_int("QUEUE_SAMPLE_SECONDS", 5)
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
 
 # -- authentication -----------------------------------------------------------------------

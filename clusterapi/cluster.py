@@ -1,0 +1,139 @@
+"""The cluster as a whole, from what the brokers last reported; live-update fan-out."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from clusterapi import alarms, audit
+from clusterapi.models import Alarm, Broker, ConfigVersion, HeartbeatSample, QueueSample
+
+log = logging.getLogger(__name__)
+
+#: the group every live browser page joins; its consumers re-render, throttled
+DASHBOARD_GROUP = "dashboard"
+
+
+def broker_group(broker_id: int) -> str:
+    """The channel-layer group of one broker's link (commands are sent to it)."""
+    return f"broker.{broker_id}"
+
+
+def dashboard_event(what: str, broker: str | None = None) -> dict[str, Any]:
+    return {"type": "dashboard.changed", "what": what, "broker": broker}
+
+
+def notify_dashboard(what: str, broker: str | None = None) -> None:
+    """Tell live pages that ``what`` (broker|command|alarm|config) changed; from sync code.
+
+    Sent once the current transaction commits (at once outside one), so pages
+    never re-read before the change is visible. Best effort: a channel layer
+    that is down must not fail the ingest or the command that changed something.
+    """
+    transaction.on_commit(lambda: _send(what, broker))
+
+
+def _send(what: str, broker: str | None) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send)(DASHBOARD_GROUP, dashboard_event(what, broker))
+    except Exception as exc:  # the channel layer (Redis) is down or unreachable
+        log.warning("dashboard notification %s failed: %s", what, exc)
+
+
+async def anotify_dashboard(what: str, broker: str | None = None) -> None:
+    """:func:`notify_dashboard` for async code (the broker link consumer)."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        await layer.group_send(DASHBOARD_GROUP, dashboard_event(what, broker))
+    except Exception as exc:
+        log.warning("dashboard notification %s failed: %s", what, exc)
+
+
+def root_broker() -> Broker | None:
+    """The up broker that reports itself root (the most recently heard if two do briefly)."""
+    return Broker.objects.filter(state=Broker.STATE_UP, is_root=True).order_by("-last_seen").first()
+
+
+def state() -> dict[str, Any]:
+    """Root, readiness, quorum, broker counts, configuration version and active alarms."""
+    root = root_broker()
+    if root is not None:
+        ready, quorum = root.ready, root.quorum
+    else:
+        # No root: the cluster is not ready; show the quorum as some up broker sees it.
+        seen = Broker.objects.filter(state=Broker.STATE_UP).order_by("-last_seen").first()
+        ready, quorum = False, (seen.quorum if seen is not None else "")
+    latest = ConfigVersion.objects.order_by("-number").values_list("number", flat=True).first()
+    return {
+        "root": {"name": root.name, "spid": root.spid} if root is not None else None,
+        "ready": ready,
+        "quorum": quorum,
+        "brokers_up": Broker.objects.filter(state=Broker.STATE_UP).count(),
+        "brokers_total": Broker.objects.count(),
+        "config_version": latest,
+        "alarms_active": Alarm.objects.filter(active=True).count(),
+    }
+
+
+def detect_stale(now: dt.datetime | None = None) -> list[str]:
+    """Mark down every up broker silent for ``BROKER_STALE_INTERVALS`` heartbeats
+    (Celery beat, every ``STALE_CHECK_SECONDS``); returns their names.
+
+    The broker comes back up with its next hello or status, which clears the alarm.
+    """
+    now = now or timezone.now()
+    down = []
+    for broker in Broker.objects.filter(state=Broker.STATE_UP):
+        allowed = max(settings.BROKER_STALE_INTERVALS * broker.heartbeat_interval, STALE_FLOOR)
+        if broker.last_seen is not None and (now - broker.last_seen).total_seconds() <= allowed:
+            continue
+        with transaction.atomic():
+            # conditional on last_seen: a status that just arrived wins
+            if not Broker.objects.filter(
+                pk=broker.pk, state=Broker.STATE_UP, last_seen=broker.last_seen
+            ).update(state=Broker.STATE_DOWN):
+                continue
+            silent = (
+                "never heard"
+                if broker.last_seen is None
+                else (f"no status for {(now - broker.last_seen).total_seconds():.1f} s")
+            )
+            alarms.raise_alarm(
+                alarms.BROKER_DOWN,
+                f"{broker.name} is down: {silent} "
+                f"(heartbeat every {broker.heartbeat_interval:g} s)",
+                broker,
+            )
+            audit.record(None, "broker.down", broker.name, {"spid": broker.spid, "why": silent})
+            notify_dashboard("broker", broker.name)
+            notify_dashboard("alarm", broker.name)
+        down.append(broker.name)
+    alarms.clear_stale(alarms.LINK_REFUSED, now - dt.timedelta(seconds=LINK_REFUSED_CLEAR_SECONDS))
+    return down
+
+
+#: never call a broker down after less than this, whatever its heartbeat interval
+STALE_FLOOR = 1.0
+#: a refused-link alarm clears once no broker was refused for this long
+LINK_REFUSED_CLEAR_SECONDS = 300
+
+
+def prune_samples(now: dt.datetime | None = None) -> dict[str, int]:
+    """Delete heartbeat and queue samples older than ``HEARTBEAT_RETENTION`` hours."""
+    now = now or timezone.now()
+    cutoff = now - dt.timedelta(hours=settings.HEARTBEAT_RETENTION)
+    heartbeats, _ = HeartbeatSample.objects.filter(time__lt=cutoff).delete()
+    queues, _ = QueueSample.objects.filter(time__lt=cutoff).delete()
+    return {"heartbeats": heartbeats, "queue_samples": queues}

@@ -1,0 +1,245 @@
+"""Commands for brokers: issue, deliver (retried), acknowledge, time out.
+
+A command's life: ``pending`` when issued; ``sent`` once pushed down the
+broker's link (through the channel layer to the link consumer's group); then
+``acked`` or ``failed`` by the broker's ``ack``, or ``timed_out`` at its
+deadline. Delivery is repeated every ``COMMAND_RETRY_SECONDS`` until then: the
+broker remembers command ids and answers a repeat with its first answer, so
+retrying is safe. Every state change is a conditional UPDATE on the open
+states, so an ack racing a retry or the timeout sweep never goes backwards.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from clusterapi import audit
+from clusterapi.cluster import broker_group, notify_dashboard
+from clusterapi.errors import InvalidRequest
+from clusterapi.models import Broker, Command, ConfigVersion
+
+log = logging.getLogger(__name__)
+
+COMMAND_NAMES = tuple(name for name, _ in Command.NAME_CHOICES)
+#: a retry may come this much before its interval is over (beat's ticks jitter)
+RETRY_SLACK = dt.timedelta(milliseconds=250)
+
+
+def issue(broker: Broker, name: str, args: dict[str, Any] | None, user: Any) -> Command:
+    """Record a command for ``broker`` and schedule its delivery (after commit).
+
+    ``config.apply`` takes ``{"version": N}`` (the document is filled in from
+    that version); the other commands take no arguments.
+    """
+    if not isinstance(broker, Broker) or broker.pk is None:
+        raise InvalidRequest("broker: not a known broker")
+    if name not in COMMAND_NAMES:
+        raise InvalidRequest(
+            f"command: unknown command {name!r} (known: {', '.join(COMMAND_NAMES)})"
+        )
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise InvalidRequest("args: must be an object")
+    if name == Command.CONFIG_APPLY:
+        args = _config_apply_args(args)
+    elif args:
+        raise InvalidRequest(f"args: {name} takes no arguments")
+    now = timezone.now()
+    creator = user if user is not None and getattr(user, "is_authenticated", False) else None
+    with transaction.atomic():
+        command = Command.objects.create(
+            broker=broker,
+            name=name,
+            args=args,
+            created_by=creator,
+            deadline=now + dt.timedelta(seconds=settings.COMMAND_TIMEOUT_SECONDS),
+        )
+        details: dict[str, Any] = {"id": str(command.id)}
+        if name == Command.CONFIG_APPLY:
+            details["version"] = args["version"]  # never the document: it holds password hashes
+        audit.record(user, f"command.{name}", broker.name, details)
+        command_id = command.id
+        transaction.on_commit(lambda: schedule_delivery(command_id))
+        transaction.on_commit(lambda: notify_dashboard("command", broker.name))
+    return command
+
+
+def _config_apply_args(args: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(args) - {"version", "config"})
+    if unknown:
+        raise InvalidRequest(f"args.{unknown[0]}: unknown argument (config.apply takes version)")
+    number = args.get("version")
+    if isinstance(number, bool) or not isinstance(number, int):
+        raise InvalidRequest("args.version: must be a configuration version number")
+    version = ConfigVersion.objects.filter(number=number).first()
+    if version is None:
+        raise InvalidRequest(f"args.version: there is no configuration version {number}")
+    return {"version": version.number, "config": version.document}
+
+
+def schedule_delivery(command_id: uuid.UUID | str) -> None:
+    """Queue the first delivery on Celery; if Celery's broker is unreachable the
+    periodic sweep delivers it instead, so never fail the caller."""
+    from clusterapi.tasks import deliver_command
+
+    try:
+        deliver_command.delay(str(command_id))
+    except Exception as exc:
+        log.warning(
+            "command %s: could not queue its delivery (%s); the sweep will", command_id, exc
+        )
+
+
+def deliver(command_id: uuid.UUID | str, now: dt.datetime | None = None) -> bool:
+    """Send an open command down its broker's link once; returns whether it was sent.
+
+    Times it out when past its deadline, fails a ``config.apply`` that a newer
+    version superseded, and waits (sends nothing) while the broker is not connected.
+    """
+    now = now or timezone.now()
+    command = Command.objects.select_related("broker").filter(pk=command_id).first()
+    if command is None or not command.is_open:
+        return False
+    if now >= command.deadline:
+        time_out(command, now)
+        return False
+    if command.name == Command.CONFIG_APPLY:
+        latest = ConfigVersion.objects.order_by("-number").values_list("number", flat=True).first()
+        if latest is not None and command.args.get("version") != latest:
+            finish(command, Command.STATE_FAILED, error=f"superseded by version {latest}")
+            return False
+    if not command.broker.connected:
+        return False
+    retry_after = dt.timedelta(seconds=settings.COMMAND_RETRY_SECONDS) - RETRY_SLACK
+    if command.last_attempt_at is not None and now - command.last_attempt_at < retry_after:
+        return False  # just sent (by the hello or the first-delivery task)
+    updated = Command.objects.filter(pk=command.pk, state__in=Command.OPEN_STATES).update(
+        state=Command.STATE_SENT,
+        attempts=F("attempts") + 1,
+        last_attempt_at=now,
+        sent_at=Coalesce(F("sent_at"), Value(now)),
+    )
+    if not updated:
+        return False  # acked meanwhile
+    layer = get_channel_layer()
+    try:
+        async_to_sync(layer.group_send)(
+            broker_group(command.broker_id),
+            {
+                "type": "broker.command",
+                "id": str(command.id),
+                "command": command.name,
+                "args": command.args,
+            },
+        )
+    except Exception as exc:  # Redis down: the attempt is counted, the sweep retries
+        log.warning("command %s to %s: channel layer error: %s", command.id, command.broker, exc)
+        return False
+    if command.attempts == 0:
+        notify_dashboard("command", command.broker.name)
+    return True
+
+
+def finish(
+    command: Command,
+    state: str,
+    *,
+    result: Any = None,
+    error: str = "",
+    now: dt.datetime | None = None,
+) -> bool:
+    """Move an open command to a final state; False if it was already final."""
+    now = now or timezone.now()
+    done = Command.objects.filter(pk=command.pk, state__in=Command.OPEN_STATES).update(
+        state=state, result=result, error=error, finished_at=now
+    )
+    if done:
+        command.state, command.result, command.error, command.finished_at = (
+            state,
+            result,
+            error,
+            now,
+        )
+    return bool(done)
+
+
+def time_out(command: Command, now: dt.datetime | None = None) -> bool:
+    error = f"no acknowledgement before the deadline ({command.attempts} attempt(s))"
+    if not finish(command, Command.STATE_TIMED_OUT, error=error, now=now):
+        return False
+    log.warning("command %s %s to %s timed out", command.id, command.name, command.broker_id)
+    audit.record(
+        None,
+        "command.timed_out",
+        command.broker.name,
+        {"id": str(command.id), "command": command.name, "attempts": command.attempts},
+    )
+    notify_dashboard("command", command.broker.name)
+    return True
+
+
+def sweep(now: dt.datetime | None = None) -> dict[str, int]:
+    """Time out expired commands and re-send those due for a retry (Celery beat)."""
+    now = now or timezone.now()
+    timed_out = 0
+    for command in Command.objects.select_related("broker").filter(
+        state__in=Command.OPEN_STATES, deadline__lte=now
+    ):
+        timed_out += time_out(command, now)
+    due_before = now - dt.timedelta(seconds=settings.COMMAND_RETRY_SECONDS) + RETRY_SLACK
+    due = Command.objects.filter(
+        Q(last_attempt_at__isnull=True) | Q(last_attempt_at__lte=due_before),
+        state__in=Command.OPEN_STATES,
+        deadline__gt=now,
+        broker__connected=True,
+    ).values_list("pk", flat=True)
+    sent = sum(deliver(pk, now) for pk in list(due))
+    return {"timed_out": timed_out, "sent": sent}
+
+
+def acknowledge(
+    broker_id: int, command_id: str, ok: bool, result: Any, error: str | None
+) -> Command | None:
+    """Apply a broker's ``ack``: finish the command, record what it changed, audit."""
+    from clusterapi import configs  # configs issues commands: import here, not at the top
+
+    try:
+        key = uuid.UUID(command_id)
+    except (TypeError, ValueError):
+        log.warning("broker %s acked %r, which is not a command id", broker_id, command_id)
+        return None
+    command = Command.objects.select_related("broker").filter(pk=key, broker_id=broker_id).first()
+    if command is None:
+        log.warning("broker %s acked unknown command %s", broker_id, command_id)
+        return None
+    state = Command.STATE_ACKED if ok else Command.STATE_FAILED
+    with transaction.atomic():
+        if finish(command, state, result=result, error="" if ok else (error or "refused")):
+            audit.record(
+                None,
+                f"command.{state}",
+                command.broker.name,
+                {"id": str(command.id), "command": command.name, "error": command.error},
+            )
+        else:
+            log.info("late ack for %s command %s (%s)", command.state, command.id, state)
+        if ok and command.name in (Command.ROOT_ENABLE, Command.ROOT_DISABLE):
+            enabled = result.get("root_enabled") if isinstance(result, dict) else None
+            if isinstance(enabled, bool):
+                Broker.objects.filter(pk=broker_id).update(root_enabled=enabled)
+        if command.name == Command.CONFIG_APPLY:
+            configs.record_ack(command, ok, result, error)
+    notify_dashboard("command", command.broker.name)
+    return command
