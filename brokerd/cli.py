@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -16,9 +17,31 @@ subcommands:
                                control a running broker (see brokerd ctl --help)
   brokerd hash-password        read a password and print its hash for brokerd.toml
 
+console link: with --console URL the broker keeps a websocket open to the
+console and sends its status every heartbeat; it works fully without one.
+The token is sent as "Authorization: Bearer TOKEN"; prefer the environment
+variable ROOKERY_CONSOLE_TOKEN so it does not show in the process list.
+
 signals: SIGUSR1 full state dump, SIGUSR2 one-line state, SIGTERM graceful
 shutdown (clients get connection.close 320), SIGHUP re-read --config.
 """
+
+
+CONSOLE_TOKEN_ENV = "ROOKERY_CONSOLE_TOKEN"
+
+
+def console_url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be the console endpoint, or None if it can."""
+    from websockets.exceptions import InvalidURI
+    from websockets.uri import parse_uri
+
+    if not url.startswith(("ws://", "wss://")):
+        return f"--console {url!r}: the URL must start with ws:// or wss://"
+    try:
+        parse_uri(url)
+    except (InvalidURI, ValueError) as exc:  # urllib raises ValueError for a bad port
+        return f"--console {url!r}: {exc}"
+    return None
 
 
 def _port(value: str) -> int:
@@ -77,6 +100,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="allow 'brokerd ctl fault cut-link/heal' (tests only)",
     )
     parser.add_argument(
+        "--console",
+        default=None,
+        metavar="URL",
+        help="the console's broker endpoint, ws:// or wss:// "
+        "(e.g. ws://127.0.0.1:8000/ws/brokers/); without it no console link is kept",
+    )
+    parser.add_argument(
+        "--console-token",
+        default=None,
+        metavar="TOKEN",
+        help="token the console expects (its CONSOLE_BROKER_TOKEN); "
+        f"default: the environment variable {CONSOLE_TOKEN_ENV}",
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -130,6 +167,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.cluster is None and (args.type != "primary" or args.enable_fault_injection):
         print("brokerd: --type and --enable-fault-injection need --cluster", file=sys.stderr)
         return 2
+    token = args.console_token
+    if token is None:
+        token = os.environ.get(CONSOLE_TOKEN_ENV, "")
+    if args.console is not None:
+        problem = console_url_problem(args.console)
+        if problem is None and not token:
+            problem = f"--console needs a token (--console-token or {CONSOLE_TOKEN_ENV})"
+        if problem is not None:
+            print(f"brokerd: {problem}", file=sys.stderr)
+            return 2
+    elif args.console_token is not None:
+        print("brokerd: --console-token needs --console", file=sys.stderr)
+        return 2
     return run(
         ServerOptions(
             bind=args.bind,
@@ -139,5 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster_file=args.cluster,
             server_type=args.type,
             fault_injection=args.enable_fault_injection,
+            console_url=args.console,
+            console_token=token,
         )
     )

@@ -122,10 +122,13 @@ class Queue:
         self._rr = 0
         self.max_length: int | None = self.arguments.get("x-max-length")
         self.reject_publish = self.arguments.get("x-overflow") == "reject-publish"
-        #: counters for dumps, rates and the console
+        #: counters for dumps, rates and the console: copies enqueued (or handed
+        #: straight to a consumer), copies delivered or got, copies dropped by overflow
         self.stats_in = 0
         self.stats_out = 0
         self.stats_dropped = 0
+        #: delivered copies not yet acked; the channel layer keeps it (it holds the tags)
+        self.unacked = 0
 
     @property
     def exclusive(self) -> bool:

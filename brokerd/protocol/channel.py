@@ -100,6 +100,7 @@ class Consumer:
             ch.unacked[tag] = (queue, message, self)
             self.unacked += 1
             ch.unacked_count += 1
+            queue.unacked += 1
         conn = self.connection
         conn.messages_out += 1
         conn.broker.messages_out += 1
@@ -301,9 +302,11 @@ class Channel:
         queues = conn.vhost.route(exchange, message)
         accepted = True
         if queues:
+            conn.broker.messages_routed += len(queues)
             for queue in queues:
                 if not queue.push(message):
                     accepted = False
+                    conn.broker.messages_routed -= 1
         elif mandatory:
             self.send_return(NO_ROUTE, "NO_ROUTE", message)
         if self.confirm:
@@ -636,6 +639,7 @@ class Channel:
         if not m.no_ack:
             self.unacked[tag] = (queue, message, None)
             self.unacked_count += 1
+            queue.unacked += 1
         conn.messages_out += 1
         conn.broker.messages_out += 1
         conn.send_method(
@@ -666,7 +670,8 @@ class Channel:
                 raise precondition_failed(f"unknown delivery tag {tag}")
             taken = [entry]
         self.unacked_count -= len(taken)
-        for _queue, _message, consumer in taken:
+        for queue, _message, consumer in taken:
+            queue.unacked -= 1
             if consumer is not None:
                 consumer.unacked -= 1
         return taken
@@ -684,9 +689,14 @@ class Channel:
 
     def _on_basic_ack(self, m: commands.Basic.Ack) -> None:
         if self.tx:
-            self._tx_ops.append(lambda: self._settled(self._take(m.delivery_tag, m.multiple)))
+            self._tx_ops.append(lambda: self._ack(m.delivery_tag, m.multiple))
             return
-        self._settled(self._take(m.delivery_tag, m.multiple))
+        self._ack(m.delivery_tag, m.multiple)
+
+    def _ack(self, tag: int, multiple: bool) -> None:
+        taken = self._take(tag, multiple)
+        self.connection.broker.messages_acked += len(taken)
+        self._settled(taken)
 
     def _on_basic_nack(self, m: commands.Basic.Nack) -> None:
         self._reject(m.delivery_tag, m.multiple, m.requeue)
@@ -712,6 +722,7 @@ class Channel:
             entry = self.unacked.pop(tag, None)
             if entry is not None:
                 entries.append(entry)
+                entry[0].unacked -= 1
                 if entry[2] is not None:
                     entry[2].unacked -= 1
         self.unacked_count -= len(entries)
@@ -735,7 +746,8 @@ class Channel:
             self.unacked.clear()
             self.unacked_count = 0
             orphans = []
-            for _tag, (_queue, _message, consumer) in entries:
+            for _tag, (queue, _message, consumer) in entries:
+                queue.unacked -= 1
                 if consumer is not None:
                     consumer.unacked -= 1
             for _tag, (queue, message, consumer) in entries:

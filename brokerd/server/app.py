@@ -17,6 +17,7 @@ from brokerd.cluster.controller import ClusterController, ClusterSink
 from brokerd.cluster.identity import make_spid
 from brokerd.cluster.messages import CLUSTER_EXCHANGE
 from brokerd.config import BrokerConfig, ConfigError, load_config
+from brokerd.consolelink.link import ConsoleLink
 from brokerd.model.auth import Permission, User, hash_password
 from brokerd.model.broker import Broker
 from brokerd.model.errors import CONNECTION_FORCED
@@ -39,6 +40,9 @@ class ServerOptions:
     cluster_file: Path | None = None
     server_type: str = "primary"
     fault_injection: bool = False
+    #: the console's broker endpoint (ws:// or wss://) and its shared token
+    console_url: str | None = None
+    console_token: str = ""
 
 
 class Server:
@@ -47,6 +51,8 @@ class Server:
         self.started = time.time()
         self.spid = make_spid(self.started)
         config = load_config(options.config_file)
+        #: the broker configuration in force (file, then SIGHUP reloads and console applies)
+        self.config = config
         self.cluster_config: ClusterConfig | None = None
         if options.cluster_file is not None:
             self.cluster_config = load_cluster_config(options.cluster_file)
@@ -55,8 +61,12 @@ class Server:
         if self.cluster_config is not None:
             self._install_cluster_user(config)
         self.connections: dict[int, AMQPProtocol] = {}
-        self.rates = {"in": 0.0, "out": 0.0}
-        self._last_counts = (time.monotonic(), 0, 0)
+        #: messages per second over the last ticker second
+        self.rates = {"published": 0.0, "routed": 0.0, "delivered": 0.0}
+        self._last_counters = (time.monotonic(), self.broker.counters())
+        #: host:port this server is known by (cluster callback, console name); set at start
+        self.address = f"{options.bind}:{options.port}"
+        self.console: ConsoleLink | None = None
         self._listener: asyncio.AbstractServer | None = None
         self._stopping: asyncio.Event | None = None
         self._control: asyncio.AbstractServer | None = None
@@ -88,17 +98,59 @@ class Server:
             return self.cluster.summary()
         return {"role": "standalone", "root": None, "peers_active": 0, "peers_known": 0}
 
+    @property
+    def status_interval(self) -> float:
+        """Seconds between console statuses: the cluster heartbeat, or 1 s standalone."""
+        return self.cluster.config.heartbeat_interval if self.cluster is not None else 1.0
+
+    def counts(self) -> dict[str, int]:
+        """Current sizes for the console's ``counts`` (walks connections and vhosts)."""
+        channels = [
+            ch
+            for proto in self.connections.values()
+            if proto.machine is not None
+            for ch in proto.machine.channels.values()
+        ]
+        totals = self.broker.totals()
+        return {
+            "connections": len(self.connections),
+            "channels": len(channels),
+            "consumers": totals["consumers"],
+            "vhosts": totals["vhosts"],
+            "exchanges": totals["exchanges"],
+            "queues": totals["queues"],
+            "bindings": totals["bindings"],
+            "messages_ready": totals["messages_ready"],
+            "messages_unacked": sum(ch.unacked_count for ch in channels),
+        }
+
     def status(self) -> dict[str, Any]:
         """``brokerd ctl status --json``: identity, cluster view, counts."""
         counts = {
             "port": self.port,
+            "address": self.address,
             "started": self.started,
-            "connections": len(self.connections),
             "rates": self.rates,
             **self.broker.totals(),
+            **self.counts(),
+            "totals": self.broker.counters(),
+            "console": None
+            if self.console is None
+            else {
+                "url": self.console.url,
+                "connected": self.console.connected,
+                "config_version": self.console.commands.config_version,
+                "config_checksum": self.console.commands.config_checksum,
+            },
         }
         if self.cluster is not None:
-            return {**self.cluster.status(), **counts}
+            config = self.cluster.config
+            heartbeat = {
+                "interval": config.heartbeat_interval,
+                "timeout": config.heartbeat_timeout,
+                "open_timeout": config.open_timeout,
+            }
+            return {**self.cluster.status(), "heartbeat": heartbeat, **counts}
         return {
             "spid": self.spid,
             "type": "standalone",
@@ -108,11 +160,7 @@ class Server:
             "root_enabled": False,
             "peers": [],
             "checksum": None,
-            "port": self.port,
-            "started": self.started,
-            "connections": len(self.connections),
-            "rates": self.rates,
-            **self.broker.totals(),
+            **counts,
         }
 
     def control(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -152,6 +200,12 @@ class Server:
             backlog=1024,
         )
         self.port = self._listener.sockets[0].getsockname()[1]
+        host = self.options.bind
+        if host in ("0.0.0.0", "::", ""):
+            import socket
+
+            host = socket.getfqdn()
+        self.address = f"{host}:{self.port}"
         for sig, handler in (
             (signal.SIGUSR1, self.dump_full),
             (signal.SIGUSR2, self.dump_line),
@@ -164,6 +218,9 @@ class Server:
         self._control = await serve_control(self.options.data_dir, self.control)
         if self.cluster_config is not None:
             await self._start_cluster(self.cluster_config)
+        if self.options.console_url:
+            self.console = ConsoleLink(self, self.options.console_url, self.options.console_token)
+            self.console.start()
         log.info(
             "listening spid=%s bind=%s port=%d data_dir=%s",
             self.spid,
@@ -173,17 +230,12 @@ class Server:
         )
 
     async def _start_cluster(self, config: ClusterConfig) -> None:
-        host = self.options.bind
-        if host in ("0.0.0.0", "::", ""):
-            import socket
-
-            host = socket.getfqdn()
         self.cluster = ClusterController(
             config,
             spid=self.spid,
             server_type=self.options.server_type,
             start_time=self.started,
-            address=f"{host}:{self.port}",
+            address=self.address,
             fault_injection=self.options.fault_injection,
             on_ready_change=self._cluster_ready_changed,
             load=self.broker.totals,
@@ -225,6 +277,8 @@ class Server:
             self._listener.close()
         if self._control is not None:
             self._control.close()
+        if self.console is not None:
+            await self.console.stop()
         if self.cluster is not None:
             await self.cluster.stop()
         for proto in list(self.connections.values()):
@@ -245,14 +299,11 @@ class Server:
             now = time.monotonic()
             for proto in list(self.connections.values()):
                 proto.tick(now)
-            then, last_in, last_out = self._last_counts
-            b = self.broker
+            then, last = self._last_counters
+            counters = self.broker.counters()
             span = max(now - then, 1e-6)
-            self.rates = {
-                "in": (b.messages_in - last_in) / span,
-                "out": (b.messages_out - last_out) / span,
-            }
-            self._last_counts = (now, b.messages_in, b.messages_out)
+            self.rates = {k: (counters[k] - last[k]) / span for k in self.rates}
+            self._last_counters = (now, counters)
 
     # -- signals ------------------------------------------------------------------
 
@@ -274,13 +325,28 @@ class Server:
                 "reload failed: %s: %s: %s", self.options.config_file, type(exc).__name__, exc
             )
             return
+        self.install_config(config)
+        log.info("reloaded config=%s users=%d", self.options.config_file, len(config.users))
+
+    def install_config(self, config: BrokerConfig) -> None:
+        """Put users, permissions, limits and vhosts in force live (SIGHUP, console).
+
+        Vhosts are only ever added: removing one would drop its queues.
+        Connections keep what they negotiated; new ones get the new limits.
+        """
+        self.config = config
         self.broker.users = config.user_database()
         self.broker.limits = config.limits
         if self.cluster_config is not None:
             self._install_cluster_user(config)
         for name in config.vhosts:
             self.broker.add_vhost(name)
-        log.info("reloaded config=%s users=%d", self.options.config_file, len(config.users))
+
+    def reconfigure_cluster(self, config: ClusterConfig) -> None:
+        """Heartbeat timing and known hosts from the console, applied live."""
+        assert self.cluster is not None
+        self.cluster_config = config
+        self.cluster.reconfigure(config)
 
 
 def run(options: ServerOptions) -> int:

@@ -24,7 +24,7 @@ def one_line(server: Server) -> str:
         f"checksum={cluster.get('checksum') or '-'} "
         f"connections={len(server.connections)} queues={len(queues)} "
         f"ready={totals['messages_ready']} unacked={unacked} "
-        f"in={server.rates['in']:.1f}/s out={server.rates['out']:.1f}/s"
+        f"in={server.rates['published']:.1f}/s out={server.rates['delivered']:.1f}/s"
     )
 
 

@@ -1,0 +1,8 @@
+"""The broker's side of the broker-to-console link (docs/protocol.md, "Console link").
+
+tracker.py   pure: queue/exchange/binding entries, full snapshots and deltas
+messages.py  hello/status/ack builders and the parser of console messages
+commands.py  config.apply, root.enable/disable, state.dump; repeated ids answered once
+session.py   one connection's state (seq, tracker), no socket
+link.py      the asyncio websocket client: reconnect, backoff, status timer
+"""

@@ -1,0 +1,167 @@
+"""The asyncio shell of the console link: one websocket, reconnect with backoff.
+
+The broker works fully without a console, so nothing here may hold up AMQP
+traffic: statuses are built on the event loop in one go (no awaits while
+walking the model), a status is skipped rather than queued when the socket
+still holds unsent data, and every failure ends in a logged reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from typing import TYPE_CHECKING
+
+import websockets
+from websockets.asyncio.client import ClientConnection
+from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
+
+from brokerd.consolelink import messages
+from brokerd.consolelink.commands import ConsoleCommands
+from brokerd.consolelink.session import ConsoleSession
+
+if TYPE_CHECKING:
+    from brokerd.server.app import Server
+
+log = logging.getLogger("brokerd.console")
+
+BACKOFF_MIN = 0.5
+BACKOFF_MAX = 15.0
+#: a session that lasted this long resets the backoff
+STABLE_AFTER = 5.0
+OPEN_TIMEOUT = 10.0
+
+
+def backoff_delays(
+    minimum: float = BACKOFF_MIN, maximum: float = BACKOFF_MAX, rng: random.Random | None = None
+):
+    """Reconnect delays: ``minimum`` doubling to ``maximum``, each with +-25 % jitter
+    so that ten brokers do not knock on a restarted console in step."""
+    rng = rng or random.Random()
+    delay = minimum
+    while True:
+        yield delay * rng.uniform(0.75, 1.25)
+        delay = min(delay * 2, maximum)
+
+
+class ConsoleLink:
+    def __init__(self, server: Server, url: str, token: str) -> None:
+        self.server = server
+        self.url = url
+        self.token = token
+        self.commands = ConsoleCommands(server)
+        self.connected = False
+        self.statuses_skipped = 0
+        self._task: asyncio.Task[None] | None = None
+        self._ws: ClientConnection | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Close the websocket as "going away" (1001), then stop reconnecting."""
+        ws = self._ws
+        if ws is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ws.close(1001, "broker shutdown"), timeout=2.0)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        delays = backoff_delays()
+        while True:
+            opened = None
+            try:
+                async with websockets.connect(
+                    self.url,
+                    additional_headers={"Authorization": f"Bearer {self.token}"},
+                    open_timeout=OPEN_TIMEOUT,
+                    max_size=messages.MAX_MESSAGE,
+                    user_agent_header=f"brokerd/{self.server.spid}",
+                ) as ws:
+                    opened = time.monotonic()
+                    self._ws = ws
+                    self.connected = True
+                    log.info("console link up url=%s", self.url)
+                    await self._session(ws)
+            except asyncio.CancelledError:
+                raise
+            except InvalidStatus as exc:
+                code = exc.response.status_code
+                if code in (401, 403):
+                    log.error(
+                        "console refused this broker (HTTP %d): check --console-token "
+                        "against the console's CONSOLE_BROKER_TOKEN",
+                        code,
+                    )
+                else:
+                    log.warning("console link refused url=%s: HTTP %d", self.url, code)
+            except InvalidURI as exc:
+                log.error("console URL %s is not usable: %s", self.url, exc)
+            except (OSError, TimeoutError, InvalidHandshake, websockets.ConnectionClosed) as exc:
+                log.warning(
+                    "console link down url=%s: %s", self.url, str(exc) or type(exc).__name__
+                )
+            finally:
+                self.connected = False
+                self._ws = None
+            if opened is not None and time.monotonic() - opened >= STABLE_AFTER:
+                delays = backoff_delays()
+            delay = next(delays)
+            log.info("console link retry in %.1fs", delay)
+            await asyncio.sleep(delay)
+
+    async def _session(self, ws: ClientConnection) -> None:
+        session = ConsoleSession(self.server, self.commands)
+        await ws.send(messages.encode(session.hello()))
+        sender = asyncio.get_running_loop().create_task(self._statuses(ws, session))
+        try:
+            async for text in ws:
+                try:
+                    replies = session.receive(text)
+                except messages.MalformedMessage as exc:
+                    log.error("console sent a malformed message: %s; closing the link", exc)
+                    await ws.close(messages.CLOSE_MALFORMED, str(exc)[:100])
+                    return
+                for reply in replies:
+                    await ws.send(messages.encode(reply))
+            log.warning(
+                "console closed the link code=%s reason=%s",
+                ws.close_code,
+                ws.close_reason or "-",
+            )
+        finally:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, websockets.ConnectionClosed):
+                await sender
+
+    async def _statuses(self, ws: ClientConnection, session: ConsoleSession) -> None:
+        """A status every interval; skipped (not queued) while the previous one is
+        still unsent, so a slow console costs nothing but missing statuses."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                started = loop.time()
+                transport = ws.transport
+                if transport is not None and transport.get_write_buffer_size() > 0:
+                    self.statuses_skipped += 1
+                    log.warning(
+                        "console is not keeping up: status skipped (%d so far)",
+                        self.statuses_skipped,
+                    )
+                else:
+                    await ws.send(messages.encode(session.status()))
+                interval = self.server.status_interval
+                await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
+        except (asyncio.CancelledError, websockets.ConnectionClosed):
+            raise
+        except Exception:
+            # a bug while building a status must not leave a silent link behind
+            log.exception("console status failed; closing the link")
+            await ws.close(1011, "broker error")

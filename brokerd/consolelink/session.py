@@ -1,0 +1,64 @@
+"""One websocket connection's worth of the console link, without the socket.
+
+The shell (``brokerd.consolelink.link``) sends ``hello()`` first, then
+``status()`` every interval, and passes every received text to ``receive``,
+sending back what it returns. ``receive`` raises ``MalformedMessage`` for
+a message that breaks the protocol; the shell then closes with 4400.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from brokerd.consolelink import messages
+from brokerd.consolelink.commands import ConsoleCommands
+from brokerd.consolelink.tracker import SnapshotTracker, collect
+
+if TYPE_CHECKING:
+    from brokerd.server.app import Server
+
+log = logging.getLogger("brokerd.console")
+
+
+class ConsoleSession:
+    def __init__(self, server: Server, commands: ConsoleCommands) -> None:
+        self.server = server
+        self.commands = commands
+        self.tracker = SnapshotTracker()
+        self.seq = 0
+        #: the configuration version the console holds (from ``welcome``)
+        self.console_version: int | None = None
+
+    def hello(self) -> dict[str, Any]:
+        return messages.hello(
+            self.server, self.commands.config_version, self.commands.config_checksum
+        )
+
+    def status(self, now: float | None = None) -> dict[str, Any]:
+        server = self.server
+        cluster_vhost = server.cluster_config.vhost if server.cluster_config is not None else None
+        full, sections = self.tracker.next(collect(server.broker, cluster_vhost))
+        self.seq += 1
+        return messages.status(server, self.seq, full, sections, now)
+
+    def receive(self, text: str | bytes) -> list[dict[str, Any]]:
+        """Handle one console message; returns the messages to send back."""
+        message = messages.parse(text)
+        kind = message["type"]
+        if kind == "command":
+            return [self.commands.handle(message)]
+        if kind == "resync":
+            self.tracker.request_full()
+            return []
+        if kind == "welcome":
+            version = message.get("config_version")
+            self.console_version = version if isinstance(version, int) else None
+            log.info(
+                "console welcome config_version=%s (applied here: %s)",
+                self.console_version,
+                self.commands.config_version,
+            )
+            return []
+        log.warning("console sent an unknown message type %r: ignored", kind)
+        return []
