@@ -30,6 +30,7 @@ Environment:
     REDIS_URL               use this Redis instead of starting one
     CONSOLE_BROKER_TOKEN    token of the broker link; unset: generated once in
                             DATA_DIR/console-broker-token (mode 0600)
+    ROOKERY_CELERY_LOGLEVEL worker and beat, default WARNING (INFO shows every task)
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class QuickstartConfig:
     admin_user: str
     admin_password: str | None
     broker_token: str | None
+    celery_loglevel: str
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | os._Environ[str]) -> QuickstartConfig:
@@ -120,6 +122,7 @@ class QuickstartConfig:
             admin_user=get("ROOKERY_ADMIN_USER", "admin"),
             admin_password=environ.get("ROOKERY_ADMIN_PASSWORD") or None,
             broker_token=get("CONSOLE_BROKER_TOKEN") or None,
+            celery_loglevel=get("ROOKERY_CELERY_LOGLEVEL", "WARNING").upper(),
         )
         ports = config.listen_ports()
         if len(set(ports.values())) != len(ports):
@@ -403,6 +406,13 @@ class Supervisor:
         for service in reversed(self.services):
             await self._stop(service)
 
+    def kill_all(self) -> None:
+        for service in self.services:
+            service.stopping = True
+            if service.proc is not None and service.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(service.proc.pid, signal.SIGKILL)
+
     async def _stop(self, service: Service) -> None:
         proc = service.proc
         if proc is None:
@@ -545,22 +555,24 @@ def build_services(config: QuickstartConfig, base_env: dict[str, str]) -> list[S
             log_level="info",
         )
         services.append(Service(name, broker_argv, base_env, tcp_probe(port)))
+    # The banners are printed at any log level; at INFO beat and the worker log
+    # every periodic task (several lines a second), hence WARNING by default.
     celery = [py, "-m", "celery", "--app", "console"]
     services.append(
         Service(
             "worker",
-            [*celery, "worker", *options(loglevel="INFO")],
+            [*celery, "worker", *options(loglevel=config.celery_loglevel)],
             base_env,
-            ready_line=re.compile(r"celery@\S+ ready"),
+            ready_line=re.compile(r"\[queues\]"),
         )
     )
-    beat_schedule = config.data_dir / "celerybeat-schedule"
+    schedule = config.data_dir / "celerybeat-schedule"
     services.append(
         Service(
             "beat",
-            [*celery, "beat", *options(loglevel="INFO", schedule=beat_schedule)],
+            [*celery, "beat", *options(loglevel=config.celery_loglevel, schedule=schedule)],
             base_env,
-            ready_line=re.compile(r"beat: Starting"),
+            ready_line=re.compile(r"celery beat \S+ .*is starting"),
         )
     )
     return services
@@ -610,8 +622,11 @@ async def supervise(config: QuickstartConfig, env: dict[str, str], output: Outpu
 
     def request_stop(signum: int) -> None:
         nonlocal stop_requested
-        if not stop_requested:
-            output.say(f"{signal.Signals(signum).name}: stopping everything")
+        if stop_requested:  # a second Ctrl-C: no more waiting
+            output.say(f"{signal.Signals(signum).name} again: killing everything")
+            supervisor.kill_all()
+            return
+        output.say(f"{signal.Signals(signum).name}: stopping everything (again to kill)")
         stop_requested = True
         supervisor.shutdown.set()
 
