@@ -124,6 +124,7 @@ def make_plan(
     start_us = int(start.timestamp() * 1e6) // interval_us * interval_us
     names = [broker_name(i) for i in range(brokers)]
     types = ["primary" if i < 3 else "secondary" for i in range(brokers)]
+    backlog_seconds = min(3600.0, max(600.0, 0.05 * period), 0.15 * period)
     phase_us = rng.integers(0, max(1, interval_us // 2), size=brokers)
     plan = Plan(
         names=names,
@@ -143,7 +144,7 @@ def make_plan(
         backlog_broker=1,
         backlog_queue=queues // 2,
         backlog_tick=int(0.6 * ticks),
-        backlog_ticks=max(10, math.ceil(max(900.0, min(3600.0, 0.05 * period)) / interval)),
+        backlog_ticks=max(10, math.ceil(backlog_seconds / interval)),
         flap_observer=1,
         flap_peer=2,
         flap_tick=int(0.8 * ticks),

@@ -87,20 +87,36 @@ class ReportOptions:
     trend_window_seconds: float = 900.0
 
 
-def spark_session(master: str | None = None, driver_memory: str | None = None) -> SparkSession:
-    """``--master``, else ``$SPARK_MASTER``, else ``local[*]``; UTC; small shuffles when local."""
+# SQL settings the report relies on; set on any session it is given.
+SESSION_SQL_CONF = {
+    "spark.sql.session.timeZone": "UTC",
+    # broker=10.0.0.1%3A5701 and date=... stay strings
+    "spark.sql.sources.partitionColumnTypeInference.enabled": "false",
+    # readable by pyarrow and the console without INT96 quirks
+    "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+}
+
+
+def spark_session(
+    master: str | None = None,
+    driver_memory: str | None = None,
+    extra: dict[str, str] | None = None,
+) -> SparkSession:
+    """``--master``, else ``$SPARK_MASTER``, else ``local[*]``; small shuffles when local."""
     master = master or os.environ.get("SPARK_MASTER") or "local[*]"
     builder = (
         SparkSession.builder.appName("rookery-traffic-report")
         .master(master)
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.sources.partitionColumnTypeInference.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
     )
+    conf = dict(SESSION_SQL_CONF)
     if master.startswith("local"):
-        builder = builder.config("spark.sql.shuffle.partitions", "8")
+        conf["spark.sql.shuffle.partitions"] = "8"
     if driver_memory:
-        builder = builder.config("spark.driver.memory", driver_memory)
+        conf["spark.driver.memory"] = driver_memory
+    conf.update(extra or {})
+    for key, value in conf.items():
+        builder = builder.config(key, value)
     return builder.getOrCreate()
 
 
@@ -208,6 +224,8 @@ def run_report(opts: ReportOptions, spark: SparkSession | None = None) -> dict[s
     if opts.gap_intervals < 1 or opts.message_bytes < 1 or not opts.link_gbps > 0:
         raise ReportError("--gap-intervals, --message-bytes and --link-gbps must be positive")
     spark = spark or spark_session(opts.master, opts.driver_memory)
+    for key, value in SESSION_SQL_CONF.items():
+        spark.conf.set(key, value)
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -1,0 +1,94 @@
+"""Independent plain-Python versions of the report's metrics, computed from lake rows."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from pipeline import lake
+
+
+def load(root: Path, table: str) -> list[dict[str, Any]]:
+    """Rows of a lake table with ``t`` = epoch seconds."""
+    rows = lake.read_table(root, table).to_pylist()
+    for row in rows:
+        row["t"] = row["ts"].timestamp()
+    return rows
+
+
+def series(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
+    """Rows grouped by ``keys`` and sorted by time."""
+    grouped: dict[tuple, list[dict]] = defaultdict(list)
+    for row in rows:
+        grouped[tuple(row[k] for k in keys)].append(row)
+    for group in grouped.values():
+        group.sort(key=lambda r: r["t"])
+    return grouped
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between the closest ranks."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def rated(
+    rows: list[dict[str, Any]],
+    keys: tuple[str, ...],
+    counters: dict[str, str],
+    interval: float,
+    spid: bool,
+) -> list[dict[str, Any]]:
+    """Samples that have a predecessor, with ``n_<name>`` counts and ``r_<name>`` rates."""
+    out = []
+    for group in series(rows, keys).values():
+        for prev, row in itertools.pairwise(group):
+            restart = (spid and row["spid"] != prev["spid"]) or any(
+                row[c] < prev[c] for c in counters
+            )
+            sample = dict(row, restart=restart)
+            for counter, name in counters.items():
+                n = row[counter] if restart else row[counter] - prev[counter]
+                sample[f"n_{name}"] = n
+                sample[f"r_{name}"] = n / interval if restart else n / (row["t"] - prev["t"])
+            out.append(sample)
+    return out
+
+
+def minute_of(t: float) -> int:
+    return int(t // 60 * 60)
+
+
+def minute_stats(
+    samples: list[dict[str, Any]], keys: tuple[str, ...], rate: str
+) -> dict[tuple, dict[str, float]]:
+    """avg/p50/p95/max of ``rate`` per key per minute."""
+    buckets: dict[tuple, list[float]] = defaultdict(list)
+    for s in samples:
+        buckets[(*(s[k] for k in keys), minute_of(s["t"]))].append(s[rate])
+    return {
+        key: {
+            "avg": sum(v) / len(v),
+            "p50": percentile(v, 0.5),
+            "p95": percentile(v, 0.95),
+            "max": max(v),
+            "samples": len(v),
+        }
+        for key, v in buckets.items()
+    }
+
+
+def slope(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of y over x."""
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        return None
+    return sum((x - mx) * (y - my) for x, y in points) / sxx
