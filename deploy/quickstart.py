@@ -8,7 +8,8 @@ console's broker token, a cluster file), then starts and watches:
     console    Daphne on http://127.0.0.1:8000 (Django's runserver command of the
                daphne app, DEBUG=1: plain HTTP cookies, static files served)
     primary1-3 three primary brokers and one secondary on 5701-5704, each linked
-    secondary  to the console (--console ws://127.0.0.1:8000/ws/brokers/)
+    secondary  to the console (--console ws://127.0.0.1:8000/ws/brokers/, the token
+               in ROOKERY_CONSOLE_TOKEN)
     worker     the Celery worker
     beat       Celery beat
 
@@ -543,7 +544,8 @@ def build_services(config: QuickstartConfig, base_env: dict[str, str]) -> list[S
         )
     )
     link = f"ws://{HOST}:{config.console_port}/ws/brokers/"
-    token = base_env["CONSOLE_BROKER_TOKEN"]
+    # The token goes in the environment, not on the command line (visible in ps).
+    broker_env = dict(base_env, ROOKERY_CONSOLE_TOKEN=base_env["CONSOLE_BROKER_TOKEN"])
     for index, (name, port) in enumerate(zip(BROKER_NAMES, config.broker_ports, strict=True)):
         broker_argv = [py, "-m", "brokerd", *options(bind=HOST, port=port)]
         broker_argv += options(
@@ -551,10 +553,9 @@ def build_services(config: QuickstartConfig, base_env: dict[str, str]) -> list[S
             cluster=config.cluster_file,
             type="secondary" if name == "secondary" else "primary",
             console=link,
-            console_token=token,
             log_level="info",
         )
-        services.append(Service(name, broker_argv, base_env, tcp_probe(port)))
+        services.append(Service(name, broker_argv, broker_env, tcp_probe(port)))
     # The banners are printed at any log level; at INFO beat and the worker log
     # every periodic task (several lines a second), hence WARNING by default.
     celery = [py, "-m", "celery", "--app", "console"]

@@ -150,6 +150,21 @@ def api_token(qs: Quickstart, username: str, password: str) -> tuple[int, dict]:
     return status, json.loads(body or b"{}")
 
 
+def linked_brokers(qs: Quickstart, token: str, want: int = 4, timeout: float = 30.0) -> set[str]:
+    """Names of the brokers the REST API shows as connected, once ``want`` are."""
+    request = urllib.request.Request(
+        qs.url("/api/v1/brokers/"), headers={"Authorization": f"Token {token}"}
+    )
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            brokers = json.load(resp)["results"]
+        names = {b["name"] for b in brokers if b["connected"]}
+        if len(names) >= want or time.monotonic() > deadline:
+            return names
+        time.sleep(0.5)
+
+
 def test_quickstart_runs_everything_and_stops_cleanly(tmp_path: Path) -> None:
     data_dir = tmp_path / "var"
     console_port = free_port()
@@ -173,6 +188,8 @@ def test_quickstart_runs_everything_and_stops_cleanly(tmp_path: Path) -> None:
         assert status == 200 and token.get("token"), token
         status, _ = api_token(qs, "admin", password + "-wrong")
         assert status == 400
+        # The four brokers reach the console over the link, with the generated token.
+        assert linked_brokers(qs, token["token"]) == {f"127.0.0.1:{p}" for p in broker_ports}
         status, body = qs.http("/static/vendor/htmx.min.js")  # from node_modules
         assert status == 200 and b"htmx" in body
 
