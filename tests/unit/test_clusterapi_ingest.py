@@ -285,7 +285,9 @@ def test_queue_rates_and_sampling_interval(link: LinkState, settings) -> None:
 def test_broker_alarms_are_mirrored_and_cleared(link: LinkState) -> None:
     since = time.time() - 30
     msg = status(0, True, [])
-    msg["view"]["alarms"] = [{"kind": "checksum.mismatch", "message": "peer differs", "since": since}]
+    msg["view"]["alarms"] = [
+        {"kind": "checksum.mismatch", "message": "peer differs", "since": since}
+    ]
     assert ingest.apply_status(link, msg).alarms_changed
     alarm = Alarm.objects.get(kind="checksum.mismatch")
     assert alarm.active and alarm.source == "broker" and alarm.broker_id == link.broker_id
