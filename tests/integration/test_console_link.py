@@ -1,0 +1,419 @@
+"""The broker's console link against a real brokerd and a websocket server playing the console."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.http11 import Request, Response
+
+from brokerd.configdoc import document_checksum, validate_document
+from brokerd.model.auth import hash_password
+from tests.brokerd_process import BrokerProcess, free_port
+from tests.cluster_support import Cluster
+
+TOKEN = "console-token-1"
+
+
+class FakeConsole:
+    """A websocket server on its own thread and loop: records what brokers send,
+    sends what a test asks, refuses a wrong token with 403 like the console."""
+
+    def __init__(self, port: int | None = None, token: str = TOKEN) -> None:
+        self.port = port or free_port()
+        self.token = token
+        self.received: list[dict[str, Any]] = []
+        self.attempts: list[tuple[float, str | None]] = []
+        self.connections: list[ServerConnection] = []
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._started = threading.Event()
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws/brokers/"
+
+    def start(self) -> FakeConsole:
+        self._thread.start()
+        assert self._started.wait(5)
+        return self
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(5)
+
+    def _main(self) -> None:
+        self._loop.run_until_complete(self._serve())
+
+    async def _serve(self) -> None:
+        self._stop = asyncio.Event()
+
+        def check(connection: ServerConnection, request: Request) -> Response | None:
+            header = request.headers.get("Authorization")
+            self.attempts.append((time.monotonic(), header))
+            if header != f"Bearer {self.token}":
+                return connection.respond(HTTPStatus.FORBIDDEN, "bad broker token\n")
+            return None
+
+        async def handler(ws: ServerConnection) -> None:
+            index = len(self.connections)
+            self.connections.append(ws)
+            async for text in ws:
+                with self._lock:
+                    self.received.append({**json.loads(text), "_connection": index})
+
+        async with serve(handler, "127.0.0.1", self.port, process_request=check):
+            self._started.set()
+            await self._stop.wait()
+
+    def send(self, message: dict[str, Any], connection: int = -1) -> None:
+        ws = self.connections[connection]
+        future = asyncio.run_coroutine_threadsafe(
+            ws.send(json.dumps({"v": 1, **message})), self._loop
+        )
+        future.result(5)
+
+    def messages(self, kind: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [m for m in self.received if m["type"] == kind]
+
+    def wait_for(
+        self, predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition"
+    ) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.05)
+        raise AssertionError(f"{what} not within {timeout}s; received {len(self.received)}")
+
+    def command(self, name: str, args: dict[str, Any] | None = None, command_id: str = "") -> dict:
+        """Send a command and wait for its ack."""
+        command_id = command_id or str(uuid.uuid4())
+        before = len([a for a in self.messages("ack") if a["id"] == command_id])
+        self.send({"type": "command", "id": command_id, "command": name, "args": args or {}})
+        acks = self.wait_for(
+            lambda: [a for a in self.messages("ack") if a["id"] == command_id][before:],
+            what=f"ack of {name}",
+        )
+        return acks[0]
+
+    def statuses_after(self, seq: int) -> list[dict[str, Any]]:
+        return [s for s in self.messages("status") if s["seq"] > seq]
+
+
+@pytest.fixture
+def console() -> Iterator[FakeConsole]:
+    fake = FakeConsole().start()
+    yield fake
+    fake.stop()
+
+
+def start_broker(
+    path: Path, console: FakeConsole, *extra: str, token: str = TOKEN
+) -> BrokerProcess:
+    return BrokerProcess(
+        path, extra_args=["--console", console.url, "--console-token", token, *extra]
+    ).start()
+
+
+@pytest.fixture
+def linked(tmp_path: Path, console: FakeConsole) -> Iterator[BrokerProcess]:
+    proc = start_broker(tmp_path / "b", console)
+    console.wait_for(lambda: console.messages("status"), what="first status")
+    yield proc
+    proc.stop()
+
+
+def amqp(
+    proc: BrokerProcess, user: str = "guest", password: str = "guest"
+) -> pika.BlockingConnection:
+    params = pika.ConnectionParameters(
+        "127.0.0.1", proc.port, credentials=pika.PlainCredentials(user, password)
+    )
+    return pika.BlockingConnection(params)
+
+
+def queue_names(status: dict[str, Any]) -> list[str]:
+    return [q["name"] for q in status["queues"]]
+
+
+def test_hello_then_full_status_then_deltas(linked: BrokerProcess, console: FakeConsole):
+    [hello] = console.messages("hello")
+    assert hello["v"] == 1
+    assert hello["name"] == hello["address"] == f"127.0.0.1:{linked.port}"
+    assert hello["broker_type"] == "standalone"
+    assert hello["spid"] and hello["version"] and hello["start_time"] <= time.time()
+    assert hello["cluster"] is None and hello["checksum"] is None
+    assert hello["heartbeat_interval"] == 1.0
+    assert hello["config_version"] is None and hello["config_checksum"] is None
+    first = console.messages("status")[0]
+    assert first["seq"] == 1 and first["full"] is True
+    assert "amq.topic" in [e["name"] for e in first["exchanges"]]
+    assert console.attempts[0][1] == f"Bearer {TOKEN}"
+
+    with amqp(linked) as conn:
+        channel = conn.channel()
+        channel.queue_declare("cl.q1")
+        channel.queue_bind("cl.q1", "amq.topic", "cl.#")
+        channel.basic_publish("amq.topic", "cl.x", b"hello")
+        last = console.messages("status")[-1]["seq"]
+
+        def upserted() -> dict | None:
+            for s in console.statuses_after(last):
+                if s["full"]:
+                    continue
+                for q in s["queues"]["upsert"]:
+                    if q["name"] == "cl.q1" and q["messages"] == 1:
+                        return s
+            return None
+
+        delta = console.wait_for(upserted, what="delta with cl.q1")
+        assert delta["counts"]["queues"] >= 1
+        assert delta["totals"]["published"] >= 1 and delta["totals"]["routed"] >= 1
+        entry = next(q for q in delta["queues"]["upsert"] if q["name"] == "cl.q1")
+        assert entry["enqueued"] == 1 and entry["shared"] is False
+        # the binding shows up once, then a delta is quiet about it
+        seqs = [s["seq"] for s in console.messages("status")]
+        assert seqs == list(range(1, len(seqs) + 1))  # no gaps
+
+        channel.queue_delete("cl.q1")
+        last = console.messages("status")[-1]["seq"]
+        removed = console.wait_for(
+            lambda: [
+                s
+                for s in console.statuses_after(last)
+                if not s["full"] and ["/", "cl.q1"] in s["queues"]["remove"]
+            ],
+            what="delta removing cl.q1",
+        )
+        assert ["/", "amq.topic", "cl.q1", "queue", "cl.#"] in removed[0]["bindings"]["remove"]
+
+    last = console.messages("status")[-1]["seq"]
+    console.send({"type": "resync"})
+    resynced = console.wait_for(
+        lambda: [s for s in console.statuses_after(last) if s["full"]], what="full status"
+    )
+    assert isinstance(resynced[0]["queues"], list)
+    assert "cl.q1" not in queue_names(resynced[0])
+
+
+def test_delivered_and_acked_totals_and_unacked(linked: BrokerProcess, console: FakeConsole):
+    with amqp(linked) as conn:
+        channel = conn.channel()
+        channel.queue_declare("cl.acks")
+        for i in range(3):
+            channel.basic_publish("", "cl.acks", b"m%d" % i)
+        tags = []
+        for _ in range(3):
+            method, _props, _body = channel.basic_get("cl.acks")
+            tags.append(method.delivery_tag)
+        channel.basic_ack(tags[0])
+        last = console.messages("status")[-1]["seq"]
+
+        def settled() -> dict | None:
+            for s in console.statuses_after(last):
+                if s["totals"]["acked"] >= 1 and s["counts"]["messages_unacked"] == 2:
+                    return s
+            return None
+
+        status = console.wait_for(settled, what="status with 2 unacked")
+        assert status["totals"]["delivered"] >= 3
+        assert status["counts"]["channels"] >= 1
+        console.send({"type": "resync"})
+        last = status["seq"]
+        full = console.wait_for(
+            lambda: [s for s in console.statuses_after(last) if s["full"]], what="full status"
+        )[0]
+        entry = next(q for q in full["queues"] if q["name"] == "cl.acks")
+        assert (entry["unacked"], entry["delivered"], entry["messages"]) == (2, 3, 0)
+
+
+def test_commands_are_acked(linked: BrokerProcess, console: FakeConsole):
+    dump = console.command("state.dump")
+    assert dump["ok"] and "=== brokerd state dump ===" in dump["result"]["dump"]
+    assert dump["error"] is None
+
+    for name in ("root.enable", "root.disable"):
+        ack = console.command(name)
+        assert ack["ok"] is False and "needs a clustered broker" in ack["error"]
+
+    bad = console.command(
+        "config.apply",
+        {"version": 1, "config": {"users": [{"name": "x", "password_hash": "plaintext"}]}},
+    )
+    assert bad["ok"] is False and "users[0].password_hash" in bad["error"]
+    bad = console.command("config.apply", {"version": 1, "config": {"heartbeat": {"interval": 0}}})
+    assert bad["ok"] is False and "heartbeat.interval" in bad["error"]
+
+    with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+        amqp(linked, "newbie", "n3wbie-pw")
+    config = {
+        "vhosts": ["/"],
+        "users": [
+            {"name": "guest", "password_hash": hash_password("guest"), "tags": ["administrator"]},
+            {"name": "newbie", "password_hash": hash_password("n3wbie-pw"), "tags": []},
+        ],
+        "permissions": [{"user": "guest", "vhost": "/"}, {"user": "newbie", "vhost": "/"}],
+    }
+    command_id = str(uuid.uuid4())
+    ok = console.command("config.apply", {"version": 7, "config": config}, command_id=command_id)
+    assert ok["ok"], ok
+    checksum = document_checksum(validate_document(config))
+    assert ok["result"]["config_version"] == 7
+    assert ok["result"]["config_checksum"] == checksum
+    assert sorted(ok["result"]["applied"]) == ["permissions", "users", "vhosts"]
+    with amqp(linked, "newbie", "n3wbie-pw") as conn:
+        conn.channel().queue_declare("cl.newbie", exclusive=True)
+
+    # a retry of the same id is answered, not executed again
+    again = console.command("config.apply", {"version": 7, "config": config}, command_id=command_id)
+    assert {k: again[k] for k in ("id", "ok", "result")} == {
+        k: ok[k] for k in ("id", "ok", "result")
+    }
+    log = linked.log_text()
+    assert log.count("console configuration applied version=7") == 1
+    assert "repeated: answering as before" in log
+
+    # the applied version survives a reconnect: the next hello carries it
+    hellos = len(console.messages("hello"))
+    asyncio.run_coroutine_threadsafe(console.connections[-1].close(1012), console._loop).result(5)
+    hello = console.wait_for(lambda: console.messages("hello")[hellos:], timeout=15)[0]
+    assert (hello["config_version"], hello["config_checksum"]) == (7, checksum)
+
+
+def test_malformed_message_closes_with_4400_and_the_broker_reconnects(
+    linked: BrokerProcess, console: FakeConsole
+):
+    ws = console.connections[-1]
+    console.send({"type": "command", "command": "state.dump"})  # no id
+    console.wait_for(lambda: ws.close_code is not None, what="close")
+    assert ws.close_code == 4400
+    console.wait_for(lambda: len(console.messages("hello")) == 2, timeout=15, what="new hello")
+    assert "malformed" in linked.log_text()
+
+
+def test_wrong_token_is_retried_with_backoff_and_amqp_keeps_working(
+    tmp_path: Path, console: FakeConsole
+):
+    proc = start_broker(tmp_path / "b", console, token="wrong-token")
+    try:
+        console.wait_for(lambda: len(console.attempts) >= 4, timeout=15, what="four attempts")
+        gaps = [b[0] - a[0] for a, b in itertools.pairwise(console.attempts)]
+        # 0.5, 1, 2 s with +-25 % jitter: growing, never hammering
+        assert 0.3 <= gaps[0] <= 0.8, gaps
+        assert gaps[2] > gaps[0] * 2, gaps
+        assert all(header == "Bearer wrong-token" for _, header in console.attempts)
+        assert console.messages("hello") == []
+        with amqp(proc) as conn:
+            channel = conn.channel()
+            channel.queue_declare("cl.works")
+            channel.basic_publish("", "cl.works", b"still serving")
+            _method, _props, body = channel.basic_get("cl.works", auto_ack=True)
+            assert body == b"still serving"
+        assert "console refused this broker (HTTP 403)" in proc.log_text()
+    finally:
+        proc.stop()
+
+
+def test_console_down_at_start_then_up(tmp_path: Path):
+    console = FakeConsole()
+    proc = start_broker(tmp_path / "b", console)
+    try:
+        time.sleep(2.0)
+        assert "console link down" in proc.log_text()
+        with amqp(proc) as conn:
+            conn.channel().queue_declare("cl.alone")
+        console.start()
+        # backoff is at most 15 s (+25 %); after ~2 s of failures the next try is within ~5 s
+        hello = console.wait_for(lambda: console.messages("hello"), timeout=10, what="hello")[0]
+        assert hello["name"] == f"127.0.0.1:{proc.port}"
+        console.wait_for(lambda: console.messages("status"), what="status")
+        assert "cl.alone" in queue_names(console.messages("status")[0])
+    finally:
+        proc.stop()
+        console.stop()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--console", "http://127.0.0.1:1/", "--console-token", "t"], "ws:// or wss://"),
+        (["--console", "ws://127.0.0.1:1/"], "needs a token"),
+        (["--console-token", "t"], "--console-token needs --console"),
+    ],
+)
+def test_bad_console_options_exit_2(tmp_path: Path, args: list[str], message: str):
+    proc = BrokerProcess(tmp_path / "b", extra_args=args)
+    with pytest.raises(RuntimeError, match="exited with 2"):
+        proc.start()
+    assert message in proc.log_text()
+
+
+def test_token_from_the_environment(tmp_path: Path, console: FakeConsole, monkeypatch):
+    monkeypatch.setenv("ROOKERY_CONSOLE_TOKEN", TOKEN)
+    proc = BrokerProcess(tmp_path / "b", extra_args=["--console", console.url]).start()
+    try:
+        console.wait_for(lambda: console.messages("hello"), what="hello")
+        assert console.attempts[-1][1] == f"Bearer {TOKEN}"
+    finally:
+        proc.stop()
+
+
+def test_cluster_heartbeat_change_is_applied_live(tmp_path: Path, console: FakeConsole):
+    cluster = Cluster(tmp_path, primaries=3, secondaries=0)
+    try:
+        for index in range(3):
+            cluster.start(index, extra=["--console", console.url, "--console-token", TOKEN])
+            time.sleep(0.15)
+        cluster.wait(cluster.agreed_root)
+        console.wait_for(lambda: len(console.connections) == 3, what="three brokers")
+        hellos = console.wait_for(
+            lambda: len(console.messages("hello")) == 3 and console.messages("hello")
+        )
+        assert {h["broker_type"] for h in hellos} == {"primary"}
+        assert {h["cluster"] for h in hellos} == {"test"}
+        assert {h["heartbeat_interval"] for h in hellos} == {0.3}
+        config = {"heartbeat": {"interval": 0.5, "timeout": 2.0, "open_timeout": 8.0}}
+        for connection in range(3):
+            command_id = str(uuid.uuid4())
+            args = {"version": 2, "config": config}
+            message = {"type": "command", "id": command_id, "command": "config.apply", "args": args}
+            console.send(message, connection=connection)
+            ack = console.wait_for(
+                lambda cid=command_id: [a for a in console.messages("ack") if a["id"] == cid]
+            )[0]
+            assert ack["ok"], ack
+            assert ack["result"]["applied"] == ["heartbeat"]
+        for index in range(3):
+            status = cluster.status(index)
+            assert status["heartbeat"] == {"interval": 0.5, "timeout": 2.0, "open_timeout": 8.0}
+            assert status["console"]["config_version"] == 2
+        # statuses now follow the new interval, and the cluster keeps its root
+        applied_at = time.time()
+        time.sleep(2.5)
+        assert cluster.wait(cluster.agreed_root)
+        times = [
+            s["time"]
+            for s in console.messages("status")
+            if s["_connection"] == 0 and s["time"] > applied_at
+        ]
+        gaps = sorted(b - a for a, b in itertools.pairwise(times))
+        assert len(gaps) >= 3 and 0.4 <= gaps[len(gaps) // 2] <= 0.7, gaps
+    finally:
+        cluster.stop()
