@@ -314,6 +314,7 @@ class ConsoleStack:
         self, primaries: int = 3, heartbeat: dict[str, float] | None = None
     ) -> Cluster:
         """``primaries`` brokers linked to the console (``--console`` + the token)."""
+        (self.root / "cluster").mkdir(exist_ok=True)
         self.cluster = Cluster(
             self.root / "cluster", primaries, 0, heartbeat={**HEARTBEAT, **(heartbeat or {})}
         )

@@ -110,7 +110,9 @@ def test_queues_declared_on_a_broker_show_in_the_api(stack: ConsoleStack, api: A
     try:
         channel = conn.channel()
         channel.queue_declare(name, durable=False)
-        channel.basic_publish("", name, b"hello")
+        channel.exchange_declare(f"{name}-x", "direct")
+        channel.queue_bind(name, f"{name}-x", routing_key="jobs")
+        channel.basic_publish(f"{name}-x", "jobs", b"hello")
         channel.basic_publish("", name, b"again")
 
         def listed() -> dict | None:
@@ -120,9 +122,24 @@ def test_queues_declared_on_a_broker_show_in_the_api(stack: ConsoleStack, api: A
         queue = stack.wait(listed, 10, "queue in the API")
         assert queue["broker"] == broker and queue["vhost"] == "/"
         rows = api.ok(f"/api/v1/bindings/?destination={name}&broker={broker}")["results"]
-        assert [(b["source"], b["routing_key"]) for b in rows] == [("", name)]
+        assert [(b["source"], b["routing_key"]) for b in rows] == [(f"{name}-x", "jobs")]
+        # Exchanges are wiring, replicated to every broker of the cluster.
+        exchanges = stack.wait(
+            lambda: (
+                (rows := api.ok(f"/api/v1/exchanges/?name={name}-x")["results"])
+                and len(rows) == 3
+                and rows
+            ),
+            10,
+            "exchange on every broker",
+        )
+        assert sorted(x["broker"] for x in exchanges) == sorted(
+            stack.broker_name(i) for i in range(3)
+        )
+        assert {x["type"] for x in exchanges} == {"direct"}
 
         channel.queue_delete(name)
+        channel.exchange_delete(f"{name}-x")
         stack.wait(
             lambda: api.ok(f"/api/v1/queues/?name={name}")["count"] == 0, 10, "queue removed"
         )
