@@ -27,11 +27,12 @@ from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E40
 from django.urls import re_path  # noqa: E402
 
 from clusterapi.consumers import BrokerLinkConsumer, refuse_websocket  # noqa: E402
+from console.dashboard import routing as dashboard_routing  # noqa: E402
 
 BROKER_LINK_PATHS = frozenset({"/ws/brokers/", "/ws/brokers"})
 
-# Browser websocket consumers (live dashboard pages) are added here.
-websocket_urlpatterns: list = []
+# Browser websocket consumers: the live dashboard pages.
+websocket_urlpatterns: list = [*dashboard_routing.websocket_urlpatterns]
 
 broker_link = BrokerLinkConsumer.as_asgi()
 

@@ -1,4 +1,5 @@
-"""URLs of the console: admin, login/logout, the REST API (schema, token, resources), health.
+"""URLs of the console: the dashboard, admin, login/logout, the REST API (schema, token,
+resources), health.
 
 Anything under ``/api/`` answers JSON, errors included: unknown API URLs hit
 the catch-all below, and the error handlers answer JSON for API paths.
@@ -12,12 +13,14 @@ from drf_spectacular.views import SpectacularAPIView
 from clusterapi.api import errors as api_errors
 from clusterapi.api.views import TokenView
 from console import views
+from console.dashboard import views as dashboard_views
 
 admin.site.site_header = "Rookery console administration"
 admin.site.site_title = "Rookery console"
 
 urlpatterns = [
-    path("", views.home, name="home"),
+    path("", dashboard_views.overview, name="home"),
+    path("", include("console.dashboard.urls")),
     path("healthz", views.healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path(

@@ -1,0 +1,91 @@
+/* Rookery dashboard: ticking relative times, the live-link indicator, the rate chart.
+   Fragments arrive over the page's websocket (htmx ws extension) and are swapped
+   by id; this script only keeps what changes between messages up to date. */
+(function () {
+  "use strict";
+
+  function relative(iso, now) {
+    var seconds = (now - Date.parse(iso)) / 1000;
+    var future = seconds < 0;
+    var span = Math.abs(seconds);
+    var text;
+    if (span < 1) return "just now";
+    if (span < 60) text = Math.floor(span) + " s";
+    else if (span < 3600) text = Math.floor(span / 60) + " min";
+    else if (span < 86400) text = Math.floor(span / 3600) + " h";
+    else text = Math.floor(span / 86400) + " d";
+    return future ? "in " + text : text + " ago";
+  }
+
+  function tickTimes() {
+    var now = Date.now();
+    document.querySelectorAll("time.ago[datetime]").forEach(function (el) {
+      el.textContent = relative(el.getAttribute("datetime"), now);
+    });
+  }
+
+  function setLiveState(state, text) {
+    var el = document.getElementById("live-state");
+    if (!el) return;
+    el.dataset.state = state;
+    el.textContent = text;
+  }
+
+  var chart = null;
+
+  function rateSeries() {
+    var el = document.getElementById("rate-series");
+    if (!el) return null;
+    try {
+      var data = JSON.parse(el.textContent);
+      return [data.t, data.published, data.routed, data.delivered];
+    } catch (err) {
+      return null;
+    }
+  }
+
+  function chartWidth(box) {
+    return Math.max(240, box.clientWidth - 8);
+  }
+
+  function drawChart() {
+    var box = document.getElementById("rate-chart");
+    var data = rateSeries();
+    if (!box || !data || typeof uPlot === "undefined") return;
+    if (chart) {
+      chart.setData(data);
+      return;
+    }
+    chart = new uPlot({
+      width: chartWidth(box),
+      height: 220,
+      scales: { x: { time: true }, y: { range: function (u, min, max) { return [0, Math.max(1, max)]; } } },
+      series: [
+        {},
+        { label: "published/s", stroke: "#2f5d9f", width: 2 },
+        { label: "routed/s", stroke: "#8a5a00", width: 2, dash: [6, 4] },
+        { label: "delivered/s", stroke: "#1b7f3b", width: 2 }
+      ],
+      axes: [{}, { label: "messages/s" }]
+    }, data, box);
+    if (window.ResizeObserver) {
+      new ResizeObserver(function () {
+        chart.setSize({ width: chartWidth(box), height: 220 });
+      }).observe(box);
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    tickTimes();
+    drawChart();
+    setInterval(tickTimes, 1000);
+  });
+  document.addEventListener("htmx:wsOpen", function () { setLiveState("open", "live"); });
+  document.addEventListener("htmx:wsClose", function () { setLiveState("closed", "reconnecting"); });
+  document.addEventListener("htmx:wsError", function () { setLiveState("closed", "reconnecting"); });
+  document.addEventListener("htmx:wsAfterMessage", function () {
+    tickTimes();
+    drawChart();
+    document.body.dataset.liveUpdates = String(Number(document.body.dataset.liveUpdates || 0) + 1);
+  });
+})();

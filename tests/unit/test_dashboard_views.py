@@ -1,0 +1,294 @@
+"""Dashboard pages and actions, in process with a test database.
+
+Transactions roll back, so Celery deliveries and live notifications scheduled on
+commit never run; the browser tests (tests/browser/) cover the live stack.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Group, User
+from django.test import Client
+from django.utils import timezone
+
+from clusterapi.models import (
+    Alarm,
+    AuditEntry,
+    Broker,
+    Command,
+    ConfigApplication,
+    ConfigVersion,
+    HeartbeatSample,
+    QueueSnapshot,
+)
+from clusterapi.roles import OPERATORS_GROUP
+from console.dashboard.charts import message_rates
+from console.dashboard.pages import relative
+
+pytestmark = pytest.mark.django_db
+
+PAGES = ["/", "/brokers/", "/queues/", "/exchanges/", "/bindings/", "/config/", "/commands/"]
+PAGES += ["/audit/", "/alarms/"]
+
+
+@pytest.fixture(autouse=True)
+def _in_memory_layer(settings: Any) -> None:
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+@pytest.fixture
+def operator() -> Client:
+    user = User.objects.create_user("op", password="pw-op-1")
+    user.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def viewer() -> Client:
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(User.objects.create_user("viewer", password="pw-viewer-1"))
+    return client
+
+
+@pytest.fixture
+def brokers() -> list[Broker]:
+    now = timezone.now()
+    out = []
+    for i in range(1, 5):
+        out.append(
+            Broker.objects.create(
+                name=f"127.0.0.1:580{i}",
+                spid=f"spid-{i}",
+                broker_type="secondary" if i == 4 else "primary",
+                state="up",
+                connected=True,
+                last_seen=now - dt.timedelta(seconds=2),
+                is_root=i == 1,
+                ready=True,
+                quorum="3 of 3 primaries",
+                counts={"connections": i, "messages_ready": 10 * i},
+                view={
+                    "peers": [
+                        {"spid": "spid-2", "type": "primary", "active": True, "rtt_ms": 1.24},
+                        {"spid": "gone", "address": "10.0.0.9:5672", "active": False},
+                    ]
+                },
+            )
+        )
+    return out
+
+
+def test_pages_need_login(client: Client) -> None:
+    for url in [*PAGES, "/brokers/127.0.0.1:5801/"]:
+        response = client.get(url)
+        assert response.status_code == 302, url
+        assert response["Location"].startswith("/accounts/login/"), url
+
+
+def test_every_page_renders_with_the_cluster_bar_and_live_link(
+    operator: Client, brokers: list[Broker]
+) -> None:
+    for url in [*PAGES, "/brokers/127.0.0.1:5801/"]:
+        response = operator.get(url)
+        assert response.status_code == 200, url
+        html = response.content.decode()
+        assert 'id="cluster-bar"' in html, url
+        assert 'data-root="127.0.0.1:5801"' in html, url
+        assert 'ws-connect="/ws/dashboard/?page=' in html, url
+        assert "X-CSRFToken" in html, url  # htmx requests carry the CSRF token
+
+
+def test_overview_shows_brokers_root_states_in_words_and_relative_times(
+    operator: Client, brokers: list[Broker]
+) -> None:
+    brokers[3].state = "down"
+    brokers[3].save()
+    html = operator.get("/").content.decode()
+    for broker in brokers:
+        assert f'data-broker="{broker.name}"' in html
+    assert ">down</span>" in html and ">up</span>" in html
+    assert ">root</span>" in html and "3 of 3 primaries" in html
+    assert "2 s ago</time>" in html and 'title="20' in html  # absolute time on hover
+    assert 'id="rate-series"' in html and "uPlot.iife.min.js" in html
+
+
+def test_broker_page_shows_peer_links_objects_and_the_dump(
+    operator: Client, brokers: list[Broker]
+) -> None:
+    QueueSnapshot.objects.create(
+        broker=brokers[0], vhost="/", name="orders", messages=7, updated_at=timezone.now()
+    )
+    Command.objects.create(
+        broker=brokers[0],
+        name=Command.STATE_DUMP,
+        state=Command.STATE_ACKED,
+        result={"dump": "broker spid-1 state: root"},
+        deadline=timezone.now(),
+        finished_at=timezone.now(),
+    )
+    html = operator.get("/brokers/127.0.0.1:5801/").content.decode()
+    assert 'href="/brokers/127.0.0.1:5802/">127.0.0.1:5802</a>' in html  # peer named
+    assert "1.2 ms" in html and "inactive" in html and "10.0.0.9:5672" in html
+    assert 'data-queue="orders"' in html
+    assert "broker spid-1 state: root" in html
+    assert "Disable root" in html and "Dump state" in html
+    assert operator.get("/brokers/127.0.0.1:9999/").status_code == 404
+
+
+def test_read_only_user_sees_no_command_buttons_and_cannot_post(
+    viewer: Client, brokers: list[Broker]
+) -> None:
+    html = viewer.get("/brokers/127.0.0.1:5801/").content.decode()
+    assert "Disable root" not in html and "Dump state" not in html
+    assert "(read-only)" in html
+    config_html = viewer.get("/config/").content.decode()
+    assert "Save and push" not in config_html
+    token = viewer.cookies["csrftoken"].value
+    for url, data in [
+        ("/brokers/127.0.0.1:5801/root/", {"enabled": "0"}),
+        ("/brokers/127.0.0.1:5801/dump/", {}),
+        ("/config/", {"document": "{}"}),
+        ("/config/validate/", {"document": "{}"}),
+    ]:
+        assert viewer.post(url, data, HTTP_X_CSRFTOKEN=token).status_code == 403, url
+    assert Command.objects.count() == 0 and ConfigVersion.objects.count() == 0
+
+
+def test_post_without_csrf_token_is_refused(brokers: list[Broker]) -> None:
+    user = User.objects.create_user("op2", password="pw-op-2")
+    user.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user)
+    response = client.post("/brokers/127.0.0.1:5801/root/", {"enabled": "0"})
+    assert response.status_code == 403
+    assert Command.objects.count() == 0
+
+
+def test_disable_root_issues_an_audited_command(operator: Client, brokers: list[Broker]) -> None:
+    response = operator.post(
+        "/brokers/127.0.0.1:5801/root/", {"enabled": "0"}, HTTP_HX_REQUEST="true"
+    )
+    assert response.status_code == 200
+    assert "root.disable" in response.content.decode()
+    command = Command.objects.get()
+    assert (command.name, command.broker, command.created_by.username) == (
+        "root.disable",
+        brokers[0],
+        "op",
+    )
+    assert AuditEntry.objects.filter(action="command.root.disable", username="op").exists()
+    plain = operator.post("/brokers/127.0.0.1:5802/dump/")
+    assert plain.status_code == 302 and plain["Location"] == "/brokers/127.0.0.1:5802/"
+    bad = operator.post("/brokers/127.0.0.1:5801/root/", {"enabled": "x"}, HTTP_HX_REQUEST="true")
+    assert bad.status_code == 400 and "enabled" in bad.content.decode()
+    assert operator.get("/brokers/127.0.0.1:5801/root/").status_code == 405
+
+
+def test_config_validate_shows_errors_in_place_and_the_diff(
+    operator: Client, brokers: list[Broker]
+) -> None:
+    broken = operator.post(
+        "/config/validate/", {"document": '{"heartbeat": {"interval": -1}}'}, HTTP_HX_REQUEST="true"
+    )
+    html = broken.content.decode()
+    assert broken.status_code == 200 and 'id="config-errors"' in html
+    assert "heartbeat.interval" in html
+    not_json = operator.post("/config/validate/", {"document": "{nope"}, HTTP_HX_REQUEST="true")
+    assert "not valid JSON" in not_json.content.decode() and "line 1" in not_json.content.decode()
+    good = operator.post(
+        "/config/validate/", {"document": '{"vhosts": ["/", "staging"]}'}, HTTP_HX_REQUEST="true"
+    )
+    html = good.content.decode()
+    assert 'id="config-valid"' in html and 'class="diff-add">+    &quot;staging&quot;' in html
+    assert ConfigVersion.objects.count() == 0  # validating saves nothing
+
+
+def test_config_push_saves_a_version_and_shows_convergence(
+    operator: Client, brokers: list[Broker]
+) -> None:
+    document = {"vhosts": ["/", "staging"]}
+    pushed = operator.post(
+        "/config/",
+        {"document": json.dumps(document), "comment": "staging vhost"},
+        HTTP_HX_REQUEST="true",
+    )
+    assert pushed.status_code == 200
+    version = ConfigVersion.objects.get()
+    assert f"Version {version.number} saved" in pushed.content.decode()
+    assert Command.objects.filter(name=Command.CONFIG_APPLY).count() == 4
+    ConfigApplication.objects.filter(broker=brokers[0]).update(
+        state="acked", checksum=version.checksum
+    )
+    page = operator.get("/config/").content.decode()
+    assert page.count(">applied</span>") == 1 and page.count(">pending</span>") == 3
+    assert ">converging</span>" in page and "1 of 4 brokers" in page
+    ConfigApplication.objects.update(state="acked", checksum=version.checksum)
+    assert ">converged</span>" in operator.get("/config/").content.decode()
+    # a bad document posted without htmx: the full page with the error in place
+    bad = operator.post("/config/", {"document": '{"vhosts": 5}'})
+    assert bad.status_code == 200 and 'id="config-errors"' in bad.content.decode()
+    assert ConfigVersion.objects.count() == 1
+
+
+def test_filters_use_the_api_semantics_and_bad_values_show_errors(
+    operator: Client, brokers: list[Broker]
+) -> None:
+    for i, name in enumerate(["orders", "orders-dlq", "billing"]):
+        QueueSnapshot.objects.create(
+            broker=brokers[i], vhost="/", name=name, messages=i * 5, updated_at=timezone.now()
+        )
+    html = operator.get("/queues/?name_contains=orders").content.decode()
+    assert 'data-queue="orders"' in html and 'data-queue="orders-dlq"' in html
+    assert 'data-queue="billing"' not in html
+    html = operator.get("/queues/?broker=127.0.0.1:5803").content.decode()
+    assert 'data-queue="billing"' in html and 'data-queue="orders"' not in html
+    bad = operator.get("/queues/?min_messages=lots")
+    assert bad.status_code == 200 and 'role="alert"' in bad.content.decode()
+    assert "No queues." in bad.content.decode()
+    assert "min_messages=lots" in bad.content.decode()  # the live URL keeps the filters
+
+
+def test_alarms_page_lists_active_and_history(operator: Client, brokers: list[Broker]) -> None:
+    Alarm.objects.create(
+        broker=brokers[3], kind="broker.down", message="silent", raised_at=timezone.now()
+    )
+    Alarm.objects.create(
+        kind="link.refused", message="bad token", raised_at=timezone.now(), active=False
+    )
+    html = operator.get("/alarms/").content.decode()
+    assert 'data-kind="broker.down"' in html and ">cleared</span>" in html
+    assert ">1 active</strong>" in html  # the cluster bar
+
+
+def test_relative_times() -> None:
+    assert relative(dt.timedelta(seconds=0.2)) == "just now"
+    assert relative(dt.timedelta(seconds=42)) == "42 s ago"
+    assert relative(dt.timedelta(minutes=5, seconds=3)) == "5 min ago"
+    assert relative(dt.timedelta(hours=3)) == "3 h ago"
+    assert relative(dt.timedelta(days=2)) == "2 d ago"
+    assert relative(dt.timedelta(seconds=-5)) == "in 5 s"
+
+
+def test_message_rates_sum_brokers_per_bucket(brokers: list[Broker]) -> None:
+    now = timezone.now().replace(microsecond=0)
+    start = int(now.timestamp()) - 10
+    for broker, rate in [(brokers[0], 10.0), (brokers[1], 4.0)]:
+        for offset in range(5):
+            HeartbeatSample.objects.create(
+                broker=broker,
+                time=dt.datetime.fromtimestamp(start + offset, dt.UTC),
+                rate_published=rate,
+                rate_delivered=rate / 2,
+            )
+    series = message_rates(now=now, bucket=1)
+    assert series["t"] == [start + i for i in range(5)]
+    assert series["published"] == [14.0] * 5 and series["delivered"] == [7.0] * 5
+    # the bucket still filling is left out
+    HeartbeatSample.objects.create(broker=brokers[0], time=now, rate_published=99.0)
+    assert message_rates(now=now, bucket=1)["t"][-1] == start + 4
