@@ -1,0 +1,69 @@
+"""The live page consumer: login required, fragments pushed on change, bursts coalesced."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser, User
+from django.utils import timezone
+
+from clusterapi.cluster import DASHBOARD_GROUP, dashboard_event
+from clusterapi.models import Broker
+from console.dashboard import live
+from console.dashboard.live import DashboardConsumer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def _in_memory_layer(settings: Any) -> None:
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+def communicator(path: str, user: Any) -> WebsocketCommunicator:
+    com = WebsocketCommunicator(DashboardConsumer.as_asgi(), path)
+    com.scope["user"] = user
+    return com
+
+
+async def test_anonymous_and_unknown_pages_are_refused() -> None:
+    com = communicator("/ws/dashboard/?page=overview", AnonymousUser())
+    connected, code = await com.connect()
+    assert not connected and code == live.CLOSE_UNAUTHENTICATED
+    user = await sync_to_async(User.objects.create_user)("u1", password="pw-u1-123")
+    com = communicator("/ws/dashboard/?page=nope", user)
+    connected, code = await com.connect()
+    assert not connected and code == live.CLOSE_UNKNOWN_PAGE
+
+
+async def test_changes_push_fragments_at_most_a_few_times_a_second() -> None:
+    user = await sync_to_async(User.objects.create_user)("u2", password="pw-u2-123")
+    broker = await sync_to_async(Broker.objects.create)(
+        name="127.0.0.1:5901", state="up", is_root=True, ready=True, last_seen=timezone.now()
+    )
+    com = communicator(f"/ws/dashboard/?page=broker&broker={broker.name}", user)
+    connected, _ = await com.connect()
+    assert connected
+    first = await com.receive_from(timeout=3)  # sent on connect
+    assert 'id="cluster-bar"' in first and 'id="broker-summary"' in first
+    assert 'data-root="127.0.0.1:5901"' in first
+    assert "Disable root" not in first  # not an operator
+    await sync_to_async(Broker.objects.filter(pk=broker.pk).update)(is_root=False)
+    layer = get_channel_layer()
+    started = time.monotonic()
+    for _ in range(30):  # a burst: 30 statuses within ~0.3 s
+        await layer.group_send(DASHBOARD_GROUP, dashboard_event("broker", broker.name))
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(1.2 - (time.monotonic() - started))
+    received = []
+    while not await com.receive_nothing(timeout=0.1):  # drain what arrived in 1.2 s
+        received.append(await com.receive_from())
+    assert 1 <= len(received) <= 5, len(received)
+    assert 'data-root=""' in received[-1]  # the change shows
+    await com.disconnect()
