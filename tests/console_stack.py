@@ -311,14 +311,21 @@ class ConsoleStack:
         return svc
 
     def start_cluster(
-        self, primaries: int = 3, heartbeat: dict[str, float] | None = None
+        self,
+        primaries: int = 3,
+        heartbeat: dict[str, float] | None = None,
+        secondaries: int = 0,
     ) -> Cluster:
-        """``primaries`` brokers linked to the console (``--console`` + the token)."""
+        """``primaries`` then ``secondaries`` brokers linked to the console
+        (``--console`` + the token)."""
         (self.root / "cluster").mkdir(exist_ok=True)
         self.cluster = Cluster(
-            self.root / "cluster", primaries, 0, heartbeat={**HEARTBEAT, **(heartbeat or {})}
+            self.root / "cluster",
+            primaries,
+            secondaries,
+            heartbeat={**HEARTBEAT, **(heartbeat or {})},
         )
-        for index in range(primaries):
+        for index in range(primaries + secondaries):
             self.start_broker(index)
             time.sleep(0.15)
         return self.cluster
