@@ -166,14 +166,23 @@ class Output:
         self.colour = stream.isatty() and os.environ.get("NO_COLOR") is None
         self.width = max(len(n) for n in ("rookery", "console", "worker", *BROKER_NAMES))
         self.colours: dict[str, str] = {"rookery": "1"}
+        self.closed = False
 
     def line(self, name: str, text: str) -> None:
         label = f"{name:<{self.width}} |"
         if self.colour:
             code = self.colours.setdefault(name, next(_COLOURS))
             label = f"\033[{code}m{label}\033[0m"
-        self.stream.write(f"{label} {text}\n")
-        self.stream.flush()
+        if self.closed:
+            return
+        try:
+            self.stream.write(f"{label} {text}\n")
+            self.stream.flush()
+        except (BrokenPipeError, ValueError):
+            # The reader went away (`make run | tee` and Ctrl-C): keep stopping quietly.
+            self.closed = True
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())
 
     def say(self, text: str) -> None:
         for part in text.splitlines() or [""]:

@@ -210,6 +210,8 @@ def test_quickstart_runs_everything_and_stops_cleanly(tmp_path: Path) -> None:
         assert qs.wait_exit() == 0, qs.tail()
         assert gone(children) == []
         assert "everything stopped" in qs.output
+        # The broker links stayed up: no consumer crashed (e.g. on a Redis socket timeout).
+        assert "Exception inside application" not in qs.output
     finally:
         qs.kill_leftovers()
 
