@@ -8,6 +8,7 @@ from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from clusterapi import configs
 from clusterapi.models import (
     Alarm,
     AuditEntry,
@@ -301,8 +302,6 @@ class ConfigVersionDetailSerializer(ConfigVersionSerializer):
         """``configs.convergence`` once per serialization, brokers shown by name."""
         cache = self.context.setdefault("_convergence", {})
         if version.pk not in cache:
-            from clusterapi import configs
-
             cache[version.pk] = [
                 {
                     "broker": getattr(row["broker"], "name", row["broker"]),

@@ -31,7 +31,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from clusterapi import cluster
+from clusterapi import cluster, commands, configs
 from clusterapi.api import errors, filters, serializers
 from clusterapi.api.permissions import IsOperatorOrReadOnly
 from clusterapi.models import (
@@ -149,8 +149,6 @@ class BrokerViewSet(ReadOnlyViewSet):
         return broker
 
     def _issue(self, name: str) -> Response:
-        from clusterapi import commands
-
         broker = self.get_object()
         command = commands.issue(broker, name, {}, self.request.user)
         body = serializers.CommandSerializer(command).data
@@ -251,8 +249,6 @@ class ConfigVersionViewSet(ApiMixin, mixins.CreateModelMixin, viewsets.ReadOnlyM
         responses={201: serializers.ConfigVersionDetailSerializer, **ERRORS},
     )
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        from clusterapi import configs
-
         body = serializers.ConfigCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         version = configs.create_version(
@@ -270,8 +266,6 @@ class ConfigVersionViewSet(ApiMixin, mixins.CreateModelMixin, viewsets.ReadOnlyM
     )
     @action(detail=False, methods=["get"], pagination_class=None, filter_backends=[])
     def current(self, request: Request) -> Response:
-        from clusterapi import configs
-
         version = configs.current()
         if version is None:
             raise NotFound("no configuration version has been saved yet")

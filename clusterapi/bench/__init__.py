@@ -1,0 +1,1 @@
+"""Benchmarks of the console (``python -m clusterapi.bench.linkload``)."""

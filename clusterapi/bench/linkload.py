@@ -1,0 +1,573 @@
+"""Load the console's broker link as N brokers would, and measure what it costs.
+
+    python -m clusterapi.bench.linkload --console ws://127.0.0.1:8000/ws/brokers/ \\
+        --token TOKEN --brokers 10 --queues 1000 --rate 1 --duration 60
+
+Each fake broker speaks the link protocol of docs/protocol.md ("Console link"):
+``hello``, then a ``status`` every ``1/rate`` seconds with a full snapshot of its
+queues, exchanges and bindings first and every 30th status (or on ``resync``),
+deltas in between carrying the queues that changed (``--churn`` of them per
+second, plus a queue deleted and one created now and then); it answers every
+``command`` with an ``ack``. Statuses are paced on a fixed schedule, not
+back-to-back, so a slow console shows up as delay rather than as fewer messages.
+
+Measured over ``--duration`` after ``--warmup``:
+
+- CPU of the console's processes (psutil): Daphne (found by the port of
+  ``--console`` unless ``--daphne-pid``), and the Celery worker with its
+  children when ``--worker-pid`` is given;
+- ingest delay: from a status's ``time`` (when the fake broker sent it) to the
+  moment its ``HeartbeatSample`` is visible in the console's database (it is
+  written in the same transaction as the queue updates), found by polling the
+  database every ``--poll`` seconds; so each delay is late by up to one poll
+  interval. The bench reads the database through the console's Django settings,
+  so run it with the console's environment (``DATA_DIR`` / ``DATABASE_URL``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import psutil
+import websockets
+
+FULL_EVERY = 30  # statuses; the broker's own rhythm (docs/protocol.md)
+VHOST = "/"
+
+
+# -- one fake broker ---------------------------------------------------------------------
+
+
+@dataclass
+class QueueState:
+    name: str
+    messages: int = 0
+    unacked: int = 0
+    consumers: int = 1
+    enqueued: int = 0
+    delivered: int = 0
+
+    def entry(self) -> dict[str, Any]:
+        return {
+            "vhost": VHOST,
+            "name": self.name,
+            "durable": True,
+            "exclusive": False,
+            "auto_delete": False,
+            "shared": False,
+            "messages": self.messages,
+            "unacked": self.unacked,
+            "consumers": self.consumers,
+            "enqueued": self.enqueued,
+            "delivered": self.delivered,
+            "arguments": {},
+        }
+
+
+@dataclass
+class FakeBroker:
+    """The link side of one brokerd: its queues, their churn, and what it sends."""
+
+    index: int
+    queues: int
+    churn: float
+    rate: float
+    rng: random.Random
+    spid: str = field(default_factory=lambda: uuid.uuid4().hex[:20])
+    seq: int = 0
+    want_full: bool = True
+    created: int = 0
+    state: dict[str, QueueState] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
+    changed: set[str] = field(default_factory=set)
+    totals: dict[str, int] = field(
+        default_factory=lambda: {"published": 0, "routed": 0, "delivered": 0, "acked": 0}
+    )
+    sent_times: list[float] = field(default_factory=list)
+    acks: int = 0
+    #: queues whose binding the console has been sent
+    _bound: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        for _ in range(self.queues):
+            self._create()
+
+    @property
+    def name(self) -> str:
+        return f"127.0.1.{self.index + 1}:5672"
+
+    def _create(self) -> None:
+        queue = QueueState(f"bench.q{self.created:06d}")
+        self.created += 1
+        self.state[queue.name] = queue
+        self.changed.add(queue.name)
+
+    def hello(self) -> dict[str, Any]:
+        return {
+            "v": 1,
+            "type": "hello",
+            "spid": self.spid,
+            "name": self.name,
+            "address": self.name,
+            "broker_type": "primary",
+            "version": "linkload",
+            "start_time": time.time(),
+            "cluster": "linkload",
+            "checksum": None,
+            "heartbeat_interval": 1.0 / self.rate,
+            "config_version": None,
+            "config_checksum": None,
+        }
+
+    def tick(self, elapsed: float) -> None:
+        """One interval of traffic: ``churn`` of the queues move, one queue may be replaced."""
+        moving = max(1, int(len(self.state) * self.churn * elapsed))
+        for name in self.rng.sample(sorted(self.state), min(moving, len(self.state))):
+            q = self.state[name]
+            published = self.rng.randint(1, 50)
+            delivered = self.rng.randint(0, published + q.messages)
+            q.enqueued += published
+            q.delivered += delivered
+            q.messages = max(0, q.messages + published - delivered)
+            q.unacked = self.rng.randint(0, 5)
+            self.totals["published"] += published
+            self.totals["routed"] += published
+            self.totals["delivered"] += delivered
+            self.totals["acked"] += delivered
+            self.changed.add(name)
+        if self.rng.random() < 0.2 * elapsed:  # a short-lived queue goes and another comes
+            gone = self.rng.choice(sorted(self.state))
+            del self.state[gone]
+            self.changed.discard(gone)
+            self.removed.append(gone)
+            self._create()
+
+    def status(self, peers: list[dict[str, Any]], root_spid: str) -> dict[str, Any]:
+        full = self.want_full or self.seq % FULL_EVERY == 0
+        self.want_full = False
+        if full:
+            queues: Any = [q.entry() for q in self.state.values()]
+            exchanges: Any = [
+                {
+                    "vhost": VHOST,
+                    "name": "bench.direct",
+                    "type": "direct",
+                    "durable": True,
+                    "auto_delete": False,
+                    "internal": False,
+                    "arguments": {},
+                }
+            ]
+            bindings: Any = [
+                {
+                    "vhost": VHOST,
+                    "source": "bench.direct",
+                    "destination": name,
+                    "destination_type": "queue",
+                    "routing_key": name,
+                    "arguments": {},
+                }
+                for name in self.state
+            ]
+        else:
+            queues = {
+                "upsert": [self.state[n].entry() for n in sorted(self.changed)],
+                "remove": [[VHOST, n] for n in self.removed],
+            }
+            new = [n for n in self.changed if n not in self._bound]
+            exchanges = {"upsert": [], "remove": []}
+            bindings = {
+                "upsert": [
+                    {
+                        "vhost": VHOST,
+                        "source": "bench.direct",
+                        "destination": n,
+                        "destination_type": "queue",
+                        "routing_key": n,
+                        "arguments": {},
+                    }
+                    for n in new
+                ],
+                "remove": [[VHOST, "bench.direct", n, "queue", n] for n in self.removed],
+            }
+        self._bound = set(self.state)
+        self.changed.clear()
+        self.removed.clear()
+        messages_ready = sum(q.messages for q in self.state.values())
+        now = time.time()
+        msg = {
+            "v": 1,
+            "type": "status",
+            "seq": self.seq,
+            "time": now,
+            "full": full,
+            "view": {
+                "is_root": self.spid == root_spid,
+                "root": root_spid,
+                "ready": True,
+                "root_enabled": True,
+                "quorum": True,
+                "vote": root_spid,
+                "reason": "",
+                "checksum": "0123456789abcdef",
+                "alarms": [],
+                "peers": peers,
+            },
+            "counts": {
+                "connections": 4,
+                "channels": 8,
+                "consumers": len(self.state),
+                "vhosts": 1,
+                "exchanges": 8,
+                "queues": len(self.state),
+                "bindings": len(self.state),
+                "messages_ready": messages_ready,
+                "messages_unacked": sum(q.unacked for q in self.state.values()),
+            },
+            "totals": dict(self.totals, returned=0),
+            "rates": {"published": 0.0, "routed": 0.0, "delivered": 0.0},
+            "queues": queues,
+            "exchanges": exchanges,
+            "bindings": bindings,
+        }
+        self.seq += 1
+        self.sent_times.append(now)
+        return msg
+
+    def answer(self, command: dict[str, Any]) -> dict[str, Any]:
+        """The ack a brokerd gives (it applies nothing here)."""
+        name, args = command.get("command"), command.get("args") or {}
+        result: dict[str, Any] | None
+        if name == "config.apply":
+            result = {"config_version": args.get("version"), "config_checksum": "", "applied": []}
+        elif name in ("root.enable", "root.disable"):
+            result = {"root_enabled": name == "root.enable"}
+        elif name == "state.dump":
+            result = {"dump": f"linkload broker {self.name}: {len(self.state)} queues"}
+        else:
+            return {
+                "v": 1,
+                "type": "ack",
+                "id": command.get("id"),
+                "ok": False,
+                "result": None,
+                "error": f"unknown command {name!r}",
+            }
+        self.acks += 1
+        return {
+            "v": 1,
+            "type": "ack",
+            "id": command.get("id"),
+            "ok": True,
+            "result": result,
+            "error": None,
+        }
+
+
+async def run_broker(
+    broker: FakeBroker,
+    url: str,
+    token: str,
+    peers: list[dict[str, Any]],
+    root_spid: str,
+    stop_at: float,
+    stats: dict[str, int],
+) -> None:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with websockets.connect(url, additional_headers=headers, max_size=64 << 20) as ws:
+        await ws.send(json.dumps(broker.hello()))
+
+        async def reader() -> None:
+            async for raw in ws:
+                msg = json.loads(raw)
+                if msg.get("type") == "resync":
+                    broker.want_full = True
+                    stats["resyncs"] += 1
+                elif msg.get("type") == "command":
+                    await ws.send(json.dumps(broker.answer(msg)))
+
+        read_task = asyncio.create_task(reader())
+        interval = 1.0 / broker.rate
+        # Spread the brokers over the interval, as independent brokers would be.
+        next_at = time.monotonic() + interval * broker.index / max(1, stats["brokers"])
+        last = time.monotonic()
+        try:
+            while time.monotonic() < stop_at:
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+                now = time.monotonic()
+                broker.tick(now - last)
+                last = now
+                others = [p for p in peers if p["spid"] != broker.spid]
+                text = json.dumps(broker.status(others, root_spid))
+                stats["bytes"] += len(text)
+                stats["statuses"] += 1
+                await ws.send(text)
+                next_at += interval
+                if next_at < time.monotonic():  # we fell behind: skip, never burst
+                    stats["late"] += 1
+                    next_at = time.monotonic() + interval
+        finally:
+            read_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, websockets.ConnectionClosed):
+                await read_task
+
+
+# -- measuring the console -----------------------------------------------------------------
+
+
+def listening_pid(port: int) -> int | None:
+    """The pid of the process listening on ``port`` (the console's Daphne)."""
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+            return conn.pid
+    return None
+
+
+class CpuMeter:
+    """CPU seconds of a process (and its children) between ``start`` and ``stop``."""
+
+    def __init__(self, pid: int, children: bool) -> None:
+        self.root = psutil.Process(pid)
+        self.children = children
+        self._start: dict[int, float] = {}
+        self.seconds = 0.0
+
+    def _procs(self) -> list[psutil.Process]:
+        procs = [self.root]
+        if self.children:
+            procs += self.root.children(recursive=True)
+        return procs
+
+    def _times(self) -> dict[int, float]:
+        out = {}
+        for proc in self._procs():
+            with contextlib.suppress(psutil.Error):
+                t = proc.cpu_times()
+                out[proc.pid] = t.user + t.system
+        return out
+
+    def start(self) -> None:
+        self._start = self._times()
+
+    def stop(self) -> None:
+        end = self._times()
+        self.seconds = sum(v - self._start.get(pid, 0.0) for pid, v in end.items())
+
+
+class DelayPoller(threading.Thread):
+    """Polls the console's database for new heartbeat samples of the fake brokers."""
+
+    def __init__(self, names: list[str], poll: float) -> None:
+        super().__init__(daemon=True)
+        self.names = names
+        self.poll = poll
+        self.delays: list[float] = []
+        self.measuring = False
+        self.stopping = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+
+    def _run(self) -> None:
+        from django.db import close_old_connections
+
+        from clusterapi.models import HeartbeatSample
+
+        seen: set[tuple[str, float]] = set()
+        since = time.time() - 1
+        while not self.stopping.is_set():
+            rows = HeartbeatSample.objects.filter(
+                broker__name__in=self.names, time__gte=_aware(since)
+            ).values_list("broker__name", "time")
+            now = time.time()
+            for name, sent in rows:
+                key = (name, sent.timestamp())
+                if key in seen:
+                    continue
+                seen.add(key)
+                if self.measuring:
+                    self.delays.append(now - key[1])
+            since = now - 30  # a status can commit long after its time; keep a window
+            seen = {k for k in seen if k[1] >= since - 1}
+            close_old_connections()
+            self.stopping.wait(self.poll)
+
+
+def _aware(t: float) -> Any:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, tz=dt.UTC)
+
+
+def percentile(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+# -- the run -------------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    brokers = [
+        FakeBroker(i, args.queues, args.churn, args.rate, random.Random(rng.random()))
+        for i in range(args.brokers)
+    ]
+    peers = [
+        {
+            "spid": b.spid,
+            "type": "primary",
+            "address": b.name,
+            "active": True,
+            "link": "up",
+            "last_seen_age": 0.2,
+            "rtt_ms": 0.4,
+        }
+        for b in brokers
+    ]
+    root_spid = brokers[0].spid
+
+    meters: dict[str, CpuMeter] = {}
+    daphne_pid = args.daphne_pid or listening_pid(urlsplit(args.console).port or 80)
+    if daphne_pid:
+        meters["daphne"] = CpuMeter(daphne_pid, children=False)
+    else:
+        print("warning: Daphne's pid not found; pass --daphne-pid", file=sys.stderr)
+    if args.worker_pid:
+        meters["celery"] = CpuMeter(args.worker_pid, children=True)
+    if args.redis_pid:
+        meters["redis"] = CpuMeter(args.redis_pid, children=False)
+
+    poller = None
+    if not args.no_db:
+        import django
+
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
+        django.setup()
+        poller = DelayPoller([b.name for b in brokers], args.poll)
+        poller.start()
+
+    stats = {"statuses": 0, "bytes": 0, "late": 0, "resyncs": 0, "brokers": len(brokers)}
+    started = time.monotonic()
+    stop_at = started + args.warmup + args.duration
+    tasks = [
+        asyncio.create_task(
+            run_broker(b, args.console, args.token, peers, root_spid, stop_at, stats)
+        )
+        for b in brokers
+    ]
+    await asyncio.sleep(args.warmup)
+    for meter in meters.values():
+        meter.start()
+    if poller is not None:
+        poller.measuring = True
+    window = {k: stats[k] for k in ("statuses", "bytes")}
+    t0 = time.monotonic()
+    await asyncio.gather(*tasks)
+    # Statuses sent at the very end may still be in flight: give them a moment.
+    elapsed = time.monotonic() - t0
+    for meter in meters.values():
+        meter.stop()
+    if poller is not None:
+        await asyncio.sleep(min(5.0, 10 * args.poll + 1.0))
+        poller.measuring = False
+        poller.stopping.set()
+        poller.join(5)
+        if poller.error is not None:
+            raise poller.error
+
+    sent = stats["statuses"] - window["statuses"]
+    result: dict[str, Any] = {
+        "brokers": args.brokers,
+        "queues_per_broker": args.queues,
+        "rate_hz": args.rate,
+        "churn_per_second": args.churn,
+        "duration_s": round(elapsed, 1),
+        "statuses_sent": sent,
+        "statuses_per_s": round(sent / elapsed, 2),
+        "link_kib_per_s": round((stats["bytes"] - window["bytes"]) / 1024 / elapsed, 1),
+        "late_statuses": stats["late"],
+        "resyncs": stats["resyncs"],
+        "cpu_percent": {name: round(100 * m.seconds / elapsed, 1) for name, m in meters.items()},
+    }
+    if poller is not None:
+        delays = [1000 * d for d in poller.delays]
+        result["ingest_delay_ms"] = {
+            "samples": len(delays),
+            "p50": round(percentile(delays, 50), 1),
+            "p95": round(percentile(delays, 95), 1),
+            "max": round(max(delays), 1) if delays else None,
+            "mean": round(statistics.fmean(delays), 1) if delays else None,
+            "poll_interval_ms": round(1000 * args.poll, 1),
+        }
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m clusterapi.bench.linkload",
+        description="Load the console's broker link as N fake brokers; measure CPU and delay.",
+    )
+    parser.add_argument("--console", required=True, help="ws://host:port/ws/brokers/")
+    parser.add_argument("--token", default=os.environ.get("CONSOLE_BROKER_TOKEN", ""))
+    parser.add_argument("--brokers", type=int, default=10)
+    parser.add_argument("--queues", type=int, default=1000, help="queues per broker")
+    parser.add_argument("--rate", type=float, default=1.0, help="statuses per second per broker")
+    parser.add_argument("--duration", type=float, default=60.0, help="measured seconds")
+    parser.add_argument("--warmup", type=float, default=5.0, help="seconds before measuring")
+    parser.add_argument(
+        "--churn", type=float, default=0.1, help="fraction of queues changing per second"
+    )
+    parser.add_argument("--poll", type=float, default=0.02, help="database poll interval (s)")
+    parser.add_argument("--daphne-pid", type=int, help="default: the listener of --console")
+    parser.add_argument("--worker-pid", type=int, help="Celery worker (children included)")
+    parser.add_argument("--redis-pid", type=int)
+    parser.add_argument("--no-db", action="store_true", help="skip the delay measurement")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--json", help="also write the result to this file")
+    args = parser.parse_args(argv)
+    if not args.token:
+        parser.error("--token (or CONSOLE_BROKER_TOKEN) is required")
+    for name in ("brokers", "queues"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")
+    if not 0 < args.rate <= 50:
+        parser.error("--rate must be in (0, 50]")
+    if not 0 <= args.churn <= 1:
+        parser.error("--churn must be in [0, 1]")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = asyncio.run(run(args))
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as out:
+            out.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
