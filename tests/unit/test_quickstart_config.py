@@ -1,0 +1,118 @@
+"""deploy/quickstart.py without processes: environment, state files, cluster file."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import sys
+import tomllib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("quickstart", REPO / "deploy/quickstart.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["quickstart"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+qs = _load()
+
+
+def config(tmp_path: Path, **env: str):
+    return qs.QuickstartConfig.from_env({"DATA_DIR": str(tmp_path), **env})
+
+
+def test_defaults_keep_clear_of_rabbitmq_and_redis(tmp_path: Path) -> None:
+    c = config(tmp_path)
+    assert c.listen_ports() == {
+        "console": 8000,
+        "primary1": 5701,
+        "primary2": 5702,
+        "primary3": 5703,
+        "secondary": 5704,
+        "redis": 6390,
+    }
+    assert c.admin_user == "admin" and c.admin_password is None
+    assert c.data_dir == tmp_path and c.celery_loglevel == "WARNING"
+
+
+def test_environment_overrides_and_external_redis(tmp_path: Path) -> None:
+    c = config(
+        tmp_path,
+        ROOKERY_CONSOLE_PORT="18000",
+        ROOKERY_BROKER_PORTS="1, 2,3,4",
+        REDIS_URL="redis://elsewhere:6379/1",
+        ROOKERY_ADMIN_USER="ops",
+        ROOKERY_ADMIN_PASSWORD="s3cret-pass",
+    )
+    assert c.broker_ports == (1, 2, 3, 4) and c.console_port == 18000
+    assert "redis" not in c.listen_ports()  # no embedded Redis to start
+    assert (c.admin_user, c.admin_password) == ("ops", "s3cret-pass")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"ROOKERY_BROKER_PORTS": "5701,5702"}, "give 4 ports"),
+        ({"ROOKERY_CONSOLE_PORT": "http"}, "not a port number"),
+        ({"ROOKERY_REDIS_PORT": "70000"}, "1-65535"),
+        ({"ROOKERY_CONSOLE_PORT": "5701"}, "must all differ"),
+    ],
+)
+def test_bad_environment_is_a_clear_error(tmp_path: Path, env: dict, message: str) -> None:
+    with pytest.raises(qs.QuickstartError, match=message):
+        config(tmp_path, **env)
+
+
+def test_secret_is_created_once_with_mode_0600(tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "admin-password"
+    value, created = qs.read_or_create_secret(path, lambda: "first")
+    assert (value, created) == ("first", True)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert qs.read_or_create_secret(path, lambda: "second") == ("first", False)
+    path.write_text("\n")
+    with pytest.raises(qs.QuickstartError, match="is empty"):
+        qs.read_or_create_secret(path, lambda: "third")
+
+
+def test_cluster_file_is_reused_and_follows_moved_primaries(tmp_path: Path) -> None:
+    out = qs.Output(io.StringIO())
+    c = config(tmp_path)
+    qs.ensure_cluster_file(c, out)
+    first = c.cluster_file.read_text()
+    parsed = tomllib.loads(first)
+    assert parsed["known_hosts"] == ["127.0.0.1:5701", "127.0.0.1:5702", "127.0.0.1:5703"]
+    assert len(parsed["secret"]) >= 24 and c.cluster_file.stat().st_mode & 0o777 == 0o600
+
+    qs.ensure_cluster_file(c, out)
+    assert c.cluster_file.read_text() == first  # same ports: untouched
+
+    moved = config(tmp_path, ROOKERY_BROKER_PORTS="6701,6702,6703,6704")
+    qs.ensure_cluster_file(moved, out)
+    again = tomllib.loads(moved.cluster_file.read_text())
+    assert again["known_hosts"] == ["127.0.0.1:6701", "127.0.0.1:6702", "127.0.0.1:6703"]
+    assert again["secret"] == parsed["secret"] and again["name"] == parsed["name"]
+    assert "rewriting known_hosts" in out.stream.getvalue()
+
+
+def test_output_prefixes_every_line_and_survives_a_closed_reader() -> None:
+    stream = io.StringIO()
+    out = qs.Output(stream)
+    out.line("primary1", "hello")
+    out.say("two\nlines")
+    assert stream.getvalue().splitlines() == [
+        "primary1  | hello",
+        "rookery   | two",
+        "rookery   | lines",
+    ]
+    stream.close()
+    out.line("console", "after the reader left")  # no exception
+    assert out.closed
