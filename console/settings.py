@@ -134,10 +134,18 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 
+# channels_redis waits for messages with a 5 s blocking pop, and redis-py's default
+# socket timeout is also 5 s: a busy event loop then reads the pop's answer after the
+# socket timed out and the consumer dies. The timeout is a safety net, not a deadline.
+CHANNEL_LAYER_SOCKET_TIMEOUT = 30
+
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "rookery:asgi"},
+        "CONFIG": {
+            "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT}],
+            "prefix": "rookery:asgi",
+        },
     }
 }
 

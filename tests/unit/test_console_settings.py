@@ -212,7 +212,7 @@ def test_settings_read_the_environment(tmp_path: Path) -> None:
     assert s["CELERY_BROKER_URL"] == "redis://redis.internal:6380/2"
     layer = s["CHANNEL_LAYERS"]["default"]
     assert layer["BACKEND"] == "channels_redis.core.RedisChannelLayer"
-    assert layer["CONFIG"]["hosts"] == ["redis://redis.internal:6380/2"]
+    assert layer["CONFIG"]["hosts"][0]["address"] == "redis://redis.internal:6380/2"
     assert s["CONSOLE_BROKER_TOKEN"] == "broker-token"
     assert s["SPARK_MASTER"] == "spark://spark.internal:7077"
     assert s["DATA_DIR"] == str(tmp_path)
@@ -229,7 +229,8 @@ def test_settings_defaults(tmp_path: Path) -> None:
     assert s["DATABASES"]["default"]["ENGINE"] == "django.db.backends.sqlite3"
     assert s["DATABASES"]["default"]["NAME"] == str(tmp_path / "console.sqlite3")
     assert s["REDIS_URL"] == s["CELERY_BROKER_URL"] == "redis://127.0.0.1:6379/0"
-    assert s["CHANNEL_LAYERS"]["default"]["CONFIG"]["hosts"] == ["redis://127.0.0.1:6379/0"]
+    hosts = s["CHANNEL_LAYERS"]["default"]["CONFIG"]["hosts"]
+    assert hosts == [{"address": "redis://127.0.0.1:6379/0", "socket_timeout": 30}]
     assert s["CONSOLE_BROKER_TOKEN"] == ""
     assert s["SPARK_MASTER"] == "local[*]"
     # no SECRET_KEY: generated, persisted under DATA_DIR, stable across starts
