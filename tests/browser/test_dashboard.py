@@ -1,0 +1,238 @@
+"""The dashboard in Chromium against the real stack (Daphne, Redis, Celery, four brokers).
+
+The tests run in file order on one stack and each leaves the cluster whole
+(a disabled root is enabled again, a killed broker restarted). Every test
+saves a screenshot under var/screenshots/. Waiting is Playwright's ``expect``
+(polling the page), never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Browser, BrowserContext, Page, expect
+
+from tests.browser.support import live, login, mark, new_context, screenshot, unreloaded
+from tests.console_stack import OPERATOR, VIEWER, ConsoleStack
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
+
+#: a page must show a change the brokers made within this many milliseconds
+LIVE_TIMEOUT = 15_000
+
+
+@pytest.fixture(scope="module")
+def operator(browser: Browser, stack: ConsoleStack) -> Iterator[BrowserContext]:
+    """A logged-in operator's browser session (shared by the tests' pages)."""
+    context = new_context(browser, stack, viewport={"width": 1280, "height": 900})
+    login(context, OPERATOR).close()
+    yield context
+    context.close()
+
+
+def open_page(context: BrowserContext, path: str) -> Page:
+    page = context.new_page()
+    page.goto(path)
+    live(page)
+    return page
+
+
+def agreed_root_name(stack: ConsoleStack) -> str:
+    """The name (host:port) of the root all running brokers agree on."""
+    assert stack.cluster is not None
+    spid = stack.cluster.wait(stack.cluster.agreed_root, timeout=30)
+    for index in stack.cluster.running():
+        if stack.cluster.status(index)["spid"] == spid:
+            return stack.broker_name(index)
+    raise AssertionError(f"no running broker has spid {spid}")
+
+
+def other_than(name: str) -> re.Pattern[str]:
+    """A broker name that is not ``name``."""
+    return re.compile(rf"^(?!{re.escape(name)}$)127\.0\.0\.1:\d+$")
+
+
+def test_login_and_the_overview_shows_four_brokers_and_the_root(
+    browser: Browser, stack: ConsoleStack
+) -> None:
+    context = new_context(browser, stack, viewport={"width": 1280, "height": 900})
+    page = login(context, OPERATOR)
+    rows = page.locator("#broker-table tbody tr[data-broker]")
+    expect(rows).to_have_count(4)
+    expect(page.locator("#broker-table .broker-state")).to_have_text(["up"] * 4)
+    root = agreed_root_name(stack)
+    expect(page.locator("#cluster-bar .root-name")).to_have_attribute("data-root", root)
+    expect(page.locator("#overview-root")).to_have_text(root)
+    expect(page.locator("#cluster-state")).to_contain_text("ready")
+    expect(page.locator("#overview-brokers")).to_have_text("4 of 4 up")
+    expect(page.locator(f'tr[data-broker="{root}"]')).to_contain_text("root")
+    secondary = stack.broker_name(3)
+    expect(page.locator(f'tr[data-broker="{secondary}"]')).to_contain_text("secondary")
+    # The rate chart is drawn by uPlot and fed by the pushed series.
+    expect(page.locator("#rate-chart canvas")).to_have_count(1)
+    expect(page.locator("#rate-chart .u-legend")).to_contain_text("published/s")
+    # Times are relative, with the absolute time on hover.
+    seen = page.locator(f'tr[data-broker="{root}"] time.ago')
+    expect(seen).to_have_text(re.compile(r"(just now|\d+ s ago)"))
+    expect(seen).to_have_attribute("title", re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$"))
+    screenshot(page, "overview")
+    # A narrow screen: nothing wider than the viewport but the scrolling tables.
+    page.set_viewport_size({"width": 390, "height": 844})
+    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert overflow <= 1, f"the page is {overflow}px wider than a 390px screen"
+    screenshot(page, "overview-narrow")
+    # Logging out ends the session: pages ask for a login again.
+    page.get_by_role("button", name="Log out").click()
+    page.goto("/brokers/")
+    expect(page.get_by_role("heading", name="Log in")).to_be_visible()
+    context.close()
+
+
+def test_disabling_the_root_shows_the_new_root_on_every_open_page(
+    operator: BrowserContext, stack: ConsoleStack
+) -> None:
+    old_root = agreed_root_name(stack)
+    pages = [
+        open_page(operator, "/"),
+        open_page(operator, "/brokers/"),
+        open_page(operator, "/alarms/"),
+        open_page(operator, f"/brokers/{old_root}/"),
+    ]
+    broker_page = pages[-1]
+    for page in pages:
+        mark(page)
+    broker_page.get_by_role("button", name="Disable root").click()
+    expect(broker_page.locator("#command-result")).to_contain_text("root.disable")
+    for page in pages:
+        expect(page.locator("#cluster-bar .root-name")).to_have_attribute(
+            "data-root", other_than(old_root), timeout=LIVE_TIMEOUT
+        )
+    new_root = agreed_root_name(stack)
+    assert new_root != old_root
+    for page in pages:
+        expect(page.locator("#cluster-bar .root-name")).to_have_attribute("data-root", new_root)
+        assert unreloaded(page), f"{page.url} was reloaded"
+    expect(pages[0].locator("#overview-root")).to_have_text(new_root)
+    expect(broker_page.locator("#broker-root-enabled")).to_have_text("disabled")
+    expect(broker_page.locator("#broker-role")).to_have_text("not root")
+    expect(broker_page.locator("#broker-commands")).to_contain_text("root.disable")
+    expect(broker_page.locator("#broker-commands tbody tr").first).to_contain_text("acked")
+    screenshot(broker_page, "root-disabled")
+    screenshot(pages[0], "root-disabled-overview")
+    # Leave the cluster whole: the old root may be root again.
+    broker_page.get_by_role("button", name="Enable root").click()
+    expect(broker_page.locator("#broker-root-enabled")).to_have_text("yes", timeout=LIVE_TIMEOUT)
+    expect(broker_page.get_by_role("button", name="Disable root")).to_be_visible()
+    for page in pages:
+        page.close()
+
+
+def test_state_dump_shows_in_the_broker_page(operator: BrowserContext, stack: ConsoleStack) -> None:
+    name = stack.broker_name(1)
+    page = open_page(operator, f"/brokers/{name}/")
+    expect(page.locator("#peer-links tbody tr[data-peer]")).to_have_count(3)
+    expect(page.locator("#peer-links")).to_contain_text("active")
+    expect(page.locator("#peer-links")).to_contain_text(re.compile(r"\d+\.\d ms"))
+    page.get_by_role("button", name="Dump state").click()
+    expect(page.locator("#dump-text")).to_be_visible(timeout=LIVE_TIMEOUT)
+    assert stack.cluster is not None
+    spid = stack.cluster.status(1)["spid"]
+    expect(page.locator("#dump-text")).to_contain_text(spid)
+    screenshot(page, "state-dump")
+    page.close()
+
+
+def test_pushing_an_edited_configuration_shows_convergence_on_all_brokers(
+    operator: BrowserContext, stack: ConsoleStack
+) -> None:
+    page = open_page(operator, "/config/")
+    document = page.get_by_label("Document (JSON)")
+    # A bad document: the error names the key, in place, and nothing is saved.
+    document.fill('{"vhosts": 5}')
+    page.get_by_role("button", name="Validate and show diff").click()
+    expect(page.locator("#config-errors")).to_contain_text("vhosts")
+    # A good one: valid, with its diff against the current version.
+    document = page.get_by_label("Document (JSON)")
+    document.fill('{"vhosts": ["/", "staging"]}')
+    page.get_by_role("button", name="Validate and show diff").click()
+    expect(page.locator("#config-valid")).to_contain_text("valid")
+    expect(page.locator("#config-diff")).to_contain_text('+    "staging"')
+    page.get_by_label("Comment").fill("a staging virtual host")
+    mark(page)
+    page.get_by_role("button", name="Save and push").click()
+    expect(page.locator("#config-editor")).to_contain_text("saved and pushed")
+    expect(page.locator("#convergence .apply-state")).to_have_text(
+        ["applied"] * 4, timeout=LIVE_TIMEOUT
+    )
+    expect(page.locator("#converged")).to_have_text("converged")
+    expect(page.locator("#config-versions")).to_contain_text("4 of 4 brokers")
+    assert unreloaded(page)
+    screenshot(page, "config-converged")
+    page.close()
+
+
+def test_a_killed_broker_shows_down_with_an_alarm_and_clears_on_restart(
+    operator: BrowserContext, stack: ConsoleStack
+) -> None:
+    assert stack.cluster is not None
+    victim = stack.broker_name(3)  # the secondary: no election needed
+    overview = open_page(operator, "/")
+    alarms = open_page(operator, "/alarms/")
+    row_state = overview.locator(f'tr[data-broker="{victim}"] .broker-state')
+    expect(row_state).to_have_text("up")
+    down_alarm = f'li[data-kind="broker.down"][data-broker="{victim}"]'
+    stack.cluster.servers[3].signal(signal.SIGKILL)
+    expect(row_state).to_have_text("down", timeout=LIVE_TIMEOUT)
+    expect(overview.locator(f"#active-alarms {down_alarm}")).to_be_visible()
+    expect(overview.locator("#overview-brokers")).to_have_text("3 of 4 up")
+    expect(alarms.locator(f"#active-alarms {down_alarm}")).to_be_visible()
+    screenshot(overview, "broker-down")
+    stack.cluster.servers[3].proc.wait(10)
+    stack.start_broker(3)
+    expect(row_state).to_have_text("up", timeout=LIVE_TIMEOUT)
+    expect(overview.locator(f"#active-alarms {down_alarm}")).to_have_count(0)
+    expect(alarms.locator(f"#active-alarms {down_alarm}")).to_have_count(0)
+    expect(alarms.locator('#alarm-table tr[data-kind="broker.down"]').first).to_contain_text(
+        "cleared"
+    )
+    expect(overview.locator("#overview-brokers")).to_have_text("4 of 4 up")
+    screenshot(overview, "broker-restarted")
+    overview.close()
+    alarms.close()
+
+
+def test_a_read_only_user_sees_no_command_buttons_and_a_forged_post_is_refused(
+    browser: Browser, stack: ConsoleStack
+) -> None:
+    context = new_context(browser, stack, viewport={"width": 1280, "height": 900})
+    login(context, VIEWER).close()
+    name = stack.broker_name(0)
+    page = open_page(context, f"/brokers/{name}/")
+    expect(page.locator("#broker-summary")).to_contain_text("up")
+    expect(page.get_by_role("button", name="Disable root")).to_have_count(0)
+    expect(page.get_by_role("button", name="Enable root")).to_have_count(0)
+    expect(page.get_by_role("button", name="Dump state")).to_have_count(0)
+    expect(page.locator(".who")).to_contain_text("read-only")
+    before = len(stack.api().items("/api/v1/commands/"))
+    # Forged: the viewer's own session and CSRF token, straight to the action URL.
+    token = next(c["value"] for c in context.cookies() if c["name"] == "csrftoken")
+    forged = page.request.post(
+        f"/brokers/{name}/root/",
+        form={"enabled": "0"},
+        headers={"X-CSRFToken": token, "HX-Request": "true"},
+    )
+    assert forged.status == 403
+    # And without the token: refused by the CSRF check.
+    tokenless = page.request.post(f"/brokers/{name}/dump/", form={})
+    assert tokenless.status == 403
+    pushed = page.request.post("/config/", form={"document": "{}"}, headers={"X-CSRFToken": token})
+    assert pushed.status == 403
+    assert len(stack.api().items("/api/v1/commands/")) == before
+    config = open_page(context, "/config/")
+    expect(config.get_by_role("button", name="Save and push")).to_have_count(0)
+    expect(config.locator("#convergence")).to_contain_text("converged")
+    screenshot(page, "read-only-broker")
+    context.close()
