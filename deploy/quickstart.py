@@ -258,6 +258,33 @@ def _toml_str(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def choose_admin_password(
+    config: QuickstartConfig, user_created: bool, output: Output
+) -> tuple[str | None, str]:
+    """The password to give the admin (None: leave it) and where the operator finds it.
+
+    ROOKERY_ADMIN_PASSWORD wins, every run. Otherwise a new admin gets the password
+    kept in DATA_DIR/admin-password, generated and shown once the first time; an
+    existing admin keeps its password, which may have been changed in the console.
+    """
+    path = config.password_file
+    if config.admin_password is not None:
+        if path.exists():  # no longer the password: do not point to it later
+            path.unlink()
+            output.say(f"removed {path}: ROOKERY_ADMIN_PASSWORD replaces it")
+        return config.admin_password, "from ROOKERY_ADMIN_PASSWORD"
+    if not user_created and not path.exists():
+        return None, "unchanged (set ROOKERY_ADMIN_PASSWORD to reset it)"
+    password, generated = read_or_create_secret(path, lambda: secrets.token_urlsafe(15))
+    if generated:
+        rule = "=" * 64
+        output.say(
+            f"{rule}\nConsole login:  user {config.admin_user!r}  password {password}\n"
+            f"(shown this once; kept in {path}, mode 0600)\n{rule}"
+        )
+    return (password if user_created else None), f"in {path}"
+
+
 def prepare_console(config: QuickstartConfig, output: Output) -> None:
     """Migrate the console's database and make sure the admin user can log in.
 
@@ -280,31 +307,7 @@ def prepare_console(config: QuickstartConfig, output: Output) -> None:
     user, created = user_model._default_manager.get_or_create(
         **{user_model.USERNAME_FIELD: config.admin_user}
     )
-    password: str | None = config.admin_password
-    where = "from ROOKERY_ADMIN_PASSWORD"
-    if password is None:
-        stored_before = config.password_file.exists()
-        if created or stored_before:
-            password, generated = read_or_create_secret(
-                config.password_file, lambda: secrets.token_urlsafe(15)
-            )
-            if generated:
-                output.say(
-                    "\n".join(
-                        [
-                            "=" * 64,
-                            f"Console login:  user {config.admin_user!r}  password {password}",
-                            f"(shown this once; kept in {config.password_file}, mode 0600)",
-                            "=" * 64,
-                        ]
-                    )
-                )
-            where = f"in {config.password_file}"
-            # An existing user keeps a password changed since in the console.
-            if not created:
-                password = None
-        else:
-            where = "unchanged (set ROOKERY_ADMIN_PASSWORD to reset it)"
+    password, where = choose_admin_password(config, created, output)
     if password is not None:
         user.set_password(password)
     user.is_staff = True

@@ -116,3 +116,32 @@ def test_output_prefixes_every_line_and_survives_a_closed_reader() -> None:
     stream.close()
     out.line("console", "after the reader left")  # no exception
     assert out.closed
+
+
+def test_admin_password_generated_once_then_only_pointed_to(tmp_path: Path) -> None:
+    stream = io.StringIO()
+    c = config(tmp_path)
+    password, where = qs.choose_admin_password(c, True, qs.Output(stream))
+    assert password == c.password_file.read_text().strip() and len(password) >= 16
+    assert where == f"in {c.password_file}"
+    assert password in stream.getvalue() and "shown this once" in stream.getvalue()
+
+    stream = io.StringIO()  # next run: the admin exists, its password is left alone
+    assert qs.choose_admin_password(c, False, qs.Output(stream)) == (None, f"in {c.password_file}")
+    assert password not in stream.getvalue()
+
+    # The database was deleted but the file kept: the new admin gets the same password.
+    assert qs.choose_admin_password(c, True, qs.Output(io.StringIO()))[0] == password
+
+
+def test_admin_password_from_the_environment_replaces_the_file(tmp_path: Path) -> None:
+    qs.read_or_create_secret(tmp_path / "admin-password", lambda: "generated-before")
+    c = config(tmp_path, ROOKERY_ADMIN_PASSWORD="from-env-123")
+    assert qs.choose_admin_password(c, False, qs.Output(io.StringIO())) == (
+        "from-env-123",
+        "from ROOKERY_ADMIN_PASSWORD",
+    )
+    assert not c.password_file.exists()  # stale: no later run points to it
+    unset = config(tmp_path)
+    password, where = qs.choose_admin_password(unset, False, qs.Output(io.StringIO()))
+    assert password is None and "unchanged" in where
