@@ -33,7 +33,7 @@ from clusterapi.models import (
     ExchangeSnapshot,
     QueueSnapshot,
 )
-from console.dashboard.charts import message_rates
+from console.dashboard.charts import latest_message_rates
 from console.dashboard.forms import pretty
 
 LIVE_PATH = "/ws/dashboard/"
@@ -167,7 +167,7 @@ def build_overview(params: QueryDict) -> dict[str, Any]:
         "alarms": with_stamps(
             Alarm.objects.filter(active=True).select_related("broker")[:20], "raised_at"
         ),
-        "rates": message_rates(),
+        "rates": latest_message_rates(),
         "commands": with_stamps(Command.objects.select_related("broker")[:5], "created_at"),
     }
 

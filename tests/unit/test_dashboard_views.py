@@ -292,3 +292,31 @@ def test_message_rates_sum_brokers_per_bucket(brokers: list[Broker]) -> None:
     # the bucket still filling is left out
     HeartbeatSample.objects.create(broker=brokers[0], time=now, rate_published=99.0)
     assert message_rates(now=now, bucket=1)["t"][-1] == start + 4
+
+
+def test_latest_message_rates_extends_the_cached_series(
+    brokers: list[Broker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.core.cache import cache
+
+    from console.dashboard import charts
+
+    cache.clear()
+    base = int(timezone.now().timestamp()) - 20
+    for offset in range(20):
+        HeartbeatSample.objects.create(
+            broker=brokers[0],
+            time=dt.datetime.fromtimestamp(base + offset + 0.5, dt.UTC),
+            rate_published=float(offset),
+        )
+    clock = [dt.datetime.fromtimestamp(base + 10.5, dt.UTC)]
+    monkeypatch.setattr(charts.timezone, "now", lambda: clock[0])
+    first = charts.latest_message_rates(window=8)
+    assert first["t"] == list(range(base + 2, base + 10))
+    clock[0] = dt.datetime.fromtimestamp(base + 13.2, dt.UTC)
+    extended = charts.latest_message_rates(window=8)
+    assert extended == charts.message_rates(
+        8, now=dt.datetime.fromtimestamp(base + 13, dt.UTC), bucket=1
+    )
+    assert extended["t"] == list(range(base + 5, base + 13))
+    assert extended["published"] == [float(i) for i in range(5, 13)]
