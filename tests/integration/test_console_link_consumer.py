@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.db import connections
 
 from clusterapi import commands, configs, consumers
 from clusterapi.models import Alarm, Broker, Command, QueueSnapshot
@@ -26,6 +27,27 @@ def link_settings(settings, monkeypatch) -> None:
     # no Celery here: the consumer itself delivers what waits when a broker says hello
     monkeypatch.setattr(commands, "schedule_delivery", lambda command_id: None)
     monkeypatch.setattr(consumers, "_last_refusal_recorded", 0.0)
+
+
+@pytest.fixture(autouse=True)
+async def release_the_database_thread() -> Any:
+    """Leave no open connection in Channels' database thread.
+
+    Consumers run their database work (and ``close_old_connections``) in one shared
+    thread. Django ignores ``close()`` on the in-memory test database, so the handle
+    this test opened there would stay, and a later test without database access
+    whose consumer checks old connections in the same thread would trip
+    pytest-django's database blocker.
+    """
+    yield
+    await database_sync_to_async(_drop_thread_connections)()
+
+
+def _drop_thread_connections() -> None:
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None:
+            conn.connection.close()  # the main thread's handle keeps the database alive
+            conn.connection = None
 
 
 def communicator(token: str | None = TOKEN, path: str = "/ws/brokers/") -> WebsocketCommunicator:
