@@ -96,7 +96,8 @@ class FakeBroker:
     totals: dict[str, int] = field(
         default_factory=lambda: {"published": 0, "routed": 0, "delivered": 0, "acked": 0}
     )
-    sent_times: list[float] = field(default_factory=list)
+    #: status time (rounded to the microsecond, as stored) -> whether it was a full snapshot
+    sent: dict[float, bool] = field(default_factory=dict)
     acks: int = 0
     #: queues whose binding the console has been sent
     _bound: set[str] = field(default_factory=set)
@@ -156,7 +157,9 @@ class FakeBroker:
             self._create()
 
     def status(self, peers: list[dict[str, Any]], root_spid: str) -> dict[str, Any]:
-        full = self.want_full or self.seq % FULL_EVERY == 0
+        # Periodic snapshots at a per-broker phase, as brokers that connected at different
+        # times send them (the first status is always full).
+        full = self.want_full or (self.seq + self.index * 7) % FULL_EVERY == 0
         self.want_full = False
         if full:
             queues: Any = [q.entry() for q in self.state.values()]
@@ -244,7 +247,7 @@ class FakeBroker:
             "bindings": bindings,
         }
         self.seq += 1
-        self.sent_times.append(now)
+        self.sent[round(now, 6)] = full
         return msg
 
     def answer(self, command: dict[str, Any]) -> dict[str, Any]:
@@ -374,7 +377,7 @@ class DelayPoller(threading.Thread):
         super().__init__(daemon=True)
         self.names = names
         self.poll = poll
-        self.delays: list[float] = []
+        self.delays: list[tuple[str, float, float]] = []  # (broker, status time, delay)
         self.measuring = False
         self.stopping = threading.Event()
         self.error: BaseException | None = None
@@ -403,7 +406,7 @@ class DelayPoller(threading.Thread):
                     continue
                 seen.add(key)
                 if self.measuring:
-                    self.delays.append(now - key[1])
+                    self.delays.append((name, key[1], now - key[1]))
             since = now - 30  # a status can commit long after its time; keep a window
             seen = {k for k in seen if k[1] >= since - 1}
             close_old_connections()
@@ -422,6 +425,16 @@ def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     k = max(0, min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1))))
     return ordered[k]
+
+
+def summary(delays: list[float]) -> dict[str, Any]:
+    return {
+        "samples": len(delays),
+        "p50": round(percentile(delays, 50), 1),
+        "p95": round(percentile(delays, 95), 1),
+        "max": round(max(delays), 1) if delays else None,
+        "mean": round(statistics.fmean(delays), 1) if delays else None,
+    }
 
 
 # -- the run -------------------------------------------------------------------------------
@@ -511,15 +524,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_percent": {name: round(100 * m.seconds / elapsed, 1) for name, m in meters.items()},
     }
     if poller is not None:
-        delays = [1000 * d for d in poller.delays]
-        result["ingest_delay_ms"] = {
-            "samples": len(delays),
-            "p50": round(percentile(delays, 50), 1),
-            "p95": round(percentile(delays, 95), 1),
-            "max": round(max(delays), 1) if delays else None,
-            "mean": round(statistics.fmean(delays), 1) if delays else None,
-            "poll_interval_ms": round(1000 * args.poll, 1),
-        }
+        kinds = {b.name: b.sent for b in brokers}
+        by_kind: dict[str, list[float]] = {"all": [], "delta": [], "full": []}
+        for name, sent_at, delay in poller.delays:
+            full = kinds[name].get(round(sent_at, 6))
+            by_kind["all"].append(1000 * delay)
+            if full is not None:
+                by_kind["full" if full else "delta"].append(1000 * delay)
+        result["ingest_delay_ms"] = {kind: summary(delays) for kind, delays in by_kind.items()}
+        result["ingest_delay_ms"]["poll_interval_ms"] = round(1000 * args.poll, 1)
+        if args.trace:
+            with open(args.trace, "w") as out:
+                out.write("broker,status_time,delay_ms,full\n")
+                for name, sent_at, delay in sorted(poller.delays, key=lambda d: d[1]):
+                    full = kinds[name].get(round(sent_at, 6))
+                    out.write(f"{name},{sent_at:.6f},{1000 * delay:.1f},{int(bool(full))}\n")
     return result
 
 
@@ -534,7 +553,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--queues", type=int, default=1000, help="queues per broker")
     parser.add_argument("--rate", type=float, default=1.0, help="statuses per second per broker")
     parser.add_argument("--duration", type=float, default=60.0, help="measured seconds")
-    parser.add_argument("--warmup", type=float, default=5.0, help="seconds before measuring")
+    parser.add_argument("--warmup", type=float, default=10.0, help="seconds before measuring")
     parser.add_argument(
         "--churn", type=float, default=0.1, help="fraction of queues changing per second"
     )
@@ -545,6 +564,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-db", action="store_true", help="skip the delay measurement")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="also write the result to this file")
+    parser.add_argument("--trace", help="write every status's delay to this CSV file")
     args = parser.parse_args(argv)
     if not args.token:
         parser.error("--token (or CONSOLE_BROKER_TOKEN) is required")
