@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser, User
+from django.db import connections
 from django.utils import timezone
 
 from clusterapi.cluster import DASHBOARD_GROUP, dashboard_event
@@ -24,6 +27,22 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture(autouse=True)
 def _in_memory_layer(settings: Any) -> None:
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+@pytest.fixture(autouse=True)
+async def _close_thread_connections() -> AsyncIterator[None]:
+    """Close the database connection the consumer opened in asgiref's sync thread, so
+    later tests without database access do not trip over it there."""
+    yield
+    await sync_to_async(_forget_connections)()
+
+
+def _forget_connections() -> None:
+    # close() keeps an in-memory SQLite test database open, so drop the wrappers too
+    connections.close_all()
+    for alias in list(connections):
+        with contextlib.suppress(AttributeError):
+            del connections[alias]
 
 
 def communicator(path: str, user: Any) -> WebsocketCommunicator:
