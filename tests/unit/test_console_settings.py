@@ -354,13 +354,15 @@ class TestAuthToken:
         assert response["Content-Type"] == "application/json"
         body = response.json()
         assert "token" not in body
-        assert body["non_field_errors"] == ["Unable to log in with provided credentials."]
+        assert body["error"] == "Unable to log in with provided credentials."
+        assert body["detail"]["non_field_errors"] == ["Unable to log in with provided credentials."]
 
     def test_missing_password_names_the_field(self, client, operator) -> None:
         response = client.post(self.URL, {"username": "operator"}, content_type="application/json")
         assert response.status_code == 400
-        assert "password" in response.json()
-
+        body = response.json()
+        assert body["error"].startswith("password:")
+        assert "password" in body["detail"]
     def test_get_is_not_allowed(self, client) -> None:
         response = client.get(self.URL)
         assert response.status_code == 405
