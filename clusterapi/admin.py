@@ -198,3 +198,22 @@ class AlarmAdmin(PrunableAdmin):
     search_fields = ("kind", "message")
     date_hierarchy = "raised_at"
     list_select_related = ("broker",)
+
+
+@admin.register(models.ArchiveBatch)
+class ArchiveBatchAdmin(SampleAdmin):
+    """The archive's journal: which samples went into which lake files."""
+
+    list_display = ("id", "kind", "broker", "first_id", "last_id", "rows", "cutoff", "done_at")
+    list_filter = ("kind", "broker")
+    list_select_related = ("broker",)
+
+
+@admin.register(models.ReportRun)
+class ReportRunAdmin(PrunableAdmin):
+    """Runs are requested from the reports page or the API; a superuser may delete old ones
+    (their files under REPORTS_DIR stay until removed by hand)."""
+
+    list_display = ("id", "state", "trigger", "period_from", "period_to", "created_at")
+    list_filter = ("state", "trigger")
+    date_hierarchy = "created_at"

@@ -131,7 +131,7 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
             raise LinkProtocolError("hello sent twice on one link")
         hello = ingest.parse_hello(msg)
         broker, _ = await database_sync_to_async(ingest.register_hello)(hello, self.channel_name)
-        self.link = LinkState(broker.pk, broker.name, broker.broker_type)
+        self.link = LinkState(broker.pk, broker.name, broker.broker_type, spid=broker.spid)
         self.group = broker_group(broker.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         version = await database_sync_to_async(configs.current)()

@@ -224,6 +224,8 @@ class LinkState:
     sampled: dict[QueueKey, float] = field(default_factory=dict)
     #: kind -> message of the broker-raised alarms active now (None: not loaded yet)
     broker_alarms: dict[str, str] | None = None
+    #: the broker's spid in this run (from hello), kept on every HeartbeatSample
+    spid: str = ""
 
 
 @dataclass
@@ -371,6 +373,8 @@ def apply_status(link: LinkState, msg: dict[str, Any]) -> StatusOutcome:
             peers_active=sum(1 for p in peer_rows if p["active"]),
             peers_known=len(peer_rows),
             peers=peer_rows,
+            spid=link.spid,
+            root=str(view.get("root") or "")[:64],
         )
         if queues is not None:
             _apply_queues(link, queues, full, now, t)

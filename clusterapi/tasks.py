@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import shared_task
 
-from clusterapi import cluster, commands
+from clusterapi import archive, cluster, commands, reports
 
 
 @shared_task(ignore_result=True)
@@ -34,5 +34,33 @@ def detect_stale_brokers() -> list[str]:
 
 @shared_task(ignore_result=True)
 def prune_heartbeats() -> dict[str, int]:
-    """Drop samples older than ``HEARTBEAT_RETENTION`` hours."""
+    """Archive, then drop samples older than ``HEARTBEAT_RETENTION`` hours.
+
+    Retention never deletes a sample the lake does not have: the archive pass runs
+    first with a cutoff no later than retention's (and logs what it moved); if it
+    fails nothing is pruned (the exception fails the task).
+    """
+    archive.archive_samples(archive.cutoff_before_prune())
     return cluster.prune_samples()
+
+
+@shared_task(ignore_result=True)
+def archive_samples() -> dict[str, Any]:
+    """Move samples older than ``ARCHIVE_AFTER`` minutes into the Parquet lake."""
+    return archive.archive_samples().as_dict()
+
+
+@shared_task(ignore_result=True)
+def run_report(run_id: int) -> str:
+    """Archive what is old enough, then run the report job for one :class:`ReportRun`."""
+    return reports.archive_then_execute(run_id)
+
+
+@shared_task(ignore_result=True)
+def nightly_report() -> int | None:
+    """Archive, then report the previous UTC day (beat, at ``REPORT_NIGHTLY_AT``)."""
+    run = reports.request_nightly()
+    if run is None:
+        return None
+    reports.archive_then_execute(run.pk)
+    return run.pk

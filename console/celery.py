@@ -1,7 +1,8 @@
 """The console's Celery app: configured from Django settings (``CELERY_*``).
 
 Beat runs the cluster housekeeping of ``clusterapi.tasks``: command retries and
-stale-broker detection every ``STALE_CHECK_SECONDS``, sample retention hourly.
+stale-broker detection every ``STALE_CHECK_SECONDS``, the sample archive and
+retention hourly, the traffic report of the previous day nightly.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import os
 from typing import Any
 
 from celery import Celery
+from celery.schedules import crontab
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
@@ -35,6 +37,22 @@ def schedule_housekeeping(sender: Celery, **kwargs: Any) -> None:
         sender.signature("clusterapi.tasks.detect_stale_brokers", expires=every),
         name="stale brokers",
     )
+    # archive (samples older than ARCHIVE_AFTER into the lake), then retention
     sender.add_periodic_task(
         3600.0, sender.signature("clusterapi.tasks.prune_heartbeats"), name="heartbeat retention"
     )
+    nightly = nightly_schedule(settings.REPORT_NIGHTLY_AT)
+    if nightly is not None:
+        sender.add_periodic_task(
+            nightly, sender.signature("clusterapi.tasks.nightly_report"), name="nightly report"
+        )
+
+
+def nightly_schedule(value: str) -> crontab | None:
+    """``REPORT_NIGHTLY_AT``: ``HH:MM`` in UTC (Celery's timezone), or ``off``."""
+    if value.strip().lower() in ("off", "no", "0", "none"):
+        return None
+    hour, sep, minute = value.strip().partition(":")
+    if not (sep and hour.isdigit() and minute.isdigit() and int(hour) < 24 and int(minute) < 60):
+        raise ValueError(f"REPORT_NIGHTLY_AT={value!r}: expected HH:MM (UTC) or off")
+    return crontab(hour=int(hour), minute=int(minute))

@@ -38,6 +38,18 @@ Environment (see ``deploy/README.md`` and ``deploy/console.env.example``):
                        seconds (queue snapshots are updated every status anyway);
                        default 5.
 ``SPARK_MASTER``       where the pipeline's Spark jobs run; default ``local[*]``.
+``ARCHIVE_AFTER``      minutes after which heartbeat and queue samples move from
+                       the database into the Parquet lake; default 60.
+``ARCHIVE_BATCH_ROWS`` samples per archive batch (one file per date and broker);
+                       default 50000.
+``LAKE_PATH``          the lake's root directory; default ``DATA_DIR/lake``. For a
+                       Spark cluster, a directory every executor can read.
+``REPORTS_DIR``        where report runs write (one directory per run); default
+                       ``DATA_DIR/reports``.
+``REPORT_TIMEOUT_SECONDS`` a report job still running after this is stopped and
+                       the run failed; default 3600.
+``REPORT_NIGHTLY_AT``  ``HH:MM`` (UTC) of the nightly archive + report of the
+                       previous day; ``off`` disables it. Default ``00:30``.
 ``DATA_DIR``           runtime state (database, secret key, static files, reports);
                        default ``var/`` in the checkout; relative paths are taken
                        from the checkout.
@@ -165,6 +177,12 @@ STALE_CHECK_SECONDS = env_int("STALE_CHECK_SECONDS", 2)
 HEARTBEAT_RETENTION = env_int("HEARTBEAT_RETENTION", 48)  # hours
 QUEUE_SAMPLE_SECONDS = env_int("QUEUE_SAMPLE_SECONDS", 5)
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
+ARCHIVE_AFTER = env_int("ARCHIVE_AFTER", 60)  # minutes
+ARCHIVE_BATCH_ROWS = env_int("ARCHIVE_BATCH_ROWS", 50_000)
+LAKE_PATH = resolve_path(env_str("LAKE_PATH", str(DATA_DIR / "lake")), BASE_DIR)
+REPORTS_DIR = resolve_path(env_str("REPORTS_DIR", str(DATA_DIR / "reports")), BASE_DIR)
+REPORT_TIMEOUT_SECONDS = env_int("REPORT_TIMEOUT_SECONDS", 3600)
+REPORT_NIGHTLY_AT = env_str("REPORT_NIGHTLY_AT", "00:30")  # UTC; "off": no nightly report
 
 # -- authentication -----------------------------------------------------------------------
 
