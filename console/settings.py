@@ -236,6 +236,7 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": r"/api/v1",
+    "ENUM_NAME_OVERRIDES": {"ReportRunStateEnum": "clusterapi.models.ReportRun.STATE_CHOICES"},
 }
 
 # -- internationalisation, static files ---------------------------------------------------

@@ -3,7 +3,7 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from clusterapi.api import views
+from clusterapi.api import reports, views
 
 router = SimpleRouter()
 router.register("brokers", views.BrokerViewSet, basename="broker")
@@ -16,9 +16,11 @@ router.register("configs", views.ConfigVersionViewSet, basename="config")
 router.register("commands", views.CommandViewSet, basename="command")
 router.register("audit", views.AuditViewSet, basename="audit")
 router.register("alarms", views.AlarmViewSet, basename="alarm")
+router.register("reports", reports.ReportRunViewSet, basename="report")
 
 urlpatterns = [
     path("cluster/", views.ClusterView.as_view(), name="api-cluster"),
     path("endpoints/", views.EndpointsView.as_view(), name="api-endpoints"),
+    *reports.file_routes(),
     *router.urls,
 ]

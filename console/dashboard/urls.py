@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from console.dashboard import views
+from console.dashboard import reports, views
 
 app_name = "dashboard"
 
@@ -19,4 +19,7 @@ urlpatterns = [
     path("commands/", views.command_log, name="commands"),
     path("audit/", views.audit_log, name="audit"),
     path("alarms/", views.alarms, name="alarms"),
+    path("reports/", reports.report_list, name="reports"),
+    path("reports/run/", reports.report_run, name="report-run"),
+    path("reports/<int:pk>/", reports.report_detail, name="report"),
 ]
