@@ -103,6 +103,7 @@ class ClusterSink(Muxer):
     """The cluster exchange: messages published to it by links go to the controller."""
 
     type_name = "x-rookery-cluster"
+    client_traffic = False  # heartbeats and replication are not the cluster's traffic
 
     def __init__(self, controller: ClusterController) -> None:
         super().__init__({})

@@ -297,8 +297,9 @@ class Channel:
     def _route(self, message: Message, mandatory: bool) -> None:
         conn = self.connection
         exchange = self._check_publish(message.exchange)
-        conn.messages_in += 1
-        conn.broker.messages_in += 1
+        if exchange.muxer.client_traffic:
+            conn.messages_in += 1
+            conn.broker.messages_in += 1
         queues = conn.vhost.route(exchange, message)
         accepted = True
         if queues:

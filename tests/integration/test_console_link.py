@@ -415,5 +415,8 @@ def test_cluster_heartbeat_change_is_applied_live(tmp_path: Path, console: FakeC
         ]
         gaps = sorted(b - a for a, b in itertools.pairwise(times))
         assert len(gaps) >= 3 and 0.4 <= gaps[len(gaps) // 2] <= 0.7, gaps
+        # the cluster's own heartbeats and replication are not client traffic
+        last = console.messages("status")[-1]
+        assert last["totals"]["published"] == 0 and last["rates"]["published"] == 0, last
     finally:
         cluster.stop()

@@ -47,6 +47,9 @@ class Muxer:
     """
 
     type_name: ClassVar[str] = ""
+    #: publishes to it are client traffic (counted in the published totals and rates);
+    #: false for the cluster's own control exchange
+    client_traffic: ClassVar[bool] = True
 
     def __init__(self, arguments: dict[str, Any]) -> None:
         self.arguments = arguments
