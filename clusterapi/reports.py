@@ -68,8 +68,10 @@ def request_run(
     start: dt.datetime | None = None,
     end: dt.datetime | None = None,
     trigger: str = ReportRun.TRIGGER_MANUAL,
+    enqueue: bool = True,
 ) -> ReportRun:
-    """Record a pending run and queue its Celery task once the transaction commits."""
+    """Record a pending run and queue its Celery task once the transaction commits
+    (``enqueue=False``: the caller runs it, as the nightly task does)."""
     if start is not None and end is not None and start >= end:
         raise InvalidRequest("the period's start must be before its end")
     fail_abandoned()
@@ -89,7 +91,7 @@ def request_run(
             "to": iso(end) if end else None,
         },
     )
-    if trigger == ReportRun.TRIGGER_MANUAL:
+    if enqueue:
         from clusterapi.tasks import run_report
 
         pk = run.pk
@@ -113,7 +115,7 @@ def request_nightly(now: dt.datetime | None = None) -> ReportRun | None:
     if existing.exists():
         log.info("nightly report of %s exists already", start.date())
         return None
-    return request_run(None, start, end, ReportRun.TRIGGER_NIGHTLY)
+    return request_run(None, start, end, ReportRun.TRIGGER_NIGHTLY, enqueue=False)
 
 
 def fail_abandoned(now: dt.datetime | None = None) -> int:
