@@ -205,3 +205,31 @@ def test_bad_settings_are_refused(lake_dir: Path, settings: Any) -> None:
         archive.archive_cutoff()
     with pytest.raises(ValueError, match="ARCHIVE_BATCH_ROWS"):
         archive.archive_samples(NOW, batch_rows=0)
+
+
+def test_ingested_statuses_reach_the_lake_with_spid_root_and_peers(lake_dir: Path) -> None:
+    """From a link's hello and status through ingest to lake rows (the spid comes from
+    the hello, the root from the status's view)."""
+    from clusterapi import ingest
+    from tests.unit.test_clusterapi_ingest import hello, status
+
+    broker, _ = ingest.register_hello(ingest.parse_hello(hello(spid="spid-7")), "chan")
+    link = ingest.LinkState(broker.pk, broker.name, broker.broker_type, spid=broker.spid)
+    ingest.apply_status(link, status(0, True, []))
+    sample = HeartbeatSample.objects.get()
+    assert (sample.spid, sample.root) == ("spid-7", "spid-1")
+
+    archive.archive_samples(timezone.now() + dt.timedelta(seconds=1))
+    (row,) = lake.read_table(lake_dir, "broker_samples").to_pylist()
+    assert (row["broker"], row["spid"], row["root"], row["broker_type"]) == (
+        "127.0.0.1:5701",
+        "spid-7",
+        "spid-1",
+        "primary",
+    )
+    peers = lake.read_table(lake_dir, "peer_samples").to_pylist()
+    assert sorted((p["peer"], p["peer_address"], p["active"], p["rtt_ms"]) for p in peers) == [
+        ("spid-2", "127.0.0.1:5702", True, 0.4),
+        ("spid-3", "127.0.0.1:5703", False, None),
+    ]
+    assert not HeartbeatSample.objects.exists()

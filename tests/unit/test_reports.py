@@ -406,3 +406,39 @@ def test_run_now_from_the_dashboard(operator: User, viewer: User) -> None:
     # the form needs the CSRF token
     assert client_for(operator, csrf=True).post("/reports/run/", {}).status_code == 403
     assert ReportRun.objects.count() == 1
+
+
+def test_the_celery_task_archives_then_runs_the_job(
+    operator: User, settings: Any, tmp_path: Path
+) -> None:
+    from clusterapi import tasks
+    from clusterapi.models import Broker, HeartbeatSample
+
+    settings.ARCHIVE_AFTER = 0
+    archive_lake = tmp_path / "console-lake"
+    settings.LAKE_PATH = archive_lake
+    broker = Broker.objects.create(name="127.0.0.1:5701", spid="s1", broker_type="primary")
+    for seconds in (30, 20, 10):
+        HeartbeatSample.objects.create(
+            broker=broker, time=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+        )
+    run = reports.request_run(operator)
+    assert tasks.run_report.apply(args=[run.pk]).get() == "succeeded"
+    run.refresh_from_db()
+    # the job saw what the archive pass had just written
+    assert run.summary["brokers"] == ["127.0.0.1:5701"]
+    assert run.summary["samples"]["broker_samples"] == 3
+    assert not HeartbeatSample.objects.exists()
+
+
+def test_nightly_schedule_setting() -> None:
+    from console.celery import app, nightly_schedule
+
+    assert nightly_schedule("off") is None
+    assert str(nightly_schedule("00:30")) == str(nightly_schedule(" 0:30 "))
+    for bad in ("25:00", "0030", "noon", "12:60"):
+        with pytest.raises(ValueError, match="REPORT_NIGHTLY_AT"):
+            nightly_schedule(bad)
+    app.loader.import_default_modules()
+    names = {entry["task"] for entry in app.conf.beat_schedule.values()}
+    assert {"clusterapi.tasks.nightly_report", "clusterapi.tasks.prune_heartbeats"} <= names
