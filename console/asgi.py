@@ -1,6 +1,7 @@
 """ASGI entry point: ``daphne console.asgi:application``.
 
-HTTP goes to Django. Websockets split in two:
+HTTP goes to Django (with DEBUG, static files too, as ``runserver`` does; in
+production nginx serves the collected files). Websockets split in two:
 
 - ``/ws/brokers/``, the broker link (``clusterapi.consumers.BrokerLinkConsumer``):
   brokers are not browsers and send no Origin; they authenticate with their
@@ -24,6 +25,8 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from clusterapi.consumers import BrokerLinkConsumer, refuse_websocket  # noqa: E402
@@ -48,4 +51,6 @@ async def websocket_router(scope: dict[str, Any], receive: Any, send: Any) -> No
     return await browser_websockets(scope, receive, send)
 
 
-application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket_router})
+http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.DEBUG else django_asgi_app
+
+application = ProtocolTypeRouter({"http": http_app, "websocket": websocket_router})
