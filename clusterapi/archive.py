@@ -21,7 +21,9 @@ Heartbeat samples become ``broker_samples`` rows and, one per entry of their
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +39,8 @@ from pipeline import lake
 
 log = logging.getLogger(__name__)
 
+#: lock file of archive passes in the lake root (``_``: readers skip it)
+LOCK_NAME = "_archive.lock"
 #: primary keys per DELETE statement (SQLite allows 32766 parameters)
 DELETE_CHUNK = 5_000
 
@@ -149,17 +153,31 @@ def archive_samples(
     if batch_rows < 1:
         raise ValueError(f"ARCHIVE_BATCH_ROWS must be positive, not {batch_rows}")
     result = ArchiveResult(cutoff=cutoff.isoformat(), lake=str(root))
-    names = dict(Broker.objects.values_list("id", "name"))
-    for batch in ArchiveBatch.objects.filter(done_at=None).order_by("id"):
-        log.info("archive: redoing unfinished batch %s of %s", batch.batch_id, batch.broker_id)
-        _run_batch(batch, root, names, result)
-        result.redone += 1
-    for kind, model in MODELS.items():
-        for batch in _plan(kind, model, cutoff, batch_rows):
+    with exclusive(root):
+        names = dict(Broker.objects.values_list("id", "name"))
+        for batch in ArchiveBatch.objects.filter(done_at=None).order_by("id"):
+            log.info("archive: redoing unfinished batch %s of %s", batch.batch_id, batch.broker_id)
             _run_batch(batch, root, names, result)
+            result.redone += 1
+        for kind, model in MODELS.items():
+            for batch in _plan(kind, model, cutoff, batch_rows):
+                _run_batch(batch, root, names, result)
     if result.batches:
         log.info("archive: %s", result.as_dict())
     return result
+
+
+@contextlib.contextmanager
+def exclusive(root: Path) -> Iterator[None]:
+    """One archive pass at a time per lake (the hourly pass and a report's may meet):
+    two passes with different cutoffs would plan different batches over the same rows."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / LOCK_NAME, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _plan(

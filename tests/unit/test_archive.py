@@ -233,3 +233,23 @@ def test_ingested_statuses_reach_the_lake_with_spid_root_and_peers(lake_dir: Pat
         ("spid-3", "127.0.0.1:5703", False, None),
     ]
     assert not HeartbeatSample.objects.exists()
+
+
+def test_archive_passes_take_turns(tmp_path: Path) -> None:
+    """A second pass waits for the first (flock on the lake's _archive.lock)."""
+    import threading
+
+    entered = threading.Event()
+
+    def second() -> None:
+        with archive.exclusive(tmp_path):
+            entered.set()
+
+    with archive.exclusive(tmp_path):
+        worker = threading.Thread(target=second)
+        worker.start()
+        assert not entered.wait(0.3)
+    assert entered.wait(5)
+    worker.join()
+    assert (tmp_path / "_archive.lock").exists()
+    assert lake.read_table(tmp_path, "broker_samples").num_rows == 0  # readers skip it
