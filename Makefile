@@ -29,7 +29,7 @@ run: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check brokerd tests
+	$(VENV)/bin/ruff format --check .
 
 bench: setup
 	$(PY) -m brokerd.bench --help

@@ -363,6 +363,7 @@ class TestAuthToken:
         body = response.json()
         assert body["error"].startswith("password:")
         assert "password" in body["detail"]
+
     def test_get_is_not_allowed(self, client) -> None:
         response = client.get(self.URL)
         assert response.status_code == 405
