@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -425,7 +426,22 @@ class ClusterController:
             vote=self.decision.vote,
             listed=self.listed,
         )
-        return View(me, tuple(members), len(self.known), sitting)
+        return View(me, tuple(members), self.known_primaries(now), sitting)
+
+    def known_primaries(self, now: float) -> int:
+        """Distinct servers among the known hosts, the quorum's denominator.
+
+        Names that led to the same server count once: this server's own names,
+        and an *active* peer's aliases. Only live evidence merges names (an
+        address may since belong to another server), so a listed name that no
+        link has resolved yet still counts on its own: never fewer servers than
+        there are, only sometimes more, which errs on the safe side."""
+        groups = [self.own_addresses & self.known]
+        groups += [p.aliases & self.known for p in self.peers.values() if self.active(p, now)]
+        # a name claimed by two servers is ambiguous (moved, or a stale record): it merges nothing
+        claims = Counter(name for group in groups for name in group)
+        merged = (sum(claims[name] == 1 for name in group) for group in groups)
+        return len(self.known) - sum(n - 1 for n in merged if n > 1)
 
     def evaluate(self) -> Decision:
         """Re-run the election on the current view; announce and log changes."""
@@ -661,6 +677,7 @@ class ClusterController:
             "vote": decision.vote,
             "reason": decision.reason,
             "quorum": decision.quorum,
+            "known_primaries": self.known_primaries(now),
             "listed": self.listed,
             "known_hosts": sorted(self.known),
             "state_seq": self.last_seq,

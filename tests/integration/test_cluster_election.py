@@ -72,6 +72,9 @@ def test_aliases_collapse_by_spid_and_dumps_show_the_cluster_view(make_cluster) 
     )
     assert "duplicate" in cluster.status(1)["links"].values()
     assert len(cluster.status(1)["peers"]) == 2  # two peers, not three
+    # the server listed twice counts once in the quorum's denominator
+    assert cluster.wait(lambda: cluster.status(1)["known_primaries"] == 3)
+    assert first["known_primaries"] == 3
     server = cluster.servers[1]
     server.signal(signal.SIGUSR2)
     server.signal(signal.SIGUSR1)

@@ -259,3 +259,36 @@ def test_reconfigure_applies_heartbeat_timing_and_known_hosts_live() -> None:
     assert ctl.known == {"h1:1", "h2:2"} and ctl.listed
     assert ctl.config.heartbeat_interval == 0.5
     assert ctl.reconfigure(new)["applied"] == []
+
+
+def test_names_that_led_to_the_same_server_count_once_in_the_quorum() -> None:
+    config = parse_cluster_config(
+        {
+            "secret": "cluster-secret",
+            "known_hosts": ["h1:1", "localhost:1", "h2:2", "h2-alias:2", "h3:3"],
+            "heartbeat": {"interval": 1, "timeout": 3, "open_timeout": 7},
+        }
+    )
+    clock = Clock()
+    ctl = ClusterController(
+        config, spid="s1", server_type="primary", start_time=1.0, address="h1:1", clock=clock
+    )
+    ctl.started = clock.now - 10
+    ctl.listed = True
+    assert ctl.known_primaries(clock.now) == 5  # nothing resolved yet: every name counts
+    ctl.own_addresses |= {"h1:1", "localhost:1"}
+    assert ctl.known_primaries(clock.now) == 4
+    link_from(ctl, 11, "s2", 2.0)
+    status(ctl, 11, "s2", 2.0, vote="s1")
+    ctl.peers["s2"].aliases |= {"h2:2", "h2-alias:2"}
+    assert ctl.known_primaries(clock.now) == 3
+    # with s1 and s2 active, 2 of 3 servers is a quorum (it would not be 2 of 5)
+    assert ctl.evaluate().is_root
+    # a name claimed by two live servers is ambiguous and merges nothing
+    link_from(ctl, 12, "s3", 3.0)
+    status(ctl, 12, "s3", 3.0, vote="s1")
+    ctl.peers["s3"].aliases |= {"h2-alias:2", "h3:3"}
+    assert ctl.known_primaries(clock.now) == 4
+    # an inactive peer's names merge nothing either
+    clock.now += CONFIG.heartbeat_timeout + 1
+    assert ctl.known_primaries(clock.now) == 4  # only this server's own names merge now
