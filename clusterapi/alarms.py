@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 BROKER_DOWN = "broker.down"
 LINK_REFUSED = "link.refused"
 CONFIG_FAILED = "config.failed"
+NAME_CONFLICT = "broker.name_conflict"
 
 
 def raise_alarm(

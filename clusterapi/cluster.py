@@ -120,7 +120,11 @@ def detect_stale(now: dt.datetime | None = None) -> list[str]:
             notify_dashboard("broker", broker.name)
             notify_dashboard("alarm", broker.name)
         down.append(broker.name)
-    alarms.clear_stale(alarms.LINK_REFUSED, now - dt.timedelta(seconds=LINK_REFUSED_CLEAR_SECONDS))
+    for kind, quiet in (
+        (alarms.LINK_REFUSED, LINK_REFUSED_CLEAR_SECONDS),
+        (alarms.NAME_CONFLICT, NAME_CONFLICT_CLEAR_SECONDS),
+    ):
+        alarms.clear_stale(kind, now - dt.timedelta(seconds=quiet))
     return down
 
 
@@ -128,6 +132,8 @@ def detect_stale(now: dt.datetime | None = None) -> list[str]:
 STALE_FLOOR = 1.0
 #: a refused-link alarm clears once no broker was refused for this long
 LINK_REFUSED_CLEAR_SECONDS = 300
+#: a name-conflict alarm clears once the second broker has been silent this long
+NAME_CONFLICT_CLEAR_SECONDS = 30
 
 
 def prune_samples(now: dt.datetime | None = None) -> dict[str, int]:

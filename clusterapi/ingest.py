@@ -298,6 +298,23 @@ def mark_disconnected(broker_id: int, channel_name: str = "") -> bool:
 # -- status ----------------------------------------------------------------------------
 
 
+def _name_taken_by_another(link: LinkState) -> bool:
+    """Two live brokers report the same name (a copied data directory, a wrong
+    ``--bind``): the one that said hello last owns the row; statuses from the
+    other are dropped, with an alarm, rather than interleaved into one broker."""
+    owner = Broker.objects.filter(pk=link.broker_id).values_list("spid", flat=True).first()
+    if owner is None or owner == link.spid:
+        return False
+    broker = Broker.objects.get(pk=link.broker_id)
+    alarms.raise_alarm(
+        alarms.NAME_CONFLICT,
+        f"two brokers report the name {link.name}: spids {owner} (shown) and {link.spid} "
+        "(its statuses are ignored); give each broker its own address",
+        broker,
+    )
+    return True
+
+
 def apply_status(link: LinkState, msg: dict[str, Any]) -> StatusOutcome:
     """Validate one status and store it; see the module docstring for its cost."""
     seq = _require(msg, "seq", int, "status")
@@ -332,6 +349,9 @@ def apply_status(link: LinkState, msg: dict[str, Any]) -> StatusOutcome:
     peer_rows = [_peer(p, i) for i, p in enumerate(peers)]
 
     with transaction.atomic():
+        if link.spid and _name_taken_by_another(link):
+            outcome.alarms_changed = True
+            return outcome
         Broker.objects.filter(pk=link.broker_id).update(
             connected=True,
             last_seen=now,

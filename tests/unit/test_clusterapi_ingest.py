@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
-from clusterapi import ingest
+from clusterapi import cluster, ingest
 from clusterapi.ingest import LinkProtocolError, LinkState
 from clusterapi.models import (
     Alarm,
@@ -366,3 +368,26 @@ def test_a_status_costs_a_fixed_number_of_queries(
     print(f"delta of 990 upserts + 10 removals: {elapsed * 1000:.1f} ms")
     # 10 brokers at 1 Hz must fit in one core with room to spare
     assert elapsed < 0.5
+
+
+def test_two_live_brokers_with_one_name_raise_an_alarm_and_do_not_interleave() -> None:
+    first, _ = ingest.register_hello(ingest.parse_hello(hello(spid="spid-a")), "chan-a")
+    link_a = LinkState(first.pk, first.name, first.broker_type, spid="spid-a")
+    ingest.apply_status(link_a, status(0, full=True, queues=[]))
+    # a second process says hello under the same name: it owns the row from now on
+    second, _ = ingest.register_hello(ingest.parse_hello(hello(spid="spid-b")), "chan-b")
+    link_b = LinkState(second.pk, second.name, second.broker_type, spid="spid-b")
+    ingest.apply_status(link_b, status(0, full=True, queues=[]))
+    samples = HeartbeatSample.objects.count()
+    # the first process is still alive and sends another status
+    outcome = ingest.apply_status(link_a, status(1, full=True, queues=[]))
+    assert outcome.alarms_changed
+    assert HeartbeatSample.objects.count() == samples  # its status is not stored
+    alarm = Alarm.objects.get(kind="broker.name_conflict", active=True)
+    assert "spid-a" in alarm.message and "spid-b" in alarm.message
+    assert Broker.objects.get(pk=first.pk).spid == "spid-b"
+    # once the second broker has been quiet for a while, the alarm clears
+    later = timezone.now() + dt.timedelta(seconds=60)
+    Broker.objects.update(last_seen=later)
+    cluster.detect_stale(now=later)
+    assert not Alarm.objects.filter(kind="broker.name_conflict", active=True).exists()
