@@ -14,20 +14,7 @@ from clusterapi.cluster import broker_group
 from clusterapi.errors import InvalidRequest
 from clusterapi.models import AuditEntry, Broker, Command
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def in_memory_layer(settings) -> None:
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-
-
-@pytest.fixture
-def scheduled(monkeypatch) -> list:
-    """Command ids whose first delivery would be queued on Celery."""
-    queued: list = []
-    monkeypatch.setattr(commands, "schedule_delivery", queued.append)
-    return queued
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("in_memory_layer")]
 
 
 @pytest.fixture

@@ -9,25 +9,13 @@ from clusterapi import cluster, commands, configs
 from clusterapi.errors import InvalidRequest
 from clusterapi.models import Alarm, AuditEntry, Broker, Command, ConfigApplication, ConfigVersion
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("in_memory_layer")]
 
 DOCUMENT = {
     "heartbeat": {"interval": 0.5, "timeout": 2},
     "known_hosts": ["127.0.0.1:5701", "127.0.0.1:5702"],
     "vhosts": ["/"],
 }
-
-
-@pytest.fixture(autouse=True)
-def in_memory_layer(settings) -> None:
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-
-
-@pytest.fixture
-def scheduled(monkeypatch) -> list:
-    queued: list = []
-    monkeypatch.setattr(commands, "schedule_delivery", queued.append)
-    return queued
 
 
 @pytest.fixture

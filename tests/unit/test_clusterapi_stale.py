@@ -14,8 +14,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def in_memory_layer(settings) -> None:
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+def stale_settings(settings, in_memory_layer) -> None:
     settings.BROKER_STALE_INTERVALS = 3
 
 
