@@ -301,7 +301,8 @@ def mark_disconnected(broker_id: int, channel_name: str = "") -> bool:
 def _name_taken_by_another(link: LinkState) -> bool:
     """Two live brokers report the same name (a copied data directory, a wrong
     ``--bind``): the one that said hello last owns the row; statuses from the
-    other are dropped, with an alarm, rather than interleaved into one broker."""
+    other are dropped, with an alarm, rather than interleaved into one broker.
+    Called only when the status's UPDATE (filtered on this link's spid) matched no row."""
     owner = Broker.objects.filter(pk=link.broker_id).values_list("spid", flat=True).first()
     if owner is None or owner == link.spid:
         return False
@@ -349,10 +350,12 @@ def apply_status(link: LinkState, msg: dict[str, Any]) -> StatusOutcome:
     peer_rows = [_peer(p, i) for i, p in enumerate(peers)]
 
     with transaction.atomic():
-        if link.spid and _name_taken_by_another(link):
-            outcome.alarms_changed = True
-            return outcome
-        Broker.objects.filter(pk=link.broker_id).update(
+        # the row is updated only while this link's broker owns the name (its spid), so
+        # the name-conflict check costs a query only when that update matched nothing
+        owned = Broker.objects.filter(pk=link.broker_id)
+        if link.spid:
+            owned = owned.filter(spid=link.spid)
+        updated = owned.update(
             connected=True,
             last_seen=now,
             is_root=bool(view.get("is_root")),
@@ -366,6 +369,9 @@ def apply_status(link: LinkState, msg: dict[str, Any]) -> StatusOutcome:
             view=view,
             updated_at=now,
         )
+        if not updated and link.spid and _name_taken_by_another(link):
+            outcome.alarms_changed = True
+            return outcome
         if (
             Broker.objects.filter(pk=link.broker_id)
             .exclude(state=Broker.STATE_UP)
