@@ -131,8 +131,7 @@ class Server:
             "address": self.address,
             "started": self.started,
             "rates": self.rates,
-            **self.broker.totals(),
-            **self.counts(),
+            **self.counts(),  # the broker's totals() and the connection counts
             "totals": self.broker.counters(),
             "console": None
             if self.console is None
