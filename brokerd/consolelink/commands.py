@@ -12,7 +12,7 @@ import logging
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from brokerd.cluster.config import ClusterConfig, HostPort
+from brokerd.cluster.config import ClusterConfig, parse_host
 from brokerd.config import BrokerConfig
 from brokerd.configdoc import ConfigDocumentError, document_checksum, validate_document
 from brokerd.consolelink import messages
@@ -73,8 +73,7 @@ def merge_cluster_config(current: ClusterConfig, doc: dict[str, Any]) -> Cluster
         )
     if "known_hosts" in doc:
         changes["known_hosts"] = tuple(
-            HostPort(host, int(port))
-            for host, _, port in (address.rpartition(":") for address in doc["known_hosts"])
+            parse_host(address, "known_hosts") for address in doc["known_hosts"]
         )
     return dataclasses.replace(current, **changes)
 
