@@ -141,6 +141,11 @@ class Cluster:
             open_timeout=open_timeout,
         )
 
+    @property
+    def ports(self) -> list[int]:
+        """Every node's AMQP port, by index."""
+        return [n.port for n in self.nodes]
+
     # -- processes ---------------------------------------------------------------
 
     def add_secondary(self) -> int:

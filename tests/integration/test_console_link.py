@@ -21,7 +21,7 @@ from websockets.http11 import Request, Response
 from brokerd.configdoc import document_checksum, validate_document
 from brokerd.model.auth import hash_password
 from tests.brokerd_process import BrokerProcess, free_port
-from tests.cluster_support import Cluster
+from tests.cluster_harness import Cluster
 
 TOKEN = "console-token-1"
 
@@ -381,7 +381,7 @@ def test_cluster_heartbeat_change_is_applied_live(tmp_path: Path, console: FakeC
         for index in range(3):
             cluster.start(index, extra=["--console", console.url, "--console-token", TOKEN])
             time.sleep(0.15)
-        cluster.wait(cluster.agreed_root)
+        cluster.wait_until(cluster.agreed_root)
         console.wait_for(lambda: len(console.connections) == 3, what="three brokers")
         hellos = console.wait_for(
             lambda: len(console.messages("hello")) == 3 and console.messages("hello")
@@ -402,12 +402,13 @@ def test_cluster_heartbeat_change_is_applied_live(tmp_path: Path, console: FakeC
             assert ack["result"]["applied"] == ["heartbeat"]
         for index in range(3):
             status = cluster.status(index)
+            assert status is not None
             assert status["heartbeat"] == {"interval": 0.5, "timeout": 2.0, "open_timeout": 8.0}
             assert status["console"]["config_version"] == 2
         # statuses now follow the new interval, and the cluster keeps its root
         applied_at = time.time()
         time.sleep(2.5)
-        assert cluster.wait(cluster.agreed_root)
+        assert cluster.wait_until(cluster.agreed_root)
         times = [
             s["time"]
             for s in console.messages("status")
@@ -419,4 +420,4 @@ def test_cluster_heartbeat_change_is_applied_live(tmp_path: Path, console: FakeC
         last = console.messages("status")[-1]
         assert last["totals"]["published"] == 0 and last["rates"]["published"] == 0, last
     finally:
-        cluster.stop()
+        cluster.close()
