@@ -1,4 +1,8 @@
-"""A loopback cluster of real brokerd processes for integration tests."""
+"""The loopback cluster behind tests/console_stack.py (the console's tests).
+
+The cluster tests use tests/cluster_harness.py; this smaller class keeps the
+interface the console stack and its tests were written against.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import Any
 
 from brokerd.server.control import request
 from tests.brokerd_process import BrokerProcess, free_port
+from tests.cluster_harness import write_cluster_file
 
 HEARTBEAT = {"interval": 0.3, "timeout": 1.0, "open_timeout": 8}
 
@@ -22,12 +27,14 @@ def cluster_file(
     heartbeat: dict[str, float] | None = None,
 ) -> Path:
     hb = {**HEARTBEAT, **(heartbeat or {})}
-    hosts = ", ".join(f'"127.0.0.1:{p}"' for p in ports)
-    path.write_text(
-        f'name = "test"\nsecret = "{secret}"\nknown_hosts = [{hosts}]\n[heartbeat]\n'
-        + "".join(f"{k} = {v}\n" for k, v in hb.items())
+    return write_cluster_file(
+        path,
+        ports,
+        secret=secret,
+        interval=hb["interval"],
+        timeout=hb["timeout"],
+        open_timeout=hb["open_timeout"],
     )
-    return path
 
 
 class Cluster:
@@ -57,18 +64,10 @@ class Cluster:
         self.servers[index] = proc
         return proc
 
-    def start_all(self, stagger: float = 0.15) -> None:
-        for index in range(len(self.ports)):
-            self.start(index)
-            time.sleep(stagger)
-
     def status(self, index: int, timeout: float = 2.0) -> dict[str, Any]:
         reply = request(self.servers[index].data_dir, "status", timeout=timeout)
         assert reply["ok"], reply
         return reply["result"]
-
-    def ctl(self, index: int, command: str, *args: str) -> dict[str, Any]:
-        return request(self.servers[index].data_dir, command, list(args))
 
     def running(self) -> list[int]:
         return [i for i, p in self.servers.items() if p.alive()]
@@ -112,7 +111,3 @@ class Cluster:
             if proc.proc is not None and proc.proc.poll() is None:
                 proc.proc.send_signal(signal.SIGCONT)
             proc.stop()
-
-
-def roots_with_quorum(views: dict[int, dict[str, Any]]) -> list[str]:
-    return [v["spid"] for v in views.values() if v["is_root"] and v["quorum"]]
