@@ -27,7 +27,7 @@ from rest_framework.response import Response
 
 from clusterapi import reports
 from clusterapi.api.serializers import UsernameField
-from clusterapi.api.views import ERRORS, READ_ERRORS, ReadOnlyViewSet
+from clusterapi.api.views import ERRORS, ReadOnlyViewSet
 from clusterapi.models import ReportRun
 
 PARQUET = "application/vnd.apache.parquet"
@@ -181,7 +181,7 @@ class ReportRunViewSet(ReadOnlyViewSet):
         operation_id="reports_summary_file",
         summary="The run's summary.json as the job wrote it",
         parameters=[REPORT_ID],
-        responses={(200, "application/json"): OpenApiTypes.OBJECT, **READ_ERRORS},
+        responses={(200, "application/json"): OpenApiTypes.OBJECT, **ERRORS},
         filters=False,
     )
     def summary_file(self, request: Request, pk: str | None = None) -> HttpResponse:
@@ -205,7 +205,7 @@ class ReportRunViewSet(ReadOnlyViewSet):
                 description="table name as listed in downloads.tables, e.g. isr_xsr_minute",
             ),
         ],
-        responses={(200, PARQUET): OpenApiTypes.BINARY, **READ_ERRORS},
+        responses={(200, PARQUET): OpenApiTypes.BINARY, **ERRORS},
         filters=False,
     )
     def table_file(self, request: Request, pk: str | None = None, name: str = "") -> HttpResponse:

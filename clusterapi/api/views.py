@@ -32,7 +32,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from clusterapi import cluster, commands, configs
-from clusterapi.api import errors, filters, serializers
+from clusterapi.api import filters, serializers
 from clusterapi.api.permissions import IsOperatorOrReadOnly
 from clusterapi.models import (
     Alarm,
@@ -53,7 +53,6 @@ ERRORS = {
     403: OpenApiResponse(serializers.ErrorSerializer, description="not allowed"),
     404: OpenApiResponse(serializers.ErrorSerializer, description="no such object"),
 }
-READ_ERRORS = {code: ERRORS[code] for code in (400, 401, 403, 404)}
 
 
 class Pagination(PageNumberPagination):
@@ -62,16 +61,13 @@ class Pagination(PageNumberPagination):
 
 
 class ApiMixin:
-    """JSON in and out, the API's error shape, readers read and operators write."""
+    """JSON in and out, readers read and operators write (the error shape: settings)."""
 
     renderer_classes = [JSONRenderer]
     parser_classes = [JSONParser]
     permission_classes = [IsAuthenticated, IsOperatorOrReadOnly]
     pagination_class = Pagination
     filter_backends = [DjangoFilterBackend]
-
-    def get_exception_handler(self) -> Any:
-        return errors.exception_handler
 
 
 class ReadOnlyViewSet(ApiMixin, viewsets.ReadOnlyModelViewSet):
@@ -85,7 +81,7 @@ class ClusterView(ApiMixin, APIView):
     @extend_schema(
         operation_id="cluster_state",
         summary="Cluster state: root, readiness, quorum, brokers up, configuration, alarms",
-        responses={200: serializers.ClusterStateSerializer, **READ_ERRORS},
+        responses={200: serializers.ClusterStateSerializer, **ERRORS},
     )
     def get(self, request: Request) -> Response:
         return Response(serializers.ClusterStateSerializer(cluster.state()).data)
@@ -104,7 +100,7 @@ class EndpointsView(ApiMixin, generics.GenericAPIView):
     @extend_schema(
         operation_id="endpoints_list",
         summary="AMQP URLs of the brokers that are up and ready (default vhost)",
-        responses={200: serializers.EndpointSerializer(many=True), **READ_ERRORS},
+        responses={200: serializers.EndpointSerializer(many=True), **ERRORS},
     )
     def get(self, request: Request) -> Response:
         rows = [
@@ -261,7 +257,7 @@ class ConfigVersionViewSet(ApiMixin, mixins.CreateModelMixin, viewsets.ReadOnlyM
 
     @extend_schema(
         summary="The current configuration version with its convergence per broker",
-        responses={200: serializers.ConfigVersionDetailSerializer, **READ_ERRORS},
+        responses={200: serializers.ConfigVersionDetailSerializer, **ERRORS},
         filters=False,
     )
     @action(detail=False, methods=["get"], pagination_class=None, filter_backends=[])
@@ -306,6 +302,3 @@ class TokenView(ObtainAuthToken):
     """``POST /api/v1/auth/token/`` with username and password -> ``{"token": ...}``."""
 
     renderer_classes = [JSONRenderer]
-
-    def get_exception_handler(self) -> Any:
-        return errors.exception_handler
