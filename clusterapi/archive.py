@@ -44,46 +44,15 @@ LOCK_NAME = "_archive.lock"
 #: primary keys per DELETE statement (SQLite allows 32766 parameters)
 DELETE_CHUNK = 5_000
 
-HEARTBEAT_FIELDS = (
-    "id",
-    "broker_id",
-    "time",
-    "spid",
-    "root",
-    "is_root",
-    "ready",
-    "peers_active",
-    "peers_known",
-    "connections",
-    "consumers",
-    "queues",
-    "messages_ready",
-    "messages_unacked",
-    "published_total",
-    "routed_total",
-    "delivered_total",
-    "rate_published",
-    "rate_routed",
-    "rate_delivered",
-    "peers",
-)
-QUEUE_FIELDS = (
-    "id",
-    "broker_id",
-    "time",
-    "vhost",
-    "queue",
-    "messages",
-    "unacked",
-    "consumers",
-    "enqueued_total",
-    "delivered_total",
-    "rate_in",
-    "rate_out",
-)
-# the lake's columns that a sample carries under the same name
-BROKER_COPIED = HEARTBEAT_FIELDS[5:20]
-QUEUE_COPIED = QUEUE_FIELDS[3:]
+
+def _copied(table: str, model: type[HeartbeatSample] | type[QueueSample]) -> tuple[str, ...]:
+    """The columns of lake ``table`` that a sample of ``model`` carries under the same name."""
+    fields = {f.attname for f in model._meta.concrete_fields}
+    return tuple(name for name in lake.SCHEMAS[table].names if name in fields)
+
+
+BROKER_COPIED = _copied("broker_samples", HeartbeatSample)
+QUEUE_COPIED = _copied("queue_samples", QueueSample)
 
 MODELS: dict[str, type[HeartbeatSample] | type[QueueSample]] = {
     ArchiveBatch.KIND_HEARTBEATS: HeartbeatSample,
@@ -218,7 +187,7 @@ def _run_batch(
         names[batch.broker_id] = name
     files: list[Path] = []
     if batch.kind == ArchiveBatch.KIND_HEARTBEATS:
-        samples = list(rows.values(*HEARTBEAT_FIELDS))
+        samples = list(rows.values())
         broker = Broker.objects.values("spid", "broker_type").get(pk=batch.broker_id)
         broker_rows = [broker_row(s, name, broker["spid"], broker["broker_type"]) for s in samples]
         peer_rows = [row for s in samples for row in peer_sample_rows(s, name)]
@@ -227,7 +196,7 @@ def _run_batch(
         result.heartbeats += len(samples)
         result.peer_samples += len(peer_rows)
     else:
-        samples = list(rows.values(*QUEUE_FIELDS))
+        samples = list(rows.values())
         queue_rows = [queue_row(s, name) for s in samples]
         files += lake.write_rows(root, "queue_samples", queue_rows, batch.batch_id)
         result.queue_samples += len(samples)
