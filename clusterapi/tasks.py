@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import shared_task
+from django.utils import timezone
 
 from clusterapi import archive, cluster, commands, reports
 
@@ -40,14 +41,11 @@ def prune_heartbeats() -> dict[str, int]:
     first with a cutoff no later than retention's (and logs what it moved); if it
     fails nothing is pruned (the exception fails the task).
     """
-    archive.archive_samples(archive.cutoff_before_prune())
-    return cluster.prune_samples()
-
-
-@shared_task(ignore_result=True)
-def archive_samples() -> dict[str, Any]:
-    """Move samples older than ``ARCHIVE_AFTER`` minutes into the Parquet lake."""
-    return archive.archive_samples().as_dict()
+    # one clock for both: a pass that takes minutes must not let retention's cutoff
+    # move past the archive's
+    now = timezone.now()
+    archive.archive_samples(archive.cutoff_before_prune(now))
+    return cluster.prune_samples(now)
 
 
 @shared_task(ignore_result=True)
@@ -64,3 +62,9 @@ def nightly_report() -> int | None:
         return None
     reports.archive_then_execute(run.pk)
     return run.pk
+
+
+@shared_task(ignore_result=True)
+def archive_samples() -> dict[str, Any]:
+    """Move samples older than ``ARCHIVE_AFTER`` minutes into the Parquet lake."""
+    return archive.archive_samples().as_dict()
