@@ -62,9 +62,3 @@ def nightly_report() -> int | None:
         return None
     reports.archive_then_execute(run.pk)
     return run.pk
-
-
-@shared_task(ignore_result=True)
-def archive_samples() -> dict[str, Any]:
-    """Move samples older than ``ARCHIVE_AFTER`` minutes into the Parquet lake."""
-    return archive.archive_samples().as_dict()
