@@ -71,6 +71,19 @@ def report_options(args: argparse.Namespace):  # -> ReportOptions (Spark importe
     )
 
 
+def run_report_command(args: argparse.Namespace, prog: str) -> int:
+    """Run the report for parsed arguments: its key figures on stdout, or an error (status 2)."""
+    from pipeline.report import ReportError, run_report
+
+    try:
+        summary = run_report(report_options(args))
+    except (ReportError, GenerateError) as exc:  # GenerateError: a bad --from/--to
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({k: summary[k] for k in ("period", "samples", "incidents")}, indent=2))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -89,15 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             doc["seconds"] = round(time.monotonic() - began, 2)
             print(json.dumps(doc, indent=2))
             return 0
-        from pipeline.report import ReportError, run_report
-
-        try:
-            summary = run_report(report_options(args))
-        except ReportError as exc:
-            print(f"pipeline report: {exc}", file=sys.stderr)
-            return 2
-        print(json.dumps({k: summary[k] for k in ("period", "samples", "incidents")}, indent=2))
-        return 0
+        return run_report_command(args, "pipeline report")
     except GenerateError as exc:
         print(f"pipeline {args.command}: {exc}", file=sys.stderr)
         return 2

@@ -539,6 +539,19 @@ def _first(df: DataFrame, order: Any) -> dict[str, Any] | None:
     return None if row is None else row.asDict()
 
 
+def _incident(
+    kind: str, row: dict[str, Any], start: datetime | None, end: datetime | None, **details: Any
+) -> dict[str, Any]:
+    """One entry of summary.json's ``incidents`` from a row of a report table."""
+    return {
+        "kind": kind,
+        "broker": row["broker"],
+        "start": _iso(start),
+        "end": _iso(end),
+        "details": details,
+    }
+
+
 def build_summary(
     spark: SparkSession,
     opts: ReportOptions,
@@ -560,19 +573,9 @@ def build_summary(
     interval: float,
 ) -> dict[str, Any]:
     """summary.json: period, brokers, totals, peaks, capacity, incidents."""
-    brokers = sorted(r["broker"] for r in broker.select("broker").distinct().collect())
-    totals_row = broker.agg(
-        F.sum("n_in").alias("published"),
-        F.sum("n_isr").alias("routed"),
-        F.sum("n_out").alias("delivered"),
-    ).first()
-    totals = {k: int(v or 0) for k, v in totals_row.asDict().items()}
+    counted = ("published", "routed", "delivered")
     per_broker = {
-        r["broker"]: {
-            "published": int(r["published"] or 0),
-            "routed": int(r["routed"] or 0),
-            "delivered": int(r["delivered"] or 0),
-        }
+        r["broker"]: {k: int(r[k] or 0) for k in counted}
         for r in broker.groupBy("broker")
         .agg(
             F.sum("n_in").alias("published"),
@@ -581,6 +584,9 @@ def build_summary(
         )
         .collect()
     }
+    # The cluster's totals add up the brokers' (one Spark job, not two).
+    totals = {k: sum(counts[k] for counts in per_broker.values()) for k in counted}
+    brokers = sorted(per_broker)
     isr_peak = _first(cluster_minute, F.desc("isr"))
     xsr_peak = _first(cluster_minute, F.desc("xsr"))
     in_peak = _first(broker_minute.select("broker", "minute", "in_avg"), F.desc("in_avg"))
@@ -622,49 +628,37 @@ def build_summary(
     incidents: list[dict[str, Any]] = list(timeline["failovers"])
     for row in _rows(gaps):
         incidents.append(
-            {
-                "kind": "broker_outage",
-                "broker": row["broker"],
-                "start": _iso(row["start"]),
-                "end": _iso(row["end"]),
-                "details": {"missed_samples": row["missed"]},
-            }
+            _incident("broker_outage", row, row["start"], row["end"], missed_samples=row["missed"])
         )
     for row in _rows(restarts):
-        at = _iso(row["ts"])
         incidents.append(
-            {
-                "kind": "restart",
-                "broker": row["broker"],
-                "start": at,
-                "end": at,
-                "details": {"spid": row["new_spid"], "old_spid": row["old_spid"]},
-            }
+            _incident(
+                "restart", row, row["ts"], row["ts"], spid=row["new_spid"], old_spid=row["old_spid"]
+            )
         )
     for row in _rows(backlogs):
         incidents.append(
-            {
-                "kind": "backlog",
-                "broker": row["broker"],
-                "start": _iso(row["start"]),
-                "end": _iso(row["end"]),
-                "details": {
-                    "vhost": row["vhost"],
-                    "queue": row["queue"],
-                    "growth": int(row["growth"]),
-                    "growth_per_s": row["growth_per_s"],
-                },
-            }
+            _incident(
+                "backlog",
+                row,
+                row["start"],
+                row["end"],
+                vhost=row["vhost"],
+                queue=row["queue"],
+                growth=int(row["growth"]),
+                growth_per_s=row["growth_per_s"],
+            )
         )
     for row in _rows(flaps):
         incidents.append(
-            {
-                "kind": "link_flap",
-                "broker": row["broker"],
-                "start": _iso(row["start"]),
-                "end": _iso(row["end"]),
-                "details": {"peer_address": row["peer_address"], "transitions": row["transitions"]},
-            }
+            _incident(
+                "link_flap",
+                row,
+                row["start"],
+                row["end"],
+                peer_address=row["peer_address"],
+                transitions=row["transitions"],
+            )
         )
     incidents.sort(key=lambda i: (i["start"] or "", i["kind"], i["broker"]))
 
@@ -746,18 +740,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point for ``spark-submit pipeline/report.py``."""
     import argparse
 
-    from pipeline.cli import add_report_arguments, report_options
+    from pipeline.cli import add_report_arguments, run_report_command
 
     parser = argparse.ArgumentParser(prog="report.py", description="Rookery traffic report")
     add_report_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        summary = run_report(report_options(args))
-    except ReportError as exc:
-        print(f"report: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps({k: summary[k] for k in ("period", "samples", "incidents")}, indent=2))
-    return 0
+    return run_report_command(parser.parse_args(argv), "report")
 
 
 if __name__ == "__main__":
