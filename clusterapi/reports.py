@@ -175,7 +175,7 @@ def execute(run_id: int, timeout: float | None = None) -> str:
     run.output_path = str(out)
     run.save(update_fields=["output_path"])
 
-    cmd = [*job_command(), "report", "--lake", str(settings.LAKE_PATH), "--out", str(out)]
+    cmd = [*job_command(), "report", "--lake", str(archive.lake_root()), "--out", str(out)]
     if run.period_from:
         cmd += ["--from", iso(run.period_from)]
     if run.period_to:
