@@ -97,15 +97,20 @@ class BrokerNameField(serializers.SlugRelatedField):
         super().__init__(slug_field="name", **kwargs)
 
 
-class QueueSerializer(serializers.ModelSerializer):
+# A row one broker reported: ``broker`` by name, ``broker_id`` beside it. (A comment, not a
+# docstring: drf-spectacular would copy a docstring into every subclass's schema.)
+class BrokerRowSerializer(serializers.ModelSerializer):
     broker = BrokerNameField()
 
+    #: the leading fields of every such row
+    FIELDS = ["id", "broker", "broker_id"]
+
+
+class QueueSerializer(BrokerRowSerializer):
     class Meta:
         model = QueueSnapshot
         fields = [
-            "id",
-            "broker",
-            "broker_id",
+            *BrokerRowSerializer.FIELDS,
             "vhost",
             "name",
             "durable",
@@ -123,15 +128,11 @@ class QueueSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ExchangeSerializer(serializers.ModelSerializer):
-    broker = BrokerNameField()
-
+class ExchangeSerializer(BrokerRowSerializer):
     class Meta:
         model = ExchangeSnapshot
         fields = [
-            "id",
-            "broker",
-            "broker_id",
+            *BrokerRowSerializer.FIELDS,
             "vhost",
             "name",
             "type",
@@ -144,15 +145,11 @@ class ExchangeSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class BindingSerializer(serializers.ModelSerializer):
-    broker = BrokerNameField()
-
+class BindingSerializer(BrokerRowSerializer):
     class Meta:
         model = BindingSnapshot
         fields = [
-            "id",
-            "broker",
-            "broker_id",
+            *BrokerRowSerializer.FIELDS,
             "vhost",
             "source",
             "destination",
@@ -164,15 +161,11 @@ class BindingSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class HeartbeatSerializer(serializers.ModelSerializer):
-    broker = BrokerNameField()
-
+class HeartbeatSerializer(BrokerRowSerializer):
     class Meta:
         model = HeartbeatSample
         fields = [
-            "id",
-            "broker",
-            "broker_id",
+            *BrokerRowSerializer.FIELDS,
             "time",
             "connections",
             "consumers",
@@ -194,15 +187,11 @@ class HeartbeatSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class QueueSampleSerializer(serializers.ModelSerializer):
-    broker = BrokerNameField()
-
+class QueueSampleSerializer(BrokerRowSerializer):
     class Meta:
         model = QueueSample
         fields = [
-            "id",
-            "broker",
-            "broker_id",
+            *BrokerRowSerializer.FIELDS,
             "time",
             "vhost",
             "queue",
@@ -223,16 +212,13 @@ class UsernameField(serializers.SlugRelatedField):
         super().__init__(slug_field="username", **kwargs)
 
 
-class CommandSerializer(serializers.ModelSerializer):
-    broker = BrokerNameField()
+class CommandSerializer(BrokerRowSerializer):
     created_by = UsernameField(allow_null=True)
 
     class Meta:
         model = Command
         fields = [
-            "id",
-            "broker",
-            "broker_id",
+            *BrokerRowSerializer.FIELDS,
             "name",
             "args",
             "state",
@@ -328,15 +314,13 @@ class AuditEntrySerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class AlarmSerializer(serializers.ModelSerializer):
+class AlarmSerializer(BrokerRowSerializer):
     broker = BrokerNameField(allow_null=True)
 
     class Meta:
         model = Alarm
         fields = [
-            "id",
-            "broker",
-            "broker_id",
+            *BrokerRowSerializer.FIELDS,
             "kind",
             "message",
             "source",
