@@ -106,10 +106,14 @@ class Page:
     template: str
     fragments: tuple[str, ...]
     build: Builder
+    #: the heading of a :func:`table_page` (other templates write their own)
+    title: str = ""
 
     def context(self, params: QueryDict) -> dict[str, Any]:
         """Everything the page's template and fragments need (the cluster bar included)."""
         context = {"cluster": cluster_bar(), "page": self.name, "params": params}
+        if self.title:
+            context.update(title=self.title, table=self.fragments[-1])
         context.update(self.build(params))
         context["live_url"] = live_url(self.name, params)
         return context
@@ -131,6 +135,11 @@ def _fragments(*names: str) -> tuple[str, ...]:
     """The cluster bar (on every page), then the page's own fragments."""
     own = (f"dashboard/fragments/{name}.html" for name in names)
     return ("dashboard/fragments/cluster_bar.html", *own)
+
+
+def table_page(name: str, title: str, table: str, build: Builder) -> Page:
+    """A list page: its title, the filters and one live table (``table_page.html``)."""
+    return Page(name, "dashboard/table_page.html", _fragments(table), build, title)
 
 
 def _paginate(queryset: QuerySet, params: QueryDict, *stamps: str) -> dict[str, Any]:
@@ -329,19 +338,17 @@ PAGES: dict[str, Page] = {
             _fragments("broker_summary", "peer_links", "broker_objects", "broker_commands"),
             build_broker,
         ),
-        Page("queues", "dashboard/queues.html", _fragments("queue_table"), build_queues),
-        Page(
-            "exchanges", "dashboard/exchanges.html", _fragments("exchange_table"), build_exchanges
-        ),
-        Page("bindings", "dashboard/bindings.html", _fragments("binding_table"), build_bindings),
+        table_page("queues", "Queues", "queue_table", build_queues),
+        table_page("exchanges", "Exchanges", "exchange_table", build_exchanges),
+        table_page("bindings", "Bindings", "binding_table", build_bindings),
         Page(
             "config",
             "dashboard/config.html",
             _fragments("convergence", "config_versions"),
             build_config,
         ),
-        Page("commands", "dashboard/commands.html", _fragments("command_table"), build_commands),
-        Page("audit", "dashboard/audit.html", _fragments("audit_table"), build_audit),
+        table_page("commands", "Commands", "command_table", build_commands),
+        table_page("audit", "Audit log", "audit_table", build_audit),
         Page("alarms", "dashboard/alarms.html", _fragments("alarm_table"), build_alarms),
     )
 }
