@@ -57,7 +57,7 @@ def issue(broker: Broker, name: str, args: dict[str, Any] | None, user: Any) -> 
     elif args:
         raise InvalidRequest(f"args: {name} takes no arguments")
     now = timezone.now()
-    creator = user if user is not None and getattr(user, "is_authenticated", False) else None
+    creator = audit.known_user(user)
     with transaction.atomic():
         command = Command.objects.create(
             broker=broker,

@@ -52,7 +52,7 @@ def create_version(document: Any, user: Any, comment: str = "") -> ConfigVersion
     if len(comment) > COMMENT_MAX:
         raise InvalidRequest(f"comment: at most {COMMENT_MAX} characters")
     normalised, checksum = validate(document)
-    creator = user if user is not None and getattr(user, "is_authenticated", False) else None
+    creator = audit.known_user(user)
     for attempt in range(5):
         try:
             with transaction.atomic():

@@ -76,7 +76,7 @@ def request_run(
         raise InvalidRequest("the period's start must be before its end")
     fail_abandoned()
     run = ReportRun.objects.create(
-        requested_by=user if user is not None and user.is_authenticated else None,
+        requested_by=audit.known_user(user),
         trigger=trigger,
         period_from=start,
         period_to=end,
