@@ -34,8 +34,7 @@ def raise_alarm(
     """Raise (or refresh) an alarm; returns it and whether it is new."""
     existing = Alarm.objects.filter(broker=broker, kind=kind, source=source, active=True).first()
     if existing is not None:
-        if existing.message != message:
-            existing.message = message
+        existing.message = message
         existing.save(update_fields=["message", "updated_at"])
         return existing, False
     alarm = Alarm.objects.create(

@@ -93,8 +93,7 @@ def _number(msg: dict[str, Any], key: str, where: str, default: float = 0.0) -> 
 
 
 def _count(msg: dict[str, Any], key: str, where: str) -> int:
-    value = _optional(msg, key, int, where, 0)
-    return value
+    return _optional(msg, key, int, where, 0)
 
 
 def _text(msg: dict[str, Any], key: str, where: str, limit: int = 255) -> str:
