@@ -30,6 +30,7 @@ import pytest
 
 from tests.brokerd_process import BrokerProcess, free_port, wait_for_port
 from tests.cluster_support import Cluster
+from tests.console_env import environ_without
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -50,21 +51,6 @@ FAST_BEAT_ENV = {
     "COMMAND_TIMEOUT_SECONDS": "30",
     "QUEUE_SAMPLE_SECONDS": "1",
 }
-
-# Environment variables of the caller that must not leak into the stack.
-_CONSOLE_ENV = (
-    "SECRET_KEY",
-    "DEBUG",
-    "ALLOWED_HOSTS",
-    "CSRF_TRUSTED_ORIGINS",
-    "CONSOLE_HTTPS",
-    "DATABASE_URL",
-    "REDIS_URL",
-    "CONSOLE_BROKER_TOKEN",
-    "DATA_DIR",
-    "DJANGO_SETTINGS_MODULE",
-    *FAST_BEAT_ENV,
-)
 
 
 class ApiError(AssertionError):
@@ -180,7 +166,7 @@ class ConsoleStack:
         self.redis_port = free_port()
         self.http_port = free_port()
         self.broker_token = secrets.token_urlsafe(24)
-        env = {k: v for k, v in os.environ.items() if k not in _CONSOLE_ENV}
+        env = environ_without()  # the caller's console settings must not leak in
         env.update(
             DJANGO_SETTINGS_MODULE="console.settings",
             DEBUG="0",

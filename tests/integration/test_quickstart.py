@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,24 +25,14 @@ import psutil
 import pytest
 
 from tests.brokerd_process import free_port
+from tests.console_env import CONSOLE_SETTINGS_ENV, environ_without
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(150)]
 
 REPO = Path(__file__).resolve().parents[2]
 
-# The caller's console settings must not leak into the quickstart under test.
-LEAKY_ENV = (
-    "SECRET_KEY",
-    "DEBUG",
-    "ALLOWED_HOSTS",
-    "CONSOLE_HTTPS",
-    "DATABASE_URL",
-    "REDIS_URL",
-    "CONSOLE_BROKER_TOKEN",
-    "DATA_DIR",
-    "ROOKERY_ADMIN_USER",
-    "ROOKERY_ADMIN_PASSWORD",
-)
+# The caller's console and admin settings must not leak into the quickstart under test.
+LEAKY_ENV = (*CONSOLE_SETTINGS_ENV, "ROOKERY_ADMIN_USER", "ROOKERY_ADMIN_PASSWORD")
 
 
 class Quickstart:
@@ -52,7 +41,7 @@ class Quickstart:
     def __init__(self, data_dir: Path, console_port: int, broker_ports: list[int]) -> None:
         self.console_port = console_port
         self.broker_ports = broker_ports
-        env = {k: v for k, v in os.environ.items() if k not in LEAKY_ENV}
+        env = environ_without(LEAKY_ENV)
         env.update(
             DATA_DIR=str(data_dir),
             ROOKERY_CONSOLE_PORT=str(console_port),

@@ -30,23 +30,9 @@ from console.environment import (
     parse_database_url,
     resolve_path,
 )
+from tests.console_env import environ_without
 
 REPO = Path(__file__).resolve().parents[2]
-
-# Variables the settings read; cleared in subprocesses so the outer shell cannot leak in.
-CONSOLE_ENV = (
-    "SECRET_KEY",
-    "DEBUG",
-    "ALLOWED_HOSTS",
-    "CSRF_TRUSTED_ORIGINS",
-    "CONSOLE_HTTPS",
-    "DATABASE_URL",
-    "REDIS_URL",
-    "CONSOLE_BROKER_TOKEN",
-    "SPARK_MASTER",
-    "DATA_DIR",
-    "LOG_LEVEL",
-)
 
 
 # -- the parsing helpers ------------------------------------------------------------------
@@ -170,8 +156,7 @@ def _settings_in_subprocess(env: dict[str, str]) -> dict:
         "import json, console.settings as s\n"
         "print(json.dumps({k: getattr(s, k) for k in dir(s) if k.isupper()}, default=str))\n"
     )
-    clean = {k: v for k, v in os.environ.items() if k not in CONSOLE_ENV}
-    clean.pop("DJANGO_SETTINGS_MODULE", None)
+    clean = environ_without()
     result = subprocess.run(
         [sys.executable, "-c", code],
         cwd=REPO,
@@ -243,7 +228,7 @@ def test_settings_defaults(tmp_path: Path) -> None:
 
 
 def test_bad_database_url_stops_the_console_with_a_clear_message(tmp_path: Path) -> None:
-    clean = {k: v for k, v in os.environ.items() if k not in CONSOLE_ENV}
+    clean = environ_without()
     result = subprocess.run(
         [sys.executable, "-c", "import console.settings"],
         cwd=REPO,
