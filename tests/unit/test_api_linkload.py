@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 
@@ -11,12 +10,7 @@ from clusterapi import ingest
 from clusterapi.bench.linkload import FakeBroker, parse_args, percentile
 from clusterapi.models import BindingSnapshot, QueueSnapshot
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _in_memory_layer(settings: Any) -> None:
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("in_memory_layer")]
 
 
 def test_full_then_deltas_are_ingested_as_the_fake_broker_holds_them() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
@@ -21,12 +20,7 @@ from clusterapi.models import (
 )
 from clusterapi.roles import OPERATORS_GROUP
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _in_memory_layer(settings: Any) -> None:
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("in_memory_layer")]
 
 
 @pytest.fixture

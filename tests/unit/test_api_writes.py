@@ -17,12 +17,7 @@ from rest_framework.test import APIClient
 from clusterapi.models import AuditEntry, Broker, Command, ConfigApplication
 from clusterapi.roles import OPERATORS_GROUP
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _in_memory_layer(settings: Any) -> None:
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("in_memory_layer")]
 
 
 @pytest.fixture

@@ -21,12 +21,7 @@ from clusterapi.models import Broker
 from console.dashboard import live
 from console.dashboard.live import DashboardConsumer
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def _in_memory_layer(settings: Any) -> None:
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("in_memory_layer")]
 
 
 @pytest.fixture(autouse=True)

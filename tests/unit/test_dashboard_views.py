@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from typing import Any
 
 import pytest
 from django.contrib.auth.models import Group, User
@@ -29,15 +28,10 @@ from clusterapi.roles import OPERATORS_GROUP
 from console.dashboard.charts import message_rates
 from console.dashboard.pages import relative
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("in_memory_layer")]
 
 PAGES = ["/", "/brokers/", "/queues/", "/exchanges/", "/bindings/", "/config/", "/commands/"]
 PAGES += ["/audit/", "/alarms/"]
-
-
-@pytest.fixture(autouse=True)
-def _in_memory_layer(settings: Any) -> None:
-    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
 
 @pytest.fixture
