@@ -237,28 +237,31 @@ def build_broker(params: QueryDict) -> dict[str, Any]:
     }
 
 
-def _object_page(filterset_class: type, queryset: QuerySet, shown: tuple[str, ...]) -> Builder:
+def _list_page(
+    filterset_class: type, queryset: QuerySet, shown: tuple[str, ...], *stamps: str
+) -> Builder:
+    """A list page's builder: the filter form, one page of what it selects and the total."""
+
     def build(params: QueryDict) -> dict[str, Any]:
-        found = _filtered(filterset_class, params, queryset, shown)
-        context = {k: v for k, v in found.items() if k != "queryset"}
-        context.update(_paginate(found["queryset"], params))
-        context["total"] = found["queryset"].count()
+        context = _filtered(filterset_class, params, queryset, shown)
+        context.update(_paginate(context.pop("queryset"), params, *stamps))
+        context["total"] = context["page_obj"].paginator.count  # counted once, by the pager
         return context
 
     return build
 
 
-build_queues = _object_page(
+build_queues = _list_page(
     filters.QueueFilter,
     QueueSnapshot.objects.select_related("broker"),
     ("broker", "vhost", "name_contains", "min_messages", "shared"),
 )
-build_exchanges = _object_page(
+build_exchanges = _list_page(
     filters.ExchangeFilter,
     ExchangeSnapshot.objects.select_related("broker"),
     ("broker", "vhost", "name_contains", "type"),
 )
-build_bindings = _object_page(
+build_bindings = _list_page(
     filters.BindingFilter,
     BindingSnapshot.objects.select_related("broker"),
     ("broker", "vhost", "source", "destination", "routing_key"),
@@ -286,36 +289,27 @@ def build_config(params: QueryDict) -> dict[str, Any]:
     }
 
 
-def build_commands(params: QueryDict) -> dict[str, Any]:
-    found = _filtered(
-        filters.CommandFilter,
-        params,
-        Command.objects.select_related("broker", "created_by"),
-        ("broker", "name", "state"),
-    )
-    context = {k: v for k, v in found.items() if k != "queryset"}
-    context.update(_paginate(found["queryset"], params, "created_at", "finished_at"))
-    return context
-
-
-def build_audit(params: QueryDict) -> dict[str, Any]:
-    found = _filtered(
-        filters.AuditFilter, params, AuditEntry.objects.all(), ("user", "action_prefix", "target")
-    )
-    context = {k: v for k, v in found.items() if k != "queryset"}
-    context.update(_paginate(found["queryset"], params, "time"))
-    return context
+build_commands = _list_page(
+    filters.CommandFilter,
+    Command.objects.select_related("broker", "created_by"),
+    ("broker", "name", "state"),
+    "created_at",
+    "finished_at",
+)
+build_audit = _list_page(
+    filters.AuditFilter, AuditEntry.objects.all(), ("user", "action_prefix", "target"), "time"
+)
+_build_alarm_list = _list_page(
+    filters.AlarmFilter,
+    Alarm.objects.select_related("broker"),
+    ("broker", "kind", "source", "active"),
+    "raised_at",
+    "cleared_at",
+)
 
 
 def build_alarms(params: QueryDict) -> dict[str, Any]:
-    found = _filtered(
-        filters.AlarmFilter,
-        params,
-        Alarm.objects.select_related("broker"),
-        ("broker", "kind", "source", "active"),
-    )
-    context = {k: v for k, v in found.items() if k != "queryset"}
-    context.update(_paginate(found["queryset"], params, "raised_at", "cleared_at"))
+    context = _build_alarm_list(params)
     context["active_alarms"] = with_stamps(
         Alarm.objects.filter(active=True).select_related("broker"), "raised_at"
     )
