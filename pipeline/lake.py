@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -97,7 +97,6 @@ NULLABLE: dict[str, frozenset[str]] = {
     "peer_samples": frozenset({"rtt_ms"}),
 }
 
-PARTITION_COLUMNS = ("date", "broker")
 _BATCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -215,8 +214,3 @@ def read_table(root: str | os.PathLike[str], table: str) -> pa.Table:
         ignore_prefixes=[".", "_"],
     )
     return dataset.to_table(columns=schema.names).cast(schema)
-
-
-def decode_partition_value(value: str) -> str:
-    """Undo the path encoding of a partition value."""
-    return unquote(value)

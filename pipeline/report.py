@@ -41,18 +41,6 @@ from pyspark.sql import functions as F
 
 from pipeline import lake
 
-TABLES = (
-    "broker_minute",
-    "queue_minute",
-    "isr_xsr_minute",
-    "queue_trends",
-    "root_timeline",
-    "heartbeat_gaps",
-    "link_flaps",
-    "backlogs",
-    "restarts",
-)
-
 CAPACITY_FORMULA = (
     "Seed 000: a broker switching each message into Q queues has an internal switching rate "
     "(ISR) of Q x C, C being what one broker can take in (messages/s); B brokers fanning out "
