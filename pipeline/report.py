@@ -19,8 +19,8 @@ docs/architecture.md):
   change from root X to another root Y (possibly through buckets without a root).
 - Link flap: at least 4 changes of a peer link's ``active``, each within
   ``flap_window`` seconds of the previous one, seen by one broker.
-- Backlog: a queue whose ready count rose at every sample for at least
-  ``backlog_min_seconds`` and by at least ``backlog_min_growth`` messages.
+- Backlog: a queue whose ready count rose at every sample (at least 5 samples) for
+  at least ``backlog_min_seconds`` and by at least ``backlog_min_growth`` messages.
 """
 
 from __future__ import annotations
