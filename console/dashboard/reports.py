@@ -35,21 +35,21 @@ INCIDENTS_SHOWN = 500
 LOCAL_INPUT = "%Y-%m-%dT%H:%M"
 
 
+def _utc_input(label: str) -> forms.DateTimeField:
+    """An optional ``datetime-local`` input (no zone: the form reads it as UTC)."""
+    return forms.DateTimeField(
+        required=False,
+        label=label,
+        input_formats=[LOCAL_INPUT, "%Y-%m-%d %H:%M", "%Y-%m-%d"],
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format=LOCAL_INPUT),
+    )
+
+
 class ReportRequestForm(forms.Form):
     """The optional period of a run, in UTC (``datetime-local`` inputs carry no zone)."""
 
-    period_from = forms.DateTimeField(
-        required=False,
-        label="From (UTC)",
-        input_formats=[LOCAL_INPUT, "%Y-%m-%d %H:%M", "%Y-%m-%d"],
-        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format=LOCAL_INPUT),
-    )
-    period_to = forms.DateTimeField(
-        required=False,
-        label="To (UTC, exclusive)",
-        input_formats=[LOCAL_INPUT, "%Y-%m-%d %H:%M", "%Y-%m-%d"],
-        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format=LOCAL_INPUT),
-    )
+    period_from = _utc_input("From (UTC)")
+    period_to = _utc_input("To (UTC, exclusive)")
 
     def clean(self) -> dict[str, Any]:
         data = super().clean()
