@@ -8,12 +8,14 @@ saves a screenshot under var/screenshots/. Waiting is Playwright's ``expect``
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 from collections.abc import Iterator
 
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from tests.browser.support import live, login, mark, new_context, screenshot, unreloaded
 from tests.console_stack import OPERATOR, VIEWER, ConsoleStack
@@ -81,7 +83,11 @@ def test_login_and_the_overview_shows_four_brokers_and_the_root(
     screenshot(page, "overview")
     # A narrow screen: nothing wider than the viewport but the scrolling tables.
     page.set_viewport_size({"width": 390, "height": 844})
-    overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    # the chart follows the width through a ResizeObserver: give the reflow a moment
+    width_excess = "document.documentElement.scrollWidth - window.innerWidth"
+    with contextlib.suppress(PlaywrightTimeoutError):
+        page.wait_for_function(f"{width_excess} <= 1", timeout=5000)
+    overflow = page.evaluate(width_excess)
     assert overflow <= 1, f"the page is {overflow}px wider than a 390px screen"
     screenshot(page, "overview-narrow")
     # Logging out ends the session: pages ask for a login again.
