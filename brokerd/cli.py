@@ -6,6 +6,7 @@ import argparse
 import getpass
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -20,7 +21,8 @@ subcommands:
 console link: with --console URL the broker keeps a websocket open to the
 console and sends its status every heartbeat; it works fully without one.
 The token is sent as "Authorization: Bearer TOKEN"; prefer the environment
-variable ROOKERY_CONSOLE_TOKEN so it does not show in the process list.
+variable ROOKERY_CONSOLE_TOKEN so it does not show in the process list; on
+the command line write --console-token=TOKEN.
 
 signals: SIGUSR1 full state dump, SIGUSR2 one-line state, SIGTERM graceful
 shutdown (clients get connection.close 320), SIGHUP re-read --config.
@@ -44,7 +46,34 @@ def console_url_problem(url: str) -> str | None:
     return None
 
 
+#: options whose value may start with '-' (a token): "--opt VALUE" is read as "--opt=VALUE"
+VALUE_OPTIONS = ("--console-token",)
+
+
+def join_option_values(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """Glue ``--opt VALUE`` into ``--opt=VALUE`` for ``options``.
+
+    argparse takes a separate value that starts with '-' for an option of its
+    own ("expected one argument"); a random token does so one time in 64.
+    The ``=`` form is always safe, and this makes the spaced form safe too."""
+    out: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--":
+            out.append(arg)
+            out.extend(args)
+            break
+        if arg in options:
+            value = next(args, None)
+            out.append(arg if value is None else f"{arg}={value}")
+        else:
+            out.append(arg)
+    return out
+
+
 def _port(value: str) -> int:
+    if not re.fullmatch(r"[0-9]{1,5}", value):  # int() would also take '١٢' or ' 5672 '
+        raise argparse.ArgumentTypeError(f"port {value!r} is not a number")
     port = int(value)
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port {port} is out of range 0..65535")
@@ -110,8 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--console-token",
         default=None,
         metavar="TOKEN",
-        help="token the console expects (its CONSOLE_BROKER_TOKEN); "
-        f"default: the environment variable {CONSOLE_TOKEN_ENV}",
+        help="token the console expects (its CONSOLE_BROKER_TOKEN); write it as "
+        "--console-token=TOKEN (any token, even one starting with '-'); "
+        f"default, and preferred: the environment variable {CONSOLE_TOKEN_ENV}",
     )
     parser.add_argument(
         "--log-level",
@@ -157,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         from brokerd.ctl import main as ctl_main
 
         return ctl_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(join_option_values(argv, VALUE_OPTIONS))
     setup_logging(args.log_level)
     from brokerd.server.app import ServerOptions, run
 

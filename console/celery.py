@@ -8,6 +8,7 @@ retention hourly, the traffic report of the previous day nightly.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from celery import Celery
@@ -52,7 +53,8 @@ def nightly_schedule(value: str) -> crontab | None:
     """``REPORT_NIGHTLY_AT``: ``HH:MM`` in UTC (Celery's timezone), or ``off``."""
     if value.strip().lower() in ("off", "no", "0", "none"):
         return None
-    hour, sep, minute = value.strip().partition(":")
-    if not (sep and hour.isdigit() and minute.isdigit() and int(hour) < 24 and int(minute) < 60):
+    match = re.fullmatch(r"([0-9]{1,2}):([0-9]{1,2})", value.strip())
+    hour, minute = (int(match[1]), int(match[2])) if match else (24, 60)
+    if not (hour < 24 and minute < 60):
         raise ValueError(f"REPORT_NIGHTLY_AT={value!r}: expected HH:MM (UTC) or off")
-    return crontab(hour=int(hour), minute=int(minute))
+    return crontab(hour=hour, minute=minute)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 import tempfile
 from collections.abc import Mapping
@@ -22,8 +23,31 @@ POSTGRES_SCHEMES = {"postgres", "postgresql", "pgsql"}
 SQLITE_SCHEMES = {"sqlite"}
 
 
+_ASCII_INT = re.compile(r"[+-]?[0-9]+")
+
+
 class SettingError(ValueError):
     """A setting in the environment cannot be used; the message names it."""
+
+
+def ascii_int(text: str) -> int:
+    """Parse a decimal integer of ASCII digits only.
+
+    ``int()`` also takes other scripts' digits ('١٢'), blanks and underscores,
+    and ``str.isdigit()`` takes superscripts ('¹') that ``int()`` then refuses:
+    client input is held to ``[+-]?[0-9]+``. Raises ValueError otherwise."""
+    if not isinstance(text, str) or not _ASCII_INT.fullmatch(text):
+        raise ValueError(f"{text!r} is not a decimal integer")
+    return int(text)
+
+
+def new_token(nbytes: int = 32) -> str:
+    """A URL-safe random token that never starts with '-', so that it can follow
+    an option on any command line without being read as an option itself."""
+    while True:
+        token = secrets.token_urlsafe(nbytes)
+        if not token.startswith("-"):
+            return token
 
 
 def env_str(name: str, default: str, environ: Mapping[str, str] | None = None) -> str:
@@ -49,7 +73,7 @@ def env_int(name: str, default: int, environ: Mapping[str, str] | None = None) -
     if not raw:
         return default
     try:
-        return int(raw)
+        return ascii_int(raw)
     except ValueError:
         raise SettingError(f"{name}={raw!r} is not an integer") from None
 
@@ -181,7 +205,7 @@ def load_or_create_secret_key(path: Path) -> str:
     fd, tmp_name = tempfile.mkstemp(prefix=".secret_key.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as tmp:  # mkstemp creates the file with mode 0600
-            tmp.write(secrets.token_urlsafe(50) + "\n")
+            tmp.write(new_token(50) + "\n")
         with contextlib.suppress(FileExistsError):  # another process won: use its key
             os.link(tmp_name, path)
     finally:

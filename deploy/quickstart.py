@@ -42,7 +42,6 @@ import ctypes
 import itertools
 import os
 import re
-import secrets
 import shutil
 import signal
 import socket
@@ -52,6 +51,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
+
+from console.environment import ascii_int, new_token
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -75,7 +76,7 @@ class QuickstartError(Exception):
 
 def _port(name: str, raw: str) -> int:
     try:
-        port = int(raw)
+        port = ascii_int(raw)
     except ValueError:
         raise QuickstartError(f"{name}={raw!r} is not a port number") from None
     if not 1 <= port <= 65535:
@@ -229,7 +230,7 @@ def read_or_create_secret(path: Path, make: Callable[[], str]) -> tuple[str, boo
 def ensure_cluster_file(config: QuickstartConfig, output: Output) -> None:
     """Write DATA_DIR/cluster.toml for the three primaries, or reuse the one there."""
     wanted = [f"{HOST}:{port}" for port in config.broker_ports[:3]]
-    name, secret = "quickstart", secrets.token_urlsafe(24)
+    name, secret = "quickstart", new_token(24)
     path = config.cluster_file
     if path.exists():
         try:
@@ -275,7 +276,7 @@ def choose_admin_password(
         return config.admin_password, "from ROOKERY_ADMIN_PASSWORD"
     if not user_created and not path.exists():
         return None, "unchanged (set ROOKERY_ADMIN_PASSWORD to reset it)"
-    password, generated = read_or_create_secret(path, lambda: secrets.token_urlsafe(15))
+    password, generated = read_or_create_secret(path, lambda: new_token(15))
     if generated:
         rule = "=" * 64
         output.say(
@@ -670,7 +671,7 @@ def main() -> int:
         check_ports_free(config)
         token = config.broker_token
         if token is None:
-            token, _ = read_or_create_secret(config.token_file, lambda: secrets.token_urlsafe(32))
+            token, _ = read_or_create_secret(config.token_file, lambda: new_token(32))
         ensure_cluster_file(config, output)
         env = child_environment(config, token)
         os.environ.update(env)  # Django in this process reads the same settings

@@ -18,17 +18,38 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_port(port: int, timeout: float = 15.0, proc: subprocess.Popen | None = None) -> None:
+def log_tail(path: Path | None, lines: int = 40) -> str:
+    """The last ``lines`` of a process's log, for a failure message."""
+    if path is None or not path.exists():
+        return "(no log)"
+    tail = path.read_text(errors="replace").splitlines()[-lines:]
+    return "\n".join(tail) or "(empty log)"
+
+
+def wait_for_port(
+    port: int,
+    timeout: float = 15.0,
+    proc: subprocess.Popen | None = None,
+    log_path: Path | None = None,
+) -> None:
+    """Wait until something listens on ``port``; if ``proc`` dies first (or nothing
+    listens in time) the error carries the tail of ``log_path``, so CI shows why."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode} before listening")
+            raise RuntimeError(
+                f"process exited with {proc.returncode} before listening on {port}; "
+                f"its log ({log_path}) ends:\n{log_tail(log_path)}"
+            )
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.05)
-    raise TimeoutError(f"nothing listening on port {port} after {timeout}s")
+    raise TimeoutError(
+        f"nothing listening on port {port} after {timeout}s; "
+        f"its log ({log_path}) ends:\n{log_tail(log_path)}"
+    )
 
 
 @dataclass
@@ -68,7 +89,7 @@ class BrokerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
-        wait_for_port(self.port, proc=self.proc)
+        wait_for_port(self.port, proc=self.proc, log_path=self.log_path)
         return self
 
     def log_text(self) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from console.environment import new_token
 from tests.brokerd_process import BrokerProcess, free_port, wait_for_port
 from tests.cluster_support import Cluster
 from tests.console_env import environ_without
@@ -165,13 +165,13 @@ class ConsoleStack:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.redis_port = free_port()
         self.http_port = free_port()
-        self.broker_token = secrets.token_urlsafe(24)
+        self.broker_token = new_token(24)
         env = environ_without()  # the caller's console settings must not leak in
         env.update(
             DJANGO_SETTINGS_MODULE="console.settings",
             DEBUG="0",
             CONSOLE_HTTPS="0",
-            SECRET_KEY=secrets.token_urlsafe(40),
+            SECRET_KEY=new_token(40),
             DATA_DIR=str(self.data_dir),
             REDIS_URL=f"redis://127.0.0.1:{self.redis_port}/0",
             CONSOLE_BROKER_TOKEN=self.broker_token,
@@ -247,7 +247,7 @@ class ConsoleStack:
             str(self.root),
         ]
         svc = self._spawn("redis", cmd)
-        wait_for_port(self.redis_port, proc=svc.proc)
+        wait_for_port(self.redis_port, proc=svc.proc, log_path=svc.log_path)
 
     def _create_users(self) -> None:
         script = (
@@ -269,7 +269,7 @@ class ConsoleStack:
             "console.asgi:application",
         ]
         svc = self._spawn("daphne", cmd)
-        wait_for_port(self.http_port, timeout=30, proc=svc.proc)
+        wait_for_port(self.http_port, timeout=30, proc=svc.proc, log_path=svc.log_path)
         self.wait(lambda: Api(self.http_url).get("/healthz")[0] == 200, 15, "daphne health")
 
     def _start_celery(self) -> None:
@@ -319,7 +319,7 @@ class ConsoleStack:
     def start_broker(self, index: int, token: str | None = None) -> BrokerProcess:
         """(Re)start broker ``index`` on its own port, linked to the console."""
         assert self.cluster is not None
-        link = ["--console", self.link_url, "--console-token", token or self.broker_token]
+        link = ["--console", self.link_url, f"--console-token={token or self.broker_token}"]
         return self.cluster.start(index, extra=link)
 
     def broker_name(self, index: int) -> str:

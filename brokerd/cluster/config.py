@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+_PORT = re.compile(r"[0-9]{1,5}")
 
 
 class ClusterConfigError(Exception):
@@ -64,10 +67,9 @@ def parse_host(value: Any, where: str) -> HostPort:
     host = host.strip("[]").lower()
     if not host:
         raise ClusterConfigError(f"{where}: known host {value!r} has no host name")
-    try:
-        number = int(port)
-    except ValueError:
-        raise ClusterConfigError(f"{where}: known host {value!r} has a bad port") from None
+    if not _PORT.fullmatch(port):  # ASCII digits only: int() also takes '١٢' and '1_0'
+        raise ClusterConfigError(f"{where}: known host {value!r} has a bad port")
+    number = int(port)
     if not 0 < number < 65536:
         raise ClusterConfigError(f"{where}: known host {value!r} port is out of range")
     return HostPort(host, number)

@@ -308,7 +308,9 @@ class ClusterController:
         peer = self._peer(spid)
         peer.inbound.add(conn.id)
         peer.type = SECONDARY if props.get("type") == SECONDARY else PRIMARY
-        peer.start_time = float(props.get("start_time") or 0.0)
+        start_time = props.get("start_time")
+        if isinstance(start_time, int | float) and not isinstance(start_time, bool):
+            peer.start_time = float(start_time)
         callback = str(props.get("callback") or "")
         peer.address = callback
         if callback:
@@ -856,7 +858,8 @@ class ClusterController:
                 self._on_sync_request(spid)
             elif kind == SYNC:
                 self._on_sync(spid, header, frames)
-        except rep.BucketError as exc:
+        except (rep.BucketError, ValueError, TypeError, KeyError) as exc:
+            # a malformed header field (a seq that is not a number) costs this message only
             log.warning("replication message refused from=%s kind=%s: %s", spid, kind, exc)
 
     def _on_change(self, spid: str, header: dict[str, Any], frames: list[bytes]) -> None:

@@ -19,6 +19,8 @@ from brokerd.model.errors import access_refused
 
 HASH_ALGORITHM = "pbkdf2_sha256"
 HASH_ITERATIONS = 120_000
+#: a stored hash asking for more is refused (each login would cost seconds)
+MAX_ITERATIONS = 10_000_000
 
 
 def hash_password(
@@ -33,7 +35,7 @@ def hash_password(
 def check_password(password: str, encoded: str) -> bool:
     try:
         algorithm, iterations, salt, _digest = encoded.split("$", 3)
-        if algorithm != HASH_ALGORITHM:
+        if algorithm != HASH_ALGORITHM or not is_password_hash(encoded):
             return False
         expected = hash_password(password, iterations=int(iterations), salt=salt)
     except ValueError:
@@ -48,7 +50,9 @@ def is_password_hash(encoded: object) -> bool:
     parts = encoded.split("$")
     if len(parts) != 4 or parts[0] != HASH_ALGORITHM or not parts[2] or not parts[3]:
         return False
-    if not parts[1].isdigit() or int(parts[1]) < 1:
+    # ASCII digits only ('¹' passes isdigit() but not int()), and a bounded cost:
+    # every login with this hash pays its iterations
+    if not re.fullmatch(r"[0-9]{1,8}", parts[1]) or not 1 <= int(parts[1]) <= MAX_ITERATIONS:
         return False
     try:
         base64.b64decode(parts[3], validate=True)

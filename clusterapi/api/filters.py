@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from django.db.models import Q, QuerySet
 from django_filters import rest_framework as filters
 
@@ -18,6 +20,15 @@ from clusterapi.models import (
     QueueSnapshot,
 )
 
+#: a primary key as the API accepts it: ASCII digits, small enough for the database
+_PK = re.compile(r"[0-9]{1,18}")
+
+
+def broker_pk(value: str) -> int | None:
+    """``value`` as a broker id, or None if it is a name. Only ASCII digits count:
+    ``str.isdigit()`` also accepts '¹6', which ``int()`` then refuses (a 500)."""
+    return int(value) if _PK.fullmatch(value) else None
+
 
 class BrokerRefFilter(filters.CharFilter):
     """A broker given by its id or its name (``host:port``)."""
@@ -30,8 +41,9 @@ class BrokerRefFilter(filters.CharFilter):
         if value in (None, ""):
             return qs
         by_name = Q(**{f"{self.field_name}__name": value})
-        if value.isdigit():
-            return qs.filter(by_name | Q(**{f"{self.field_name}_id": int(value)}))
+        broker_id = broker_pk(value)
+        if broker_id is not None:
+            return qs.filter(by_name | Q(**{f"{self.field_name}_id": broker_id}))
         return qs.filter(by_name)
 
 

@@ -139,7 +139,8 @@ class BrokerViewSet(ReadOnlyViewSet):
     def get_object(self) -> Broker:
         """By id (digits) or by name, so ``/brokers/127.0.0.1:5701/`` works too."""
         key = str(self.kwargs["pk"])
-        lookup = {"pk": int(key)} if key.isdigit() and len(key) < 19 else {"name": key}
+        pk = filters.broker_pk(key)
+        lookup = {"pk": pk} if pk is not None else {"name": key}
         broker = get_object_or_404(Broker, **lookup)
         self.check_object_permissions(self.request, broker)
         return broker

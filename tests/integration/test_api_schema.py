@@ -69,8 +69,10 @@ schema.config.generation.update(
 @schema.parametrize()
 @settings(
     max_examples=20,
+    # a failure must be a defect of the API, never of the machine or the generator:
+    # no deadline (a loaded CI box is slow) and no health checks (filtering, size)
     deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    suppress_health_check=list(HealthCheck),
 )
 def test_no_operation_answers_a_server_error(case: Any, operator_token: str) -> None:
     case.call_and_validate(

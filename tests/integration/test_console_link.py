@@ -128,7 +128,7 @@ def start_broker(
     path: Path, console: FakeConsole, *extra: str, token: str = TOKEN
 ) -> BrokerProcess:
     return BrokerProcess(
-        path, extra_args=["--console", console.url, "--console-token", token, *extra]
+        path, extra_args=["--console", console.url, f"--console-token={token}", *extra]
     ).start()
 
 
@@ -379,7 +379,7 @@ def test_cluster_heartbeat_change_is_applied_live(tmp_path: Path, console: FakeC
     cluster = Cluster(tmp_path, primaries=3, secondaries=0)
     try:
         for index in range(3):
-            cluster.start(index, extra=["--console", console.url, "--console-token", TOKEN])
+            cluster.start(index, extra=["--console", console.url, f"--console-token={TOKEN}"])
             time.sleep(0.15)
         cluster.wait_until(cluster.agreed_root)
         console.wait_for(lambda: len(console.connections) == 3, what="three brokers")
@@ -421,3 +421,24 @@ def test_cluster_heartbeat_change_is_applied_live(tmp_path: Path, console: FakeC
         assert last["totals"]["published"] == 0 and last["rates"]["published"] == 0, last
     finally:
         cluster.close()
+
+
+@pytest.mark.parametrize("form", ["spaced", "equals"])
+def test_a_token_starting_with_a_dash_is_accepted(tmp_path: Path, form: str):
+    """A random token starts with '-' one time in 64: argparse used to read it as an
+    option and exit 2 ("expected one argument")."""
+    token = "-dash-token-AbC_9"
+    console = FakeConsole(token=token).start()
+    args = (
+        ["--console", console.url, "--console-token", token]
+        if form == "spaced"
+        else ["--console", console.url, f"--console-token={token}"]
+    )
+    proc = BrokerProcess(tmp_path / "b", extra_args=args)
+    try:
+        proc.start()
+        console.wait_for(lambda: console.messages("hello"), what="hello")
+        assert console.attempts[-1][1] == f"Bearer {token}"
+    finally:
+        proc.stop()
+        console.stop()
