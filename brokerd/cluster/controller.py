@@ -1,103 +1,44 @@
-"""The cluster controller: links, peers, heartbeats and the root election.
+"""The cluster controller: membership, wiring and messages, behind the connection hooks.
 
-It owns the outgoing links, learns peers from link handshakes and
-Cluster.Status messages, runs the pure election (``election.decide``) over
-its own view, and answers the connection hooks: links are checked
-(cluster user, vhost, known-hosts checksum) and client connections wait in
-connection.open while the cluster has no root.
+``ClusterController`` is the server's one cluster object. It *is* the
+membership state machine (``membership.Membership``: links, peers,
+heartbeats, admission, election) and owns the two planes built on it:
+
+- ``wiring`` (``wiring.WiringReplication``): the ordered cluster state;
+- ``plane`` (``forwarding.MessagePlane``): forwarded publishes, proxied
+  consumers and gets, the root's deliveries.
+
+It installs the cluster's queue types into the clustered vhost (shared
+queues are ``queues.SharedQueue``; other servers' private queues are reached
+through ``queues.MetaQueue``) and routes what arrives on the cluster
+exchange to the plane it belongs to. The broker model and the channel know
+none of this: they see queues.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pamqp import commands
-
-from brokerd.cluster import messages
-from brokerd.cluster import replication as rep
+from brokerd.cluster import wiring
 from brokerd.cluster.config import ClusterConfig
-from brokerd.cluster.election import (
-    PRIMARY,
-    SECONDARY,
-    Decision,
-    Member,
-    View,
-    decide,
-    holds_lease,
-)
-from brokerd.cluster.link import Link
-from brokerd.cluster.messages import LINK_PROPERTY, MessageError, Root, Status
-from brokerd.cluster.statelog import Entry, compact, freeze, replay
+from brokerd.cluster.forwarding import DATA, MessagePlane
+from brokerd.cluster.membership import Membership
+from brokerd.cluster.queues import RemoteQueues, SharedQueue
 from brokerd.model.broker import Broker
-from brokerd.model.errors import (
-    INTERNAL_ERROR,
-    NOT_ALLOWED,
-    AMQPError,
-    ChannelError,
-    ConnectionError_,
-    access_refused,
-)
+from brokerd.model.errors import access_refused
 from brokerd.model.message import Message
 from brokerd.model.muxers import Binding, Muxer
-from brokerd.protocol.hooks import Wait
+from brokerd.model.queue import Queue
 
 if TYPE_CHECKING:
     from pamqp.base import Frame as Method
 
-    from brokerd.protocol.channel import Channel
     from brokerd.protocol.connection import Connection
-
-CHANGE = "cluster.change"
-STATE = "cluster.state"
-REFUSE = "cluster.refuse"
-SYNC_REQUEST = "cluster.sync-request"
-SYNC = "cluster.sync"
-REPLICATION_KINDS = (CHANGE, STATE, REFUSE, SYNC_REQUEST, SYNC)
-
-
-@dataclass
-class PendingChange:
-    """A client's wiring change waiting for the root to order it."""
-
-    entry: Entry
-    channel: Channel | None
-    created: float
-    sent_to: str | None = None
-
+    from brokerd.protocol.hooks import WiringDone
 
 log = logging.getLogger("brokerd.cluster")
-
-
-@dataclass
-class Peer:
-    spid: str
-    type: str = PRIMARY
-    start_time: float = 0.0
-    address: str = ""
-    aliases: set[str] = field(default_factory=set)
-    status: Status | None = None
-    last_seen: float = float("-inf")
-    #: when its statuses started arriving again after a silence (it may not know the root yet)
-    active_since: float = float("-inf")
-    link: Link | None = None
-    inbound: set[int] = field(default_factory=set)
-    #: wall-clock time its latest status arrived (for the round-trip echo)
-    received_at: float = 0.0
-    #: link round-trip time from the echo of our own status, in milliseconds
-    rtt_ms: float | None = None
-
-
-@dataclass
-class Alarm:
-    kind: str
-    message: str
-    since: float
 
 
 class ClusterSink(Muxer):
@@ -120,885 +61,128 @@ class ClusterSink(Muxer):
         return None
 
     def route(self, message: Message) -> tuple[()]:
-        self.controller.receive(message.publisher, message.routing_key, message.body)
+        self.controller.receive(message.publisher, message.routing_key, message.body)  # type: ignore[arg-type]
         return ()
 
 
-class ClusterController:
+class ClusterController(Membership):
     def __init__(
         self,
         config: ClusterConfig,
         *,
-        spid: str,
-        server_type: str,
-        start_time: float,
-        address: str,
-        fault_injection: bool = False,
-        on_ready_change: Callable[[bool, str], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        load: Callable[[], dict[str, Any]] | None = None,
         broker: Broker | None = None,
+        on_backlog: Callable[[str | None], None] | None = None,
+        **kwargs: Any,
     ) -> None:
-        self.config = config
-        self.spid = spid
-        self.type = server_type
-        self.start_time = start_time
-        self.address = address
-        self.fault_injection = fault_injection
-        self.on_ready_change = on_ready_change
-        self.clock = clock
-        self.load = load or dict
-        self.checksum = config.checksum
-        self.known = {str(h) for h in config.known_hosts}
-        self.links: dict[str, Link] = {}
-        self.peers: dict[str, Peer] = {}
-        self.inbound: dict[int, str] = {}
-        self.alarms: dict[str, Alarm] = {}
-        self.cut: set[str] = set()
-        self.root_enabled = server_type == PRIMARY
-        self.listed = False
-        #: known-host addresses that turned out to be this server
-        self.own_addresses: set[str] = set()
-        self.decision = Decision(None, False, False, "starting")
-        self.ready = False
-        self.not_ready_reason = "no root elected yet"
-        self.started = clock()
-        self._last_eval = 0.0
-        self._task: asyncio.Task[None] | None = None
-        self._sends: set[asyncio.Task[Any]] = set()
-        # wiring replication
-        self.broker = broker
-        self.log: list[Entry] = []
-        self.last_seq = 0
-        self.synced_root: str | None = None
-        self._sync_asked: tuple[str, float] | None = None
-        self.pending: dict[str, PendingChange] = {}
-        self._request_seq = 0
+        super().__init__(config, broker=broker, **kwargs)
+        self.plane = MessagePlane(self, broker, config.vhost, on_backlog)
+        self.remote = RemoteQueues(self.plane)
+        self.wiring = wiring.WiringReplication(self, broker, self.remote)
+        vhost = broker.vhosts.get(config.vhost) if broker is not None else None
+        if vhost is not None:
+            vhost.queue_factory = self.make_queue
+            vhost.on_queue_deleted.append(self.wiring.private_queue_removed)
 
-    # -- lifecycle -------------------------------------------------------------
+    def make_queue(self, name: str, vhost: str, **kwargs: Any) -> Queue:
+        """The clustered vhost's queue types: exclusive ones are private (local),
+        the others shared (master on the root, proxy elsewhere)."""
+        if kwargs.get("exclusive_owner") is not None:
+            return Queue(name, vhost, **kwargs)
+        queue = SharedQueue(name, vhost, plane=self.plane, **kwargs)
+        queue.on_unused = self._shared_unused
+        return queue
 
-    async def start(self) -> None:
-        for host in self.config.known_hosts:
-            self._add_link(str(host))
-        self._task = asyncio.get_running_loop().create_task(self._heartbeat())
-        log.info(
-            "cluster start spid=%s type=%s known_hosts=%s checksum=%s",
-            self.spid,
-            self.type,
-            ",".join(sorted(self.known)),
-            self.checksum,
-        )
+    def _shared_unused(self, queue: Queue) -> None:
+        """An auto-delete shared queue lost its last consumer, anywhere: the root
+        removes it for the whole cluster."""
+        if self.root_now():
+            self.wiring.order_delete(queue)
 
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-        await asyncio.gather(*(link.stop() for link in self.links.values()), return_exceptions=True)
-
-    def identity(self) -> dict[str, Any]:
-        return {
-            "spid": self.spid,
-            "type": self.type,
-            "callback": self.address,
-            "start_time": self.start_time,
-            "checksum": self.checksum,
-        }
-
-    def _add_link(self, address: str) -> None:
-        if address in self.links:
-            return
-        link = Link(
-            address,
-            user=self.config.user,
-            secret=self.config.secret,
-            vhost=self.config.vhost,
-            identity=self.identity,
-            on_up=self._link_up,
-            on_down=self._link_down,
-        )
-        self.links[address] = link
-        link.start()
-
-    # -- links -------------------------------------------------------------------
-
-    def _link_up(self, link: Link) -> None:
-        spid = link.peer_spid
-        if spid is None:
-            link.drop("peer sent no spid: not a Rookery server")
-            return
-        if spid == self.spid:
-            # a known host that is ourselves: remember it, and never link to it again
-            self.own_addresses.add(link.address)
-            if link.address in self.known:
-                self.listed = True
-            log.info("link self address=%s", link.address)
-            self._retire(link, "self")
-            return
-        peer = self._peer(spid)
-        peer.aliases.add(link.address)
-        if peer.link is not None and peer.link is not link and peer.link.up:
-            log.info(
-                "link duplicate address=%s peer=%s kept=%s", link.address, spid, peer.link.address
-            )
-            self._retire(link, "duplicate")
-            return
-        peer.link = link
-        self.clear_alarm(f"link:{link.address}")
-        log.info("link up address=%s peer=%s", link.address, spid)
-        self._send_status(link)
-
-    def _retire(self, link: Link, why: str) -> None:
-        link.state = why
-        self.links.pop(link.address, None)
-        self.links[f"{link.address}#{why}"] = link
-        task = asyncio.get_running_loop().create_task(link.stop())
-        self._sends.add(task)
-        task.add_done_callback(self._sends.discard)
-        link.state = why
-
-    def _link_down(self, link: Link, reason: str) -> None:
-        if "checksum" in reason:
-            self.raise_alarm("config-mismatch", f"link to {link.address} refused: {reason}")
-        elif "authentication" in reason or "ACCESS_REFUSED" in reason:
-            self.raise_alarm(f"link:{link.address}", f"link to {link.address}: {reason}")
-
-    def _peer(self, spid: str) -> Peer:
-        peer = self.peers.get(spid)
-        if peer is None:
-            peer = self.peers[spid] = Peer(spid)
-        return peer
-
-    # -- connection hooks ------------------------------------------------------
-
-    def admit(self, conn: Connection) -> Wait | None:
-        link = conn.client_properties.get(LINK_PROPERTY)
-        if isinstance(link, dict):
-            return self._admit_link(conn, link)
-        if conn.user.name == self.config.user:
-            raise ConnectionError_(
-                NOT_ALLOWED, "the cluster user may only be used by cluster links"
-            )
-        if conn.vhost.name != self.config.vhost:
-            raise ConnectionError_(
-                NOT_ALLOWED, f"this cluster serves vhost '{self.config.vhost}' only"
-            )
-        self.evaluate()
-        if not self.ready:
-            return Wait(f"cluster not ready: {self.not_ready_reason}", self.config.open_timeout)
-        return None
-
-    def _admit_link(self, conn: Connection, props: dict[str, Any]) -> None:
-        spid = str(props.get("spid", ""))
-        if conn.user.name != self.config.user:
-            raise ConnectionError_(NOT_ALLOWED, "cluster links must log in as the cluster user")
-        if conn.vhost.name != self.config.vhost:
-            raise ConnectionError_(NOT_ALLOWED, "cluster links must use the cluster vhost")
-        theirs = str(props.get("checksum", ""))
-        if theirs != self.checksum:
-            text = (
-                f"cluster checksum mismatch: link from {spid or conn.name} has {theirs}, "
-                f"this server has {self.checksum} (known_hosts differ)"
-            )
-            self.raise_alarm("config-mismatch", text)
-            raise ConnectionError_(NOT_ALLOWED, text)
-        if not spid:
-            raise ConnectionError_(NOT_ALLOWED, "cluster link without a spid")
-        self.inbound[conn.id] = spid
-        if spid == self.spid:
-            return None
-        peer = self._peer(spid)
-        peer.inbound.add(conn.id)
-        peer.type = SECONDARY if props.get("type") == SECONDARY else PRIMARY
-        start_time = props.get("start_time")
-        if isinstance(start_time, int | float) and not isinstance(start_time, bool):
-            peer.start_time = float(start_time)
-        callback = str(props.get("callback") or "")
-        peer.address = callback
-        if callback:
-            peer.aliases.add(callback)
-        stale = self.links.get(callback)
-        if stale is not None and not stale.up:
-            stale.retry_now()  # it was backing off: the peer is evidently back
-        if (peer.link is None or not peer.link.up) and callback and callback not in self.links:
-            # an unknown server linked to us (a secondary, a new primary): link back
-            log.info("link back peer=%s callback=%s", spid, callback)
-            self._add_link(callback)
-        return None
-
-    def login_refused(self, conn: Connection, reason: str) -> None:
-        if isinstance(conn.client_properties.get(LINK_PROPERTY), dict):
-            self.raise_alarm(
-                f"inbound-auth:{conn.peer[0]}",
-                f"cluster link from {conn.name} refused: {reason} (wrong cluster secret?)",
-            )
-
-    def closed(self, conn: Connection) -> None:
-        spid = self.inbound.pop(conn.id, None)
-        if spid is not None and spid in self.peers:
-            self.peers[spid].inbound.discard(conn.id)
-
-    # -- messages ---------------------------------------------------------------
-
-    def receive(self, connection_id: int, kind: str, body: bytes) -> None:
-        spid = self.inbound.get(connection_id)
-        if spid is None:
-            raise access_refused("only cluster links may publish to the cluster exchange")
-        if spid in self.cut or spid == self.spid:
-            return
-        if kind in REPLICATION_KINDS:
-            self._replication_message(spid, kind, body)
-            return
-        try:
-            message = messages.decode(kind, body)
-        except MessageError as exc:
-            log.warning("cluster message refused from=%s: %s", spid, exc)
-            return
-        peer = self._peer(spid)
-        if isinstance(message, Status):
-            now = self.clock()
-            if not self.active(peer, now):
-                peer.active_since = now
-            peer.status = message
-            peer.type = message.type
-            peer.start_time = message.start_time
-            peer.last_seen = now
-            peer.received_at = time.time()
-            echo = message.echo.get(self.spid)
-            if echo is not None:
-                sent_at, held = echo
-                peer.rtt_ms = round(max(0.0, peer.received_at - sent_at - held) * 1000, 3)
-            if message.address:
-                peer.address = message.address
-        elif isinstance(message, Root) and peer.status is not None:
-            # only the flag: liveness and votes come from statuses, so a stale
-            # status is never revived by an announcement
-            peer.status.is_root = message.is_root
-        self.evaluate()
-
-    # -- election ---------------------------------------------------------------
-
-    def active(self, peer: Peer, now: float, window: float | None = None) -> bool:
-        """Heard within ``window`` (default: the heartbeat timeout). A cut link ages
-        out like a real one: its statuses are dropped, what was heard stays valid."""
-        window = self.config.heartbeat_timeout if window is None else window
-        return peer.status is not None and now - peer.last_seen < window
-
-    @property
-    def lease(self) -> float:
-        """How recent the votes keeping this server root must be: short enough that
-        a cut-off root steps down before its followers' timeout runs out (they may
-        have heard it last an interval before the cut), long enough to span more
-        than one heartbeat."""
-        interval = self.config.heartbeat_interval
-        return max(1.2 * interval, self.config.heartbeat_timeout - 1.5 * interval)
-
-    def view(self, now: float, window: float | None = None) -> View:
-        members = []
-        sitting = None
-        for peer in self.peers.values():
-            status = peer.status
-            if status is None:
-                continue
-            active = self.active(peer, now, window)
-            # a peer heard again only just now voted before it could know the
-            # sitting root: count it as abstaining for one timeout
-            settled = now - peer.active_since >= self.config.heartbeat_timeout
-            if active and status.is_root and (sitting is None or peer.spid < sitting):
-                sitting = peer.spid
-            members.append(
-                Member(
-                    spid=peer.spid,
-                    type=status.type,
-                    start_time=status.start_time,
-                    root_enabled=status.root_enabled,
-                    checksum=status.checksum,
-                    active=active,
-                    vote=status.vote if settled else None,
-                    listed=status.listed,
-                )
-            )
-        if self.decision.is_root:
-            sitting = self.spid
-        me = Member(
-            spid=self.spid,
-            type=self.type,
-            start_time=self.start_time,
-            root_enabled=self.root_enabled,
-            checksum=self.checksum,
-            active=True,
-            vote=self.decision.vote,
-            listed=self.listed,
-        )
-        return View(me, tuple(members), self.known_primaries(now), sitting)
-
-    def known_primaries(self, now: float) -> int:
-        """Distinct servers among the known hosts, the quorum's denominator.
-
-        Names that led to the same server count once: this server's own names,
-        and an *active* peer's aliases. Only live evidence merges names (an
-        address may since belong to another server), so a listed name that no
-        link has resolved yet still counts on its own: never fewer servers than
-        there are, only sometimes more, which errs on the safe side."""
-        groups = [self.own_addresses & self.known]
-        groups += [p.aliases & self.known for p in self.peers.values() if self.active(p, now)]
-        # a name claimed by two servers is ambiguous (moved, or a stale record): it merges nothing
-        claims = Counter(name for group in groups for name in group)
-        merged = (sum(claims[name] == 1 for name in group) for group in groups)
-        return len(self.known) - sum(n - 1 for n in merged if n > 1)
-
-    def evaluate(self) -> Decision:
-        """Re-run the election on the current view; announce and log changes."""
-        now = self.clock()
-        if self._last_eval and now - self._last_eval > self.config.heartbeat_timeout:
-            # we were frozen (SIGSTOP, a long pause): our view is stale, so abstain
-            # until peers have been heard again rather than vote from it
-            log.warning(
-                "stalled for %.1fs spid=%s: abstaining for a while",
-                now - self._last_eval,
-                self.spid,
-            )
-            self.started = now
-        self._last_eval = now
-        view = self.view(now)
-        decision = decide(view)
-        if decision.is_root and not holds_lease(self.view(now, self.lease)):
-            decision = Decision(
-                decision.vote,
-                False,
-                decision.quorum,
-                f"lease: fewer than a quorum of primaries voted for it within {self.lease:.2f}s",
-            )
-        heard = [m for m in view.members() if m.voter and m.active]
-        if self.type == PRIMARY and 2 * len(heard) <= view.known_primaries:
-            # hearing too few primaries (just restarted, links still backing off,
-            # the minority side of a partition): a vote from this view would only
-            # unseat a root we cannot see, so abstain
-            decision = Decision(None, False, False, decision.reason)
-        if now - self.started < self.config.heartbeat_timeout:
-            # give every known host a chance to link before the first vote,
-            # so the cluster forms around its most senior primary
-            decision = Decision(None, False, decision.quorum, "starting")
-        was_root = self.decision.is_root
-        self.decision = decision
-        if decision.is_root and not was_root:
-            self.synced_root = self.spid  # a new root's own log is the cluster state
-        if decision.is_root != was_root:
-            log.warning(
-                "root %s spid=%s reason=%s",
-                "taken" if decision.is_root else "released",
-                self.spid,
-                decision.reason,
-            )
-            self._broadcast(Root(self.spid, decision.is_root, decision.reason))
-        root = self.root(view, now)
-        if root is not None and root != self.spid and self.synced_root != root:
-            self._ask_sync(root)
-        in_sync = root is not None and (root == self.spid or self.synced_root == root)
-        ready = in_sync
-        if root is None:
-            reason = f"no root ({decision.reason})"
-        elif not in_sync:
-            reason = f"synchronising wiring from root {root}"
-        else:
-            reason = ""
-        if ready != self.ready:
-            log.warning(
-                "cluster %s spid=%s root=%s %s",
-                "ready" if ready else "not ready",
-                self.spid,
-                root,
-                reason,
-            )
-            self.ready = ready
-            self.not_ready_reason = reason
-            if self.on_ready_change is not None:
-                self.on_ready_change(ready, reason)
-        self.not_ready_reason = reason
-        return decision
-
-    def root(self, view: View | None = None, now: float | None = None) -> str | None:
-        """The root this server recognises: itself, or an active peer that says it is."""
-        if self.decision.is_root:
-            return self.spid
-        now = self.clock() if now is None else now
-        for peer in self.peers.values():
-            if peer.status is not None and peer.status.is_root and self.active(peer, now):
-                return peer.spid
-        return None
-
-    # -- heartbeats ------------------------------------------------------------------
-
-    def status_message(self) -> Status:
-        now = self.clock()
-        return Status(
-            spid=self.spid,
-            type=self.type,
-            start_time=self.start_time,
-            checksum=self.checksum,
-            root_enabled=self.root_enabled,
-            vote=self.decision.vote,
-            is_root=self.decision.is_root,
-            listed=self.listed,
-            address=self.address,
-            peers=[p.spid for p in self.peers.values() if self.active(p, now)],
-            load=self.load(),
-            sent_at=(wall := time.time()),
-            echo={
-                p.spid: (p.status.sent_at, round(wall - p.received_at, 6))
-                for p in self.peers.values()
-                if p.status is not None and self.active(p, now)
-            },
-        )
-
-    async def _heartbeat(self) -> None:
-        while True:
-            try:
-                self.evaluate()
-                self._retry_pending()
-                self._broadcast(self.status_message())
-            except Exception:  # the heartbeat must outlive any single bad peer
-                log.exception("heartbeat failed")
-            await asyncio.sleep(self.config.heartbeat_interval)
-
-    def _send_status(self, link: Link) -> None:
-        kind, body = messages.encode(self.status_message())
-        self._spawn(link.send(kind, body))
-
-    def _broadcast(self, message: Status | Root) -> None:
-        self._send_all(*messages.encode(message))
-
-    def _send_all(self, kind: str, body: bytes) -> None:
-        """Send one message to every linked peer (not to cut ones)."""
-        for peer in list(self.peers.values()):
-            if peer.link is not None and peer.link.up and peer.spid not in self.cut:
-                self._spawn(peer.link.send(kind, body))
-
-    def _spawn(self, coro: Any) -> None:
-        try:
-            task = asyncio.get_running_loop().create_task(coro)
-        except RuntimeError:  # no loop (unit tests of the pure parts)
-            coro.close()
-            return
-        self._sends.add(task)
-        task.add_done_callback(self._sends.discard)
-
-    # -- alarms -----------------------------------------------------------------
-
-    def raise_alarm(self, kind: str, message: str) -> None:
-        if kind not in self.alarms or self.alarms[kind].message != message:
-            log.error("alarm raised kind=%s message=%s", kind, message)
-        self.alarms[kind] = Alarm(kind, message, time.time())
-
-    def clear_alarm(self, kind: str) -> None:
-        if self.alarms.pop(kind, None) is not None:
-            log.warning("alarm cleared kind=%s", kind)
-
-    # -- operator commands --------------------------------------------------------------
-
-    def set_root_enabled(self, enabled: bool) -> dict[str, Any]:
-        if self.type != PRIMARY:
-            raise ValueError("a secondary server is never root")
-        if self.root_enabled != enabled:
-            self.root_enabled = enabled
-            log.warning("root %s spid=%s", "enabled" if enabled else "disabled", self.spid)
-            self.evaluate()
-            self._broadcast(self.status_message())
-        return {"root_enabled": self.root_enabled, "is_root": self.decision.is_root}
-
-    def reconfigure(self, config: ClusterConfig) -> dict[str, Any]:
-        """Apply a new cluster configuration live (the console's config.apply):
-        heartbeat timing at the next beat, known hosts by linking to the new ones
-        and dropping links to the removed. Name, vhost, user and secret are read at
-        start only; a change to them needs a restart."""
-        applied = []
-        old = self.config
-        self.config = config
-        if (old.heartbeat_interval, old.heartbeat_timeout, old.open_timeout) != (
-            config.heartbeat_interval,
-            config.heartbeat_timeout,
-            config.open_timeout,
-        ):
-            applied.append("heartbeat")
-        known = {str(h) for h in config.known_hosts}
-        if known != self.known:
-            removed, added = self.known - known, known - self.known
-            self.known, self.checksum = known, config.checksum
-            self.listed = bool(self.own_addresses & known)
-            for address in removed:
-                link = self.links.pop(address, None)
-                if link is None:
-                    continue
-                for peer in self.peers.values():
-                    if peer.link is link:
-                        peer.link = None
-                self._spawn(link.stop())
-            for address in added:
-                if address not in self.own_addresses:
-                    self._add_link(address)
-            self.clear_alarm("config-mismatch")
-            applied.append("known_hosts")
-            log.warning(
-                "cluster known hosts changed checksum=%s added=%s removed=%s",
-                self.checksum,
-                ",".join(sorted(added)) or "-",
-                ",".join(sorted(removed)) or "-",
-            )
-        if applied:
-            self.evaluate()
-            self._broadcast(self.status_message())
-        return {"applied": applied, "checksum": self.checksum}
-
-    def cut_link(self, spid: str) -> dict[str, Any]:
-        if not self.fault_injection:
-            raise ValueError("fault injection is off (start brokerd with --enable-fault-injection)")
-        # like a network cut: nothing more goes out or comes in on this link, and
-        # the peer turns inactive when its last status ages past the timeout
-        self.cut.add(spid)
-        log.warning("fault cut-link spid=%s", spid)
-        self.evaluate()
-        return {"cut": sorted(self.cut)}
-
-    def heal(self) -> dict[str, Any]:
-        if not self.fault_injection:
-            raise ValueError("fault injection is off (start brokerd with --enable-fault-injection)")
-        healed = sorted(self.cut)
-        self.cut.clear()
-        log.warning("fault heal spids=%s", ",".join(healed) or "-")
-        return {"healed": healed}
-
-    def status(self) -> dict[str, Any]:
-        decision = self.evaluate()
-        now = self.clock()
-        return {
-            "spid": self.spid,
-            "type": self.type,
-            "is_root": decision.is_root,
-            "root": self.root(),
-            "ready": self.ready,
-            "root_enabled": self.root_enabled,
-            "checksum": self.checksum,
-            "vote": decision.vote,
-            "reason": decision.reason,
-            "quorum": decision.quorum,
-            "known_primaries": self.known_primaries(now),
-            "listed": self.listed,
-            "known_hosts": sorted(self.known),
-            "state_seq": self.last_seq,
-            "state_log": len(self.log),
-            "synced_with": self.synced_root,
-            "pending_changes": len(self.pending),
-            "peers": [
-                {
-                    "spid": p.spid,
-                    "type": p.type,
-                    "active": self.active(p, now),
-                    "address": p.address,
-                    "aliases": sorted(p.aliases),
-                    "root_enabled": p.status.root_enabled if p.status else None,
-                    "is_root": bool(p.status and p.status.is_root),
-                    "vote": p.status.vote if p.status else None,
-                    "link": p.link.state if p.link else None,
-                    "last_seen_age": None if p.status is None else round(now - p.last_seen, 3),
-                    "rtt_ms": p.rtt_ms,
-                    "cut": p.spid in self.cut,
-                }
-                for p in sorted(self.peers.values(), key=lambda p: p.spid)
-            ],
-            "links": {addr: link.state for addr, link in self.links.items()},
-            "alarms": [
-                {"kind": a.kind, "message": a.message, "since": a.since}
-                for a in self.alarms.values()
-            ],
-        }
-
-    def summary(self) -> dict[str, Any]:
-        now = self.clock()
-        return {
-            "role": ("root" if self.decision.is_root else self.type),
-            "root": self.root(),
-            "peers_active": sum(self.active(p, now) for p in self.peers.values()),
-            "peers_known": len(self.peers),
-            "checksum": self.checksum,
-            "ready": self.ready,
-        }
-
-    # -- wiring replication -------------------------------------------------------
-
-    def replicate(self, conn: Connection, channel: Channel, method: Method) -> bool:
-        """Connection hook: a wiring change made on this server joins the cluster state."""
-        vhost = conn.vhost
-        if vhost is None or vhost.name != self.config.vhost:
-            return False
-        if isinstance(method, commands.Queue.Declare) and method.exclusive:
-            return False  # private queues stay on their server
-        meta = ""
-        if isinstance(method, commands.Queue.Bind | commands.Queue.Unbind):
-            queue = vhost.queues.get(method.queue)
-            if queue is not None and queue.exclusive:
-                meta = self.spid  # other servers forward matches here
-        entry = rep.entry_for(method, vhost.name, origin=self.spid, meta_spid=meta)
-        if self._root_now():
-            self._order(entry, None)  # the root orders its own changes at once
-            return False
-        self._request_seq += 1
-        request = f"{self.spid}/{self._request_seq}"
-        self.pending[request] = PendingChange(entry, None if meta else channel, self.clock())
-        self._send_change(request)
-        return not meta  # meta-bindings do not hold the client
-
-    def private_queue_removed(self, queue: Any) -> None:
-        """VirtualHost hook: a private queue went; withdraw its meta-bindings."""
-        if not queue.exclusive or queue.vhost != self.config.vhost:
-            return
-        for binding in list(queue.bindings.values()):
-            method = commands.Queue.Unbind(
-                queue=queue.name,
-                exchange=binding.source.name,
-                routing_key=binding.routing_key,
-                arguments=binding.arguments,
-            )
-            entry = rep.entry_for(method, queue.vhost, origin=self.spid, meta_spid=self.spid)
-            if self._root_now():
-                self._order(entry, None)
-            else:
-                self._request_seq += 1
-                request = f"{self.spid}/{self._request_seq}"
-                self.pending[request] = PendingChange(entry, None, self.clock())
-                self._send_change(request)
-
-    def _root_now(self) -> bool:
+    def root_now(self) -> bool:
         """Re-run the election before acting as root: after a freeze (SIGSTOP) the
         stored decision is stale, and the stall check must demote us first."""
         return self.evaluate().is_root
 
-    def _send_change(self, request: str) -> None:
-        change = self.pending[request]
-        if self._root_now():
-            # this server became root while the change was in flight: order it here
-            del self.pending[request]
-            error = self._order(change.entry, request)
-            if change.channel is not None:
-                change.channel.replicated(error)
-            return
-        root = self.root()
-        link = self._link_to(root) if root else None
-        if link is None:
-            return  # sent when a root is known (see _retry_pending)
-        change.sent_to = root
-        header = {**rep.entry_header(change.entry), "request": request}
-        self._spawn(link.send(CHANGE, rep.encode_bucket(header, [change.entry.frame])))
+    # -- connection hooks ---------------------------------------------------------------
 
-    def _retry_pending(self) -> None:
+    def delegate(self, conn: Connection, method: Method, done: WiringDone) -> bool:
+        return self.wiring.delegate(conn, method, done)
+
+    def replicate(self, conn: Connection, method: Method) -> None:
+        self.wiring.replicate(conn, method)
+
+    def known_hosts(self) -> str:
+        """The servers a client may reconnect to: the known hosts and every active
+        peer's address (connection.open-ok's known-hosts, at most 255 bytes)."""
         now = self.clock()
-        root = self.root()
-        for request, change in list(self.pending.items()):
-            if now - change.created > 3 * self.config.open_timeout:
-                del self.pending[request]
-                if change.channel is not None:
-                    change.channel.replicated(
-                        ConnectionError_(INTERNAL_ERROR, "cluster did not order the change in time")
-                    )
-            elif root is not None and change.sent_to != root and request in self.pending:
-                self._send_change(request)
+        hosts = dict.fromkeys(sorted(self.known))
+        for peer in self.peers.values():
+            if peer.address and self.active(peer, now):
+                hosts[peer.address] = None
+        text = ""
+        for host in hosts:
+            candidate = f"{text},{host}" if text else host
+            if len(candidate.encode()) > 255:
+                break
+            text = candidate
+        return text
 
-    def _link_to(self, spid: str | None) -> Link | None:
-        peer = self.peers.get(spid) if spid else None
-        if peer is None or peer.link is None or not peer.link.up or spid in self.cut:
-            return None
-        return peer.link
+    # -- the planes' messages and events ------------------------------------------------------
 
-    def _order(self, entry: Entry, request: str | None) -> AMQPError | None:
-        """Root only: validate by applying, give the next sequence number, broadcast."""
-        error = rep.try_apply(self.broker, entry) if self.broker is not None else None
-        if error is not None:
-            return error
-        self.last_seq += 1
-        ordered = Entry(
-            self.last_seq,
-            entry.op,
-            entry.vhost,
-            entry.name,
-            entry.source,
-            entry.routing_key,
-            entry.arguments,
-            entry.props,
-            entry.spid,
-            entry.frame,
-            entry.origin,
+    def receive_plane(self, spid: str, kind: str, body: bytes) -> None:
+        if kind == DATA:
+            self.plane.receive(spid, body)
+        elif kind in wiring.KINDS:
+            self.wiring.receive(spid, kind, body)
+        else:
+            super().receive_plane(spid, kind, body)
+
+    def became_root(self) -> None:
+        self.wiring.became_root()
+
+    def synced(self, root: str) -> None:
+        self.plane.proxy.session_check()
+
+    def in_sync(self, root: str) -> bool:
+        return self.wiring.in_sync(root)
+
+    def want_sync(self, root: str) -> None:
+        self.wiring.want_sync(root)
+
+    def root_changed(self, old: str | None, new: str | None) -> None:
+        self.plane.root_changed(old, new)
+
+    def peer_lost(self, spid: str, why: str) -> None:
+        self.plane.peer_lost(spid, why)
+        if why == "inactive" and self.decision.is_root:
+            self.wiring.server_gone(spid)
+
+    def link_ready(self, spid: str) -> None:
+        self.plane.link_ready(spid)
+
+    def tick(self) -> None:
+        self.wiring.tick()
+        self.plane.tick()
+
+    def status(self) -> dict[str, Any]:
+        out = super().status()
+        proxy = self.plane.proxy
+        out.update(
+            {
+                "state_seq": self.wiring.last_seq,
+                "state_log": len(self.wiring.log),
+                "synced_with": self.wiring.synced_root,
+                "pending_changes": len(self.wiring.pending),
+                "session": None
+                if proxy.session is None
+                else {"root": proxy.session.root, "epoch": proxy.session.epoch},
+                "proxied_consumers": len(proxy.by_tag),
+                "remote_consumers": sum(len(c) for c in self.plane.master.consumers.values()),
+                "unsettled_forwards": {
+                    spid: len(out.unsettled)
+                    for spid, out in self.plane.outbound.items()
+                    if out.unsettled
+                },
+            }
         )
-        self._append(ordered)
-        header = {**rep.entry_header(ordered), "request": request}
-        self._send_all(STATE, rep.encode_bucket(header, [ordered.frame]))
-        log.info(
-            "state ordered seq=%d op=%s name=%s origin=%s",
-            ordered.seq,
-            ordered.op,
-            ordered.name,
-            ordered.origin,
-        )
-        return None
-
-    def _append(self, entry: Entry) -> None:
-        self.log.append(entry)
-        if len(self.log) > 256 and len(self.log) > 2 * self._compacted_size:
-            self.log = compact(self.log)
-            self._compacted_size = len(self.log)
-
-    _compacted_size = 0
-
-    def _replication_message(self, spid: str, kind: str, body: bytes) -> None:
-        try:
-            header, frames = rep.decode_bucket(body)
-            if kind == CHANGE:
-                self._on_change(spid, header, frames)
-            elif kind == STATE:
-                self._on_state(spid, header, frames)
-            elif kind == REFUSE:
-                self._on_refuse(header)
-            elif kind == SYNC_REQUEST:
-                self._on_sync_request(spid)
-            elif kind == SYNC:
-                self._on_sync(spid, header, frames)
-        except (rep.BucketError, ValueError, TypeError, KeyError) as exc:
-            # a malformed header field (a seq that is not a number) costs this message only
-            log.warning("replication message refused from=%s kind=%s: %s", spid, kind, exc)
-
-    def _on_change(self, spid: str, header: dict[str, Any], frames: list[bytes]) -> None:
-        request = header.get("request")
-        if not self._root_now():
-            log.info("change from=%s ignored: not root (it will resend)", spid)
-            return
-        entry = rep.entry_from_header(header, frames[0] if frames else b"")
-        error = self._order(entry, request)
-        if error is not None:
-            link = self._link_to(spid)
-            if link is not None:
-                refusal = {
-                    "request": request,
-                    "code": error.reply_code,
-                    "text": error.text,
-                    "connection_level": error.connection_level,
-                }
-                self._spawn(link.send(REFUSE, rep.encode_bucket(refusal, [])))
-
-    def _on_state(self, spid: str, header: dict[str, Any], frames: list[bytes]) -> None:
-        if spid != self.root() or self.synced_root != spid:
-            return  # only the root's stream counts, once synced with it
-        entry = rep.entry_from_header(header, frames[0] if frames else b"")
-        if entry.seq <= self.last_seq:
-            return
-        if entry.seq != self.last_seq + 1:
-            log.warning("state gap at=%d got=%d: resync", self.last_seq, entry.seq)
-            self.synced_root = None
-            self._sync_asked = None
-            self.evaluate()
-            return
-        self._apply(entry)
-        self.last_seq = entry.seq
-        self._append(entry)
-        change = self.pending.pop(str(header.get("request")), None)
-        if change is not None and change.channel is not None:
-            change.channel.replicated(None)
-
-    def _apply(self, entry: Entry) -> None:
-        if self.broker is None:
-            return
-        error = rep.try_apply(self.broker, entry)
-        if error is not None:
-            log.warning(
-                "state seq=%d op=%s name=%s not applied: %s",
-                entry.seq,
-                entry.op,
-                entry.name,
-                error.text,
-            )
-
-    def _on_refuse(self, header: dict[str, Any]) -> None:
-        change = self.pending.pop(str(header.get("request")), None)
-        if change is None or change.channel is None:
-            return
-        cls = ConnectionError_ if header.get("connection_level") else ChannelError
-        change.channel.replicated(cls(int(header.get("code", 541)), str(header.get("text", ""))))
-        # this server applied something the root refused: take the root's state again
-        self.synced_root = None
-        self._sync_asked = None
-
-    def _ask_sync(self, root: str) -> None:
-        now = self.clock()
-        if (
-            self._sync_asked is not None
-            and self._sync_asked[0] == root
-            and (now - self._sync_asked[1] < self.config.heartbeat_timeout)
-        ):
-            return
-        link = self._link_to(root)
-        if link is None:
-            return
-        self._sync_asked = (root, now)
-        log.info("sync requested root=%s", root)
-        self._spawn(link.send(SYNC_REQUEST, rep.encode_bucket({}, [])))
-
-    def _on_sync_request(self, spid: str) -> None:
-        if not self._root_now():
-            return
-        link = self._link_to(spid)
-        if link is None:
-            return
-        self.log = compact(self.log)
-        self._compacted_size = len(self.log)
-        header = {"seq": self.last_seq, "entries": [rep.entry_header(e) for e in self.log]}
-        self._spawn(link.send(SYNC, rep.encode_bucket(header, [e.frame for e in self.log])))
-        log.info("sync sent to=%s entries=%d seq=%d", spid, len(self.log), self.last_seq)
-
-    def _on_sync(self, spid: str, header: dict[str, Any], frames: list[bytes]) -> None:
-        if spid != self.root():
-            return
-        headers = header.get("entries") or []
-        if len(headers) != len(frames):
-            raise rep.BucketError("sync entries and frames differ in number")
-        entries = [rep.entry_from_header(h, f) for h, f in zip(headers, frames, strict=True)]
-        self._reconcile(entries)
-        for entry in entries:
-            self._apply(entry)
-        self.log = entries
-        self._compacted_size = len(entries)
-        self.last_seq = int(header.get("seq", 0))
-        self.synced_root = spid
-        log.warning("sync done root=%s entries=%d seq=%d", spid, len(entries), self.last_seq)
-        for request in list(self.pending):
-            self.pending[request].sent_to = None  # resend to this root
-        self.evaluate()
-
-    def _reconcile(self, entries: list[Entry]) -> None:
-        """Drop local shared wiring that the root's state no longer has."""
-        if self.broker is None:
-            return
-        wiring = replay(entries)
-        vhost = self.broker.vhosts.get(self.config.vhost)
-        if vhost is None:
-            return
-        for queue in list(vhost.queues.values()):
-            if not queue.exclusive and (vhost.name, queue.name) not in wiring.queues:
-                log.info("sync drops queue=%s", queue.name)
-                vhost.remove_queue(queue)
-        for name in list(vhost.exchanges):
-            if name and not name.startswith("amq.") and (vhost.name, name) not in wiring.exchanges:
-                log.info("sync drops exchange=%s", name)
-                vhost.delete_exchange(name)
-        for exchange in list(vhost.exchanges.values()):
-            for binding in list(exchange.bindings.values()):
-                dest = binding.destination
-                key = (
-                    vhost.name,
-                    exchange.name,
-                    dest.name,
-                    binding.routing_key,
-                    freeze(binding.arguments),
-                    "",
-                )
-                if getattr(dest, "exclusive", False):
-                    continue
-                known = (
-                    wiring.queue_bindings if hasattr(dest, "messages") else wiring.exchange_bindings
-                )
-                if exchange.name and key not in known:
-                    vhost._drop_binding(binding)
+        return out

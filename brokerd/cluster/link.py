@@ -5,6 +5,12 @@ tells the peer who we are in its client properties; the peer's spid comes
 back in the server properties. It reconnects with capped exponential
 backoff until stopped, and reports refusals (wrong secret, checksum
 mismatch) to its owner so both can raise an alarm.
+
+Everything sent on a link goes through one queue and one sender task
+(``post``), so messages arrive in the order they were posted: a delivery is
+never overtaken by the ack of a later one, nor a wiring entry by the next.
+A message posted while the link is down is dropped (the planes above treat a
+link that went down as a lost session).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import random
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
@@ -26,6 +33,8 @@ log = logging.getLogger("brokerd.cluster.link")
 
 BACKOFF_MIN = 0.2
 BACKOFF_MAX = 5.0
+#: every link message carries the same properties (a message id saves aiormq making one)
+_PROPERTIES = aiormq.spec.Basic.Properties(delivery_mode=1, message_id="rookery-link")
 
 
 class Link:
@@ -56,6 +65,12 @@ class Link:
         self.last_error = ""
         self._connection: aio_pika.abc.AbstractConnection | None = None
         self._exchange: aio_pika.abc.AbstractExchange | None = None
+        self._amqp: aiormq.abc.AbstractChannel | None = None
+        #: posted messages not yet written, oldest first, and their total size
+        self._outbox: deque[tuple[str, bytes]] = deque()
+        self.backlog = 0
+        self._ready = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
         self._wake = asyncio.Event()
@@ -82,16 +97,39 @@ class Link:
         return self.state == "up"
 
     async def send(self, kind: str, body: bytes) -> bool:
-        """Publish one control message; False if the link is not up."""
-        exchange = self._exchange
-        if exchange is None or not self.up:
+        """Post one message and wait until it is written; False if the link is not up."""
+        if not self.post(kind, body):
             return False
-        try:
-            await exchange.publish(aio_pika.Message(body), routing_key=kind)
-        except Exception as exc:  # the connection went away under us
-            self._lost(f"send failed: {exc}")
+        while self._outbox and self.up:
+            await asyncio.sleep(0.001)
+        return self.up
+
+    def post(self, kind: str, body: bytes) -> bool:
+        """Queue one message for the sender task; False (dropped) if the link is not up."""
+        if not self.up or self._exchange is None:
             return False
+        self._outbox.append((kind, body))
+        self.backlog += len(body)
+        self._ready.set()
         return True
+
+    async def _send_loop(self, channel: aiormq.abc.AbstractChannel) -> None:
+        """Write posted messages in order while the connection lasts; each waits until
+        the transport took it, so a slow peer shows as ``backlog`` here."""
+        outbox = self._outbox
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            while outbox:
+                kind, body = outbox.popleft()
+                self.backlog -= len(body)
+                try:
+                    await channel.basic_publish(
+                        body, exchange=CLUSTER_EXCHANGE, routing_key=kind, properties=_PROPERTIES
+                    )
+                except Exception as exc:  # the connection went away under us
+                    self._lost(f"send failed: {exc}")
+                    return
 
     async def _run(self) -> None:
         backoff = BACKOFF_MIN
@@ -116,6 +154,8 @@ class Link:
             backoff = BACKOFF_MIN
             self.state = "up"
             self.last_error = ""
+            assert self._amqp is not None
+            self._sender = asyncio.get_running_loop().create_task(self._send_loop(self._amqp))
             self.on_up(self)
             await self._closed.wait()
             await self._close_connection()
@@ -134,8 +174,11 @@ class Link:
             underlay = connection.transport.connection  # type: ignore[union-attr]
             self.server_properties = dict(underlay.server_properties or {})
             self.peer_spid = str(self.server_properties.get("spid") or "") or None
-            channel = await connection.channel()
+            # no publisher confirms: the planes settle their own messages, and a
+            # confirm round trip per message would cap the link's throughput
+            channel = await connection.channel(publisher_confirms=False)
             self._exchange = await channel.get_exchange(CLUSTER_EXCHANGE, ensure=False)
+            self._amqp = await channel.get_underlay_channel()
         except Exception:
             await connection.close()
             raise
@@ -148,6 +191,9 @@ class Link:
             self.state = "retrying"
             self.last_error = reason
             self._exchange = None
+            self._amqp = None
+            self._outbox.clear()
+            self.backlog = 0
             self.on_down(self, reason)
         self._closed.set()
 
@@ -156,8 +202,14 @@ class Link:
         self._lost(reason)
 
     async def _close_connection(self) -> None:
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            sender.cancel()
         connection, self._connection = self._connection, None
         self._exchange = None
+        self._amqp = None
+        self._outbox.clear()
+        self.backlog = 0
         if connection is not None and not connection.is_closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), timeout=2.0)

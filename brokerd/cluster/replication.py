@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any
+from typing import Any, Protocol
 
 from pamqp import commands
 from pamqp.base import Frame as Method
@@ -20,6 +20,7 @@ from brokerd.cluster import statelog as sl
 from brokerd.cluster.statelog import Entry, freeze
 from brokerd.model.broker import Broker
 from brokerd.model.errors import AMQPError, not_found
+from brokerd.model.queue import Destination
 from brokerd.wire import codec
 
 BUCKET_MAGIC = b"RKB1"
@@ -107,16 +108,41 @@ def entry_for(
     )
 
 
-def apply_entry(broker: Broker, entry: Entry) -> None:
-    """Apply a replicated change to the local model; raises AMQPError if it cannot be."""
-    if entry.op in (sl.META_BIND, sl.META_UNBIND, sl.SERVER_GONE):
-        return  # meta-bindings live in the controller's table, not in the model
+class RemoteQueues(Protocol):
+    """The stand-ins for other servers' private queues that meta-bindings bind."""
+
+    def get(self, spid: str, queue: str) -> Destination:
+        """The stand-in for ``queue`` on ``spid`` (made on first use)."""
+
+    def find(self, spid: str, queue: str) -> Destination | None: ...
+
+    def of(self, spid: str) -> list[Destination]:
+        """Every stand-in for a queue of ``spid``."""
+
+    def drop(self, destination: Destination) -> None: ...
+
+
+#: what applying an entry changed, and the result its requester's -Ok needs:
+#: [messages, consumers] for queue.declare, [messages] for queue.delete
+Applied = tuple[bool, list[int] | None]
+
+
+def apply_entry(
+    broker: Broker, entry: Entry, *, own_spid: str = "", remote: RemoteQueues | None = None
+) -> Applied:
+    """Apply a replicated change to the local model; raises AMQPError if it cannot be.
+
+    Entries are applied by the root first (validating them) and then by every
+    server from the ordered stream; declaring what exists or deleting what is
+    gone changes nothing, so a replayed entry is harmless."""
     vhost = broker.vhosts.get(entry.vhost)
     if vhost is None:
         raise not_found(f"vhost '{entry.vhost}' not found")
+    if entry.op in (sl.META_BIND, sl.META_UNBIND, sl.SERVER_GONE):
+        return _apply_meta(vhost, entry, own_spid, remote)
     m = codec.decode_method(entry.frame)
     if isinstance(m, commands.Exchange.Declare):
-        vhost.declare_exchange(
+        _exchange, created = vhost.declare_exchange(
             m.exchange,
             m.exchange_type or "direct",
             durable=m.durable,
@@ -124,51 +150,79 @@ def apply_entry(broker: Broker, entry: Entry) -> None:
             internal=m.internal,
             arguments=m.arguments or {},
         )
-    elif isinstance(m, commands.Exchange.Delete):
-        vhost.delete_exchange(m.exchange, if_unused=m.if_unused)
-    elif isinstance(m, commands.Queue.Declare):
-        vhost.declare_queue(
+        return created, None
+    if isinstance(m, commands.Exchange.Delete):
+        return vhost.delete_exchange(m.exchange, if_unused=m.if_unused) is not None, None
+    if isinstance(m, commands.Queue.Declare):
+        queue, created = vhost.declare_queue(
             m.queue,
             connection_id=0,
             durable=m.durable,
             exclusive=False,
             auto_delete=m.auto_delete,
             arguments=m.arguments or {},
+            reserved_ok=m.queue.startswith("amq.gen-"),
         )
-    elif isinstance(m, commands.Queue.Delete):
-        vhost.delete_queue(m.queue, if_unused=m.if_unused, if_empty=m.if_empty)
-    elif isinstance(m, commands.Queue.Bind):
-        vhost.bind(
-            vhost.exchange(m.exchange), vhost.queue(m.queue), m.routing_key, m.arguments or {}
-        )
-    elif isinstance(m, commands.Queue.Unbind):
-        vhost.unbind(
-            vhost.exchange(m.exchange), vhost.queue(m.queue), m.routing_key, m.arguments or {}
-        )
-    elif isinstance(m, commands.Exchange.Bind):
-        vhost.bind(
-            vhost.exchange(m.source),
-            vhost.exchange(m.destination),
-            m.routing_key,
-            m.arguments or {},
-        )
-    elif isinstance(m, commands.Exchange.Unbind):
-        vhost.unbind(
-            vhost.exchange(m.source),
-            vhost.exchange(m.destination),
-            m.routing_key,
-            m.arguments or {},
-        )
-    else:  # pragma: no cover - OPERATIONS lists every type above
-        raise ValueError(f"not a replicated method: {m.name}")
+        return created, [queue.message_count, queue.consumer_count]
+    if isinstance(m, commands.Queue.Delete):
+        existed = m.queue in vhost.queues
+        count = vhost.delete_queue(m.queue, if_unused=m.if_unused, if_empty=m.if_empty)
+        return existed, [count]
+    if isinstance(m, commands.Queue.Bind | commands.Queue.Unbind):
+        queue = vhost.queue(m.queue)
+        source = vhost.exchange(m.exchange)
+        before = len(queue.bindings)
+        op = vhost.bind if isinstance(m, commands.Queue.Bind) else vhost.unbind
+        op(source, queue, m.routing_key, m.arguments or {})
+        return len(queue.bindings) != before, None
+    if isinstance(m, commands.Exchange.Bind | commands.Exchange.Unbind):
+        source = vhost.exchange(m.source)
+        before = len(source.bindings)
+        op = vhost.bind if isinstance(m, commands.Exchange.Bind) else vhost.unbind
+        op(source, vhost.exchange(m.destination), m.routing_key, m.arguments or {})
+        return len(source.bindings) != before, None
+    raise ValueError(f"not a replicated method: {m.name}")  # pragma: no cover
 
 
-def try_apply(broker: Broker, entry: Entry) -> AMQPError | None:
+def _apply_meta(vhost: Any, entry: Entry, own_spid: str, remote: RemoteQueues | None) -> Applied:
+    """Meta-bindings: on every server but the private queue's own, the exchange is
+    bound to a stand-in that forwards matching messages to that server."""
+    if remote is None or entry.spid == own_spid:
+        return False, None  # the server holding the queue has the real binding
+    if entry.op == sl.SERVER_GONE:
+        changed = False
+        for destination in remote.of(entry.spid):
+            for binding in list(destination.bindings.values()):
+                vhost.unbind(binding.source, destination, binding.routing_key, binding.arguments)
+                changed = True
+            remote.drop(destination)
+        return changed, None
+    source = vhost.exchanges.get(entry.source)
+    if source is None:
+        return False, None
+    arguments = getattr(codec.decode_method(entry.frame), "arguments", None) or {}
+    if entry.op == sl.META_BIND:
+        destination = remote.get(entry.spid, entry.name)
+        before = len(destination.bindings)
+        vhost.bind(source, destination, entry.routing_key, arguments)
+        return len(destination.bindings) != before, None
+    found = remote.find(entry.spid, entry.name)
+    if found is None:
+        return False, None
+    before = len(found.bindings)
+    vhost.unbind(source, found, entry.routing_key, arguments)
+    if not found.bindings:
+        remote.drop(found)
+    return len(found.bindings) != before, None
+
+
+def try_apply(
+    broker: Broker, entry: Entry, *, own_spid: str = "", remote: RemoteQueues | None = None
+) -> AMQPError | Applied:
     try:
-        apply_entry(broker, entry)
+        return apply_entry(broker, entry, own_spid=own_spid, remote=remote)
     except AMQPError as exc:
         return exc
-    return None
 
 
 # -- buckets ----------------------------------------------------------------------

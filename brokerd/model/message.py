@@ -22,9 +22,11 @@ class Message:
         "_properties",
         "_tail",
         "body",
+        "channel",
         "exchange",
         "props_raw",
         "publisher",
+        "ref",
         "routing_key",
     )
 
@@ -34,14 +36,21 @@ class Message:
         routing_key: str,
         props_raw: bytes,
         body: bytes,
-        publisher: int = 0,
+        publisher: int | str = 0,
+        channel: int = 0,
     ) -> None:
         self.exchange = exchange
         self.routing_key = routing_key
         self.props_raw = props_raw
         self.body = body
-        #: id of the connection that published it (for no-local); 0 = broker
+        #: who published it, for no-local: a local connection id (0 = the broker),
+        #: or "spid/connection" when it came from another server of the cluster
         self.publisher = publisher
+        #: the publisher's channel number: with ``publisher`` the message's Cluster-Id
+        self.channel = channel
+        #: for a copy delivered by another server (a proxied consumer or get): that
+        #: server's reference to the delivery, which acks and rejects travel back with
+        self.ref: object = None
         self._properties: commands.Basic.Properties | None = None
         self._tail: bytes | None = None
         self._content: tuple[int, int, bytes] | None = None
@@ -53,7 +62,7 @@ class Message:
         routing_key: str,
         body: bytes,
         properties: commands.Basic.Properties | None = None,
-        publisher: int = 0,
+        publisher: int | str = 0,
     ) -> Message:
         """A message made by the broker itself (tests, dead letters, cluster relays)."""
         msg = cls(exchange, routing_key, codec.encode_properties(properties), body, publisher)

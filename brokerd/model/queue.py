@@ -1,12 +1,23 @@
-"""Queues and the consumer interface they dispatch to."""
+"""Queues: the interface every queue type offers, and the local FIFO queue.
+
+The channel and the routing walk talk to queues only through the methods of
+``Queue``: ``push`` (with an optional ``PublishWaiter`` for publishes that
+complete later), ``ack`` / ``reject`` / ``requeue`` for settled deliveries,
+and ``add_consumer``, ``get``, ``purge`` and ``stat``, which answer through a
+``Reply`` callback because a queue held by another server (the cluster's
+shared queues) answers only when that server has. A local queue answers at
+once, from inside the call. The cluster's queue types subclass ``Queue``, so
+the channel never knows which kind it holds (compare RabbitMQ's queue-type
+behaviour).
+"""
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from brokerd.model.errors import precondition_failed
+from brokerd.model.errors import ACCESS_REFUSED, ChannelError, precondition_failed
 from brokerd.model.message import Message
 
 #: the queue arguments this broker understands, with the types they accept
@@ -21,13 +32,19 @@ QUEUE_ARGUMENTS: dict[str, tuple[type, ...]] = {
 OVERFLOW_MODES = ("drop-head", "reject-publish")
 
 
+#: who published a message or owns a consumer, for no-local: a local connection id,
+#: or ``"spid/connection"`` for a connection on another server of the cluster
+Origin = int | str
+
+
 class ConsumerSink(Protocol):
-    """What a queue needs from a consumer; the channel layer implements it."""
+    """What a queue needs from a consumer; the channel layer implements it (and the
+    cluster, for a consumer connected to another server)."""
 
     tag: str
     exclusive: bool
     no_local: bool
-    connection_id: int
+    connection_id: Origin
 
     def ready(self) -> bool:
         """Can it take one more message now (prefetch, flow, socket)?"""
@@ -37,6 +54,34 @@ class ConsumerSink(Protocol):
 
     def cancelled(self, queue: Queue) -> None:
         """The queue went away under the consumer (server-side cancel)."""
+
+
+class PublishWaiter(Protocol):
+    """The publisher side of a push that completes later (a queue on another
+    server, a disk write): ``defer()`` hands the queue a callback that it calls
+    once with ``(accepted, routed)`` when the message is safe (or refused);
+    ``routed`` counts the queues that took it, for mandatory returns."""
+
+    def defer(self) -> Callable[[bool, int], None]: ...
+
+
+class Destination(Protocol):
+    """What a binding leads to when it is not an exchange: a queue of any type, or
+    the cluster's stand-in for a private queue on another server. The routing
+    walk only pushes to it."""
+
+    name: str
+    #: its bindings, keyed as the vhost keys them
+    bindings: dict[tuple[Any, ...], Any]
+
+    def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool: ...
+
+
+#: a basic.get answer: the message, its redelivered flag, the messages left
+Got = tuple[Message, bool, int]
+#: the callback an operation that may complete later answers through: a result,
+#: or an AMQPError for the caller to raise
+Reply = Callable[[Any], None]
 
 
 def amqp_type_name(value: Any) -> str:
@@ -91,7 +136,14 @@ def validate_queue_arguments(name: str, vhost: str, arguments: dict[str, Any]) -
 
 
 class Queue:
-    """A FIFO of messages and a round-robin set of consumers."""
+    """The local queue type: a FIFO of messages and a round-robin set of consumers.
+
+    Standalone every queue is one; in a cluster the private (exclusive) queues
+    are, and the root's master copy of each shared queue is kept in one.
+    """
+
+    #: its contents live on this server (False for a queue proxied to another)
+    local = True
 
     def __init__(
         self,
@@ -122,6 +174,9 @@ class Queue:
         self._rr = 0
         self.max_length: int | None = self.arguments.get("x-max-length")
         self.reject_publish = self.arguments.get("x-overflow") == "reject-publish"
+        #: called when an auto-delete queue loses its last consumer: the vhost
+        #: removes it (the cluster orders the removal of a shared one)
+        self.on_unused: Callable[[Queue], None] | None = None
         #: counters for dumps, rates and the console: copies enqueued (or handed
         #: straight to a consumer), copies delivered or got, copies dropped by overflow
         self.stats_in = 0
@@ -144,8 +199,10 @@ class Queue:
 
     # -- messages in -------------------------------------------------------
 
-    def push(self, message: Message) -> bool:
-        """Enqueue (or hand straight to a ready consumer); False if refused by overflow."""
+    def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool:
+        """Enqueue (or hand straight to a ready consumer); False if refused by overflow.
+
+        A local queue completes at once and never uses ``waiter``."""
         self.stats_in += 1
         if not self.messages and self.consumers:
             consumer = self._next_ready(message)
@@ -168,12 +225,39 @@ class Queue:
         self.messages.append(message)
         return True
 
+    # -- settling deliveries -------------------------------------------------
+
+    def ack(self, messages: Iterable[Message]) -> None:
+        """Delivered messages were acked: forget them, and use the freed credit."""
+        if self.messages:
+            self.dispatch()
+
+    def reject(self, messages: Iterable[Message]) -> None:
+        """Delivered messages were rejected without requeue: they are dropped."""
+        if self.messages:
+            self.dispatch()
+
     def requeue(self, messages: Iterable[Message]) -> None:
         """Put rejected/recovered messages back at the head, in their original order."""
+        if self.deleted:
+            return
         for message in reversed(list(messages)):
             self.messages.appendleft(message)
             self._redelivered.add(id(message))
         self.dispatch()
+
+    def restore(self, message: Message) -> None:
+        """A message delivered once before comes back from elsewhere (another server,
+        a former master): enqueue it at the tail, flagged redelivered."""
+        self.stats_in += 1
+        if not self.messages and self.consumers:
+            consumer = self._next_ready(message)
+            if consumer is not None:
+                self.stats_out += 1
+                consumer.deliver(self, message, True)
+                return
+        self.messages.append(message)
+        self._redelivered.add(id(message))
 
     def _pop(self) -> tuple[Message, bool]:
         message = self.messages.popleft()
@@ -215,29 +299,70 @@ class Queue:
             self.stats_out += 1
             consumer.deliver(self, message, redelivered)
 
-    def get(self) -> tuple[Message, bool] | None:
-        """basic.get: take the head message, if any."""
+    def take(self) -> Got | None:
+        """Take the head message, if any, with its redelivered flag and what is left."""
         if not self.messages:
             return None
         self.stats_out += 1
-        return self._pop()
+        message, redelivered = self._pop()
+        return message, redelivered, len(self.messages)
 
-    def purge(self) -> int:
+    def get(self, no_ack: bool, reply: Reply) -> None:
+        """basic.get: answer ``reply`` with a ``Got``, or None if the queue is empty."""
+        reply(self.take())
+
+    def drop_all(self) -> int:
+        """Empty the queue; returns how many messages it held."""
         count = len(self.messages)
         self.messages.clear()
         self._redelivered.clear()
         return count
 
+    def purge(self, reply: Reply) -> None:
+        """queue.purge: answer with the number of messages removed."""
+        reply(self.drop_all())
+
+    def stat(self, reply: Reply) -> None:
+        """The (messages, consumers) counts a queue.declare-ok carries."""
+        reply((self.message_count, self.consumer_count))
+
     # -- consumers -----------------------------------------------------------
 
-    def add_consumer(self, consumer: ConsumerSink) -> None:
+    def check_consumer(self, consumer: ConsumerSink) -> None:
+        """Refuse a consumer that exclusivity rules out (403, RabbitMQ's texts)."""
+        if self.consumers and (consumer.exclusive or any(c.exclusive for c in self.consumers)):
+            raise ChannelError(
+                ACCESS_REFUSED,
+                f"queue '{self.name}' in vhost '{self.vhost}' in exclusive use"
+                if not consumer.exclusive
+                else f"queue '{self.name}' in vhost '{self.vhost}' has consumers, "
+                "cannot become exclusive",
+            )
+
+    def add_consumer(self, consumer: ConsumerSink, reply: Reply | None = None) -> None:
+        """Attach a consumer; ``reply(None)`` (consume-ok) goes before any delivery,
+        ``reply(error)`` refuses it. Without ``reply`` an error is raised."""
+        try:
+            self.check_consumer(consumer)
+        except ChannelError as exc:
+            if reply is None:
+                raise
+            reply(exc)
+            return
         self.consumers.append(consumer)
         self.had_consumers = True
+        if reply is not None:
+            reply(None)
         self.dispatch()
 
     def remove_consumer(self, consumer: ConsumerSink) -> None:
-        if consumer in self.consumers:
-            self.consumers.remove(consumer)
+        """Detach a consumer (cancel, channel gone); an auto-delete queue that has
+        lost its last consumer goes (``on_unused``)."""
+        if consumer not in self.consumers:
+            return
+        self.consumers.remove(consumer)
+        if self.unused_auto_delete and not self.deleted and self.on_unused is not None:
+            self.on_unused(self)
 
     @property
     def unused_auto_delete(self) -> bool:

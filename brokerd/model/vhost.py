@@ -22,7 +22,7 @@ from brokerd.model.errors import (
 from brokerd.model.exchange import DefaultMuxer, Exchange
 from brokerd.model.message import Message
 from brokerd.model.muxers import Binding, lookup
-from brokerd.model.queue import Queue, amqp_type_name, validate_queue_arguments
+from brokerd.model.queue import Destination, Queue, amqp_type_name, validate_queue_arguments
 
 PREDECLARED = (
     ("amq.direct", "direct"),
@@ -75,6 +75,9 @@ class VirtualHost:
         #: called with each queue being removed, bindings still attached (the cluster
         #: withdraws a private queue's meta-bindings, a store drops its files)
         self.on_queue_deleted: list[Callable[[Queue], None]] = []
+        #: makes the queue object for a declare: the local queue type, unless the
+        #: cluster installs its own (shared queues) for the clustered vhost
+        self.queue_factory: Callable[..., Queue] = Queue
 
     # -- lookups -------------------------------------------------------------
 
@@ -181,13 +184,18 @@ class VirtualHost:
         exclusive: bool = False,
         auto_delete: bool = False,
         arguments: dict[str, Any] | None = None,
+        reserved_ok: bool = False,
     ) -> tuple[Queue, bool]:
+        """Declare (or check) a queue; returns it and whether it was created.
+
+        ``reserved_ok``: the name was made by a server (``server_named_queue``),
+        so its ``amq.`` prefix is not a client's trespass."""
         arguments = arguments or {}
         if passive:
             return self.queue(name, connection_id), False
         if not name:
-            name = "amq.gen-" + secrets.token_urlsafe(16)
-        elif name.startswith("amq."):
+            name = self.server_named_queue()
+        elif name.startswith("amq.") and not reserved_ok:
             raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         existing = self.queues.get(name)
         if existing is not None:
@@ -213,7 +221,7 @@ class VirtualHost:
             )
             return existing, False
         validate_queue_arguments(name, self.name, arguments)
-        queue = Queue(
+        queue = self.queue_factory(
             name,
             self.name,
             durable=durable,
@@ -221,8 +229,15 @@ class VirtualHost:
             auto_delete=auto_delete,
             arguments=arguments,
         )
+        if queue.on_unused is None:
+            queue.on_unused = self.remove_queue
         self.queues[name] = queue
         return queue, True
+
+    @staticmethod
+    def server_named_queue() -> str:
+        """A fresh server-generated queue name, as RabbitMQ makes them."""
+        return "amq.gen-" + secrets.token_urlsafe(16)
 
     def delete_queue(
         self,
@@ -237,9 +252,9 @@ class VirtualHost:
         if queue is None:
             return 0
         self.queue(name, connection_id)
-        if if_unused and queue.consumers:
+        if if_unused and queue.consumer_count:
             raise precondition_failed(f"queue '{name}' in vhost '{self.name}' in use")
-        if if_empty and queue.messages:
+        if if_empty and queue.message_count:
             raise precondition_failed(f"queue '{name}' in vhost '{self.name}' not empty")
         return self.remove_queue(queue)
 
@@ -247,13 +262,14 @@ class VirtualHost:
         """Remove a queue unconditionally: bindings, consumers (cancelled), messages."""
         if self.queues.get(queue.name) is not queue:
             return 0
+        count = queue.message_count
         del self.queues[queue.name]
         queue.deleted = True
         for hook in self.on_queue_deleted:  # before the bindings go: hooks may need them
             hook(queue)
         for binding in list(queue.bindings.values()):
             self._drop_binding(binding)
-        count = queue.purge()
+        queue.drop_all()
         for consumer in list(queue.consumers):
             queue.remove_consumer(consumer)
             consumer.cancelled(queue)
@@ -264,7 +280,7 @@ class VirtualHost:
     def bind(
         self,
         source: Exchange,
-        destination: Queue | Exchange,
+        destination: Destination | Exchange,
         routing_key: str,
         arguments: dict[str, Any] | None = None,
     ) -> Binding:
@@ -272,14 +288,16 @@ class VirtualHost:
             raise ChannelError(ACCESS_REFUSED, "operation not permitted on the default exchange")
         binding = Binding(source, destination, routing_key, arguments or {})
         if source.add_binding(binding):
-            target = destination.bindings if isinstance(destination, Queue) else destination.inbound
+            target = (
+                destination.inbound if isinstance(destination, Exchange) else destination.bindings
+            )
             target[(id(source), *binding.key[1:])] = binding
         return binding
 
     def unbind(
         self,
         source: Exchange,
-        destination: Queue | Exchange,
+        destination: Destination | Exchange,
         routing_key: str,
         arguments: dict[str, Any] | None = None,
     ) -> None:
@@ -294,7 +312,7 @@ class VirtualHost:
         source: Exchange = binding.source
         destination = binding.destination
         source.remove_binding(binding)
-        target = destination.bindings if isinstance(destination, Queue) else destination.inbound
+        target = destination.inbound if isinstance(destination, Exchange) else destination.bindings
         target.pop((id(source), *binding.key[1:]), None)
         if source.auto_delete and not source.bindings and source.name in self.exchanges:
             self.delete_exchange(source.name)
@@ -304,19 +322,20 @@ class VirtualHost:
 
     # -- routing -------------------------------------------------------------
 
-    def route(self, exchange: Exchange, message: Message) -> tuple[Queue, ...]:
+    def route(self, exchange: Exchange, message: Message) -> tuple[Destination, ...]:
         """All queues a message reaches, each once, following exchange-to-exchange
-        bindings and stopping on cycles."""
+        bindings and stopping on cycles. A destination is a queue of any type,
+        or the cluster's stand-in for a private queue on another server."""
         exchange.stats_in += 1
         destinations = exchange.muxer.route(message)
         if not exchange.exchange_destinations:
             return tuple(destinations)
-        queues: dict[Queue, None] = {}
+        queues: dict[Destination, None] = {}
         seen = {exchange}
         stack = list(destinations)
         while stack:
             dest = stack.pop()
-            if isinstance(dest, Queue):
+            if not isinstance(dest, Exchange):
                 queues[dest] = None
             elif dest not in seen:
                 seen.add(dest)

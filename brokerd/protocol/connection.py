@@ -47,6 +47,10 @@ from brokerd.wire.codec import (
 
 log = logging.getLogger("brokerd.connection")
 
+_PUBLISH_ID = bytes((0, 60, 0, 40))
+_FRAME_HEAD = struct.Struct("!BHI")
+_FRAME_END = b"\xce"
+
 HANDSHAKE_TIMEOUT = 10.0
 #: bytes of output a connection may gather in one loop turn before its consumers pause
 OUTPUT_HIGH_WATER = 1024 * 1024
@@ -136,6 +140,9 @@ class Connection:
         self._output_full = False
         self._out_bytes = 0
         self.blocked_reason: str | None = None
+        #: a publish arrived while blocked: the shell stops reading from the socket
+        #: until unblocked (RabbitMQ's "blocked", not just a notification)
+        self.read_paused = False
         self.close_reason: str = ""
         # counters
         self.messages_in = 0
@@ -213,7 +220,11 @@ class Connection:
             error = ConnectionError_(FRAME_ERROR, str(exc))
         if pos:
             del buf[:pos]
-        for ftype, channel, payload in frames:
+        blocked = self.blocked_reason is not None and self.state is ConnectionState.OPEN
+        for index, (ftype, channel, payload) in enumerate(frames):
+            if blocked and ftype == FRAME_METHOD and channel and payload[:4] == _PUBLISH_ID:
+                self._hold_frames(frames[index:])
+                break
             try:
                 self._handle_frame(ftype, channel, payload)
             except AMQPError as exc:
@@ -231,6 +242,15 @@ class Connection:
         self._flush_confirms()
         if error is not None:
             self.connection_error(error.reply_code, error.text)
+
+    def _hold_frames(self, frames: list[tuple[int, int, bytes]]) -> None:
+        """Blocked: keep the frames from this publish on, unread, until unblocked."""
+        self.read_paused = True
+        held = b"".join(
+            _FRAME_HEAD.pack(ftype, channel, len(payload)) + payload + _FRAME_END
+            for ftype, channel, payload in frames
+        )
+        self._buf[:0] = held
 
     def _flush_confirms(self) -> None:
         if self._confirm_dirty:
@@ -385,6 +405,8 @@ class Connection:
                 self._teardown()
                 self.state = ConnectionState.CLOSED
             return
+        if self.read_paused:
+            self.last_received = now  # not reading: its heartbeats wait in the socket
         if self.heartbeat:
             if now - self.last_received > 2 * self.heartbeat:
                 log.warning(
@@ -417,15 +439,21 @@ class Connection:
             queue.dispatch()
 
     def set_blocked(self, reason: str | None) -> None:
-        """connection.blocked / unblocked, for clients that declared the capability."""
+        """connection.blocked / unblocked, for clients that declared the capability;
+        while blocked, a publish stops the reading (``read_paused``) until unblocked."""
         if reason == self.blocked_reason:
             return
+        was = self.blocked_reason
         self.blocked_reason = reason
         if self.state is ConnectionState.OPEN and self.capabilities.get("connection.blocked"):
             if reason is None:
                 self.send_method(0, commands.Connection.Unblocked())
-            else:
+            elif was is None:
                 self.send_method(0, commands.Connection.Blocked(reason))
+        if reason is None and self.read_paused:
+            self.read_paused = False
+            self.last_received = self.clock()  # the client's heartbeats waited unread
+            self.receive_data(b"")
 
     # -- returned-message limit (seed 000) ---------------------------------------
 
@@ -594,7 +622,8 @@ class Connection:
             self.state = ConnectionState.AWAIT_ADMISSION
             return
         self._admission = None
-        self.send_method(0, commands.Connection.OpenOk())
+        known_hosts = self.hooks.known_hosts() if self.hooks is not None else ""
+        self.write(codec.open_ok_frame(known_hosts))
         self.state = ConnectionState.OPEN
         name = self.vhost.name
         log.info(

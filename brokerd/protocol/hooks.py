@@ -2,18 +2,20 @@
 
 A standalone broker passes no hooks. A clustered one lets the cluster
 controller decide at ``connection.open`` whether a connection may start
-now, must wait for a root, or is refused (by raising ConnectionError_).
+now, must wait for a root, or is refused (by raising ConnectionError_), and
+take part in wiring changes (``delegate`` before, ``replicate`` after).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from pamqp.base import Frame as Method
 
-    from brokerd.protocol.channel import Channel
+    from brokerd.model.errors import AMQPError
     from brokerd.protocol.connection import Connection
 
 
@@ -26,6 +28,10 @@ class Wait:
     timeout: float
 
 
+#: how a delegated wiring change ends: the error to raise, or the root's result
+WiringDone = Callable[["AMQPError | None", Any], None]
+
+
 class ConnectionHooks(Protocol):
     def admit(self, conn: Connection) -> Wait | None:
         """None admits now; Wait holds the open; raising ConnectionError_ refuses."""
@@ -36,6 +42,12 @@ class ConnectionHooks(Protocol):
     def closed(self, conn: Connection) -> None:
         """The connection is gone, whatever the cause."""
 
-    def replicate(self, conn: Connection, channel: Channel, method: Method) -> bool:
-        """A wiring method changed local state. True: the cluster takes it and will
-        call ``channel.replicated(error)`` once the root has ordered it."""
+    def known_hosts(self) -> str:
+        """The servers a client may reconnect to (connection.open-ok's known-hosts)."""
+
+    def delegate(self, conn: Connection, method: Method, done: WiringDone) -> bool:
+        """Before a wiring method is applied here: True if the cluster takes it
+        (it is applied when the root has ordered it, then ``done`` is called)."""
+
+    def replicate(self, conn: Connection, method: Method) -> None:
+        """A wiring method changed local state: order it, or tell the others."""

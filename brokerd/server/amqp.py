@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from brokerd.protocol import Connection
+from brokerd.protocol import Connection, ConnectionState
 
 if TYPE_CHECKING:
     from brokerd.server.app import Server
@@ -22,6 +22,8 @@ class AMQPProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.machine: Connection | None = None
         self._flush_scheduled = False
+        self._reading_paused = False
+        self._opened = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
@@ -56,8 +58,30 @@ class AMQPProtocol(asyncio.Protocol):
         machine = self.machine
         assert machine is not None
         machine.receive_data(data)
+        if not self._opened and machine.state is ConnectionState.OPEN:
+            self._opened = True
+            reason = self.server.blocked_reason
+            if reason is not None and not isinstance(
+                machine.client_properties.get("rookery_link"), dict
+            ):
+                machine.set_blocked(reason)  # opened while publishers are blocked
+        if machine.read_paused and not self._reading_paused and self.transport is not None:
+            self._reading_paused = True  # blocked: a publisher waits, unread
+            self.transport.pause_reading()
         if machine.closed:
             self.flush()
+
+    def set_blocked(self, reason: str | None) -> None:
+        """Block (or unblock) this connection's publishing; reading resumes with it."""
+        machine = self.machine
+        if machine is None:
+            return
+        machine.set_blocked(reason)
+        if reason is None and self._reading_paused and self.transport is not None:
+            self._reading_paused = False
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
+        self.flush()
 
     def pause_writing(self) -> None:
         if self.machine is not None:

@@ -72,6 +72,8 @@ class Server:
         self._control: asyncio.AbstractServer | None = None
         self.port = options.port
         self._cluster_secret_hash = ""
+        #: why publishers are blocked, by cause (cluster not ready, links behind)
+        self._blocks: dict[str, str] = {}
 
     def _install_cluster_user(self, config: BrokerConfig) -> None:
         """The cluster vhost exists and the cluster user (password = secret) may use it."""
@@ -239,9 +241,9 @@ class Server:
             on_ready_change=self._cluster_ready_changed,
             load=self.broker.totals,
             broker=self.broker,
+            on_backlog=lambda reason: self.block_publishers("cluster-links", reason),
         )
         vhost = self.broker.vhosts[config.vhost]
-        vhost.on_queue_deleted.append(self.cluster.private_queue_removed)
         vhost.exchanges[CLUSTER_EXCHANGE] = Exchange(
             CLUSTER_EXCHANGE, ClusterSink.type_name, durable=True, muxer=ClusterSink(self.cluster)
         )
@@ -249,15 +251,30 @@ class Server:
 
     def _cluster_ready_changed(self, ready: bool, reason: str) -> None:
         """Admit connections waiting in connection.open; block or unblock publishers."""
+        if ready:
+            for proto in list(self.connections.values()):
+                if proto.machine is not None:
+                    proto.machine.readmit()
+                    proto.flush()
+        self.block_publishers("cluster", None if ready else f"cluster not ready: {reason}")
+
+    def block_publishers(self, cause: str, reason: str | None) -> None:
+        """Set or clear one cause of blocking; client connections are blocked while
+        any cause holds (connection.blocked, and a publish stops their reading)."""
+        if reason is None:
+            self._blocks.pop(cause, None)
+        else:
+            self._blocks[cause] = reason
+        effective = next(iter(self._blocks.values()), None)
         for proto in list(self.connections.values()):
             conn = proto.machine
-            if conn is None or self.cluster is None:
-                continue
-            if ready:
-                conn.readmit()
-            if not isinstance(conn.client_properties.get("rookery_link"), dict):
-                conn.set_blocked(None if ready else f"cluster not ready: {reason}")
-            proto.flush()
+            if conn is None or isinstance(conn.client_properties.get("rookery_link"), dict):
+                continue  # cluster links carry the traffic that unblocks everyone
+            proto.set_blocked(effective)
+
+    @property
+    def blocked_reason(self) -> str | None:
+        return next(iter(self._blocks.values()), None)
 
     async def serve_forever(self) -> None:
         await self.start()

@@ -229,6 +229,14 @@ def method_frame(channel: int, method: Method) -> bytes:
     return _pack_head(FRAME_METHOD, channel, len(payload)) + payload + FRAME_END_BYTE
 
 
+def open_ok_frame(known_hosts: str) -> bytes:
+    """connection.open-ok with its known-hosts field filled in (servers a client may
+    reconnect to). pamqp refuses to build a non-empty one (0-9-1 marks the field
+    reserved), but every client decodes it as the short string it is."""
+    payload = _method_id.pack(10, 41) + shortstr(known_hosts)
+    return _pack_head(FRAME_METHOD, 0, len(payload)) + payload + FRAME_END_BYTE
+
+
 # -- the hot path ----------------------------------------------------------
 
 

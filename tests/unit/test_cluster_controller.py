@@ -184,7 +184,7 @@ def test_secondary_never_becomes_root_and_cannot_disable() -> None:
     # a root is known, but wiring must come from it before clients are served
     assert not ctl.decision.is_root and not ctl.ready and "synchronising" in ctl.not_ready_reason
     ctl.receive(11, "cluster.sync", encode_bucket({"seq": 0, "entries": []}, []))
-    assert ctl.ready and ctl.status()["root"] == "s1" and ctl.synced_root == "s1"
+    assert ctl.ready and ctl.status()["root"] == "s1" and ctl.wiring.synced_root == "s1"
     with pytest.raises(ValueError):
         ctl.set_root_enabled(False)
 

@@ -86,7 +86,7 @@ def test_queue_counters_follow_routing(fresh: Server):
     queue, _ = vhost.declare_queue("t.count", connection_id=1)
     for _ in range(3):
         queue.push(Message("", "t.count", b"", b"x"))
-    queue.get()
+    queue.take()
     entry = collect(fresh.broker)["queues"][("/", "t.count")]
     assert (entry["messages"], entry["enqueued"], entry["delivered"]) == (2, 3, 1)
 

@@ -1,0 +1,455 @@
+"""The message plane: moving messages between the servers of a cluster.
+
+Seed 000's "publish message" and "Intra-cluster routing", on the links:
+
+- A publish on a server that is not root, routed to shared queues, is
+  *forwarded* once to the root, with every target queue in one record and
+  the message's Cluster-Id (``spid/connection/channel``). A match to another
+  server's private queue (a meta-binding) is pushed once to that server, or
+  through the root when there is no link to it (secondaries are linked to
+  primaries only). A forwarded message is applied to the receiver's own
+  queues only, so it can never loop.
+- Every forward is *settled* by its receiver once its queues took it (runs
+  of settlements travel as ranges): the publisher's confirm waits for that,
+  and a mandatory message nobody took comes back as basic.return at its
+  origin.
+- Consumers, gets and their acks on a shared queue are proxied to the root
+  (``proxy``); the root delivers to them (``master``).
+
+Records to one peer gather in one ``Batch`` and leave once per event-loop
+turn (sooner past ``FLUSH_BYTES``), in order, on the peer's link.
+
+A *session* with a peer lasts while both links with it are up and it is
+active; when it ends, what was in flight with it is void: unsettled forwards
+are nacked (never confirmed without the receiver having taken them), and
+the proxy re-attaches its consumers under a new session (``records.Session``)
+so the root requeues what it had delivered to the old one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from brokerd.cluster import records as rec
+from brokerd.cluster.master import MasterSide
+from brokerd.cluster.proxy import ProxySide
+from brokerd.cluster.queues import SharedQueue
+from brokerd.model.message import Message
+from brokerd.model.queue import PublishWaiter
+
+if TYPE_CHECKING:
+    from brokerd.cluster.membership import Membership
+    from brokerd.model.broker import Broker
+    from brokerd.model.vhost import VirtualHost
+
+log = logging.getLogger("brokerd.cluster.forwarding")
+
+DATA = "cluster.data"
+#: a batch this large leaves at once instead of at the end of the loop turn
+FLUSH_BYTES = 256 * 1024
+#: bytes waiting on the links above which this server stops reading from publishers
+BACKLOG_HIGH = 32 * 1024 * 1024
+BACKLOG_LOW = 8 * 1024 * 1024
+#: unsettled forwards to one peer above which publishers are paused as well
+UNSETTLED_HIGH = 50_000
+
+Done = Callable[[bool, int], None]
+
+
+class Outbound:
+    """What this server sends to one peer, and what it waits to hear back."""
+
+    __slots__ = (
+        "batch",
+        "fwd_done",
+        "fwd_message",
+        "fwd_redelivered",
+        "fwd_targets",
+        "next_seq",
+        "settle_run",
+        "spid",
+        "unsettled",
+        "up",
+    )
+
+    def __init__(self, spid: str) -> None:
+        self.spid = spid
+        self.batch = rec.Batch()
+        #: the forward being gathered: one record per message, every target in it
+        self.fwd_message: Message | None = None
+        self.fwd_targets: list[tuple[str, str]] = []
+        self.fwd_done: list[Done] = []
+        self.fwd_redelivered = False
+        self.next_seq = 1
+        #: forwards sent and not yet settled: seq -> the publishers' callbacks
+        self.unsettled: dict[int, list[Done] | None] = {}
+        #: settlements of its forwards to send: [first, last, ok, routed]
+        self.settle_run: list[Any] | None = None
+        #: its link is up (deliveries wait while it is not)
+        self.up = False
+
+
+class SettleWaiter:
+    """A forward received from a peer, settled once every queue it reached took it
+    (some may defer: a relay to another server). Implements ``PublishWaiter``."""
+
+    __slots__ = ("armed", "deferred", "ok", "out", "plane", "routed", "seq", "waiting")
+
+    def __init__(self, plane: MessagePlane, out: Outbound, seq: int) -> None:
+        self.plane = plane
+        self.out = out
+        self.seq = seq
+        self.deferred = 0
+        self.waiting = 0
+        self.ok = True
+        self.routed = 0
+        self.armed = False
+
+    def defer(self) -> Done:
+        self.deferred += 1
+        self.waiting += 1
+        return self._done
+
+    def _done(self, ok: bool, routed: int) -> None:
+        self.waiting -= 1
+        self.ok = self.ok and ok
+        self.routed += routed
+        if self.waiting == 0 and self.armed:
+            self.plane.settle(self.out, self.seq, self.ok, self.routed)
+
+    def arm(self, ok: bool, routed: int) -> None:
+        self.ok = self.ok and ok
+        self.routed += routed - self.deferred
+        self.armed = True
+        if self.waiting == 0:
+            self.plane.settle(self.out, self.seq, self.ok, self.routed)
+
+
+class MessagePlane:
+    """Forwards, settlements and the link batches; the root and proxy sides use it."""
+
+    def __init__(
+        self,
+        members: Membership,
+        broker: Broker | None,
+        vhost: str,
+        on_backlog: Callable[[str | None], None] | None = None,
+    ) -> None:
+        self.members = members
+        self.broker = broker
+        self.vhost_name = vhost
+        self.on_backlog = on_backlog
+        self.outbound: dict[str, Outbound] = {}
+        self.master = MasterSide(self)
+        self.proxy = ProxySide(self)
+        #: this server is the root: its shared queues are the masters
+        self.is_root = False
+        self._flush_scheduled = False
+        self.backlogged = False
+
+    @property
+    def spid(self) -> str:
+        return self.members.spid
+
+    def root_spid(self) -> str | None:
+        return self.members.current_root
+
+    def vhost(self) -> VirtualHost | None:
+        return self.broker.vhosts.get(self.vhost_name) if self.broker is not None else None
+
+    def shared_queues(self) -> list[SharedQueue]:
+        vhost = self.vhost()
+        if vhost is None:
+            return []
+        return [q for q in vhost.queues.values() if isinstance(q, SharedQueue)]
+
+    def cluster_id(self, message: Message) -> str:
+        """``spid/connection/channel`` of the message's publisher."""
+        if isinstance(message.publisher, int):
+            return f"{self.spid}/{message.publisher}/{message.channel}"
+        return f"{message.publisher}/{message.channel}"
+
+    # -- outbound ------------------------------------------------------------------
+
+    def out(self, spid: str) -> Outbound:
+        out = self.outbound.get(spid)
+        if out is None:
+            out = self.outbound[spid] = Outbound(spid)
+            out.up = self.members.link_to(spid) is not None
+        return out
+
+    def batch(self, out: Outbound) -> rec.Batch:
+        """The peer's batch, for a record that must follow everything sent before it."""
+        if out.fwd_message is not None:
+            self._finish_forward(out)
+        if out.batch.size > FLUSH_BYTES:
+            self._post(out)
+        self._schedule()
+        return out.batch
+
+    def _schedule(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            try:
+                asyncio.get_running_loop().call_soon(self.flush)
+            except RuntimeError:  # no loop: unit tests flush by hand
+                self._flush_scheduled = False
+
+    def forward(
+        self,
+        spid: str | None,
+        message: Message,
+        target: tuple[str, str],
+        waiter: PublishWaiter | None,
+        redelivered: bool = False,
+    ) -> bool:
+        """Send ``message`` for ``target`` (spid, queue) to server ``spid``; one record
+        per message and server, so pushes of one publish to several of its queues
+        share it. False if the server cannot be reached (the publisher is nacked)."""
+        if spid is None or spid == self.spid:
+            return False
+        out = self.out(spid)
+        if not out.up:
+            return False
+        if out.fwd_message is not message or out.fwd_redelivered != redelivered:
+            if out.fwd_message is not None:
+                self._finish_forward(out)
+            out.fwd_message = message
+            out.fwd_redelivered = redelivered
+            self._schedule()
+        out.fwd_targets.append(target)
+        if waiter is not None:
+            out.fwd_done.append(waiter.defer())
+        return True
+
+    def forward_private(
+        self, spid: str, queue: str, message: Message, waiter: PublishWaiter | None
+    ) -> bool:
+        """A match to a private queue of ``spid``: straight there if linked, else the
+        root relays it (a secondary is linked to the primaries only)."""
+        if spid == self.spid:
+            return False
+        if self.out(spid).up:
+            return self.forward(spid, message, ("", queue), waiter)
+        root = self.root_spid()
+        if root == self.spid:
+            return False
+        return self.forward(root, message, (spid, queue), waiter)
+
+    def _finish_forward(self, out: Outbound) -> None:
+        message = out.fwd_message
+        assert message is not None
+        seq = out.next_seq
+        out.next_seq = seq + 1
+        out.batch.forward(
+            seq,
+            self.cluster_id(message),
+            out.fwd_targets,
+            message.exchange,
+            message.routing_key,
+            message.props_raw,
+            message.body,
+            out.fwd_redelivered,
+        )
+        out.unsettled[seq] = out.fwd_done or None
+        out.fwd_message = None
+        out.fwd_targets = []
+        out.fwd_done = []
+        out.fwd_redelivered = False
+
+    def settle(self, out: Outbound, seq: int, ok: bool, routed: int) -> None:
+        """A forward from ``out``'s server is settled: coalesce runs into ranges."""
+        run = out.settle_run
+        if run is not None and seq == run[1] + 1 and run[2] == ok and run[3] == routed:
+            run[1] = seq
+            return
+        if run is not None:
+            self.batch(out).settle(*run)
+        out.settle_run = [seq, seq, ok, routed]
+        self._schedule()
+
+    def flush(self) -> None:
+        """Send every peer's batch (once per loop turn)."""
+        self._flush_scheduled = False
+        for out in list(self.outbound.values()):
+            if out.fwd_message is not None:
+                self._finish_forward(out)
+            if out.settle_run is not None:
+                out.batch.settle(*out.settle_run)
+                out.settle_run = None
+            self.proxy.pay_credit(out)
+            if out.batch:
+                self._post(out)
+        self._check_backlog()
+
+    def _post(self, out: Outbound) -> None:
+        data = out.batch.take()
+        if not self.members.post(out.spid, DATA, data):
+            log.debug("batch to %s dropped: link down (%d bytes)", out.spid, len(data))
+
+    def _check_backlog(self) -> None:
+        """Pace publishers when links cannot keep up (seed 001 flow control)."""
+        if self.on_backlog is None:
+            return
+        backlog = 0
+        unsettled = 0
+        for out in self.outbound.values():
+            link = self.members.link_to(out.spid)
+            if link is not None:
+                backlog = max(backlog, link.backlog)
+            unsettled = max(unsettled, len(out.unsettled))
+        if not self.backlogged and (backlog > BACKLOG_HIGH or unsettled > UNSETTLED_HIGH):
+            self.backlogged = True
+            self.on_backlog("cluster links are behind: publishers paused")
+            self._watch_backlog()
+        elif self.backlogged and backlog < BACKLOG_LOW and unsettled < UNSETTLED_HIGH // 2:
+            self.backlogged = False
+            self.on_backlog(None)
+
+    def _watch_backlog(self) -> None:
+        if self.backlogged:
+            self._check_backlog()
+            asyncio.get_running_loop().call_later(0.02, self._watch_backlog)
+
+    # -- inbound -------------------------------------------------------------------
+
+    def receive(self, spid: str, body: bytes) -> None:
+        """One link message of records from ``spid``, applied in order."""
+        try:
+            records = rec.decode(body)
+        except rec.RecordError as exc:
+            log.warning("record batch refused from=%s: %s", spid, exc)
+            return
+        out = self.out(spid)
+        master, proxy = self.master, self.proxy
+        for r in records:
+            if isinstance(r, rec.Forward):
+                self._on_forward(out, r)
+            elif isinstance(r, rec.Settle):
+                self._on_settle(out, r)
+            elif isinstance(r, rec.Deliver | rec.Got | rec.Reply):
+                proxy.receive(out, r)
+            else:
+                master.receive(out, r)
+        master.after_batch(out)
+
+    def _on_forward(self, out: Outbound, r: rec.Forward) -> None:
+        vhost = self.vhost()
+        origin, _, channel = r.cluster_id.rpartition("/")
+        message = Message(
+            r.exchange,
+            r.routing_key,
+            r.props,
+            r.body,
+            origin,
+            int(channel) if channel.isascii() and channel.isdigit() else 0,
+        )
+        waiter = SettleWaiter(self, out, r.seq)
+        ok = True
+        routed = 0
+        for spid, name in r.targets:
+            if spid and spid != self.spid:
+                # a relay: the root passes a secondary's match on to another secondary
+                if self.is_root and self.forward(spid, message, ("", name), waiter):
+                    routed += 1
+                else:
+                    ok = False
+                continue
+            queue = vhost.queues.get(name) if vhost is not None else None
+            if queue is None:
+                continue  # gone meanwhile: not routed (a mandatory return at the origin)
+            if not queue.local:
+                ok = False  # not mastered here (the root moved): the publisher is nacked
+                continue
+            if r.redelivered:
+                queue.restore(message)
+                routed += 1
+            elif queue.push(message, waiter):
+                routed += 1
+            else:
+                ok = False
+        waiter.arm(ok, routed)
+
+    def _on_settle(self, out: Outbound, r: rec.Settle) -> None:
+        unsettled = out.unsettled
+        if r.last - r.first >= len(unsettled):  # a wide range: walk what is waiting instead
+            seqs = [s for s in unsettled if r.first <= s <= r.last]
+        else:
+            seqs = range(r.first, r.last + 1)
+        for seq in seqs:
+            done = unsettled.pop(seq, None)
+            if done:
+                for i, callback in enumerate(done):
+                    callback(r.ok, r.routed if i == 0 else 0)
+
+    # -- events from membership --------------------------------------------------------
+
+    def fail_forwards(self, out: Outbound) -> None:
+        """Nack every forward the peer has not settled: it may never."""
+        if out.fwd_message is not None:
+            self._finish_forward(out)
+        unsettled, out.unsettled = out.unsettled, {}
+        for done in unsettled.values():
+            for callback in done or ():
+                callback(False, 0)
+        out.batch = rec.Batch()
+        out.settle_run = None
+
+    def link_ready(self, spid: str) -> None:
+        out = self.out(spid)
+        out.up = True
+        self.master.link_ready(out)
+        self.proxy.session_check()
+
+    def peer_lost(self, spid: str, why: str) -> None:
+        """A link with the peer dropped, or it went inactive: the session is over."""
+        out = self.outbound.get(spid)
+        if out is None:
+            return
+        out.up = self.members.link_to(spid) is not None
+        if out.unsettled or out.fwd_message is not None:
+            log.warning("forwards to %s failed: %d unsettled (%s)", spid, len(out.unsettled), why)
+        self.fail_forwards(out)
+        self.proxy.session_lost(spid)
+        if why == "inactive":
+            self.master.release(out, gone=True)
+            self.outbound.pop(spid, None)
+
+    def root_changed(self, old: str | None, new: str | None) -> None:
+        """Flip the shared queues' roles and move the proxy to the new root."""
+        self.is_root = new == self.spid
+        if old is not None and old != self.spid:
+            out = self.outbound.get(old)
+            if out is not None:
+                self.fail_forwards(out)
+            self.proxy.session_lost(old)
+        if old == self.spid:
+            self.master.release_all()
+        queues = self.shared_queues()
+        for queue in queues:
+            if self.is_root:
+                queue.become_master()
+            else:
+                queue.become_proxy()
+        if new is not None and not self.is_root:
+            self.proxy.session_check()
+            self._hand_over(queues, new)
+
+    def _hand_over(self, queues: list[SharedQueue], root: str) -> None:
+        """Messages a former master still holds go to the new root, in order."""
+        for queue in queues:
+            moved = 0
+            while queue.messages:
+                message, redelivered = queue._pop()
+                if not self.forward(root, message, ("", queue.name), None, redelivered):
+                    queue.messages.appendleft(message)
+                    break
+                moved += 1
+            if moved:
+                log.warning("handed over queue=%s messages=%d to root=%s", queue.name, moved, root)
+
+    def tick(self) -> None:
+        self.proxy.tick()

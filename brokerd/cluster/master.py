@@ -1,0 +1,301 @@
+"""The root's side of the shared queues: consumers and gets from other servers.
+
+A consumer connected to another server attaches to the master queue as a
+``RemoteConsumer``, a ``ConsumerSink`` like any local consumer, so the
+queue's round robin, prefetch and exclusivity rules span the cluster. Its
+deliveries travel as ``Deliver`` records; the root remembers each one it
+must see settled (``deliveries``), so that the consumer's server can ack,
+reject or requeue it, and so that everything a server held is requeued
+(redelivered) when its session ends or the server goes away.
+
+Credit: a consumer with a prefetch window (in ack mode) holds at most that
+many unacked deliveries, counted here: prefetch holds end to end. Others
+(no-ack, or no prefetch) get ``DEFAULT_WINDOW`` deliveries in flight, and
+their server hands credit back as it writes them to its client.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from brokerd.cluster import records as rec
+from brokerd.model.errors import INTERNAL_ERROR, NOT_ALLOWED, NOT_FOUND, AMQPError
+from brokerd.model.message import Message
+from brokerd.model.queue import Queue
+
+if TYPE_CHECKING:
+    from brokerd.cluster.forwarding import MessagePlane, Outbound
+
+log = logging.getLogger("brokerd.cluster.master")
+
+#: deliveries in flight to a consumer that has no prefetch window of its own
+DEFAULT_WINDOW = 512
+
+#: a delivery the root waits to see settled: its queue, the message, the consumer
+#: (None for basic.get)
+Held = tuple[Queue, Message, "RemoteConsumer | None"]
+
+
+class RemoteConsumer:
+    """A consumer on another server, attached to a master queue (a ``ConsumerSink``)."""
+
+    remote = True
+
+    __slots__ = (
+        "by_ack",
+        "connection_id",
+        "exclusive",
+        "inflight",
+        "no_ack",
+        "no_local",
+        "out",
+        "queue",
+        "side",
+        "tag",
+        "window",
+    )
+
+    def __init__(self, side: MasterSide, out: Outbound, queue: Queue, r: rec.Consume) -> None:
+        self.side = side
+        self.out = out
+        self.queue = queue
+        self.tag = r.tag
+        self.exclusive = r.exclusive
+        self.no_local = r.no_local
+        self.no_ack = r.no_ack
+        #: "spid/connection": no-local compares it with a forwarded message's publisher
+        self.connection_id = r.origin
+        #: credit comes back with acks (a prefetch window in ack mode), else explicitly
+        self.by_ack = bool(r.window) and not r.no_ack
+        self.window = r.window or DEFAULT_WINDOW
+        self.inflight = 0
+
+    def ready(self) -> bool:
+        return self.out.up and self.inflight < self.window
+
+    def deliver(self, queue: Queue, message: Message, redelivered: bool) -> None:
+        self.side.deliver(self, queue, message, redelivered)
+
+    def cancelled(self, queue: Queue) -> None:
+        self.side.consumer_gone(self)
+
+    def __repr__(self) -> str:
+        return f"<RemoteConsumer {self.tag} on {self.queue.name} {self.inflight}/{self.window}>"
+
+
+class MasterSide:
+    """Everything the root holds for consumers and gets of other servers."""
+
+    def __init__(self, plane: MessagePlane) -> None:
+        self.plane = plane
+        self._delivery = 0
+        #: per server: its consumers by cluster tag
+        self.consumers: dict[str, dict[str, RemoteConsumer]] = {}
+        #: per server: deliveries it has not settled yet, by delivery id
+        self.deliveries: dict[str, dict[int, Held]] = {}
+        #: queues that lost consumers to a session reset in the batch being read
+        self._reset: set[Queue] = set()
+
+    # -- records from a proxy ------------------------------------------------------
+
+    def receive(self, out: Outbound, r: rec.Record) -> None:
+        if isinstance(r, rec.Ack):
+            self._settle(out, r.ids, "ack")
+        elif isinstance(r, rec.Reject):
+            self._settle(out, r.ids, "requeue" if r.requeue else "reject")
+        elif isinstance(r, rec.Credit):
+            self._credit(out, r)
+        elif isinstance(r, rec.Consume):
+            self._consume(out, r)
+        elif isinstance(r, rec.Cancel):
+            self._cancel(out, r)
+        elif isinstance(r, rec.Get):
+            self._get(out, r)
+        elif isinstance(r, rec.Purge):
+            self._with_queue(out, r.req, r.queue, lambda q: (q.drop_all(), 0))
+        elif isinstance(r, rec.Stat):
+            self._with_queue(out, r.req, r.queue, lambda q: (q.message_count, q.consumer_count))
+        elif isinstance(r, rec.Session):
+            log.info("session from=%s epoch=%d: releasing what it held", out.spid, r.epoch)
+            self.release(out, gone=False)
+
+    def after_batch(self, out: Outbound) -> None:
+        """A batch is read: a queue a session reset left without consumers, and that
+        the server did not re-attach to, is auto-deleted now."""
+        if not self._reset:
+            return
+        queues, self._reset = self._reset, set()
+        for queue in queues:
+            _maybe_unused(queue)
+
+    def _master_queue(self, name: str) -> Queue | AMQPError:
+        vhost = self.plane.vhost()
+        queue = vhost.queues.get(name) if vhost is not None else None
+        if queue is None or queue.exclusive:
+            return AMQPError(NOT_FOUND, f"no queue '{name}' in vhost '{self.plane.vhost_name}'")
+        if not queue.local or not self.plane.is_root:
+            return AMQPError(INTERNAL_ERROR, f"queue '{name}' is not mastered on this server")
+        return queue
+
+    def _refuse(self, out: Outbound, req: int, error: AMQPError) -> None:
+        self.plane.batch(out).reply(req, error.reply_code, error.text, hard=error.reply_code >= 500)
+
+    def _consume(self, out: Outbound, r: rec.Consume) -> None:
+        queue = self._master_queue(r.queue)
+        if isinstance(queue, AMQPError):
+            self._refuse(out, r.req, queue)
+            return
+        mine = self.consumers.setdefault(out.spid, {})
+        if r.tag in mine:
+            self._refuse(out, r.req, AMQPError(NOT_ALLOWED, f"consumer tag '{r.tag}' in use"))
+            return
+        consumer = RemoteConsumer(self, out, queue, r)
+
+        def answered(error: AMQPError | None) -> None:
+            if error is not None:
+                self._refuse(out, r.req, error)
+                return
+            mine[r.tag] = consumer
+            self.plane.batch(out).reply(r.req, 0)  # before its first delivery
+
+        queue.add_consumer(consumer, answered)
+
+    def _cancel(self, out: Outbound, r: rec.Cancel) -> None:
+        consumer = self.consumers.get(out.spid, {}).pop(r.tag, None)
+        if consumer is not None:
+            consumer.queue.remove_consumer(consumer)  # the last one anywhere: auto-delete
+
+    def _get(self, out: Outbound, r: rec.Get) -> None:
+        queue = self._master_queue(r.queue)
+        if isinstance(queue, AMQPError):
+            self._refuse(out, r.req, queue)
+            return
+        got = queue.take()
+        batch = self.plane.batch(out)
+        if got is None:
+            batch.reply(r.req, 0)  # get-empty
+            return
+        message, redelivered, remaining = got
+        delivery = 0
+        if not r.no_ack:
+            delivery = self._hold(out, queue, message, None)
+        batch.got(
+            r.req,
+            delivery,
+            redelivered,
+            remaining,
+            message.exchange,
+            message.routing_key,
+            message.props_raw,
+            message.body,
+        )
+
+    def _with_queue(self, out: Outbound, req: int, name: str, answer: object) -> None:
+        queue = self._master_queue(name)
+        if isinstance(queue, AMQPError):
+            self._refuse(out, req, queue)
+            return
+        a, b = answer(queue)  # type: ignore[operator]
+        self.plane.batch(out).reply(req, 0, "", a, b)
+
+    # -- deliveries --------------------------------------------------------------------
+
+    def _hold(
+        self, out: Outbound, queue: Queue, message: Message, rc: RemoteConsumer | None
+    ) -> int:
+        self._delivery += 1
+        held = self.deliveries.get(out.spid)
+        if held is None:
+            held = self.deliveries[out.spid] = {}
+        held[self._delivery] = (queue, message, rc)
+        queue.unacked += 1
+        return self._delivery
+
+    def deliver(
+        self, rc: RemoteConsumer, queue: Queue, message: Message, redelivered: bool
+    ) -> None:
+        out = rc.out
+        delivery = 0 if rc.no_ack else self._hold(out, queue, message, rc)
+        rc.inflight += 1
+        self.plane.batch(out).deliver(
+            rc.tag,
+            delivery,
+            redelivered,
+            message.exchange,
+            message.routing_key,
+            message.props_raw,
+            message.body,
+        )
+
+    def _settle(self, out: Outbound, ids: list[int], outcome: str) -> None:
+        held = self.deliveries.get(out.spid)
+        if not held:
+            return
+        by_queue: dict[Queue, list[Message]] = {}
+        for delivery in ids:
+            entry = held.pop(delivery, None)
+            if entry is None:
+                continue  # settled already, or released with its session
+            queue, message, rc = entry
+            queue.unacked -= 1
+            if rc is not None and rc.by_ack:
+                rc.inflight -= 1
+            by_queue.setdefault(queue, []).append(message)
+        for queue, messages in by_queue.items():
+            getattr(queue, outcome)(messages)
+            queue.dispatch()  # credit came back
+
+    def _credit(self, out: Outbound, r: rec.Credit) -> None:
+        consumer = self.consumers.get(out.spid, {}).get(r.tag)
+        if consumer is not None:
+            consumer.inflight = max(0, consumer.inflight - r.count)
+            consumer.queue.dispatch()
+
+    # -- sessions ----------------------------------------------------------------------
+
+    def consumer_gone(self, rc: RemoteConsumer) -> None:
+        """Its queue was deleted."""
+        self.consumers.get(rc.out.spid, {}).pop(rc.tag, None)
+
+    def release(self, out: Outbound, *, gone: bool) -> None:
+        """Detach every consumer of the server and requeue what it held (redelivered).
+
+        ``gone``: the server went away, so an auto-delete queue it was the last
+        consumer of goes; after a session reset its consumers come right back."""
+        touched: set[Queue] = set()
+        for consumer in self.consumers.pop(out.spid, {}).values():
+            queue = consumer.queue
+            if consumer in queue.consumers:
+                queue.consumers.remove(consumer)
+                touched.add(queue)
+        held = self.deliveries.pop(out.spid, {})
+        by_queue: dict[Queue, list[Message]] = {}
+        for _delivery, (queue, message, _rc) in sorted(held.items()):
+            queue.unacked -= 1
+            by_queue.setdefault(queue, []).append(message)
+        for queue, messages in by_queue.items():
+            queue.requeue(messages)
+        if held:
+            log.warning("requeued %d deliveries of %s", len(held), out.spid)
+        if gone:
+            for queue in touched:
+                _maybe_unused(queue)
+        else:
+            self._reset |= touched
+
+    def release_all(self) -> None:
+        """This server stops being root: what other servers held goes back into the
+        queues (handed over to the new root with them); they re-attach there."""
+        for spid in list(self.consumers.keys() | self.deliveries.keys()):
+            self.release(self.plane.out(spid), gone=False)
+        self._reset.clear()
+
+    def link_ready(self, out: Outbound) -> None:
+        for consumer in list(self.consumers.get(out.spid, {}).values()):
+            consumer.queue.dispatch()
+
+
+def _maybe_unused(queue: Queue) -> None:
+    if queue.unused_auto_delete and not queue.deleted and queue.on_unused is not None:
+        queue.on_unused(queue)

@@ -1,0 +1,183 @@
+"""The cluster's queue types, as the model and the channel see them.
+
+- ``SharedQueue``: a queue of the cluster vhost declared with exclusive=0.
+  There is one such queue for the whole cluster, and its master copy lives
+  on the root. On the root the object *is* that master (the local queue
+  type; consumers connected to other servers attach to it as
+  ``RemoteConsumer``). On every other server it is a proxy: pushes are
+  forwarded to the root, consumers, gets, purges, counts and settlements
+  are proxied there. When the root changes, each server flips its shared
+  queues between the two roles; the objects stay, so channels holding them
+  never notice.
+- ``MetaQueue``: another server's private (exclusive) queue as this server's
+  exchanges are bound to it by meta-bindings. Routing reaches it like a
+  queue; a push forwards the message to that server.
+
+The channel only ever calls the ``Queue`` interface; what crosses servers is
+in ``brokerd.cluster.master`` (root side) and ``brokerd.cluster.proxy``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from brokerd.model.message import Message
+from brokerd.model.queue import ConsumerSink, PublishWaiter, Queue, Reply
+
+if TYPE_CHECKING:
+    from brokerd.cluster.forwarding import MessagePlane
+    from brokerd.cluster.proxy import ProxiedConsumer
+
+
+class SharedQueue(Queue):
+    """One cluster-wide queue: the master on the root, a proxy elsewhere."""
+
+    def __init__(self, name: str, vhost: str, *, plane: MessagePlane, **kwargs: Any) -> None:
+        super().__init__(name, vhost, **kwargs)
+        self.plane = plane
+        #: master (True, on the root) or proxy
+        self.local = plane.is_root
+        #: this server's consumers as attached at the root (proxy role)
+        self.proxied: dict[ConsumerSink, ProxiedConsumer] = {}
+
+    # -- messages in --------------------------------------------------------------
+
+    def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool:
+        if self.local:
+            return super().push(message, waiter)
+        self.stats_in += 1
+        return self.plane.forward(self.plane.root_spid(), message, ("", self.name), waiter)
+
+    # -- settling deliveries ---------------------------------------------------------
+
+    def ack(self, messages: Any) -> None:
+        if self.local:
+            super().ack(messages)
+        else:
+            self.plane.proxy.settle(messages, "ack")
+
+    def reject(self, messages: Any) -> None:
+        if self.local:
+            super().reject(messages)
+        else:
+            self.plane.proxy.settle(messages, "reject")
+
+    def requeue(self, messages: Any) -> None:
+        messages = list(messages)
+        # a message delivered by an earlier root (``ref`` set) is that root's to requeue
+        mine = [m for m in messages if m.ref is None]
+        if self.local:
+            super().requeue(mine)
+            return
+        self.plane.proxy.settle(messages, "requeue")
+        for message in mine:  # delivered while this server was the master: back to the root
+            self.plane.forward(self.plane.root_spid(), message, ("", self.name), None, True)
+
+    # -- messages out ----------------------------------------------------------------
+
+    def dispatch(self) -> None:
+        if self.local:
+            super().dispatch()
+            return
+        for state in list(self.proxied.values()):
+            self.plane.proxy.drain(state)
+
+    def get(self, no_ack: bool, reply: Reply) -> None:
+        if self.local:
+            super().get(no_ack, reply)
+        else:
+            self.plane.proxy.get(self, no_ack, reply)
+
+    def purge(self, reply: Reply) -> None:
+        if self.local:
+            super().purge(reply)
+        else:
+            self.plane.proxy.purge(self, reply)
+
+    def stat(self, reply: Reply) -> None:
+        if self.local:
+            super().stat(reply)
+        else:
+            self.plane.proxy.stat(self, reply)
+
+    # -- consumers -------------------------------------------------------------------
+
+    def add_consumer(self, consumer: ConsumerSink, reply: Reply | None = None) -> None:
+        if self.local:
+            super().add_consumer(consumer, reply)
+        else:
+            self.plane.proxy.attach(self, consumer, reply)
+
+    def remove_consumer(self, consumer: ConsumerSink) -> None:
+        if self.local:
+            super().remove_consumer(consumer)
+            return
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        self.plane.proxy.detach(self, consumer)
+
+    # -- the role -----------------------------------------------------------------------
+
+    def become_master(self) -> None:
+        """This server is root now: serve the queue from its local copy."""
+        if self.local:
+            return
+        self.local = True
+        self.plane.proxy.forget(self)
+        self.dispatch()
+
+    def become_proxy(self) -> None:
+        """Another server is root: consumers attached from elsewhere belong to the
+        master role and go (their servers re-attach to the new root); this
+        server's own consumers are attached there by the proxy."""
+        if not self.local:
+            return
+        self.local = False
+        self.consumers = [c for c in self.consumers if not getattr(c, "remote", False)]
+        self.plane.proxy.adopt(self)
+
+    def __repr__(self) -> str:
+        role = "master" if self.local else "proxy"
+        return f"<SharedQueue {self.vhost}:{self.name} {role} {len(self.messages)} ready>"
+
+
+class MetaQueue:
+    """A private queue of another server, bound here by meta-bindings."""
+
+    local = False
+    exclusive = True
+
+    def __init__(self, spid: str, name: str, plane: MessagePlane) -> None:
+        self.spid = spid
+        self.name = name
+        self.plane = plane
+        self.bindings: dict[tuple[Any, ...], Any] = {}
+
+    def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool:
+        return self.plane.forward_private(self.spid, self.name, message, waiter)
+
+    def __repr__(self) -> str:
+        return f"<MetaQueue {self.name} on {self.spid}>"
+
+
+class RemoteQueues:
+    """The MetaQueues of this server, by (spid, queue name): ``replication.RemoteQueues``."""
+
+    def __init__(self, plane: MessagePlane) -> None:
+        self.plane = plane
+        self._queues: dict[tuple[str, str], MetaQueue] = {}
+
+    def get(self, spid: str, queue: str) -> MetaQueue:
+        found = self._queues.get((spid, queue))
+        if found is None:
+            found = self._queues[(spid, queue)] = MetaQueue(spid, queue, self.plane)
+        return found
+
+    def find(self, spid: str, queue: str) -> MetaQueue | None:
+        return self._queues.get((spid, queue))
+
+    def of(self, spid: str) -> list[MetaQueue]:
+        return [q for (s, _), q in self._queues.items() if s == spid]
+
+    def drop(self, destination: Any) -> None:
+        self._queues.pop((destination.spid, destination.name), None)

@@ -1,0 +1,537 @@
+"""The cluster's message plane on a link: typed records, batched (pure, no I/O).
+
+Everything that moves messages between servers travels as records packed
+into one link message (``cluster.data``) per flush: forwarded publishes and
+their settlements, the operations of proxied consumers and gets, and the
+root's deliveries. Records keep their order within a link, so an ack never
+overtakes the delivery it settles. docs/protocol.md documents each record.
+
+Layout: ``RKD1`` then records; each record is one type byte and its fields.
+Strings are UTF-8 with a u16 length, byte blobs (properties, bodies) a u32
+length, ids u64, counts u32.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+MAGIC = b"RKD1"
+
+FORWARD = 1
+SETTLE = 2
+CONSUME = 3
+CANCEL = 4
+GET = 5
+ACK = 6
+REJECT = 7
+CREDIT = 8
+PURGE = 9
+STAT = 10
+REPLY = 11
+DELIVER = 12
+GOT = 13
+SESSION = 14
+
+_u8 = struct.Struct("!B")
+_u16 = struct.Struct("!H")
+_u32 = struct.Struct("!I")
+_u64 = struct.Struct("!Q")
+_settle = struct.Struct("!BQQBI")  # type, first, last, ok, routed
+
+
+class RecordError(ValueError):
+    """A batch that cannot be decoded (a bug or a hostile peer): it is dropped."""
+
+
+# -- the records ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Forward:
+    """A publish for queues on the receiving server (X -> Y); always settled.
+
+    ``targets`` are ``(spid, queue)``: an empty spid means a queue of the
+    receiver; another spid asks the root to relay to that server (secondaries
+    are not linked to each other)."""
+
+    seq: int
+    cluster_id: str
+    targets: list[tuple[str, str]]
+    exchange: str
+    routing_key: str
+    props: bytes
+    body: bytes
+    #: a requeued message going back to its queue (at the head, flagged redelivered)
+    redelivered: bool = False
+
+
+@dataclass(slots=True)
+class Settle:
+    """Forwards ``first``..``last`` were taken (``ok``) by ``routed`` queues each."""
+
+    first: int
+    last: int
+    ok: bool
+    routed: int
+
+
+@dataclass(slots=True)
+class Consume:
+    """Attach a proxied consumer to a shared queue on the root."""
+
+    req: int
+    tag: str
+    queue: str
+    window: int
+    no_ack: bool
+    exclusive: bool
+    no_local: bool
+    origin: str
+
+
+@dataclass(slots=True)
+class Cancel:
+    tag: str
+
+
+@dataclass(slots=True)
+class Get:
+    req: int
+    queue: str
+    no_ack: bool
+
+
+@dataclass(slots=True)
+class Ack:
+    ids: list[int]
+
+
+@dataclass(slots=True)
+class Reject:
+    ids: list[int]
+    requeue: bool
+
+
+@dataclass(slots=True)
+class Credit:
+    """A windowed consumer handed ``count`` more deliveries to its client."""
+
+    tag: str
+    count: int
+
+
+@dataclass(slots=True)
+class Purge:
+    req: int
+    queue: str
+
+
+@dataclass(slots=True)
+class Stat:
+    req: int
+    queue: str
+
+
+@dataclass(slots=True)
+class Reply:
+    """The answer to a request: ``code`` 0 is success, else an AMQP reply code."""
+
+    req: int
+    code: int
+    text: str
+    a: int = 0
+    b: int = 0
+    #: the error closes the connection, not only the channel
+    hard: bool = False
+
+
+@dataclass(slots=True)
+class Deliver:
+    tag: str
+    delivery: int
+    redelivered: bool
+    exchange: str
+    routing_key: str
+    props: bytes
+    body: bytes
+
+
+@dataclass(slots=True)
+class Got:
+    req: int
+    delivery: int
+    redelivered: bool
+    remaining: int
+    exchange: str
+    routing_key: str
+    props: bytes
+    body: bytes
+
+
+@dataclass(slots=True)
+class Session:
+    """The sender starts a new session with the receiver: everything the receiver
+    holds for it (consumers, unacked deliveries) is released first."""
+
+    epoch: int
+
+
+Record = (
+    Forward
+    | Settle
+    | Consume
+    | Cancel
+    | Get
+    | Ack
+    | Reject
+    | Credit
+    | Purge
+    | Stat
+    | Reply
+    | Deliver
+    | Got
+    | Session
+)
+
+
+# -- encoding ------------------------------------------------------------------------
+
+
+def _s(text: str) -> bytes:
+    raw = text.encode()
+    if len(raw) > 0xFFFF:
+        raise RecordError(f"string of {len(raw)} bytes is too long for a record")
+    return _u16.pack(len(raw)) + raw
+
+
+def _b(blob: bytes) -> bytes:
+    return _u32.pack(len(blob)) + blob
+
+
+class Batch:
+    """Records being gathered for one link message; ``take()`` empties it.
+
+    Consecutive acks are folded into one ``Ack`` record (a consumer acking one
+    message at a time would otherwise cost a record per message)."""
+
+    __slots__ = ("_acks", "_parts", "size")
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+        self._acks: list[int] = []
+        self.size = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._parts or self._acks)
+
+    def _add(self, *parts: bytes) -> None:
+        if self._acks:
+            self._emit_acks()
+        self._parts.extend(parts)
+        self.size += sum(len(p) for p in parts)
+
+    def _emit_acks(self) -> None:
+        ids, self._acks = self._acks, []
+        raw = bytes((ACK,)) + _u32.pack(len(ids)) + struct.pack(f"!{len(ids)}Q", *ids)
+        self._parts.append(raw)
+        self.size += len(raw) - 8 * len(ids)  # the ids were counted as they came
+
+    def take(self) -> bytes:
+        if self._acks:
+            self._emit_acks()
+        data = b"".join([MAGIC, *self._parts])
+        self._parts = []
+        self.size = 0
+        return data
+
+    def forward(
+        self,
+        seq: int,
+        cluster_id: str,
+        targets: list[tuple[str, str]],
+        exchange: str,
+        routing_key: str,
+        props: bytes,
+        body: bytes,
+        redelivered: bool = False,
+    ) -> None:
+        head = [
+            bytes((FORWARD, int(redelivered))),
+            _u64.pack(seq),
+            _s(cluster_id),
+            _u16.pack(len(targets)),
+        ]
+        for spid, queue in targets:
+            head += (_s(spid), _s(queue))
+        head += (_s(exchange), _s(routing_key), _b(props), _u32.pack(len(body)))
+        self._add(b"".join(head), body)
+
+    def settle(self, first: int, last: int, ok: bool, routed: int) -> None:
+        self._add(_settle.pack(SETTLE, first, last, int(ok), routed))
+
+    def consume(self, r: Consume) -> None:
+        flags = int(r.no_ack) | int(r.exclusive) << 1 | int(r.no_local) << 2
+        self._add(
+            bytes((CONSUME,)),
+            _u64.pack(r.req),
+            _s(r.tag),
+            _s(r.queue),
+            _u32.pack(r.window),
+            bytes((flags,)),
+            _s(r.origin),
+        )
+
+    def cancel(self, tag: str) -> None:
+        self._add(bytes((CANCEL,)), _s(tag))
+
+    def get(self, req: int, queue: str, no_ack: bool) -> None:
+        self._add(bytes((GET,)), _u64.pack(req), _s(queue), bytes((int(no_ack),)))
+
+    def ack(self, ids: list[int]) -> None:
+        self._acks.extend(ids)
+        self.size += 8 * len(ids)
+
+    def reject(self, ids: list[int], requeue: bool) -> None:
+        self._add(
+            bytes((REJECT, int(requeue))),
+            _u32.pack(len(ids)),
+            struct.pack(f"!{len(ids)}Q", *ids),
+        )
+
+    def credit(self, tag: str, count: int) -> None:
+        self._add(bytes((CREDIT,)), _s(tag), _u32.pack(count))
+
+    def purge(self, req: int, queue: str) -> None:
+        self._add(bytes((PURGE,)), _u64.pack(req), _s(queue))
+
+    def stat(self, req: int, queue: str) -> None:
+        self._add(bytes((STAT,)), _u64.pack(req), _s(queue))
+
+    def reply(
+        self, req: int, code: int, text: str = "", a: int = 0, b: int = 0, hard: bool = False
+    ) -> None:
+        self._add(
+            bytes((REPLY, int(hard))),
+            _u64.pack(req),
+            _u16.pack(code),
+            _s(text),
+            _u32.pack(a),
+            _u32.pack(b),
+        )
+
+    def deliver(
+        self,
+        tag: str,
+        delivery: int,
+        redelivered: bool,
+        exchange: str,
+        routing_key: str,
+        props: bytes,
+        body: bytes,
+    ) -> None:
+        head = b"".join(
+            (
+                bytes((DELIVER,)),
+                _s(tag),
+                _u64.pack(delivery),
+                bytes((int(redelivered),)),
+                _s(exchange),
+                _s(routing_key),
+                _b(props),
+                _u32.pack(len(body)),
+            )
+        )
+        self._add(head, body)
+
+    def got(
+        self,
+        req: int,
+        delivery: int,
+        redelivered: bool,
+        remaining: int,
+        exchange: str,
+        routing_key: str,
+        props: bytes,
+        body: bytes,
+    ) -> None:
+        head = b"".join(
+            (
+                bytes((GOT,)),
+                _u64.pack(req),
+                _u64.pack(delivery),
+                bytes((int(redelivered),)),
+                _u32.pack(remaining),
+                _s(exchange),
+                _s(routing_key),
+                _b(props),
+                _u32.pack(len(body)),
+            )
+        )
+        self._add(head, body)
+
+    def session(self, epoch: int) -> None:
+        self._add(bytes((SESSION,)), _u64.pack(epoch))
+
+    def record(self, r: Record) -> None:
+        """Any record object (tests and relays); the typed methods above are faster."""
+        if isinstance(r, Forward):
+            self.forward(
+                r.seq,
+                r.cluster_id,
+                r.targets,
+                r.exchange,
+                r.routing_key,
+                r.props,
+                r.body,
+                r.redelivered,
+            )
+        elif isinstance(r, Settle):
+            self.settle(r.first, r.last, r.ok, r.routed)
+        elif isinstance(r, Consume):
+            self.consume(r)
+        elif isinstance(r, Cancel):
+            self.cancel(r.tag)
+        elif isinstance(r, Get):
+            self.get(r.req, r.queue, r.no_ack)
+        elif isinstance(r, Ack):
+            self.ack(r.ids)
+        elif isinstance(r, Reject):
+            self.reject(r.ids, r.requeue)
+        elif isinstance(r, Credit):
+            self.credit(r.tag, r.count)
+        elif isinstance(r, Purge):
+            self.purge(r.req, r.queue)
+        elif isinstance(r, Stat):
+            self.stat(r.req, r.queue)
+        elif isinstance(r, Reply):
+            self.reply(r.req, r.code, r.text, r.a, r.b, r.hard)
+        elif isinstance(r, Deliver):
+            self.deliver(
+                r.tag, r.delivery, r.redelivered, r.exchange, r.routing_key, r.props, r.body
+            )
+        elif isinstance(r, Got):
+            self.got(
+                r.req,
+                r.delivery,
+                r.redelivered,
+                r.remaining,
+                r.exchange,
+                r.routing_key,
+                r.props,
+                r.body,
+            )
+        else:
+            self.session(r.epoch)
+
+
+# -- decoding ------------------------------------------------------------------------
+
+
+class _Reader:
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def _need(self, n: int) -> int:
+        pos = self.pos
+        if pos + n > len(self.data):
+            raise RecordError("truncated record")
+        self.pos = pos + n
+        return pos
+
+    def u8(self) -> int:
+        return self.data[self._need(1)]
+
+    def u16(self) -> int:
+        return _u16.unpack_from(self.data, self._need(2))[0]
+
+    def u32(self) -> int:
+        return _u32.unpack_from(self.data, self._need(4))[0]
+
+    def u64(self) -> int:
+        return _u64.unpack_from(self.data, self._need(8))[0]
+
+    def s(self) -> str:
+        n = self.u16()
+        pos = self._need(n)
+        try:
+            return self.data[pos : pos + n].decode()
+        except UnicodeDecodeError:
+            raise RecordError("string is not UTF-8") from None
+
+    def b(self) -> bytes:
+        n = self.u32()
+        pos = self._need(n)
+        return self.data[pos : pos + n]
+
+    def ids(self) -> list[int]:
+        n = self.u32()
+        pos = self._need(8 * n)
+        return list(struct.unpack_from(f"!{n}Q", self.data, pos))
+
+
+def decode(data: bytes) -> list[Record]:
+    """Every record of one link message, in order; RecordError if malformed."""
+    if data[:4] != MAGIC:
+        raise RecordError("not a record batch")
+    r = _Reader(data)
+    r.pos = 4
+    out: list[Record] = []
+    end = len(data)
+    while r.pos < end:
+        kind = r.u8()
+        if kind == FORWARD:
+            redelivered = bool(r.u8())
+            seq = r.u64()
+            cluster_id = r.s()
+            targets = [(r.s(), r.s()) for _ in range(r.u16())]
+            out.append(Forward(seq, cluster_id, targets, r.s(), r.s(), r.b(), r.b(), redelivered))
+        elif kind == SETTLE:
+            first, last, ok, routed = r.u64(), r.u64(), r.u8(), r.u32()
+            if last < first:
+                raise RecordError("settle range ends before it starts")
+            out.append(Settle(first, last, bool(ok), routed))
+        elif kind == CONSUME:
+            req, tag, queue, window, flags = r.u64(), r.s(), r.s(), r.u32(), r.u8()
+            out.append(
+                Consume(
+                    req,
+                    tag,
+                    queue,
+                    window,
+                    bool(flags & 1),
+                    bool(flags & 2),
+                    bool(flags & 4),
+                    r.s(),
+                )
+            )
+        elif kind == CANCEL:
+            out.append(Cancel(r.s()))
+        elif kind == GET:
+            out.append(Get(r.u64(), r.s(), bool(r.u8())))
+        elif kind == ACK:
+            out.append(Ack(r.ids()))
+        elif kind == REJECT:
+            requeue = bool(r.u8())
+            out.append(Reject(r.ids(), requeue))
+        elif kind == CREDIT:
+            out.append(Credit(r.s(), r.u32()))
+        elif kind == PURGE:
+            out.append(Purge(r.u64(), r.s()))
+        elif kind == STAT:
+            out.append(Stat(r.u64(), r.s()))
+        elif kind == REPLY:
+            hard = bool(r.u8())
+            out.append(Reply(r.u64(), r.u16(), r.s(), r.u32(), r.u32(), hard))
+        elif kind == DELIVER:
+            out.append(Deliver(r.s(), r.u64(), bool(r.u8()), r.s(), r.s(), r.b(), r.b()))
+        elif kind == GOT:
+            out.append(Got(r.u64(), r.u64(), bool(r.u8()), r.u32(), r.s(), r.s(), r.b(), r.b()))
+        elif kind == SESSION:
+            out.append(Session(r.u64()))
+        else:
+            raise RecordError(f"unknown record type {kind}")
+    return out

@@ -1,0 +1,451 @@
+"""Wiring replication: the cluster state, ordered by the root (seed 000).
+
+Exchanges, shared queues, their bindings and the meta-bindings of private
+queues are global. A change made on the root is applied there and ordered
+at once. A change asked of another server is *delegated*: it goes to the
+root untouched (``cluster.change``), the root validates it by applying it,
+numbers it and broadcasts it (``cluster.state``), and every server, the
+asking one included, applies it from that ordered stream; the client gets
+its -Ok with the root's result (counts) only then. A change the root
+refuses comes back as ``cluster.refuse`` with the AMQP error; one that
+changes nothing (declaring what exists) as ``cluster.result``. A server that
+joins, or finds a gap in the stream, takes the root's compacted log
+(``cluster.sync``) before it serves clients.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+from pamqp.base import Frame as Method
+
+from brokerd.cluster import replication as rep
+from brokerd.cluster import statelog as sl
+from brokerd.cluster.statelog import Entry, compact, freeze, replay
+from brokerd.model.errors import INTERNAL_ERROR, AMQPError, ChannelError, ConnectionError_
+from brokerd.model.exchange import Exchange
+from brokerd.model.muxers import Binding
+
+if TYPE_CHECKING:
+    from brokerd.cluster.membership import Membership
+    from brokerd.model.broker import Broker
+    from brokerd.model.queue import Queue
+    from brokerd.model.vhost import VirtualHost
+    from brokerd.protocol.connection import Connection
+    from brokerd.protocol.hooks import WiringDone
+
+log = logging.getLogger("brokerd.cluster")
+
+CHANGE = "cluster.change"
+STATE = "cluster.state"
+REFUSE = "cluster.refuse"
+RESULT = "cluster.result"
+SYNC_REQUEST = "cluster.sync-request"
+SYNC = "cluster.sync"
+KINDS = (CHANGE, STATE, REFUSE, RESULT, SYNC_REQUEST, SYNC)
+
+
+@dataclass
+class PendingChange:
+    """A change sent to the root, waiting to be ordered (``done`` answers the client)."""
+
+    entry: Entry
+    done: WiringDone | None
+    created: float
+    sent_to: str | None = None
+
+
+class WiringReplication:
+    """The ordered wiring of the cluster vhost, as this server knows and changes it."""
+
+    def __init__(
+        self, members: Membership, broker: Broker | None, remote: rep.RemoteQueues | None
+    ) -> None:
+        self.members = members
+        self.broker = broker
+        self.remote = remote
+        self.log: list[Entry] = []
+        self.last_seq = 0
+        self.synced_root: str | None = None
+        self._sync_asked: tuple[str, float] | None = None
+        self.pending: dict[str, PendingChange] = {}
+        self._request_seq = 0
+        self._compacted_size = 0
+
+    @property
+    def spid(self) -> str:
+        return self.members.spid
+
+    def _vhost(self) -> VirtualHost | None:
+        if self.broker is None:
+            return None
+        return self.broker.vhosts.get(self.members.config.vhost)
+
+    # -- the channel's hooks ----------------------------------------------------------
+
+    def delegate(self, conn: Connection, method: Method, done: WiringDone) -> bool:
+        """Take a shared wiring change that would alter this server's state to the
+        root, unless this server is the root (it applies, then ``replicate`` orders)."""
+        vhost = conn.vhost
+        if vhost is None or vhost.name != self.members.config.vhost:
+            return False
+        if type(method) not in rep.OPERATIONS or not _would_change(vhost, method):
+            return False
+        if self.members.root_now():
+            return False
+        entry = rep.entry_for(method, vhost.name, origin=self.spid)
+        self._request(entry, done)
+        return True
+
+    def replicate(self, conn: Connection, method: Method) -> None:
+        """A wiring change was applied here: the root orders it; any other server
+        only tells the root of a private queue's bindings (meta-bindings)."""
+        vhost = conn.vhost
+        if vhost is None or vhost.name != self.members.config.vhost:
+            return
+        if type(method) not in rep.OPERATIONS:
+            return
+        if isinstance(method, commands.Queue.Declare) and method.exclusive:
+            return  # private queues stay on their server
+        meta = ""
+        if isinstance(method, commands.Queue.Bind | commands.Queue.Unbind | commands.Queue.Delete):
+            queue = vhost.queues.get(method.queue)
+            if isinstance(method, commands.Queue.Delete):
+                return  # a shared one was delegated or ordered; a private one unbinds itself
+            if queue is not None and queue.exclusive:
+                meta = self.spid  # other servers forward matches here
+        entry = rep.entry_for(method, vhost.name, origin=self.spid, meta_spid=meta)
+        if self.members.root_now():
+            self._order(entry, None, applied=not meta)
+        elif meta:
+            self._request(entry, None)  # meta-bindings never hold the client
+        else:
+            log.warning("wiring applied on a non-root server op=%s name=%s", entry.op, entry.name)
+
+    def private_queue_removed(self, queue: Queue) -> None:
+        """VirtualHost hook: a private queue went; withdraw its meta-bindings."""
+        if not queue.exclusive or queue.vhost != self.members.config.vhost:
+            return
+        for binding in list(queue.bindings.values()):
+            method = commands.Queue.Unbind(
+                queue=queue.name,
+                exchange=binding.source.name,
+                routing_key=binding.routing_key,
+                arguments=binding.arguments,
+            )
+            entry = rep.entry_for(method, queue.vhost, origin=self.spid, meta_spid=self.spid)
+            if self.members.root_now():
+                self._order(entry, None)
+            else:
+                self._request(entry, None)
+
+    def order_delete(self, queue: Queue) -> None:
+        """The root removes a shared queue by itself (auto-delete: its last consumer
+        anywhere left) and tells every server."""
+        method = commands.Queue.Delete(queue=queue.name)
+        self._order(rep.entry_for(method, queue.vhost, origin=self.spid), None)
+
+    def server_gone(self, spid: str) -> None:
+        """The root withdraws the meta-bindings of a server that went away."""
+        if not any(e.op == sl.META_BIND and e.spid == spid for e in self.log):
+            return
+        self._order(Entry(0, sl.SERVER_GONE, self.members.config.vhost, spid=spid), None)
+
+    # -- requests to the root -------------------------------------------------------------
+
+    def _request(self, entry: Entry, done: WiringDone | None) -> None:
+        self._request_seq += 1
+        request = f"{self.spid}/{self._request_seq}"
+        self.pending[request] = PendingChange(entry, done, self.members.clock())
+        self._send_change(request)
+
+    def _send_change(self, request: str) -> None:
+        change = self.pending[request]
+        if self.members.root_now():
+            # this server became root while the change was in flight: order it here
+            del self.pending[request]
+            outcome = self._order(change.entry, request)
+            if change.done is not None:
+                if isinstance(outcome, AMQPError):
+                    change.done(outcome, None)
+                else:
+                    change.done(None, outcome[1])
+            return
+        root = self.members.root()
+        if root is None:
+            return  # sent when a root is known (see tick)
+        header = {**rep.entry_header(change.entry), "request": request}
+        if self.members.post(root, CHANGE, rep.encode_bucket(header, [change.entry.frame])):
+            change.sent_to = root
+
+    def tick(self) -> None:
+        """Resend changes to a new root; give up on those nobody ordered in time."""
+        now = self.members.clock()
+        root = self.members.root()
+        for request, change in list(self.pending.items()):
+            if now - change.created > 3 * self.members.config.open_timeout:
+                del self.pending[request]
+                if change.done is not None:
+                    change.done(
+                        ConnectionError_(
+                            INTERNAL_ERROR, "cluster did not order the change in time"
+                        ),
+                        None,
+                    )
+            elif root is not None and change.sent_to != root and request in self.pending:
+                self._send_change(request)
+
+    # -- ordering (root) ---------------------------------------------------------------------
+
+    def _order(
+        self, entry: Entry, request: str | None, *, applied: bool = False
+    ) -> AMQPError | tuple[bool, list[int] | None]:
+        """Root only: validate by applying (unless already applied here), give the
+        next sequence number, broadcast. Returns the error, or whether it was
+        ordered and the result for the requester's -Ok."""
+        result = None
+        if not applied and self.broker is not None:
+            outcome = rep.try_apply(self.broker, entry, own_spid=self.spid, remote=self.remote)
+            if isinstance(outcome, AMQPError):
+                return outcome
+            changed, result = outcome
+            if not changed and entry.op not in (sl.META_BIND, sl.META_UNBIND):
+                return False, result  # nothing to order: declaring what exists
+        self.last_seq += 1
+        ordered = Entry(
+            self.last_seq,
+            entry.op,
+            entry.vhost,
+            entry.name,
+            entry.source,
+            entry.routing_key,
+            entry.arguments,
+            entry.props,
+            entry.spid,
+            entry.frame,
+            entry.origin,
+        )
+        self._append(ordered)
+        header = {**rep.entry_header(ordered), "request": request, "result": result}
+        self.members._send_all(STATE, rep.encode_bucket(header, [ordered.frame]))
+        log.info(
+            "state ordered seq=%d op=%s name=%s origin=%s",
+            ordered.seq,
+            ordered.op,
+            ordered.name,
+            ordered.origin,
+        )
+        return True, result
+
+    def _append(self, entry: Entry) -> None:
+        self.log.append(entry)
+        if len(self.log) > 256 and len(self.log) > 2 * self._compacted_size:
+            self.log = compact(self.log)
+            self._compacted_size = len(self.log)
+
+    # -- messages from peers -----------------------------------------------------------------
+
+    def receive(self, spid: str, kind: str, body: bytes) -> None:
+        try:
+            header, frames = rep.decode_bucket(body)
+            if kind == CHANGE:
+                self._on_change(spid, header, frames)
+            elif kind == STATE:
+                self._on_state(spid, header, frames)
+            elif kind == REFUSE:
+                self._on_refuse(header)
+            elif kind == RESULT:
+                self._on_result(header)
+            elif kind == SYNC_REQUEST:
+                self._on_sync_request(spid)
+            elif kind == SYNC:
+                self._on_sync(spid, header, frames)
+        except (rep.BucketError, ValueError, TypeError, KeyError) as exc:
+            # a malformed header field (a seq that is not a number) costs this message only
+            log.warning("replication message refused from=%s kind=%s: %s", spid, kind, exc)
+
+    def _on_change(self, spid: str, header: dict[str, Any], frames: list[bytes]) -> None:
+        request = header.get("request")
+        if not self.members.root_now():
+            log.info("change from=%s ignored: not root (it will resend)", spid)
+            return
+        entry = rep.entry_from_header(header, frames[0] if frames else b"")
+        outcome = self._order(entry, request)
+        if isinstance(outcome, AMQPError):
+            refusal = {
+                "request": request,
+                "code": outcome.reply_code,
+                "text": outcome.text,
+                "connection_level": outcome.connection_level,
+            }
+            self.members.post(spid, REFUSE, rep.encode_bucket(refusal, []))
+        elif not outcome[0]:  # (an ordered change is answered by its state broadcast)
+            reply = {"request": request, "result": outcome[1]}
+            self.members.post(spid, RESULT, rep.encode_bucket(reply, []))
+
+    def _on_state(self, spid: str, header: dict[str, Any], frames: list[bytes]) -> None:
+        if spid != self.members.root() or self.synced_root != spid:
+            return  # only the root's stream counts, once synced with it
+        entry = rep.entry_from_header(header, frames[0] if frames else b"")
+        if entry.seq <= self.last_seq:
+            return
+        if entry.seq != self.last_seq + 1:
+            log.warning("state gap at=%d got=%d: resync", self.last_seq, entry.seq)
+            self.synced_root = None
+            self._sync_asked = None
+            self.members.evaluate()
+            return
+        self._apply(entry)
+        self.last_seq = entry.seq
+        self._append(entry)
+        change = self.pending.pop(str(header.get("request")), None)
+        if change is not None and change.done is not None:
+            change.done(None, header.get("result"))
+
+    def _apply(self, entry: Entry) -> None:
+        if self.broker is None:
+            return
+        outcome = rep.try_apply(self.broker, entry, own_spid=self.spid, remote=self.remote)
+        if isinstance(outcome, AMQPError):
+            log.warning(
+                "state seq=%d op=%s name=%s not applied: %s",
+                entry.seq,
+                entry.op,
+                entry.name,
+                outcome.text,
+            )
+
+    def _on_refuse(self, header: dict[str, Any]) -> None:
+        change = self.pending.pop(str(header.get("request")), None)
+        if change is None or change.done is None:
+            return
+        cls = ConnectionError_ if header.get("connection_level") else ChannelError
+        change.done(cls(int(header.get("code", 541)), str(header.get("text", ""))), None)
+
+    def _on_result(self, header: dict[str, Any]) -> None:
+        change = self.pending.pop(str(header.get("request")), None)
+        if change is not None and change.done is not None:
+            change.done(None, header.get("result"))
+
+    # -- synchronisation -------------------------------------------------------------------------
+
+    def became_root(self) -> None:
+        self.synced_root = self.spid  # a new root's own log is the cluster state
+
+    def in_sync(self, root: str) -> bool:
+        return self.synced_root == root
+
+    def want_sync(self, root: str) -> None:
+        now = self.members.clock()
+        if (
+            self._sync_asked is not None
+            and self._sync_asked[0] == root
+            and (now - self._sync_asked[1] < self.members.config.heartbeat_timeout)
+        ):
+            return
+        if self.members.post(root, SYNC_REQUEST, rep.encode_bucket({}, [])):
+            self._sync_asked = (root, now)
+            log.info("sync requested root=%s", root)
+
+    def _on_sync_request(self, spid: str) -> None:
+        if not self.members.root_now():
+            return
+        self.log = compact(self.log)
+        self._compacted_size = len(self.log)
+        header = {"seq": self.last_seq, "entries": [rep.entry_header(e) for e in self.log]}
+        frames = [e.frame for e in self.log]
+        if self.members.post(spid, SYNC, rep.encode_bucket(header, frames)):
+            log.info("sync sent to=%s entries=%d seq=%d", spid, len(self.log), self.last_seq)
+
+    def _on_sync(self, spid: str, header: dict[str, Any], frames: list[bytes]) -> None:
+        if spid != self.members.root():
+            return
+        headers = header.get("entries") or []
+        if len(headers) != len(frames):
+            raise rep.BucketError("sync entries and frames differ in number")
+        entries = [rep.entry_from_header(h, f) for h, f in zip(headers, frames, strict=True)]
+        self._reconcile(entries)
+        for entry in entries:
+            self._apply(entry)
+        self.log = entries
+        self._compacted_size = len(entries)
+        self.last_seq = int(header.get("seq", 0))
+        self.synced_root = spid
+        log.warning("sync done root=%s entries=%d seq=%d", spid, len(entries), self.last_seq)
+        for request in list(self.pending):
+            self.pending[request].sent_to = None  # resend to this root
+        self.members.evaluate()
+        self.members.synced(spid)
+
+    def _reconcile(self, entries: list[Entry]) -> None:
+        """Drop local shared wiring (and meta-bindings) that the root's state lacks."""
+        vhost = self._vhost()
+        if vhost is None:
+            return
+        wiring = replay(entries)
+        for queue in list(vhost.queues.values()):
+            if not queue.exclusive and (vhost.name, queue.name) not in wiring.queues:
+                log.info("sync drops queue=%s", queue.name)
+                vhost.remove_queue(queue)
+        for name in list(vhost.exchanges):
+            if name and not name.startswith("amq.") and (vhost.name, name) not in wiring.exchanges:
+                log.info("sync drops exchange=%s", name)
+                vhost.delete_exchange(name)
+        for exchange in list(vhost.exchanges.values()):
+            for binding in list(exchange.bindings.values()):
+                if not _known_binding(vhost.name, exchange, binding, wiring):
+                    vhost._drop_binding(binding)
+
+
+def _known_binding(vhost: str, exchange: Exchange, binding: Binding, wiring: sl.Wiring) -> bool:
+    """Is a local binding part of the replayed cluster state (or private to this server)?"""
+    if not exchange.name:
+        return True  # the default exchange's implicit bindings
+    dest = binding.destination
+    args = freeze(binding.arguments)
+    if isinstance(dest, Exchange):
+        key = (vhost, exchange.name, dest.name, binding.routing_key, args, "")
+        return key in wiring.exchange_bindings
+    spid = getattr(dest, "spid", None)
+    if spid is not None:  # a stand-in for another server's private queue
+        key = (vhost, exchange.name, dest.name, binding.routing_key, args, spid)
+        return key in wiring.meta_bindings
+    if getattr(dest, "exclusive", False):
+        return True  # this server's private queue: its own binding
+    key = (vhost, exchange.name, dest.name, binding.routing_key, args, "")
+    return key in wiring.queue_bindings
+
+
+def _would_change(vhost: VirtualHost, m: Method) -> bool:
+    """Whether a shared wiring method would alter this server's state: only those go
+    to the root; the others (declaring what exists, with its equivalence checks;
+    deleting what is not there) are answered here."""
+    if isinstance(m, commands.Exchange.Declare):
+        return m.exchange not in vhost.exchanges
+    if isinstance(m, commands.Exchange.Delete):
+        return m.exchange in vhost.exchanges
+    if isinstance(m, commands.Queue.Declare):
+        return not m.exclusive and m.queue not in vhost.queues
+    queue = vhost.queues.get(getattr(m, "queue", "")) if hasattr(m, "queue") else None
+    if isinstance(m, commands.Queue.Delete):
+        return queue is not None and not queue.exclusive
+    if isinstance(m, commands.Queue.Bind | commands.Queue.Unbind):
+        source = vhost.exchanges.get(m.exchange)
+        if queue is None or queue.exclusive or source is None:
+            return False  # private (meta-bound after), or the error is answered here
+        present = Binding(source, queue, m.routing_key, m.arguments or {}).key in source.bindings
+        return present != isinstance(m, commands.Queue.Bind)
+    if isinstance(m, commands.Exchange.Bind | commands.Exchange.Unbind):
+        source = vhost.exchanges.get(m.source)
+        destination = vhost.exchanges.get(m.destination)
+        if source is None or destination is None:
+            return False
+        probe = Binding(source, destination, m.routing_key, m.arguments or {})
+        return (probe.key in source.bindings) != isinstance(m, commands.Exchange.Bind)
+    return False
+
+
+__all__ = ["KINDS", "WiringReplication"]

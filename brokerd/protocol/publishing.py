@@ -1,0 +1,267 @@
+"""basic.publish on a channel: content assembly, routing, returns, confirms, tx.
+
+A publish reaches its queues at once, but a queue may *defer* it (the
+``PublishWaiter`` protocol): a shared queue mastered on another server takes
+it only when that server has. The channel then keeps the publish's
+``Completion`` and sends its confirm (and its basic.return if it was
+mandatory and nothing took it) when the last deferring queue answers.
+Confirms still go out in publish order, folded into ``multiple`` acks.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from pamqp import commands
+
+from brokerd.model.errors import NO_ROUTE, ChannelError, access_refused, precondition_failed
+from brokerd.model.exchange import Exchange
+from brokerd.model.message import Message
+
+if TYPE_CHECKING:
+    from brokerd.protocol.connection import Connection
+
+
+class Completion:
+    """One publish that a queue completes later: counts the queues still to
+    answer and gathers their outcome."""
+
+    __slots__ = ("armed", "channel", "deferred", "message", "ok", "routed", "seq", "waiting")
+
+    def __init__(self, channel: Publishing) -> None:
+        self.channel = channel
+        #: confirm sequence number (0: the channel is not in confirm mode)
+        self.seq = 0
+        #: queues that deferred it, and those of them still to answer
+        self.deferred = 0
+        self.waiting = 0
+        self.ok = True
+        self.routed = 0
+        #: the message, kept only while a mandatory return may still be owed
+        self.message: Message | None = None
+        #: set once routing is over: no queue can defer it any more
+        self.armed = False
+
+    def done(self, accepted: bool, routed: int) -> None:
+        """One deferring queue answered."""
+        self.waiting -= 1
+        self.ok = self.ok and accepted
+        self.routed += routed
+        if self.waiting == 0 and self.armed:
+            self.channel.publish_completed(self)
+
+    @property
+    def finished(self) -> bool:
+        return self.armed and self.waiting == 0
+
+
+class Publishing:
+    """The publishing half of a channel (a mixin of ``Channel``)."""
+
+    connection: Connection
+    number: int
+    open: bool
+    confirm: bool
+    tx: bool
+    publish_seq: int
+    _confirms: list[tuple[int, bool]]
+    _tx_ops: list[Callable[[], None]]
+    _publish: tuple[str, str, bool] | None
+    _props: bytes
+    _parts: list[bytes]
+    _size: int
+    _received: int
+    _write_allowed: dict[str, bool]
+
+    if TYPE_CHECKING:
+
+        def _permit(self, kind: str, resource_type: str, name: str) -> None: ...
+
+    def _init_publishing(self) -> None:
+        #: the publish being routed now, once a queue deferred it
+        self._deferring: Completion | None = None
+        #: confirms in publish order while any is deferred: seq ints are ready, a
+        #: Completion is still waiting (empty whenever nothing is deferred)
+        self._inflight: deque[Completion | tuple[int, bool]] = deque()
+
+    # -- content complete -----------------------------------------------------------
+
+    def _content_complete(self, body: bytes) -> None:
+        exchange_name, routing_key, mandatory = self._publish  # type: ignore[misc]
+        props = self._props
+        self._publish = None
+        self._props = b""
+        conn = self.connection
+        if self.confirm:
+            self.publish_seq += 1
+        message = Message(exchange_name, routing_key, props, body, conn.id, self.number)
+        if self.tx:
+            self._check_publish(exchange_name)
+            self._tx_ops.append(lambda: self._route(message, mandatory))
+            return
+        try:
+            self._route(message, mandatory)
+        except ChannelError as exc:
+            exc.method_id = (60, 40)  # type: ignore[attr-defined]
+            raise
+
+    # -- routing ------------------------------------------------------------------
+
+    def _check_publish(self, exchange_name: str) -> Exchange:
+        vhost = self.connection.vhost
+        exchange = vhost.exchange(exchange_name)
+        allowed = self._write_allowed.get(exchange_name)
+        if allowed is None:
+            try:
+                self._permit("write", "exchange", exchange_name)
+                allowed = True
+            except ChannelError:
+                allowed = False
+            self._write_allowed[exchange_name] = allowed
+        if not allowed:
+            self._permit("write", "exchange", exchange_name)
+        if exchange.internal:
+            raise access_refused(
+                f"cannot publish to internal exchange '{exchange_name}' in vhost '{vhost.name}'"
+            )
+        return exchange
+
+    def defer(self) -> Callable[[bool, int], None]:
+        """PublishWaiter: a queue will answer for the publish being routed later."""
+        completion = self._deferring
+        if completion is None:
+            completion = self._deferring = Completion(self)
+        completion.deferred += 1
+        completion.waiting += 1
+        return completion.done
+
+    def _route(self, message: Message, mandatory: bool) -> None:
+        conn = self.connection
+        exchange = self._check_publish(message.exchange)
+        if exchange.muxer.client_traffic:
+            conn.messages_in += 1
+            conn.broker.messages_in += 1
+        queues = conn.vhost.route(exchange, message)
+        accepted = True
+        if queues:
+            waiter = self if (self.confirm or mandatory) else None
+            routed = len(queues)
+            conn.broker.messages_routed += routed
+            for queue in queues:
+                if not queue.push(message, waiter):
+                    accepted = False
+                    routed -= 1
+                    conn.broker.messages_routed -= 1
+            completion = self._deferring
+            if completion is not None:
+                self._deferring = None
+                self._arm(completion, message, mandatory, accepted, routed)
+                return
+        elif mandatory:
+            self.send_return(NO_ROUTE, "NO_ROUTE", message)
+        if self.confirm:
+            if self._inflight:
+                self._inflight.append((self.publish_seq, accepted))
+            else:
+                self._confirms.append((self.publish_seq, accepted))
+                conn._confirm_dirty.add(self)
+
+    def _arm(
+        self, completion: Completion, message: Message, mandatory: bool, ok: bool, routed: int
+    ) -> None:
+        """Routing is over and some queue deferred: the publish completes when they answer.
+
+        ``routed`` counted the deferring queues as taking the message; their answers
+        say how many of their queues really did."""
+        completion.routed += routed - completion.deferred
+        completion.ok = completion.ok and ok
+        if mandatory and completion.routed == 0:
+            completion.message = message
+        if self.confirm:
+            completion.seq = self.publish_seq
+            self._inflight.append(completion)
+        completion.armed = True
+        if completion.waiting == 0:
+            self.publish_completed(completion)
+
+    def publish_completed(self, completion: Completion) -> None:
+        """The last deferring queue answered: return if owed, then confirm in order."""
+        if not self.open:
+            return
+        message = completion.message
+        if message is not None and completion.routed == 0:
+            completion.message = None
+            self.send_return(NO_ROUTE, "NO_ROUTE", message)
+        if completion.seq:
+            inflight = self._inflight
+            while inflight:
+                head = inflight[0]
+                if isinstance(head, Completion):
+                    if not head.finished:
+                        break
+                    head = (head.seq, head.ok)
+                inflight.popleft()
+                self._confirms.append(head)
+            self.flush_confirms()
+
+    def send_return(self, code: int, text: str, message: Message) -> None:
+        conn = self.connection
+        if not conn.may_return():
+            return
+        conn.broker.messages_returned += 1
+        conn.send_method(
+            self.number,
+            commands.Basic.Return(code, text, message.exchange, message.routing_key),
+        )
+        conn.write(message.content(self.number, conn.frame_max))
+
+    def flush_confirms(self) -> None:
+        """Send pending confirms, folding runs of acks into one ``multiple`` ack."""
+        confirms = self._confirms
+        if not confirms or not self.open:
+            confirms.clear()
+            return
+        send = self.connection.send_method
+        run_end = 0
+        for seq, ok in confirms:
+            if ok:
+                run_end = seq
+                continue
+            if run_end:
+                send(self.number, commands.Basic.Ack(run_end, multiple=True))
+                run_end = 0
+            send(self.number, commands.Basic.Nack(seq, multiple=False, requeue=False))
+        if run_end:
+            send(self.number, commands.Basic.Ack(run_end, multiple=True))
+        confirms.clear()
+
+    # -- confirm and tx classes ------------------------------------------------------
+
+    def _on_confirm_select(self, m: commands.Confirm.Select) -> None:
+        if self.tx:
+            raise precondition_failed("cannot switch from tx to confirm mode")
+        self.confirm = True
+        if not m.nowait:
+            self.connection.send_method(self.number, commands.Confirm.SelectOk())
+
+    def _on_tx_select(self, m: commands.Tx.Select) -> None:
+        if self.confirm:
+            raise precondition_failed("cannot switch from confirm to tx mode")
+        self.tx = True
+        self.connection.send_method(self.number, commands.Tx.SelectOk())
+
+    def _on_tx_commit(self, m: commands.Tx.Commit) -> None:
+        if not self.tx:
+            raise precondition_failed("channel is not transactional")
+        ops, self._tx_ops = self._tx_ops, []
+        for op in ops:
+            op()
+        self.connection.send_method(self.number, commands.Tx.CommitOk())
+
+    def _on_tx_rollback(self, m: commands.Tx.Rollback) -> None:
+        if not self.tx:
+            raise precondition_failed("channel is not transactional")
+        self._tx_ops = []
+        self.connection.send_method(self.number, commands.Tx.RollbackOk())
