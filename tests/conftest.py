@@ -34,11 +34,35 @@ def fresh_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
         proc.stop()
 
 
-@pytest.fixture(scope="module")
-def amqp_port(broker: BrokerProcess) -> int:
-    """The module broker's port, or ROOKERY_REFERENCE_AMQP_PORT to run the same
-    client tests against a real RabbitMQ."""
-    return int(os.environ.get("ROOKERY_REFERENCE_AMQP_PORT") or broker.port)
+@pytest.fixture(scope="module", params=["standalone", "cluster"])
+def amqp_port(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[int]:
+    """Where the client test modules connect, each run twice: to a standalone
+    brokerd, and to a non-root primary of a running three-primary cluster (so
+    every shared queue they use is mastered on another server).
+    ROOKERY_REFERENCE_AMQP_PORT runs them once against a real RabbitMQ instead."""
+    reference = os.environ.get("ROOKERY_REFERENCE_AMQP_PORT")
+    if reference:
+        if request.param == "cluster":
+            pytest.skip("the reference broker runs the standalone variant only")
+        yield int(reference)
+        return
+    if request.param == "standalone":
+        yield request.getfixturevalue("broker").port
+        return
+    from tests.cluster_harness import Cluster
+
+    cluster = Cluster(tmp_path_factory.mktemp("cluster"), primaries=3, interval=0.5, timeout=2.5)
+    try:
+        cluster.start_all()
+        root = cluster.wait_until(cluster.settled_root, timeout=30, what="a settled root")
+        yield next(n.port for n in cluster.nodes if n.spid != root)
+    except BaseException:
+        print(cluster.describe())
+        raise
+    finally:
+        cluster.close()
 
 
 def uid(prefix: str) -> str:

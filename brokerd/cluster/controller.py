@@ -27,7 +27,7 @@ from brokerd.cluster.forwarding import DATA, MessagePlane
 from brokerd.cluster.membership import Membership
 from brokerd.cluster.queues import RemoteQueues, SharedQueue
 from brokerd.model.broker import Broker
-from brokerd.model.errors import access_refused
+from brokerd.model.errors import AMQPError, access_refused
 from brokerd.model.message import Message
 from brokerd.model.muxers import Binding, Muxer
 from brokerd.model.queue import Queue
@@ -61,7 +61,12 @@ class ClusterSink(Muxer):
         return None
 
     def route(self, message: Message) -> tuple[()]:
-        self.controller.receive(message.publisher, message.routing_key, message.body)  # type: ignore[arg-type]
+        try:
+            self.controller.receive(message.publisher, message.routing_key, message.body)  # type: ignore[arg-type]
+        except AMQPError:
+            raise  # a link that is not allowed here, refused with its reply code
+        except Exception:  # a bug handling one message must not cost the link
+            log.exception("cluster message from connection %s failed", message.publisher)
         return ()
 
 
@@ -156,6 +161,9 @@ class ClusterController(Membership):
         self.plane.peer_lost(spid, why)
         if why == "inactive" and self.decision.is_root:
             self.wiring.server_gone(spid)
+
+    def before_send(self, spid: str) -> None:
+        self.plane.flush_peer(spid)
 
     def link_ready(self, spid: str) -> None:
         self.plane.link_ready(spid)

@@ -285,9 +285,23 @@ class MessagePlane:
                 self._post(out)
         self._check_backlog()
 
+    def flush_peer(self, spid: str) -> None:
+        """Send what is gathered for ``spid`` now (a control message follows it)."""
+        out = self.outbound.get(spid)
+        if out is None:
+            return
+        if out.fwd_message is not None:
+            self._finish_forward(out)
+        if out.settle_run is not None:
+            out.batch.settle(*out.settle_run)
+            out.settle_run = None
+        if out.batch:
+            self._post(out)
+
     def _post(self, out: Outbound) -> None:
         data = out.batch.take()
-        if not self.members.post(out.spid, DATA, data):
+        link = self.members.link_to(out.spid)
+        if link is None or not link.post(DATA, data):
             log.debug("batch to %s dropped: link down (%d bytes)", out.spid, len(data))
 
     def _check_backlog(self) -> None:

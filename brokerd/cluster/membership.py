@@ -579,6 +579,7 @@ class Membership:
         """Send one message to every linked peer (not to cut ones)."""
         for peer in list(self.peers.values()):
             if peer.link is not None and peer.link.up and peer.spid not in self.cut:
+                self.before_send(peer.spid)
                 peer.link.post(kind, body)
 
     def link_to(self, spid: str | None) -> Link | None:
@@ -591,7 +592,14 @@ class Membership:
     def post(self, spid: str, kind: str, body: bytes) -> bool:
         """Queue one message on the peer's link, in order; False if it is not up."""
         link = self.link_to(spid)
-        return link is not None and link.post(kind, body)
+        if link is None:
+            return False
+        self.before_send(spid)
+        return link.post(kind, body)
+
+    def before_send(self, spid: str) -> None:
+        """A control message is about to go to ``spid``: what was queued for it before
+        must go first (the controller flushes the message plane's batch)."""
 
     def _spawn(self, coro: Any) -> None:
         try:

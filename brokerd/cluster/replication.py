@@ -55,7 +55,7 @@ def entry_for(
     op = OPERATIONS[type(method)]
     if meta_spid:
         op = sl.META_BIND if op == sl.QUEUE_BIND else sl.META_UNBIND
-    frame = method_payload(method)
+    frame = getattr(method, "raw_payload", None) or method_payload(method)
     args = freeze(getattr(method, "arguments", None) or {})
     if isinstance(method, commands.Exchange.Declare):
         props = freeze(
@@ -281,6 +281,7 @@ def entry_from_header(header: dict[str, Any], frame: bytes) -> Entry:
         raise BucketError(f"bad method frame in bucket: {exc}") from None
     if type(method) not in OPERATIONS:
         raise BucketError(f"{method.name} is not a replicated method")
+    method.raw_payload = frame
     return entry_for(
         method,
         str(header.get("vhost", "/")),

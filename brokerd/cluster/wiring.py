@@ -111,10 +111,8 @@ class WiringReplication:
         if isinstance(method, commands.Queue.Declare) and method.exclusive:
             return  # private queues stay on their server
         meta = ""
-        if isinstance(method, commands.Queue.Bind | commands.Queue.Unbind | commands.Queue.Delete):
+        if isinstance(method, commands.Queue.Bind | commands.Queue.Unbind):
             queue = vhost.queues.get(method.queue)
-            if isinstance(method, commands.Queue.Delete):
-                return  # a shared one was delegated or ordered; a private one unbinds itself
             if queue is not None and queue.exclusive:
                 meta = self.spid  # other servers forward matches here
         entry = rep.entry_for(method, vhost.name, origin=self.spid, meta_spid=meta)

@@ -98,6 +98,7 @@ class Channel(Publishing, Consuming, Wiring):
             self._publish = (exchange, routing_key, mandatory)
             return
         method = self._decode(payload)
+        method.raw_payload = payload  # a replicated change travels as the client sent it
         handler = _HANDLERS.get(type(method))
         if handler is None:
             raise ConnectionError_(

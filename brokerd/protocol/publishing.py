@@ -191,7 +191,9 @@ class Publishing:
         if not self.open:
             return
         message = completion.message
-        if message is not None and completion.routed == 0:
+        if message is not None and completion.routed == 0 and completion.ok:
+            # nothing took it because nothing matched (a queue that refused it, by
+            # overflow, makes it a nack instead, as on a single broker)
             completion.message = None
             self.send_return(NO_ROUTE, "NO_ROUTE", message)
         if completion.seq:

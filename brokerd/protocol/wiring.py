@@ -21,6 +21,7 @@ from pamqp import commands
 from pamqp.base import Frame as Method
 
 from brokerd.model.errors import NOT_ALLOWED, AMQPError, ConnectionError_
+from brokerd.wire import codec
 
 if TYPE_CHECKING:
     from brokerd.protocol.connection import Connection
@@ -149,7 +150,7 @@ class Wiring:
         if m.queue:
             self._permit("configure", "queue", m.queue)
         else:
-            m.queue = vhost.server_named_queue()  # named here: it replicates under its name
+            _rename(m, vhost.server_named_queue())  # named here: it replicates under its name
         self.last_queue = m.queue
         name = m.queue
         if self._delegated(m, lambda counts: self._declare_ok_method(name, counts)):
@@ -163,11 +164,21 @@ class Wiring:
             arguments=m.arguments or {},
             reserved_ok=m.queue.startswith("amq.gen-"),
         )
-        self._applied(
-            m,
-            self._declare_ok_method(queue.name, (queue.message_count, queue.consumer_count)),
-            changed=created,
-        )
+        hooks = conn.hooks
+        if created and hooks is not None:
+            hooks.replicate(conn, m)
+
+        def counted(counts: Any) -> None:  # the counts of a queue held elsewhere come later
+            def act() -> None:
+                if isinstance(counts, AMQPError):
+                    raise counts
+                if not m.nowait:
+                    conn.send_method(self.number, self._declare_ok_method(queue.name, counts))
+
+            self.resume(act)
+
+        self._suspend(m)
+        queue.stat(counted)
 
     @staticmethod
     def _declare_ok_method(name: str, counts: Any) -> Method:
@@ -181,7 +192,7 @@ class Wiring:
 
     def _on_queue_bind(self, m: commands.Queue.Bind) -> None:
         conn = self.connection
-        name = m.queue = self._queue_name(m.queue)
+        name = _rename(m, self._queue_name(m.queue))
         self._permit("write", "queue", name)
         self._permit("read", "exchange", m.exchange)
         if self._delegated(m, lambda _: commands.Queue.BindOk()):
@@ -193,7 +204,7 @@ class Wiring:
 
     def _on_queue_unbind(self, m: commands.Queue.Unbind) -> None:
         conn = self.connection
-        name = m.queue = self._queue_name(m.queue)
+        name = _rename(m, self._queue_name(m.queue))
         self._permit("write", "queue", name)
         self._permit("read", "exchange", m.exchange)
         if self._delegated(m, lambda _: commands.Queue.UnbindOk()):
@@ -223,7 +234,7 @@ class Wiring:
 
     def _on_queue_delete(self, m: commands.Queue.Delete) -> None:
         conn = self.connection
-        name = m.queue = self._queue_name(m.queue)
+        name = _rename(m, self._queue_name(m.queue))
         self._permit("configure", "queue", name)
         if self._delegated(m, lambda counts: commands.Queue.DeleteOk(counts[0] if counts else 0)):
             return
@@ -233,3 +244,14 @@ class Wiring:
         )
         shared = existed is not None and not existed.exclusive
         self._applied(m, commands.Queue.DeleteOk(count), changed=shared)
+
+
+def _rename(m: Any, name: str) -> str:
+    """Set a queue method's queue name, in its decoded fields and in the raw bytes
+    a replicated change carries."""
+    if m.queue != name:
+        m.queue = name
+        raw = getattr(m, "raw_payload", None)
+        if raw is not None:
+            m.raw_payload = codec.renamed_queue(raw, name)
+    return name

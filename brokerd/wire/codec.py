@@ -229,6 +229,15 @@ def method_frame(channel: int, method: Method) -> bytes:
     return _pack_head(FRAME_METHOD, channel, len(payload)) + payload + FRAME_END_BYTE
 
 
+def renamed_queue(payload: bytes, name: str) -> bytes:
+    """A queue-class method payload (ticket, then the queue name) naming another
+    queue: the server named it, or the client left it empty for the last one.
+    Editing the client's bytes keeps the rest exactly as sent (pamqp cannot
+    re-encode every table a client may send, e.g. small negative integers)."""
+    old = payload[6]
+    return payload[:6] + shortstr(name) + payload[7 + old :]
+
+
 def open_ok_frame(known_hosts: str) -> bytes:
     """connection.open-ok with its known-hosts field filled in (servers a client may
     reconnect to). pamqp refuses to build a non-empty one (0-9-1 marks the field

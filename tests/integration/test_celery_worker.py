@@ -85,6 +85,14 @@ class Worker:
 
 
 @pytest.fixture(scope="module")
+def amqp_port(broker: BrokerProcess) -> int:
+    """A standalone broker only: the test process's Celery app is module-global and
+    cannot be reopened for a second variant (the cluster runs Celery in
+    test_cluster_routing.py, worker and client on two servers)."""
+    return int(os.environ.get("ROOKERY_REFERENCE_AMQP_PORT") or broker.port)
+
+
+@pytest.fixture(scope="module")
 def broker_url(amqp_port: int) -> str:
     return f"amqp://guest:guest@127.0.0.1:{amqp_port}//"
 
