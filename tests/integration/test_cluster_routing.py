@@ -461,17 +461,17 @@ def test_aio_pika_publish_on_one_server_consume_on_the_secondary(roles: Roles) -
 
 def test_kombu_simple_queue_across_servers(roles: Roles) -> None:
     name = uid("kombu")
-    with kombu.Connection(f"amqp://guest:guest@127.0.0.1:{roles.port(roles.b)}//") as conn:
-        with conn.SimpleQueue(name) as q:
-            for i in range(5):
-                q.put({"n": i})
-    with kombu.Connection(f"amqp://guest:guest@127.0.0.1:{roles.port(roles.s)}//") as conn:
-        with conn.SimpleQueue(name) as q:
-            got = []
-            for _ in range(5):
-                message = q.get(timeout=10)
-                got.append(message.payload["n"])
-                message.ack()
+    publisher = kombu.Connection(f"amqp://guest:guest@127.0.0.1:{roles.port(roles.b)}//")
+    with publisher, publisher.SimpleQueue(name) as q:
+        for i in range(5):
+            q.put({"n": i})
+    consumer = kombu.Connection(f"amqp://guest:guest@127.0.0.1:{roles.port(roles.s)}//")
+    got = []
+    with consumer, consumer.SimpleQueue(name) as q:
+        for _ in range(5):
+            message = q.get(timeout=10)
+            got.append(message.payload["n"])
+            message.ack()
     assert got == [0, 1, 2, 3, 4]
 
 
