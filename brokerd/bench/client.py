@@ -214,11 +214,19 @@ class Client:
     # -- the few synchronous methods the benchmark needs ---------------------------------
 
     def queue_declare(
-        self, channel: int, name: str, *, passive: bool = False
+        self,
+        channel: int,
+        name: str,
+        *,
+        passive: bool = False,
+        arguments: dict[str, Any] | None = None,
     ) -> commands.Queue.DeclareOk:
+        durable = bool(arguments and arguments.get("x-queue-type") == "quorum")
         return self.rpc(
             channel,
-            commands.Queue.Declare(queue=name, passive=passive),
+            commands.Queue.Declare(
+                queue=name, passive=passive, durable=durable, arguments=arguments or {}
+            ),
             commands.Queue.DeclareOk,
         )
 

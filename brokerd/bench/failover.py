@@ -38,9 +38,14 @@ def free_port() -> int:
 
 
 class Node:
-    def __init__(self, base: Path, index: int, port: int, cluster: Path, kind: str) -> None:
+    """One brokerd process (standalone when ``cluster`` is None)."""
+
+    def __init__(
+        self, base: Path, index: int, port: int, cluster: Path | None, kind: str = "primary"
+    ) -> None:
         self.data_dir = base / f"n{index}"
         self.port = port
+        clustered = ["--cluster", str(cluster), "--type", kind] if cluster is not None else []
         self.cmd = [
             sys.executable,
             "-m",
@@ -51,10 +56,7 @@ class Node:
             str(port),
             "--data-dir",
             str(self.data_dir),
-            "--cluster",
-            str(cluster),
-            "--type",
-            kind,
+            *clustered,
             "--log-level",
             "warning",
         ]

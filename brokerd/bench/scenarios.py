@@ -107,6 +107,12 @@ class Options:
     consumer_procs: int = 1
     body_size: int | None = None
     setup_timeout: float = 15.0
+    #: publish and consume through other servers of the same cluster than the
+    #: control connection (which declares the queues): cluster scenarios
+    publish_url: str | None = None
+    consume_url: str | None = None
+    #: arguments of the declared queues (e.g. {"x-queue-type": "quorum"})
+    queue_arguments: dict[str, Any] | None = None
 
 
 class BenchError(Exception):
@@ -161,7 +167,7 @@ class Run:
             c.exchange_declare(ch, self.exchange, "fanout")
             self.declared_exchange = True
         for name in self.queue_names:
-            c.queue_declare(ch, name)
+            c.queue_declare(ch, name, arguments=self.opts.queue_arguments)
             self.declared_queues.append(name)
             if self.scenario.fanout:
                 c.queue_bind(ch, name, self.exchange)
@@ -210,7 +216,7 @@ class Run:
         groups = self._consumer_groups() if self.scenario.consumers else []
         shared = self.shared = Shared(ctx, self.nqueues, len(groups) + 1)
         for slot, conns in enumerate(groups):
-            cfg = ConsumerConfig(self.url.url, conns)
+            cfg = ConsumerConfig(self.opts.consume_url or self.url.url, conns)
             proc = ctx.Process(
                 target=run_consumer, args=(cfg, shared, slot), name=f"bench-consumer-{slot}"
             )
@@ -219,7 +225,7 @@ class Run:
         self._wait_ready()
         body_size = self.opts.body_size or self.scenario.body_size
         pcfg = PublisherConfig(
-            url=self.url.url,
+            url=self.opts.publish_url or self.url.url,
             exchange=self.exchange,
             routing_key="" if self.scenario.fanout else self.queue_names[0],
             body_size=body_size,
