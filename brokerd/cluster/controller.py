@@ -25,6 +25,7 @@ from brokerd.cluster import wiring
 from brokerd.cluster.config import ClusterConfig
 from brokerd.cluster.forwarding import DATA, MessagePlane
 from brokerd.cluster.membership import Membership
+from brokerd.cluster.operations import OperatorCommands
 from brokerd.cluster.queues import RemoteQueues, SharedQueue
 from brokerd.model.broker import Broker
 from brokerd.model.errors import AMQPError, access_refused
@@ -70,7 +71,7 @@ class ClusterSink(Muxer):
         return ()
 
 
-class ClusterController(Membership):
+class ClusterController(OperatorCommands, Membership):
     def __init__(
         self,
         config: ClusterConfig,
@@ -161,6 +162,12 @@ class ClusterController(Membership):
         self.plane.peer_lost(spid, why)
         if why == "inactive" and self.decision.is_root:
             self.wiring.server_gone(spid)
+
+    def status_received(self, spid: str, status: Any) -> None:
+        self.wiring.root_status(spid, status.state_seq)
+
+    def state_seq(self) -> int:
+        return self.wiring.last_seq
 
     def before_send(self, spid: str) -> None:
         self.plane.flush_peer(spid)

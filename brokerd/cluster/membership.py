@@ -124,6 +124,8 @@ class Membership:
         self.current_root: str | None = None
         #: peers active at the last evaluation (peer_lost fires when one drops out)
         self._was_active: set[str] = set()
+        #: per peer: the inbound connection its messages last came on
+        self._carrier: dict[str, int] = {}
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -289,7 +291,10 @@ class Membership:
         spid = self.inbound.pop(conn.id, None)
         if spid is not None and spid in self.peers:
             self.peers[spid].inbound.discard(conn.id)
-            self.peer_lost(spid, "its link to this server closed")
+            if self._carrier.get(spid, conn.id) == conn.id:
+                # the link that carried its messages (not a duplicate being retired)
+                self._carrier.pop(spid, None)
+                self.peer_lost(spid, "its link to this server closed")
 
     # -- messages ---------------------------------------------------------------
 
@@ -299,6 +304,7 @@ class Membership:
             raise access_refused("only cluster links may publish to the cluster exchange")
         if spid in self.cut or spid == self.spid:
             return
+        self._carrier[spid] = connection_id
         if kind not in messages.KINDS:
             self.receive_plane(spid, kind, body)
             return
@@ -323,11 +329,15 @@ class Membership:
                 peer.rtt_ms = round(max(0.0, peer.received_at - sent_at - held) * 1000, 3)
             if message.address:
                 peer.address = message.address
+            self.status_received(peer.spid, message)
         elif isinstance(message, Root) and peer.status is not None:
             # only the flag: liveness and votes come from statuses, so a stale
             # status is never revived by an announcement
             peer.status.is_root = message.is_root
         self.evaluate()
+
+    def status_received(self, spid: str, status: Status) -> None:
+        """A peer's Cluster.Status arrived (the wiring compares its state sequence)."""
 
     def receive_plane(self, spid: str, kind: str, body: bytes) -> None:
         """A message for the wiring or message plane (overridden by the controller)."""
@@ -547,6 +557,7 @@ class Membership:
             address=self.address,
             peers=[p.spid for p in self.peers.values() if self.active(p, now)],
             load=self.load(),
+            state_seq=self.state_seq(),
             sent_at=(wall := time.time()),
             echo={
                 p.spid: (p.status.sent_at, round(wall - p.received_at, 6))
@@ -567,6 +578,10 @@ class Membership:
 
     def tick(self) -> None:
         """Once a heartbeat: retries and timeouts of the planes (overridden)."""
+
+    def state_seq(self) -> int:
+        """The last wiring entry this server applied (carried in its statuses)."""
+        return 0
 
     def _send_status(self, link: Link) -> None:
         kind, body = messages.encode(self.status_message())
@@ -620,128 +635,3 @@ class Membership:
     def clear_alarm(self, kind: str) -> None:
         if self.alarms.pop(kind, None) is not None:
             log.warning("alarm cleared kind=%s", kind)
-
-    # -- operator commands --------------------------------------------------------------
-
-    def set_root_enabled(self, enabled: bool) -> dict[str, Any]:
-        if self.type != PRIMARY:
-            raise ValueError("a secondary server is never root")
-        if self.root_enabled != enabled:
-            self.root_enabled = enabled
-            log.warning("root %s spid=%s", "enabled" if enabled else "disabled", self.spid)
-            self.evaluate()
-            self._broadcast(self.status_message())
-        return {"root_enabled": self.root_enabled, "is_root": self.decision.is_root}
-
-    def reconfigure(self, config: ClusterConfig) -> dict[str, Any]:
-        """Apply a new cluster configuration live (the console's config.apply):
-        heartbeat timing at the next beat, known hosts by linking to the new ones
-        and dropping links to the removed. Name, vhost, user and secret are read at
-        start only; a change to them needs a restart."""
-        applied = []
-        old = self.config
-        self.config = config
-        if (old.heartbeat_interval, old.heartbeat_timeout, old.open_timeout) != (
-            config.heartbeat_interval,
-            config.heartbeat_timeout,
-            config.open_timeout,
-        ):
-            applied.append("heartbeat")
-        known = {str(h) for h in config.known_hosts}
-        if known != self.known:
-            removed, added = self.known - known, known - self.known
-            self.known, self.checksum = known, config.checksum
-            self.listed = bool(self.own_addresses & known)
-            for address in removed:
-                link = self.links.pop(address, None)
-                if link is None:
-                    continue
-                for peer in self.peers.values():
-                    if peer.link is link:
-                        peer.link = None
-                self._spawn(link.stop())
-            for address in added:
-                if address not in self.own_addresses:
-                    self._add_link(address)
-            self.clear_alarm("config-mismatch")
-            applied.append("known_hosts")
-            log.warning(
-                "cluster known hosts changed checksum=%s added=%s removed=%s",
-                self.checksum,
-                ",".join(sorted(added)) or "-",
-                ",".join(sorted(removed)) or "-",
-            )
-        if applied:
-            self.evaluate()
-            self._broadcast(self.status_message())
-        return {"applied": applied, "checksum": self.checksum}
-
-    def cut_link(self, spid: str) -> dict[str, Any]:
-        if not self.fault_injection:
-            raise ValueError("fault injection is off (start brokerd with --enable-fault-injection)")
-        # like a network cut: nothing more goes out or comes in on this link, and
-        # the peer turns inactive when its last status ages past the timeout
-        self.cut.add(spid)
-        log.warning("fault cut-link spid=%s", spid)
-        self.evaluate()
-        return {"cut": sorted(self.cut)}
-
-    def heal(self) -> dict[str, Any]:
-        if not self.fault_injection:
-            raise ValueError("fault injection is off (start brokerd with --enable-fault-injection)")
-        healed = sorted(self.cut)
-        self.cut.clear()
-        log.warning("fault heal spids=%s", ",".join(healed) or "-")
-        return {"healed": healed}
-
-    def status(self) -> dict[str, Any]:
-        decision = self.evaluate()
-        now = self.clock()
-        return {
-            "spid": self.spid,
-            "type": self.type,
-            "is_root": decision.is_root,
-            "root": self.root(),
-            "ready": self.ready,
-            "root_enabled": self.root_enabled,
-            "checksum": self.checksum,
-            "vote": decision.vote,
-            "reason": decision.reason,
-            "quorum": decision.quorum,
-            "known_primaries": self.known_primaries(now),
-            "listed": self.listed,
-            "known_hosts": sorted(self.known),
-            "peers": [
-                {
-                    "spid": p.spid,
-                    "type": p.type,
-                    "active": self.active(p, now),
-                    "address": p.address,
-                    "aliases": sorted(p.aliases),
-                    "root_enabled": p.status.root_enabled if p.status else None,
-                    "is_root": bool(p.status and p.status.is_root),
-                    "vote": p.status.vote if p.status else None,
-                    "link": p.link.state if p.link else None,
-                    "last_seen_age": None if p.status is None else round(now - p.last_seen, 3),
-                    "rtt_ms": p.rtt_ms,
-                    "cut": p.spid in self.cut,
-                }
-                for p in sorted(self.peers.values(), key=lambda p: p.spid)
-            ],
-            "links": {addr: link.state for addr, link in self.links.items()},
-            "alarms": [
-                {"kind": a.kind, "message": a.message, "since": a.since}
-                for a in self.alarms.values()
-            ],
-        }
-
-    def summary(self) -> dict[str, Any]:
-        now = self.clock()
-        return {
-            "role": ("root" if self.decision.is_root else self.type),
-            "root": self.root(),
-            "peers_active": sum(self.active(p, now) for p in self.peers.values()),
-            "peers_known": len(self.peers),
-            "checksum": self.checksum,
-            "ready": self.ready,
-        }

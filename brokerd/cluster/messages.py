@@ -39,6 +39,8 @@ class Status:
     #: spids this server currently sees as active
     peers: list[str] = field(default_factory=list)
     load: dict[str, Any] = field(default_factory=dict)
+    #: sequence number of the last wiring entry it applied (the root's: the latest)
+    state_seq: int = 0
     sent_at: float = 0.0
     #: per peer spid: (that peer's latest ``sent_at``, seconds we held it) for round trips
     echo: dict[str, tuple[float, float]] = field(default_factory=dict)

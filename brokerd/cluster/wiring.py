@@ -74,6 +74,7 @@ class WiringReplication:
         self.pending: dict[str, PendingChange] = {}
         self._request_seq = 0
         self._compacted_size = 0
+        self._behind = False
 
     @property
     def spid(self) -> str:
@@ -330,6 +331,23 @@ class WiringReplication:
 
     # -- synchronisation -------------------------------------------------------------------------
 
+    def root_status(self, spid: str, seq: int) -> None:
+        """The root's status says how far its state goes: behind it two statuses in a row
+        (a quiet stream hides a gap, e.g. after a pause), take its state again."""
+        if spid != self.members.root() or self.synced_root != spid:
+            return
+        if seq > self.last_seq:
+            if self._behind:
+                log.warning("state behind the root at=%d root=%d: resync", self.last_seq, seq)
+                self.synced_root = None
+                self._sync_asked = None
+                self._behind = False
+                self.members.evaluate()
+            else:
+                self._behind = True
+        else:
+            self._behind = False
+
     def became_root(self) -> None:
         self.synced_root = self.spid  # a new root's own log is the cluster state
 
@@ -372,11 +390,42 @@ class WiringReplication:
         self._compacted_size = len(entries)
         self.last_seq = int(header.get("seq", 0))
         self.synced_root = spid
+        self._behind = False
         log.warning("sync done root=%s entries=%d seq=%d", spid, len(entries), self.last_seq)
+        self._announce_private(replay(entries))
         for request in list(self.pending):
             self.pending[request].sent_to = None  # resend to this root
         self.members.evaluate()
         self.members.synced(spid)
+
+    def _announce_private(self, wiring: sl.Wiring) -> None:
+        """Meta-bindings of this server's private queues that the root's state lacks (it
+        withdrew them while this server was away): tell the root again."""
+        vhost = self._vhost()
+        if vhost is None:
+            return
+        for queue in vhost.queues.values():
+            if not queue.exclusive:
+                continue
+            for binding in queue.bindings.values():
+                key = (
+                    vhost.name,
+                    binding.source.name,
+                    queue.name,
+                    binding.routing_key,
+                    freeze(binding.arguments),
+                    self.spid,
+                )
+                if key in wiring.meta_bindings:
+                    continue
+                method = commands.Queue.Bind(
+                    queue=queue.name,
+                    exchange=binding.source.name,
+                    routing_key=binding.routing_key,
+                    arguments=binding.arguments,
+                )
+                entry = rep.entry_for(method, vhost.name, origin=self.spid, meta_spid=self.spid)
+                self._request(entry, None)
 
     def _reconcile(self, entries: list[Entry]) -> None:
         """Drop local shared wiring (and meta-bindings) that the root's state lacks."""
