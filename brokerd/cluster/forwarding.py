@@ -149,6 +149,7 @@ class MessagePlane:
         self.is_root = False
         self._flush_scheduled = False
         self.backlogged = False
+        self._last_id: tuple[Any, str] = (None, "")
 
     @property
     def spid(self) -> str:
@@ -167,10 +168,16 @@ class MessagePlane:
         return [q for q in vhost.queues.values() if isinstance(q, SharedQueue)]
 
     def cluster_id(self, message: Message) -> str:
-        """``spid/connection/channel`` of the message's publisher."""
-        if isinstance(message.publisher, int):
-            return f"{self.spid}/{message.publisher}/{message.channel}"
-        return f"{message.publisher}/{message.channel}"
+        """``spid/connection/channel`` of the message's publisher (the last one made is
+        kept: a publisher sends many messages in a row)."""
+        key = (message.publisher, message.channel)
+        if key != self._last_id[0]:
+            if isinstance(message.publisher, int):
+                text = f"{self.spid}/{message.publisher}/{message.channel}"
+            else:
+                text = f"{message.publisher}/{message.channel}"
+            self._last_id = (key, text)
+        return self._last_id[1]
 
     # -- outbound ------------------------------------------------------------------
 

@@ -473,22 +473,105 @@ class _Reader:
         return list(struct.unpack_from(f"!{n}Q", self.data, pos))
 
 
+_u16_at = _u16.unpack_from
+_u32_at = _u32.unpack_from
+_deliver_at = struct.Struct("!QB").unpack_from
+_forward_at = struct.Struct("!BQ").unpack_from
+
+
+def _deliver_fast(data: bytes, p: int) -> tuple[Deliver, int]:
+    """A ``Deliver`` record (after its type byte), without a method call per field:
+    deliveries are most of what a consumer's server reads."""
+    (n,) = _u16_at(data, p)
+    p += 2
+    tag = data[p : p + n].decode()
+    p += n
+    delivery, redelivered = _deliver_at(data, p)
+    p += 9
+    (n,) = _u16_at(data, p)
+    p += 2
+    exchange = data[p : p + n].decode()
+    p += n
+    (n,) = _u16_at(data, p)
+    p += 2
+    routing_key = data[p : p + n].decode()
+    p += n
+    (n,) = _u32_at(data, p)
+    p += 4
+    props = data[p : p + n]
+    p += n
+    (n,) = _u32_at(data, p)
+    p += 4
+    body = data[p : p + n]
+    p += n
+    return Deliver(tag, delivery, bool(redelivered), exchange, routing_key, props, body), p
+
+
+def _forward_fast(data: bytes, p: int) -> tuple[Forward, int]:
+    """A ``Forward`` record (after its type byte): most of what the root reads."""
+    redelivered, seq = _forward_at(data, p)
+    p += 9
+    (n,) = _u16_at(data, p)
+    p += 2
+    cluster_id = data[p : p + n].decode()
+    p += n
+    (count,) = _u16_at(data, p)
+    p += 2
+    targets = []
+    for _ in range(count):
+        (n,) = _u16_at(data, p)
+        p += 2
+        spid = data[p : p + n].decode()
+        p += n
+        (n,) = _u16_at(data, p)
+        p += 2
+        targets.append((spid, data[p : p + n].decode()))
+        p += n
+    (n,) = _u16_at(data, p)
+    p += 2
+    exchange = data[p : p + n].decode()
+    p += n
+    (n,) = _u16_at(data, p)
+    p += 2
+    routing_key = data[p : p + n].decode()
+    p += n
+    (n,) = _u32_at(data, p)
+    p += 4
+    props = data[p : p + n]
+    p += n
+    (n,) = _u32_at(data, p)
+    p += 4
+    body = data[p : p + n]
+    p += n
+    record = Forward(seq, cluster_id, targets, exchange, routing_key, props, body)
+    record.redelivered = bool(redelivered)
+    return record, p
+
+
 def decode(data: bytes) -> list[Record]:
     """Every record of one link message, in order; RecordError if malformed."""
     if data[:4] != MAGIC:
         raise RecordError("not a record batch")
+    try:
+        return _decode(data)
+    except (struct.error, IndexError):
+        raise RecordError("truncated record") from None
+    except UnicodeDecodeError:
+        raise RecordError("string is not UTF-8") from None
+
+
+def _decode(data: bytes) -> list[Record]:
     r = _Reader(data)
     r.pos = 4
     out: list[Record] = []
     end = len(data)
     while r.pos < end:
         kind = r.u8()
-        if kind == FORWARD:
-            redelivered = bool(r.u8())
-            seq = r.u64()
-            cluster_id = r.s()
-            targets = [(r.s(), r.s()) for _ in range(r.u16())]
-            out.append(Forward(seq, cluster_id, targets, r.s(), r.s(), r.b(), r.b(), redelivered))
+        if kind in (DELIVER, FORWARD):  # the hot records
+            record, r.pos = (_deliver_fast if kind == DELIVER else _forward_fast)(data, r.pos)
+            if r.pos > end:
+                raise RecordError("truncated record")
+            out.append(record)
         elif kind == SETTLE:
             first, last, ok, routed = r.u64(), r.u64(), r.u8(), r.u32()
             if last < first:
@@ -526,8 +609,6 @@ def decode(data: bytes) -> list[Record]:
         elif kind == REPLY:
             hard = bool(r.u8())
             out.append(Reply(r.u64(), r.u16(), r.s(), r.u32(), r.u32(), hard))
-        elif kind == DELIVER:
-            out.append(Deliver(r.s(), r.u64(), bool(r.u8()), r.s(), r.s(), r.b(), r.b()))
         elif kind == GOT:
             out.append(Got(r.u64(), r.u64(), bool(r.u8()), r.u32(), r.s(), r.s(), r.b(), r.b()))
         elif kind == SESSION:

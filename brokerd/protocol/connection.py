@@ -169,8 +169,17 @@ class Connection:
                 self._output_full = True
                 self.writable = False
 
+    def confirm_later(self, channel: Any) -> None:
+        """A channel has confirms ready outside this connection's own reading (a queue
+        on another server settled): send them with the next output."""
+        self._confirm_dirty.add(channel)
+        if self.on_output is not None:
+            self.on_output()  # the shell flushes once this loop turn
+
     def data_to_send(self) -> bytes:
         """Everything queued for the peer since the last call."""
+        if self._confirm_dirty:
+            self._flush_confirms()
         if not self._out:
             return b""
         data = b"".join(self._out)

@@ -19,6 +19,7 @@ from pamqp import commands
 from brokerd.model.errors import NO_ROUTE, ChannelError, access_refused, precondition_failed
 from brokerd.model.exchange import Exchange
 from brokerd.model.message import Message
+from brokerd.wire import codec
 
 if TYPE_CHECKING:
     from brokerd.protocol.connection import Connection
@@ -206,7 +207,9 @@ class Publishing:
                     head = (head.seq, head.ok)
                 inflight.popleft()
                 self._confirms.append(head)
-            self.flush_confirms()
+            # sent with the connection's next output: the settlements of one batch
+            # from the root fold into one multiple ack
+            self.connection.confirm_later(self)
 
     def send_return(self, code: int, text: str, message: Message) -> None:
         conn = self.connection
@@ -225,18 +228,19 @@ class Publishing:
         if not confirms or not self.open:
             confirms.clear()
             return
-        send = self.connection.send_method
+        write = self.connection.write
+        number = self.number
         run_end = 0
         for seq, ok in confirms:
             if ok:
                 run_end = seq
                 continue
             if run_end:
-                send(self.number, commands.Basic.Ack(run_end, multiple=True))
+                write(codec.confirm_frame(number, run_end, True))
                 run_end = 0
-            send(self.number, commands.Basic.Nack(seq, multiple=False, requeue=False))
+            write(codec.confirm_frame(number, seq, False, ack=False))
         if run_end:
-            send(self.number, commands.Basic.Ack(run_end, multiple=True))
+            write(codec.confirm_frame(number, run_end, True))
         confirms.clear()
 
     # -- confirm and tx classes ------------------------------------------------------

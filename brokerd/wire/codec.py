@@ -437,6 +437,16 @@ def deliver_frame(
     )
 
 
+_confirm = struct.Struct("!BHIHHQB").pack
+
+
+def confirm_frame(channel: int, delivery_tag: int, multiple: bool, ack: bool = True) -> bytes:
+    """basic.ack (or basic.nack, requeue off) from the server, without pamqp: a busy
+    publisher gets one per read or per settled batch."""
+    method = 80 if ack else 120
+    return _confirm(FRAME_METHOD, channel, 13, 60, method, delivery_tag, multiple) + FRAME_END_BYTE
+
+
 def routing_tail(exchange: str, routing_key: str) -> bytes:
     """The exchange and routing key as two short strings (end of deliver/get-ok)."""
     return shortstr(exchange) + shortstr(routing_key)
