@@ -55,12 +55,14 @@ class SharedQueue(Queue):
             super().ack(messages)
         else:
             self.plane.proxy.settle(messages, "ack")
+            self.dispatch()  # the consumer's prefetch freed: deliveries waiting here go
 
     def reject(self, messages: Any) -> None:
         if self.local:
             super().reject(messages)
         else:
             self.plane.proxy.settle(messages, "reject")
+            self.dispatch()
 
     def requeue(self, messages: Any) -> None:
         messages = list(messages)
@@ -72,6 +74,7 @@ class SharedQueue(Queue):
         self.plane.proxy.settle(messages, "requeue")
         for message in mine:  # delivered while this server was the master: back to the root
             self.plane.forward(self.plane.root_spid(), message, ("", self.name), None, True)
+        self.dispatch()
 
     # -- messages out ----------------------------------------------------------------
 

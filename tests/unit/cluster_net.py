@@ -1,0 +1,184 @@
+"""An in-memory cluster for unit tests of the message plane: real brokers, real
+planes and queues, a fake membership and a network the test pumps by hand."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from brokerd.cluster.forwarding import DATA, MessagePlane
+from brokerd.cluster.queues import SharedQueue
+from brokerd.config import default_config
+from brokerd.model.broker import Broker
+from brokerd.model.message import Message
+from brokerd.model.queue import Queue
+
+
+@dataclass
+class Config:
+    vhost: str = "/"
+    open_timeout: float = 10.0
+    heartbeat_timeout: float = 3.0
+
+
+class Link:
+    """The outgoing side of a link: posts wait in the network until pumped."""
+
+    def __init__(self, net: Net, src: str, dst: str) -> None:
+        self.net, self.src, self.dst = net, src, dst
+        self.backlog = 0
+
+    @property
+    def up(self) -> bool:
+        return (self.src, self.dst) not in self.net.cut
+
+    def post(self, kind: str, body: bytes) -> bool:
+        if not self.up:
+            return False
+        self.net.wire.append((self.src, self.dst, kind, body))
+        return True
+
+
+class Members:
+    """What the plane asks of membership."""
+
+    def __init__(self, net: Net, spid: str) -> None:
+        self.net = net
+        self.spid = spid
+        self.config = Config()
+        self.now = 100.0
+        self.not_ready_reason = ""
+
+    def clock(self) -> float:
+        return self.now
+
+    @property
+    def current_root(self) -> str | None:
+        return self.net.root
+
+    def link_to(self, spid: str | None) -> Link | None:
+        if spid is None or spid == self.spid or spid not in self.net.servers:
+            return None
+        link = Link(self.net, self.spid, spid)
+        return link if link.up else None
+
+    def in_sync(self, root: str) -> bool:
+        return True
+
+
+@dataclass
+class Server:
+    spid: str
+    broker: Broker
+    members: Members
+    plane: MessagePlane
+
+
+@dataclass
+class Net:
+    """Servers by spid, the root, messages in flight and cut links."""
+
+    servers: dict[str, Server] = field(default_factory=dict)
+    root: str | None = None
+    wire: deque[tuple[str, str, str, bytes]] = field(default_factory=deque)
+    cut: set[tuple[str, str]] = field(default_factory=set)
+
+    def add(self, spid: str) -> Server:
+        config = default_config()
+        broker = Broker(config.user_database(), config.vhosts, config.limits)
+        members = Members(self, spid)
+        plane = MessagePlane(members, broker, "/")  # type: ignore[arg-type]
+        vhost = broker.vhosts["/"]
+
+        def make(name: str, vhost_name: str, **kwargs: Any) -> Queue:
+            if kwargs.get("exclusive_owner") is not None:
+                return Queue(name, vhost_name, **kwargs)
+            return SharedQueue(name, vhost_name, plane=plane, **kwargs)
+
+        vhost.queue_factory = make
+        server = self.servers[spid] = Server(spid, broker, members, plane)
+        return server
+
+    def declare(self, name: str) -> None:
+        """Wiring is global: the queue exists on every server (as wiring replication does)."""
+        for server in self.servers.values():
+            server.broker.vhosts["/"].declare_queue(name, connection_id=0)
+
+    def queue(self, spid: str, name: str) -> SharedQueue:
+        return self.servers[spid].broker.vhosts["/"].queues[name]  # type: ignore[return-value]
+
+    def elect(self, root: str) -> None:
+        old, self.root = self.root, root
+        for server in self.servers.values():
+            server.plane.root_changed(old, root)
+        self.pump()
+
+    def flush(self) -> None:
+        for server in self.servers.values():
+            server.plane.flush()
+
+    def pump(self, limit: int = 10_000) -> int:
+        """Flush every plane and deliver what is in flight until the network is quiet."""
+        moved = 0
+        for _ in range(limit):
+            self.flush()
+            if not self.wire:
+                return moved
+            src, dst, kind, body = self.wire.popleft()
+            if (src, dst) in self.cut or dst not in self.servers:
+                continue
+            if kind == DATA:
+                self.servers[dst].plane.receive(src, body)
+            moved += 1
+        raise AssertionError("the network did not go quiet")
+
+    def drop_link(self, a: str, b: str) -> None:
+        """Both links between a and b drop: what was on them is lost, sessions end."""
+        self.wire = deque(m for m in self.wire if {m[0], m[1]} != {a, b})
+        for x, y in ((a, b), (b, a)):
+            self.servers[x].plane.peer_lost(y, "link down")
+
+
+class Sink:
+    """A consumer (ConsumerSink) that records deliveries; ready while under its prefetch."""
+
+    def __init__(self, tag: str, prefetch: int = 0, no_ack: bool = False, conn: int = 1) -> None:
+        self.tag = tag
+        self.exclusive = False
+        self.no_local = False
+        self.no_ack = no_ack
+        self.connection_id = conn
+        self.prefetch = prefetch
+        self.window = prefetch
+        self.got: list[tuple[Message, bool]] = []
+        self.unacked: list[Message] = []
+        self.cancels = 0
+
+    def ready(self) -> bool:
+        return not self.prefetch or len(self.unacked) < self.prefetch
+
+    def deliver(self, queue: Queue, message: Message, redelivered: bool) -> None:
+        self.got.append((message, redelivered))
+        if not self.no_ack:
+            self.unacked.append(message)
+
+    def cancelled(self, queue: Queue) -> None:
+        self.cancels += 1
+
+    def bodies(self) -> list[bytes]:
+        return [m.body for m, _ in self.got]
+
+
+class Waiter:
+    """A PublishWaiter that records the answers a publish gets."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[bool, int]] = []
+
+    def defer(self) -> Any:
+        return lambda ok, routed: self.answers.append((ok, routed))
+
+
+def message(body: bytes, publisher: int = 1) -> Message:
+    return Message("", "q", b"", body, publisher, 1)

@@ -1,0 +1,193 @@
+"""The message plane without sockets: three servers, real planes and queues, a network
+the test pumps (tests/unit/cluster_net.py)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.unit.cluster_net import Net, Sink, Waiter, message
+
+
+@pytest.fixture
+def net() -> Net:
+    net = Net()
+    for spid in ("A", "B", "C"):
+        net.add(spid)
+    net.elect("A")
+    net.declare("q")
+    return net
+
+
+def test_a_forward_is_settled_and_lands_on_the_root(net: Net) -> None:
+    waiter = Waiter()
+    assert net.queue("B", "q").push(message(b"m1"), waiter)
+    assert waiter.answers == []  # nothing confirmed before the root has it
+    net.pump()
+    assert waiter.answers == [(True, 1)]
+    assert [m.body for m in net.queue("A", "q").messages] == [b"m1"]
+    assert net.queue("B", "q").message_count == 0  # a proxy holds nothing
+
+
+def test_one_forward_per_message_and_server_whatever_the_queues(net: Net) -> None:
+    net.declare("q2")
+    waiter = Waiter()
+    m = message(b"both")
+    assert net.queue("B", "q").push(m, waiter) and net.queue("B", "q2").push(m, waiter)
+    assert net.pump() == 2  # one batch there, one settlement back
+    assert sorted(waiter.answers) == [(True, 0), (True, 2)]  # routed counted once
+    assert net.queue("A", "q").message_count == net.queue("A", "q2").message_count == 1
+
+
+def test_proxied_consumer_with_prefetch_and_acks(net: Net) -> None:
+    for i in range(10):
+        net.queue("A", "q").push(message(b"%d" % i))
+    sink = Sink("c1", prefetch=3)
+    answers: list[object] = []
+    net.queue("C", "q").add_consumer(sink, answers.append)
+    net.pump()
+    assert answers == [None]  # consume-ok from the root
+    assert sink.bodies() == [b"0", b"1", b"2"]  # the window holds end to end
+    assert net.queue("A", "q").message_count == 7
+    net.queue("C", "q").ack(sink.unacked[:2])
+    del sink.unacked[:2]
+    net.pump()
+    assert sink.bodies() == [b"%d" % i for i in range(5)]
+    assert net.servers["A"].plane.master.deliveries["C"].keys() == {3, 4, 5}
+
+
+def test_requeue_goes_back_to_the_root_flagged_redelivered(net: Net) -> None:
+    net.queue("A", "q").push(message(b"x"))
+    got: list[object] = []
+    net.queue("B", "q").get(False, got.append)
+    net.pump()
+    (m, redelivered, remaining) = got[0]  # type: ignore[misc]
+    assert m.body == b"x" and not redelivered and remaining == 0
+    net.queue("B", "q").requeue([m])
+    net.pump()
+    again: list[object] = []
+    net.queue("C", "q").get(True, again.append)
+    net.pump()
+    assert again[0][0].body == b"x" and again[0][1] is True  # type: ignore[index]
+
+
+def test_a_dropped_link_ends_the_session_the_root_requeues_and_consumers_reattach(
+    net: Net,
+) -> None:
+    for i in range(4):
+        net.queue("A", "q").push(message(b"%d" % i))
+    sink = Sink("c", prefetch=2)
+    net.queue("B", "q").add_consumer(sink, lambda error: None)
+    net.pump()
+    assert sink.bodies() == [b"0", b"1"]
+    held = list(sink.unacked)
+    net.drop_link("A", "B")
+    net.servers["B"].plane.proxy.session_check()  # the link is back: a new session
+    net.pump()
+    assert sink.bodies() == [b"0", b"1"]  # still holding the old ones: prefetch full
+    # the client acks what it holds: the old session's acks are dropped (the root
+    # already requeued those), and the prefetch they free lets the new ones in
+    sink.unacked.clear()
+    net.queue("B", "q").ack(held)
+    net.pump()
+    assert [(m.body, r) for m, r in sink.got[2:]] == [(b"0", True), (b"1", True)]
+    assert set(net.servers["A"].plane.master.deliveries["B"]) == {3, 4}  # new ids
+
+
+def test_forwards_in_flight_when_the_root_changes_are_nacked(net: Net) -> None:
+    waiter = Waiter()
+    net.queue("B", "q").push(message(b"lost?"), waiter)
+    net.flush()  # sent, not yet settled
+    net.wire.clear()  # ... and the root died with it
+    net.elect("C")
+    assert waiter.answers == [(False, 0)]  # never confirmed without a root taking it
+    net.queue("B", "q").push(message(b"after"), waiter)
+    net.pump()
+    assert waiter.answers[-1] == (True, 1)
+    assert [m.body for m in net.queue("C", "q").messages] == [b"after"]
+
+
+def test_hand_over_moves_ready_and_held_messages_to_the_new_root(net: Net) -> None:
+    for i in range(3):
+        net.queue("A", "q").push(message(b"%d" % i))
+    sink = Sink("c", prefetch=1)
+    net.queue("B", "q").add_consumer(sink, lambda error: None)
+    net.pump()
+    assert sink.bodies() == [b"0"]
+    net.elect("C")  # A hands over: 0 was delivered and not acked, 1 and 2 were ready
+    queue = net.queue("C", "q")
+    assert queue.local and not net.queue("A", "q").local
+    # B's consumer is attached to C now and gets 0 again (redelivered), then the rest
+    for _ in range(4):
+        acked, sink.unacked = sink.unacked, []
+        net.queue("B", "q").ack(acked)
+        net.pump()
+    assert sorted(sink.bodies()[1:]) == [b"0", b"1", b"2"]
+    assert [r for m, r in sink.got[1:] if m.body == b"0"] == [True]
+    assert queue.message_count == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["pub", "get", "ack", "nack", "drop", "pump"]), max_size=60))
+def test_nothing_is_lost_or_duplicated_without_a_redelivered_flag(actions: list[str]) -> None:
+    """Any interleaving of publishes through B, gets and settlements through C, and link
+    drops between the root and C: every message that was settled as taken is, at the
+    end, either acked exactly once or still in the root's queue or held by C; a
+    message seen twice was flagged redelivered the second time."""
+    net = Net()
+    for spid in ("A", "B", "C"):
+        net.add(spid)
+    net.elect("A")
+    net.declare("q")
+    waiter = Waiter()
+    confirmed: list[bytes] = []
+    acked: list[bytes] = []
+    held: list = []
+    seen: dict[bytes, int] = {}
+    n = 0
+    for action in actions:
+        if action == "pub":
+            n += 1
+            w = Waiter()
+            body = b"%d" % n
+            net.queue("B", "q").push(message(body), w)
+            net.pump()
+            if w.answers == [(True, 1)]:
+                confirmed.append(body)
+        elif action == "get":
+            got: list = []
+            net.queue("C", "q").get(False, got.append)
+            net.pump()
+            if got and got[0] is not None:
+                m, redelivered, _ = got[0]
+                seen[m.body] = seen.get(m.body, 0) + 1
+                assert seen[m.body] == 1 or redelivered, m.body
+                held.append(m)
+        elif action in ("ack", "nack") and held:
+            m = held.pop(0)
+            if action == "ack":
+                net.queue("C", "q").ack([m])
+                if m.ref is not None and m.ref[0] is net.servers["C"].plane.proxy.session:
+                    acked.append(m.body)
+            else:
+                net.queue("C", "q").requeue([m])
+            net.pump()
+        elif action == "drop":
+            net.drop_link("A", "C")
+            net.servers["C"].plane.proxy.session_check()
+            held.clear()  # what C held was released with the session
+            net.pump()
+        else:
+            net.pump()
+    assert waiter.answers == []
+    in_queue = [m.body for m in net.queue("A", "q").messages]
+    outstanding = [
+        m.body
+        for m, _q in (
+            (entry[1], entry[0])
+            for entry in net.servers["A"].plane.master.deliveries.get("C", {}).values()
+        )
+    ]
+    for body in confirmed:
+        assert acked.count(body) + in_queue.count(body) + outstanding.count(body) == 1, body
