@@ -15,6 +15,10 @@ from brokerd.model.message import Message
 from brokerd.model.queue import Queue
 
 
+_CONFIG = default_config()
+_USERS = _CONFIG.user_database()  # hashing guest's password once, not per server
+
+
 @dataclass
 class Config:
     vhost: str = "/"
@@ -85,8 +89,8 @@ class Net:
     cut: set[tuple[str, str]] = field(default_factory=set)
 
     def add(self, spid: str) -> Server:
-        config = default_config()
-        broker = Broker(config.user_database(), config.vhosts, config.limits)
+        config = _CONFIG
+        broker = Broker(_USERS, config.vhosts, config.limits)
         members = Members(self, spid)
         plane = MessagePlane(members, broker, "/")  # type: ignore[arg-type]
         vhost = broker.vhosts["/"]

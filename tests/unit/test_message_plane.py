@@ -128,7 +128,7 @@ def test_hand_over_moves_ready_and_held_messages_to_the_new_root(net: Net) -> No
     assert queue.message_count == 0
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(st.sampled_from(["pub", "get", "ack", "nack", "drop", "pump"]), max_size=60))
 def test_nothing_is_lost_or_duplicated_without_a_redelivered_flag(actions: list[str]) -> None:
     """Any interleaving of publishes through B, gets and settlements through C, and link
