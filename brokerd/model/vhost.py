@@ -181,13 +181,16 @@ class VirtualHost:
         exclusive: bool = False,
         auto_delete: bool = False,
         arguments: dict[str, Any] | None = None,
+        server_named: bool = False,
     ) -> tuple[Queue, bool]:
+        """``server_named``: ``name`` came from :meth:`server_queue_name` (so its
+        ``amq.`` prefix is ours), letting the caller check permissions on it first."""
         arguments = arguments or {}
         if passive:
             return self.queue(name, connection_id), False
         if not name:
-            name = "amq.gen-" + secrets.token_urlsafe(16)
-        elif name.startswith("amq."):
+            name = self.server_queue_name()
+        elif name.startswith("amq.") and not server_named:
             raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         existing = self.queues.get(name)
         if existing is not None:
@@ -223,6 +226,11 @@ class VirtualHost:
         )
         self.queues[name] = queue
         return queue, True
+
+    @staticmethod
+    def server_queue_name() -> str:
+        """A fresh ``amq.gen-*`` name for a queue declared with an empty name."""
+        return "amq.gen-" + secrets.token_urlsafe(16)
 
     def delete_queue(
         self,

@@ -488,19 +488,28 @@ class Channel:
         vhost = self.connection.vhost
         self._permit("write", "exchange", m.destination)
         self._permit("read", "exchange", m.source)
-        source = vhost.exchange(m.source)
+        source = vhost.exchanges.get(m.source)
+        destination = vhost.exchanges.get(m.destination)
+        if source is None or destination is None:
+            # RabbitMQ: the binding is gone with its exchange, so unbinding succeeds
+            self._reply(m, commands.Exchange.UnbindOk(), changed=False)
+            return
         before = len(source.bindings)
-        vhost.unbind(source, vhost.exchange(m.destination), m.routing_key, m.arguments or {})
+        vhost.unbind(source, destination, m.routing_key, m.arguments or {})
         self._reply(m, commands.Exchange.UnbindOk(), changed=len(source.bindings) != before)
 
     # -- queue class ---------------------------------------------------------------
 
     def _on_queue_declare(self, m: commands.Queue.Declare) -> None:
         conn = self.connection
-        if not m.passive and m.queue:
-            self._permit("configure", "queue", m.queue)
+        name = m.queue
+        if not m.passive:
+            # RabbitMQ checks configure on a server-named queue's generated name too
+            name = name or conn.vhost.server_queue_name()
+            self._permit("configure", "queue", name)
         queue, created = conn.vhost.declare_queue(
-            m.queue,
+            name,
+            server_named=not m.queue,
             connection_id=conn.id,
             passive=m.passive,
             durable=m.durable,
@@ -532,9 +541,15 @@ class Channel:
         name = self._queue_name(m.queue)
         self._permit("write", "queue", name)
         self._permit("read", "exchange", m.exchange)
+        exchange = conn.vhost.exchanges.get(m.exchange)
+        if name not in conn.vhost.queues or exchange is None:
+            # RabbitMQ: the binding is gone with its queue or exchange; unbind-ok
+            # (aio-pika's RPC.close() unbinds after its auto-delete queue went)
+            self._reply(m, commands.Queue.UnbindOk(), changed=False)
+            return
         queue = conn.vhost.queue(name, conn.id)
         before = len(queue.bindings)
-        conn.vhost.unbind(conn.vhost.exchange(m.exchange), queue, m.routing_key, m.arguments or {})
+        conn.vhost.unbind(exchange, queue, m.routing_key, m.arguments or {})
         m.queue = name
         self._reply(m, commands.Queue.UnbindOk(), changed=len(queue.bindings) != before)
 

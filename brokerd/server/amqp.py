@@ -6,6 +6,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from brokerd.protocol import Connection
+from brokerd.protocol.handshake import LoginCheck
 
 if TYPE_CHECKING:
     from brokerd.server.app import Server
@@ -22,6 +23,7 @@ class AMQPProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.machine: Connection | None = None
         self._flush_scheduled = False
+        self._login_task: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
@@ -33,8 +35,26 @@ class AMQPProtocol(asyncio.Protocol):
             on_output=self._schedule_flush,
             server_properties=self.server.server_properties(),
             hooks=self.server.hooks,
+            on_login=self._on_login,
         )
         self.server.connections[self.machine.id] = self
+
+    def _on_login(self, check: LoginCheck) -> None:
+        """The machine asks for a password check: run it off the loop, feed the answer back."""
+        self._login_task = self.loop.create_task(self._login(check))
+
+    async def _login(self, check: LoginCheck) -> None:
+        machine = self.machine
+        assert machine is not None
+        try:
+            user, reason = await self.server.logins.check(check)
+        except Exception as exc:  # a broken hash in the config: refuse, keep serving
+            user, reason = None, f"password check failed: {type(exc).__name__}: {exc}"
+        self._login_task = None
+        if self.transport is None:
+            return
+        machine.complete_login(check, user, reason)
+        self.flush()
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -76,6 +96,9 @@ class AMQPProtocol(asyncio.Protocol):
             self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._login_task is not None:
+            self._login_task.cancel()
+            self._login_task = None
         if self.machine is not None:
             self.machine.connection_lost()
             self.server.connections.pop(self.machine.id, None)

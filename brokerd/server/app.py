@@ -25,6 +25,7 @@ from brokerd.model.exchange import Exchange
 from brokerd.server import dump
 from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError, serve_control
+from brokerd.server.login import LoginService
 
 log = logging.getLogger("brokerd.server")
 
@@ -61,6 +62,8 @@ class Server:
         if self.cluster_config is not None:
             self._install_cluster_user(config)
         self.connections: dict[int, AMQPProtocol] = {}
+        #: password checks off the loop; reads ``broker.users`` at each check (reloads swap it)
+        self.logins = LoginService(lambda: self.broker.users)
         #: messages per second over the last ticker second
         self.rates = {"published": 0.0, "routed": 0.0, "delivered": 0.0}
         self._last_counters = (time.monotonic(), self.broker.counters())
@@ -290,6 +293,7 @@ class Server:
         for proto in list(self.connections.values()):
             if proto.transport is not None:
                 proto.transport.abort()
+        self.logins.close()
         log.info("stopped spid=%s", self.spid)
 
     async def _ticker(self) -> None:
