@@ -138,7 +138,7 @@ def test_lossy_accepts_rates(rate):
     assert 0.0 <= LossyMuxer({"x-loss-rate": rate}).rate <= 1.0
 
 
-@pytest.mark.parametrize("rate", [-0.1, 1.5, "abc", "", True, "nan", float("nan"), [0.5], "١"])
+@pytest.mark.parametrize("rate", [-0.1, 1.5, "abc", "", True, "nan", float("nan"), [0.5], "\u0661"])
 def test_lossy_refuses_bad_rates(rate):
     with pytest.raises(ChannelError) as info:
         LossyMuxer({"x-loss-rate": rate})
