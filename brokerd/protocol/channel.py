@@ -104,6 +104,8 @@ class Consumer:
         conn = self.connection
         conn.messages_out += 1
         conn.broker.messages_out += 1
+        if redelivered:
+            conn.broker.messages_redelivered += 1
         number = ch.number
         conn.write(codec.deliver_frame(number, self.tag_raw, tag, redelivered, message.tail))
         conn.write(message.content(number, conn.frame_max))
@@ -658,6 +660,8 @@ class Channel:
             queue.unacked += 1
         conn.messages_out += 1
         conn.broker.messages_out += 1
+        if redelivered:
+            conn.broker.messages_redelivered += 1
         conn.send_method(
             self.number,
             commands.Basic.GetOk(

@@ -26,6 +26,7 @@ from brokerd.server import dump
 from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError, serve_control
 from brokerd.server.login import LoginService
+from brokerd.server.metrics import MetricsServer
 
 log = logging.getLogger("brokerd.server")
 
@@ -44,6 +45,9 @@ class ServerOptions:
     #: the console's broker endpoint (ws:// or wss://) and its shared token
     console_url: str | None = None
     console_token: str = ""
+    #: Prometheus /metrics port (None: off) and the address it binds (loopback by default)
+    metrics_port: int | None = None
+    metrics_bind: str = "127.0.0.1"
 
 
 class Server:
@@ -70,6 +74,7 @@ class Server:
         #: host:port this server is known by (cluster callback, console name); set at start
         self.address = f"{options.bind}:{options.port}"
         self.console: ConsoleLink | None = None
+        self.metrics: MetricsServer | None = None
         self._listener: asyncio.AbstractServer | None = None
         self._stopping: asyncio.Event | None = None
         self._control: asyncio.AbstractServer | None = None
@@ -218,6 +223,18 @@ class Server:
             loop.add_signal_handler(sig, handler)
         self._ticker_task = loop.create_task(self._ticker())
         self._control = await serve_control(self.options.data_dir, self.control)
+        if self.options.metrics_port is not None:
+            self.metrics = MetricsServer(self, self.options.metrics_bind, self.options.metrics_port)
+            try:
+                await self.metrics.start()
+            except OSError as exc:
+                log.error(
+                    "cannot listen for metrics on %s:%d: %s",
+                    self.options.metrics_bind,
+                    self.options.metrics_port,
+                    exc.strerror,
+                )
+                raise
         if self.cluster_config is not None:
             await self._start_cluster(self.cluster_config)
         if self.options.console_url:
@@ -279,6 +296,8 @@ class Server:
             self._listener.close()
         if self._control is not None:
             self._control.close()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.console is not None:
             await self.console.stop()
         if self.cluster is not None:
