@@ -62,7 +62,9 @@ class LoginCheck:
 
 def parse_credentials(mechanism: str, response: Any) -> tuple[str, str]:
     """(username, password) from a start-ok response; 403 when it cannot be read."""
-    raw = response.encode("latin-1") if isinstance(response, str) else bytes(response or b"")
+    # pamqp hands a long string back as str when it is valid UTF-8, else as bytes:
+    # encoding the str as UTF-8 gives the client's bytes back (names like 'Božena')
+    raw = response.encode() if isinstance(response, str) else bytes(response or b"")
     if mechanism == "PLAIN":
         parts = raw.split(b"\x00")
         if len(parts) != 3:

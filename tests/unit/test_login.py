@@ -249,3 +249,14 @@ def test_error_with_a_long_non_ascii_name_encodes(name):
     text = error.reply_text
     assert len(text.encode()) <= 255 and text.startswith("NOT_FOUND - no queue '")
     method_frame(1, commands.Channel.Close(404, text, 50, 10))  # must not raise
+
+
+def test_plain_credentials_outside_latin_1_are_read_not_crashed_on():
+    """pamqp hands valid UTF-8 back as str; 'Božena' once crashed the handshake (541)."""
+    from tests.unit.test_connection_machine import Client
+
+    client = Client()
+    client.feed(PROTOCOL_HEADER)
+    out = client.send(0, start_ok(user="Božena", password="heslo✓"))
+    closes = [m for _, m in out if isinstance(m, commands.Connection.Close)]
+    assert closes and closes[0].reply_code == 403  # an unknown user, refused properly
