@@ -2,7 +2,8 @@
 
 Nothing is fetched here: pass a checkout of the client's repository and a
 Python environment that has the suite's own test dependencies (aio-pika's
-need aiomisc-pytest, which must not be installed in Rookery's environment).
+need aiomisc-pytest, which must not be installed in Rookery's environment,
+and pytest-timeout; pika's optional adapters need tornado, twisted, gevent).
 
     python -m tests.compat.run_compat aiopika --checkout DIR --python VENV/bin/python \\
         [--url amqp://guest:guest@127.0.0.1:5690/] [TEST FILE ...]
@@ -45,7 +46,9 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def run_aiopika(checkout: Path, python: str, url: str, tests: list[str], junit: str | None) -> int:
+def run_aiopika(
+    checkout: Path, python: str, url: str, tests: list[str], junit: str | None, timeout: int
+) -> int:
     """Copy aio-pika's tests next to its package, override the docker fixtures, run."""
     work = Path(tempfile.mkdtemp(prefix="rookery-aiopika-"))
     try:
@@ -55,6 +58,9 @@ def run_aiopika(checkout: Path, python: str, url: str, tests: list[str], junit: 
             conftest.read_text() + "\n\n" + (HERE / "aiopika_override.py").read_text()
         )
         cmd = [python, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "log_cli=false"]
+        # a test that waits for a feature the broker lacks (TTL, dead letters) would
+        # wait forever: pytest-timeout (needed in that environment) fails it instead
+        cmd += [f"--timeout={timeout}", "--timeout-method=signal"]
         if junit:
             cmd += ["--junitxml", junit]
         cmd += tests or AIOPIKA_DEFAULT
@@ -79,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", default=sys.executable, help="interpreter with its test deps")
     parser.add_argument("--url", help="an already running broker (e.g. RabbitMQ to compare)")
     parser.add_argument("--junit", help="write a JUnit XML report here")
+    parser.add_argument(
+        "--timeout", type=int, default=60, help="seconds per aio-pika test (pytest-timeout)"
+    )
     parser.add_argument("tests", nargs="*")
     args = parser.parse_args(argv)
     broker: BrokerProcess | None = None
@@ -97,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run_compat: brokerd on {url} (log {broker.log_path})", flush=True)
     try:
         if args.suite == "aiopika":
-            return run_aiopika(args.checkout, args.python, url, args.tests, args.junit)
+            return run_aiopika(
+                args.checkout, args.python, url, args.tests, args.junit, args.timeout
+            )
         return run_pika(args.checkout, args.python, args.tests, args.junit)
     finally:
         if broker is not None:
