@@ -120,6 +120,8 @@ class Connection(Negotiation):
         self._out_bytes = 0
         self.blocked_reason: str | None = None
         self.close_reason: str = ""
+        #: connection.close went out (the fallback close must not send a second one)
+        self._close_sent = False
         # counters
         self.messages_in = 0
         self.messages_out = 0
@@ -217,7 +219,7 @@ class Connection(Negotiation):
                 log.exception(
                     "internal error conn=%d peer=%s channel=%d", self.id, self.name, channel
                 )
-                self._internal_error()
+                self.internal_error()
             if self.state is ConnectionState.CLOSED:
                 break
             if self._holding:
@@ -229,21 +231,22 @@ class Connection(Negotiation):
             self._flush_confirms()
         except Exception:
             log.exception("internal error conn=%d peer=%s (confirms)", self.id, self.name)
-            self._internal_error()
+            self.internal_error()
         if error is not None:
             self.connection_error(error.reply_code, error.text)
 
-    def _internal_error(self) -> None:
+    def internal_error(self) -> None:
         """Close with 541 even if the orderly close path is what failed."""
         try:
             self.connection_error(INTERNAL_ERROR, "internal error; see the broker log")
         except Exception:
             log.exception("internal error conn=%d peer=%s (closing)", self.id, self.name)
-            self.write(
-                codec.method_frame(
-                    0, commands.Connection.Close(INTERNAL_ERROR, "INTERNAL_ERROR", 0, 0)
+            if not self._close_sent:
+                self.write(
+                    codec.method_frame(
+                        0, commands.Connection.Close(INTERNAL_ERROR, "INTERNAL_ERROR", 0, 0)
+                    )
                 )
-            )
             self.state = ConnectionState.CLOSED
 
     def _flush_confirms(self) -> None:
@@ -336,10 +339,12 @@ class Connection(Negotiation):
             self.send_method(
                 0, commands.Connection.Close(code, err.reply_text, class_id, method_id)
             )
+            self._close_sent = True
             self._teardown()
             self.state = ConnectionState.CLOSED
             return
         self.send_method(0, commands.Connection.Close(code, err.reply_text, class_id, method_id))
+        self._close_sent = True
         self._teardown()
         self.state = ConnectionState.CLOSING
         self._closing_since = self.clock()

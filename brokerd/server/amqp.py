@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 from brokerd.protocol import Connection
@@ -12,6 +13,8 @@ if TYPE_CHECKING:
     from brokerd.server.app import Server
 
 #: transport buffer above which deliveries to that connection pause
+log = logging.getLogger("brokerd.server")
+
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITE_LOW_WATER = 1024 * 1024
 
@@ -75,7 +78,11 @@ class AMQPProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         machine = self.machine
         assert machine is not None
-        machine.receive_data(data)
+        try:
+            machine.receive_data(data)
+        except Exception:  # the machine catches per frame; this is the last line
+            log.exception("internal error conn=%d peer=%s (receive)", machine.id, machine.name)
+            machine.internal_error()
         if machine.closed:
             self.flush()
 

@@ -260,3 +260,21 @@ def test_plain_credentials_outside_latin_1_are_read_not_crashed_on():
     out = client.send(0, start_ok(user="Božena", password="heslo✓"))
     closes = [m for _, m in out if isinstance(m, commands.Connection.Close)]
     assert closes and closes[0].reply_code == 403  # an unknown user, refused properly
+
+
+def test_a_failing_close_path_still_closes_with_541(monkeypatch):
+    """Even when sending the orderly close raises, the client hears 541 and the
+    machine ends closed (never a silent reset)."""
+    from tests.unit.test_connection_machine import Client
+
+    client = Client()
+    client.handshake()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("teardown bug")
+
+    monkeypatch.setattr(client.conn, "_teardown", broken)
+    client.conn.internal_error()
+    out = client.replies()
+    assert [m.reply_code for _, m in out if isinstance(m, commands.Connection.Close)] == [541]
+    assert client.conn.closed
