@@ -144,6 +144,20 @@ def build_parser() -> argparse.ArgumentParser:
         f"default, and preferred: the environment variable {CONSOLE_TOKEN_ENV}",
     )
     parser.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://METRICS_BIND:PORT/metrics "
+        "(default: off; names as RabbitMQ's Prometheus plugin where they match)",
+    )
+    parser.add_argument(
+        "--metrics-bind",
+        default="127.0.0.1",
+        metavar="ADDRESS",
+        help="address the metrics endpoint listens on (default 127.0.0.1, loopback only)",
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -197,6 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cluster is None and (args.type != "primary" or args.enable_fault_injection):
         print("brokerd: --type and --enable-fault-injection need --cluster", file=sys.stderr)
         return 2
+    if args.metrics_bind != "127.0.0.1" and args.metrics_port is None:
+        print("brokerd: --metrics-bind needs --metrics-port", file=sys.stderr)
+        return 2
     token = args.console_token
     if token is None:
         token = os.environ.get(CONSOLE_TOKEN_ENV, "")
@@ -221,5 +238,7 @@ def main(argv: list[str] | None = None) -> int:
             fault_injection=args.enable_fault_injection,
             console_url=args.console,
             console_token=token,
+            metrics_port=args.metrics_port,
+            metrics_bind=args.metrics_bind,
         )
     )

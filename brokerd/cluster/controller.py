@@ -77,11 +77,11 @@ class ClusterController(OperatorCommands, Membership):
         config: ClusterConfig,
         *,
         broker: Broker | None = None,
-        on_backlog: Callable[[str | None], None] | None = None,
+        on_block: Callable[[str, str | None], None] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(config, broker=broker, **kwargs)
-        self.plane = MessagePlane(self, broker, config.vhost, on_backlog)
+        self.plane = MessagePlane(self, broker, config.vhost, on_block)
         self.remote = RemoteQueues(self.plane)
         self.wiring = wiring.WiringReplication(self, broker, self.remote)
         vhost = broker.vhosts.get(config.vhost) if broker is not None else None

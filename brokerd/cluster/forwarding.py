@@ -136,12 +136,13 @@ class MessagePlane:
         members: Membership,
         broker: Broker | None,
         vhost: str,
-        on_backlog: Callable[[str | None], None] | None = None,
+        on_block: Callable[[str, str | None], None] | None = None,
     ) -> None:
         self.members = members
         self.broker = broker
         self.vhost_name = vhost
-        self.on_backlog = on_backlog
+        #: sets or clears a cause of blocking publishers (the server's block_publishers)
+        self.on_block = on_block
         self.outbound: dict[str, Outbound] = {}
         self.master = MasterSide(self)
         self.proxy = ProxySide(self)
@@ -313,7 +314,7 @@ class MessagePlane:
 
     def _check_backlog(self) -> None:
         """Pace publishers when links cannot keep up (seed 001 flow control)."""
-        if self.on_backlog is None:
+        if self.on_block is None:
             return
         backlog = 0
         unsettled = 0
@@ -324,11 +325,11 @@ class MessagePlane:
             unsettled = max(unsettled, len(out.unsettled))
         if not self.backlogged and (backlog > BACKLOG_HIGH or unsettled > UNSETTLED_HIGH):
             self.backlogged = True
-            self.on_backlog("cluster links are behind: publishers paused")
+            self.on_block("cluster-links", "cluster links are behind: publishers paused")
             self._watch_backlog()
         elif self.backlogged and backlog < BACKLOG_LOW and unsettled < UNSETTLED_HIGH // 2:
             self.backlogged = False
-            self.on_backlog(None)
+            self.on_block("cluster-links", None)
 
     def _watch_backlog(self) -> None:
         if self.backlogged:
@@ -419,11 +420,26 @@ class MessagePlane:
         out.batch = rec.Batch()
         out.settle_run = None
 
+    def _check_root_link(self) -> None:
+        """Block publishers while the link to the root is down: what they publish for
+        shared queues could only be nacked (a new root, or the link, ends it)."""
+        if self.on_block is None:
+            return
+        root = self.root_spid()
+        if root is None or root == self.spid or self.members.link_to(root) is not None:
+            self.on_block("cluster-root-link", None)
+        else:
+            self.on_block(
+                "cluster-root-link", f"cluster not ready: the link to root {root} is down"
+            )
+
     def link_ready(self, spid: str) -> None:
         out = self.out(spid)
         out.up = True
         self.master.link_ready(out)
         self.proxy.session_check()
+        if spid == self.root_spid():
+            self._check_root_link()
 
     def peer_lost(self, spid: str, why: str) -> None:
         """A link with the peer dropped, or it went inactive: the session is over."""
@@ -438,6 +454,8 @@ class MessagePlane:
         if why == "inactive":
             self.master.release(out, gone=True)
             self.outbound.pop(spid, None)
+        if spid == self.root_spid():
+            self._check_root_link()
 
     def root_changed(self, old: str | None, new: str | None) -> None:
         """Flip the shared queues' roles and move the proxy to the new root."""
@@ -458,6 +476,7 @@ class MessagePlane:
         if new is not None and not self.is_root:
             self.proxy.session_check()
             self._hand_over(queues, new)
+        self._check_root_link()
 
     def _hand_over(self, queues: list[SharedQueue], root: str) -> None:
         """Messages a former master still holds go to the new root, in order."""

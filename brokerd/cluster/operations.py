@@ -95,6 +95,9 @@ class OperatorCommands(_Base):
         healed = sorted(self.cut)
         self.cut.clear()
         log.warning("fault heal spids=%s", ",".join(healed) or "-")
+        for spid in healed:
+            if self.link_to(spid) is not None:
+                self.link_ready(spid)  # as if the link had come back up
         return {"healed": healed}
 
     def status(self) -> dict[str, Any]:

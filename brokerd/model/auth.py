@@ -2,7 +2,9 @@
 
 Passwords are stored as PBKDF2-SHA256 hashes; a verified login is
 remembered in memory (keyed by a keyed hash) so that reconnect storms do
-not stall the event loop on key stretching.
+not pay the key stretching again. ``authenticate`` is slow by design and
+runs in an executor (``brokerd.server.login``); every refusal costs one
+hash, so a name that does not exist answers as slowly as a wrong password.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import hmac
 import ipaddress
 import re
 import secrets
+from collections import Counter
 from dataclasses import dataclass, field
 
 from brokerd.model.errors import access_refused
@@ -88,8 +91,9 @@ class Permission:
         pattern = self._compiled.get(kind)
         if pattern is None:
             pattern = self._compiled[kind] = re.compile(getattr(self, kind))
-        # RabbitMQ: an empty pattern grants nothing; otherwise a full match is needed
-        return bool(getattr(self, kind)) and pattern.fullmatch(resource) is not None
+        # RabbitMQ: an empty pattern grants nothing; otherwise the regex is searched
+        # (re:run semantics), so '^app\\.' grants every name starting with 'app.'
+        return bool(getattr(self, kind)) and pattern.search(resource) is not None
 
 
 class UserDatabase:
@@ -100,10 +104,35 @@ class UserDatabase:
         self.permissions: dict[tuple[str, str], Permission] = {}
         self._verified: dict[str, bytes] = {}
         self._pepper = secrets.token_bytes(16)
+        #: iteration counts of the stored hashes: a refusal for a name with no hash
+        #: pays the most common one, so it takes as long as a wrong password
+        self._iterations: Counter[int] = Counter()
 
     def add_user(self, user: User) -> None:
+        old = self.users.get(user.name)
+        if old is not None:
+            self._iterations[_iterations(old.password_hash)] -= 1
         self.users[user.name] = user
+        self._iterations[_iterations(user.password_hash)] += 1
         self._verified.pop(user.name, None)
+
+    def _dummy_check(self, password: str) -> None:
+        """Spend what checking a real hash would, and throw the result away."""
+        common = [n for n, c in self._iterations.most_common() if c > 0 and n > 0]
+        iterations = common[0] if common else HASH_ITERATIONS
+        hash_password(password, iterations=iterations, salt="rookery-no-such-user")
+
+    def cached(self, username: str, password: str, peer_host: str) -> User | None:
+        """The user if this exact login was verified before (cheap: one HMAC)."""
+        user = self.users.get(username)
+        if user is None or (user.loopback_only and not is_loopback(peer_host)):
+            return None
+        return user if self._verified.get(username) == self._token(user, password) else None
+
+    def _token(self, user: User, password: str) -> bytes:
+        return hmac.new(
+            self._pepper, f"{user.password_hash}\0{password}".encode(), "sha256"
+        ).digest()
 
     def set_permission(self, user: str, vhost: str, permission: Permission) -> None:
         self.permissions[(user, vhost)] = permission
@@ -112,12 +141,12 @@ class UserDatabase:
         """Returns the user, or None and the reason (logged, never sent to the client)."""
         user = self.users.get(username)
         if user is None:
+            self._dummy_check(password)
             return None, f"user '{username}' does not exist"
         if user.loopback_only and not is_loopback(peer_host):
+            self._dummy_check(password)
             return None, f"user '{username}' can only connect via localhost"
-        token = hmac.new(
-            self._pepper, f"{user.password_hash}\0{password}".encode(), "sha256"
-        ).digest()
+        token = self._token(user, password)
         if self._verified.get(username) == token:
             return user, ""
         if not check_password(password, user.password_hash):
@@ -136,3 +165,8 @@ class UserDatabase:
                 f"access to {resource_type} '{name}' in vhost '{vhost}' "
                 f"refused for user '{user.name}'"
             )
+
+
+def _iterations(encoded: str) -> int:
+    """The iteration count of a stored hash (0 when it is not one)."""
+    return int(encoded.split("$")[1]) if is_password_hash(encoded) else 0

@@ -38,6 +38,8 @@ class Broker:
         self.messages_out = 0
         #: deliveries settled by basic.ack
         self.messages_acked = 0
+        #: deliveries and get-oks of messages delivered before (redelivered=true)
+        self.messages_redelivered = 0
         self.messages_returned = 0
 
     def vhost(self, name: str) -> VirtualHost:

@@ -51,6 +51,20 @@ REPLY_TEXT = {
 }
 
 
+#: a reply text is a short string: at most 255 bytes on the wire
+MAX_REPLY_TEXT_BYTES = 255
+
+
+def truncate_utf8(text: str, limit: int = MAX_REPLY_TEXT_BYTES) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, never inside a character.
+
+    Reply texts echo client-chosen names (a queue of 255 bytes of 'é'), and a
+    short string longer than 255 bytes cannot be encoded at all."""
+    # 'replace' turns a lone surrogate (never valid UTF-8) into '?'; 'ignore'
+    # drops the partial character a byte cut may leave at the end
+    return text.encode("utf-8", "replace")[:limit].decode("utf-8", "ignore")
+
+
 class AMQPError(Exception):
     """An AMQP exception: a reply code and a human-readable text."""
 
@@ -67,7 +81,7 @@ class AMQPError(Exception):
     def reply_text(self) -> str:
         """The reply text as RabbitMQ formats it: ``NAME - detail``."""
         name = REPLY_TEXT.get(self.reply_code, "ERROR")
-        return f"{name} - {self.text}"[:255]
+        return truncate_utf8(f"{name} - {self.text}")
 
 
 class ChannelError(AMQPError):

@@ -169,7 +169,8 @@ class VirtualHost:
             raise precondition_failed(f"exchange '{name}' in vhost '{self.name}' in use")
         for binding in list(exchange.bindings.values()) + list(exchange.inbound.values()):
             self._drop_binding(binding)
-        del self.exchanges[name]
+        # dropping its last binding may already have auto-deleted an auto-delete exchange
+        self.exchanges.pop(name, None)
         return exchange
 
     # -- queues --------------------------------------------------------------

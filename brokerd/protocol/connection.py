@@ -2,35 +2,32 @@
 
 from __future__ import annotations
 
-import enum
 import itertools
 import logging
-import platform
-import struct
 import time
 from collections.abc import Callable
 from typing import Any
 
-from pamqp import commands, decode
+from pamqp import commands
 from pamqp.base import Frame as Method
 
-import brokerd
 from brokerd.model.broker import Broker
 from brokerd.model.errors import (
-    ACCESS_REFUSED,
     CHANNEL_ERROR,
-    COMMAND_INVALID,
     CONNECTION_FORCED,
     FRAME_ERROR,
     INTERNAL_ERROR,
-    NOT_ALLOWED,
     NOT_IMPLEMENTED,
     SYNTAX_ERROR,
     UNEXPECTED_FRAME,
     AMQPError,
     ConnectionError_,
 )
+from brokerd.protocol.handshake import (
+    LoginCheck,
+)
 from brokerd.protocol.hooks import ConnectionHooks, Wait
+from brokerd.protocol.negotiation import ConnectionState, Negotiation
 from brokerd.wire import codec
 from brokerd.wire.codec import (
     FRAME_BODY,
@@ -48,8 +45,14 @@ from brokerd.wire.codec import (
 log = logging.getLogger("brokerd.connection")
 
 _PUBLISH_ID = bytes((0, 60, 0, 40))
-_FRAME_HEAD = struct.Struct("!BHI")
-_FRAME_END = b"\xce"
+
+
+def _publishing(ftype: int, payload: bytes) -> bool:
+    """A basic.publish method frame, or content (the rest of a publish)."""
+    return ftype in (FRAME_HEADER, FRAME_BODY) or (
+        ftype == FRAME_METHOD and payload[:4] == _PUBLISH_ID
+    )
+
 
 HANDSHAKE_TIMEOUT = 10.0
 #: bytes of output a connection may gather in one loop turn before its consumers pause
@@ -57,39 +60,19 @@ OUTPUT_HIGH_WATER = 1024 * 1024
 CLOSE_TIMEOUT = 3.0
 _ids = itertools.count(1)
 
-SERVER_CAPABILITIES = {
-    "publisher_confirms": True,
-    "exchange_exchange_bindings": True,
-    "basic.nack": True,
-    "consumer_cancel_notify": True,
-    "connection.blocked": True,
-    "consumer_priorities": False,
-    "authentication_failure_close": True,
-    "per_consumer_qos": True,
-    "direct_reply_to": False,
-}
-
-
-class ConnectionState(enum.Enum):
-    AWAIT_HEADER = "awaiting protocol header"
-    AWAIT_START_OK = "starting"
-    AWAIT_TUNE_OK = "tuning"
-    AWAIT_OPEN = "opening"
-    AWAIT_ADMISSION = "waiting for the cluster"
-    OPEN = "running"
-    CLOSING = "closing"
-    CLOSED = "closed"
-
 
 def next_connection_id() -> int:
     return next(_ids)
 
 
-class Connection:
+class Connection(Negotiation):
     """One client connection, from protocol header to close.
 
     ``on_output`` is called (once) when the output buffer goes from empty to
     non-empty, so an I/O shell can schedule a single write per loop turn.
+    ``on_login`` receives each password check to run off the loop (the shell
+    answers with ``complete_login``); without it the machine checks inline,
+    which keeps it usable with no loop at all.
     """
 
     def __init__(
@@ -102,6 +85,7 @@ class Connection:
         on_output: Callable[[], None] | None = None,
         server_properties: dict[str, Any] | None = None,
         hooks: ConnectionHooks | None = None,
+        on_login: Callable[[LoginCheck], None] | None = None,
     ) -> None:
         from brokerd.protocol.channel import Channel  # local: channel imports this module
 
@@ -121,6 +105,11 @@ class Connection:
         self._out: list[bytes] = []
         self.server_properties = server_properties or {}
         self.hooks = hooks
+        self.on_login = on_login
+        #: the password check in progress; frames received meanwhile wait
+        self.login: LoginCheck | None = None
+        self._pending: list[tuple[int, int, bytes]] = []
+        self._pending_error: AMQPError | None = None
         self._admission: Wait | None = None
         self._admission_deadline = 0.0
         self._closed_notified = False
@@ -140,10 +129,12 @@ class Connection:
         self._output_full = False
         self._out_bytes = 0
         self.blocked_reason: str | None = None
-        #: a publish arrived while blocked: the shell stops reading from the socket
-        #: until unblocked (RabbitMQ's "blocked", not just a notification)
+        #: blocked and a publisher's next frame came: the shell stops reading from the
+        #: socket until unblocked (RabbitMQ's "blocked", not just a notification)
         self.read_paused = False
         self.close_reason: str = ""
+        #: connection.close went out (the fallback close must not send a second one)
+        self._close_sent = False
         # counters
         self.messages_in = 0
         self.messages_out = 0
@@ -203,8 +194,8 @@ class Connection:
         self.last_received = self.clock()
         buf = self._buf
         buf += data
-        if self.state is ConnectionState.AWAIT_ADMISSION:
-            return  # frames pipelined after connection.open wait with it
+        if self._holding:
+            return  # frames pipelined after start-ok or open wait for the answer
         if self.state is ConnectionState.AWAIT_HEADER:
             if len(buf) < 8:
                 if PROTOCOL_HEADER.startswith(bytes(buf)):
@@ -229,37 +220,68 @@ class Connection:
             error = ConnectionError_(FRAME_ERROR, str(exc))
         if pos:
             del buf[:pos]
+        self._process(frames, error)
+
+    @property
+    def _holding(self) -> bool:
+        """A password check or the cluster's admission is pending, or publishers are
+        blocked and this one published: frames wait."""
+        return (
+            self.login is not None
+            or self.state is ConnectionState.AWAIT_ADMISSION
+            or self.read_paused
+        )
+
+    def _process(self, frames: list[tuple[int, int, bytes]], error: AMQPError | None) -> None:
         blocked = self.blocked_reason is not None and self.state is ConnectionState.OPEN
         for index, (ftype, channel, payload) in enumerate(frames):
-            if blocked and ftype == FRAME_METHOD and channel and payload[:4] == _PUBLISH_ID:
-                self._hold_frames(frames[index:])
-                break
+            if blocked and channel and _publishing(ftype, payload):
+                # blocked: this publish (or the rest of one) is not read, nor what follows
+                self.read_paused = True
+                self._pending = frames[index:]
+                self._pending_error = error
+                return
             try:
-                self._handle_frame(ftype, channel, payload)
-            except AMQPError as exc:
-                self._flush_confirms()  # ... and precede the error
-                self._amqp_error(exc, channel)
+                try:
+                    self._handle_frame(ftype, channel, payload)
+                except AMQPError as exc:
+                    self._flush_confirms()  # ... and precede the error
+                    self._amqp_error(exc, channel)
             except Exception:
                 # a broker bug must cost only this connection, and the client
                 # hears why (RabbitMQ: 541 INTERNAL_ERROR), rather than a reset
                 log.exception(
                     "internal error conn=%d peer=%s channel=%d", self.id, self.name, channel
                 )
-                self.connection_error(INTERNAL_ERROR, "internal error; see the broker log")
+                self.internal_error()
             if self.state is ConnectionState.CLOSED:
                 break
-        self._flush_confirms()
+            if self._holding:
+                # the answer comes later: the rest of this read waits for it
+                self._pending = frames[index + 1 :]
+                self._pending_error = error
+                return
+        try:
+            self._flush_confirms()
+        except Exception:
+            log.exception("internal error conn=%d peer=%s (confirms)", self.id, self.name)
+            self.internal_error()
         if error is not None:
             self.connection_error(error.reply_code, error.text)
 
-    def _hold_frames(self, frames: list[tuple[int, int, bytes]]) -> None:
-        """Blocked: keep the frames from this publish on, unread, until unblocked."""
-        self.read_paused = True
-        held = b"".join(
-            _FRAME_HEAD.pack(ftype, channel, len(payload)) + payload + _FRAME_END
-            for ftype, channel, payload in frames
-        )
-        self._buf[:0] = held
+    def internal_error(self) -> None:
+        """Close with 541 even if the orderly close path is what failed."""
+        try:
+            self.connection_error(INTERNAL_ERROR, "internal error; see the broker log")
+        except Exception:
+            log.exception("internal error conn=%d peer=%s (closing)", self.id, self.name)
+            if not self._close_sent:
+                self.write(
+                    codec.method_frame(
+                        0, commands.Connection.Close(INTERNAL_ERROR, "INTERNAL_ERROR", 0, 0)
+                    )
+                )
+            self.state = ConnectionState.CLOSED
 
     def _flush_confirms(self) -> None:
         if self._confirm_dirty:
@@ -351,10 +373,12 @@ class Connection:
             self.send_method(
                 0, commands.Connection.Close(code, err.reply_text, class_id, method_id)
             )
+            self._close_sent = True
             self._teardown()
             self.state = ConnectionState.CLOSED
             return
         self.send_method(0, commands.Connection.Close(code, err.reply_text, class_id, method_id))
+        self._close_sent = True
         self._teardown()
         self.state = ConnectionState.CLOSING
         self._closing_since = self.clock()
@@ -462,7 +486,7 @@ class Connection:
         if reason is None and self.read_paused:
             self.read_paused = False
             self.last_received = self.clock()  # the client's heartbeats waited unread
-            self.receive_data(b"")
+            self._resume()
 
     # -- returned-message limit (seed 000) ---------------------------------------
 
@@ -486,176 +510,13 @@ class Connection:
 
     # -- the handshake -----------------------------------------------------------
 
-    def _send_start(self) -> None:
-        props = {
-            "product": brokerd.PRODUCT,
-            "version": brokerd.__version__,
-            "platform": f"Python {platform.python_version()}",
-            "copyright": "Rookery contributors",
-            "information": "Rookery clustered AMQP broker; see https://www.rabbitmq.com/amqp-0-9-1-reference.html",
-            "capabilities": dict(SERVER_CAPABILITIES),
-        }
-        props.update(self.server_properties)
-        self.send_method(0, commands.Connection.Start(0, 9, props, "PLAIN AMQPLAIN", "en_US"))
-        self.state = ConnectionState.AWAIT_START_OK
-
-    def _connection_method(self, method: Method) -> None:
-        state = self.state
-        if state is ConnectionState.AWAIT_START_OK:
-            if not isinstance(method, commands.Connection.StartOk):
-                raise ConnectionError_(
-                    COMMAND_INVALID, f"expected connection.start-ok, got {method.name}"
-                )
-            self._on_start_ok(method)
-        elif state is ConnectionState.AWAIT_TUNE_OK:
-            if not isinstance(method, commands.Connection.TuneOk):
-                raise ConnectionError_(
-                    COMMAND_INVALID, f"expected connection.tune-ok, got {method.name}"
-                )
-            self._on_tune_ok(method)
-        elif state is ConnectionState.AWAIT_OPEN:
-            if not isinstance(method, commands.Connection.Open):
-                raise ConnectionError_(
-                    COMMAND_INVALID, f"expected connection.open, got {method.name}"
-                )
-            self._on_open(method)
-        elif isinstance(method, commands.Connection.Close):
-            self._flush_confirms()  # acks of earlier publishes precede close-ok
-            log.info(
-                "client close conn=%d peer=%s code=%s text=%r",
-                self.id,
-                self.name,
-                method.reply_code,
-                method.reply_text,
-            )
-            self.send_method(0, commands.Connection.CloseOk())
-            self._finish_close()
-        elif isinstance(method, commands.Connection.CloseOk):
-            raise ConnectionError_(COMMAND_INVALID, "connection.close-ok without connection.close")
-        else:
-            raise ConnectionError_(COMMAND_INVALID, f"unexpected method {method.name} on channel 0")
-
-    def _on_start_ok(self, method: commands.Connection.StartOk) -> None:
-        self.client_properties = method.client_properties or {}
-        caps = self.client_properties.get("capabilities")
-        self.capabilities = caps if isinstance(caps, dict) else {}
-        username, password = self._credentials(method.mechanism, method.response)
-        user, reason = self.broker.users.authenticate(username, password, self.peer[0])
-        if user is None:
-            log.warning(
-                "login refused conn=%d peer=%s mechanism=%s reason=%s",
-                self.id,
-                self.name,
-                method.mechanism,
-                reason,
-            )
-            text = (
-                f"Login was refused using authentication mechanism {method.mechanism}. "
-                "For details see the broker logfile."
-            )
-            if self.hooks is not None:
-                self.hooks.login_refused(self, reason)
-            if self.capabilities.get("authentication_failure_close"):
-                self.send_method(
-                    0, commands.Connection.Close(ACCESS_REFUSED, f"ACCESS_REFUSED - {text}", 0, 0)
-                )
-            self.state = ConnectionState.CLOSED
-            return
-        self.user = user
-        limits = self.broker.limits
-        self.send_method(
-            0, commands.Connection.Tune(limits.channel_max, limits.frame_max, limits.heartbeat)
-        )
-        self.state = ConnectionState.AWAIT_TUNE_OK
-
-    def _credentials(self, mechanism: str, response: Any) -> tuple[str, str]:
-        raw = response.encode("latin-1") if isinstance(response, str) else bytes(response or b"")
-        if mechanism == "PLAIN":
-            parts = raw.split(b"\x00")
-            if len(parts) != 3:
-                raise ConnectionError_(ACCESS_REFUSED, "malformed PLAIN response")
-            return parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
-        if mechanism == "AMQPLAIN":
-            try:
-                _, table = decode.field_table(struct.pack(">I", len(raw)) + raw)
-            except Exception:
-                raise ConnectionError_(ACCESS_REFUSED, "malformed AMQPLAIN response") from None
-            return str(table.get("LOGIN", "")), str(table.get("PASSWORD", ""))
-        raise ConnectionError_(
-            ACCESS_REFUSED, f"unsupported authentication mechanism '{mechanism}'"
-        )
-
-    def _on_tune_ok(self, method: commands.Connection.TuneOk) -> None:
-        limits = self.broker.limits
-        frame_max = method.frame_max or limits.frame_max
-        if frame_max < FRAME_MIN_SIZE:
-            raise ConnectionError_(
-                NOT_ALLOWED, f"frame_max={frame_max} < {FRAME_MIN_SIZE} min size"
-            )
-        if frame_max > limits.frame_max:
-            raise ConnectionError_(
-                NOT_ALLOWED, f"frame_max={frame_max} > {limits.frame_max} max size"
-            )
-        channel_max = method.channel_max or limits.channel_max
-        if channel_max > limits.channel_max:
-            raise ConnectionError_(
-                NOT_ALLOWED, f"channel_max={channel_max} > {limits.channel_max} max"
-            )
-        self.frame_max = frame_max
-        self.channel_max = channel_max
-        self.heartbeat = method.heartbeat
-        self.state = ConnectionState.AWAIT_OPEN
-
-    def _on_open(self, method: commands.Connection.Open) -> None:
-        name = method.virtual_host or "/"
-        vhost = self.broker.vhosts.get(name)
-        if vhost is None:
-            raise ConnectionError_(NOT_ALLOWED, f"vhost {name} not found")  # RabbitMQ's wording
-        if not self.broker.users.can_access_vhost(self.user.name, name):
-            raise ConnectionError_(
-                NOT_ALLOWED, f"access to vhost '{name}' refused for user '{self.user.name}'"
-            )
-        self.vhost = vhost
-        self._try_admit()
-
-    def _try_admit(self) -> None:
-        """Ask the hooks whether this connection may start now."""
-        decision = self.hooks.admit(self) if self.hooks is not None else None
-        if decision is not None:
-            if self._admission is None:
-                log.info(
-                    "open waiting conn=%d peer=%s reason=%s", self.id, self.name, decision.reason
-                )
-                self._admission_deadline = self.clock() + decision.timeout
-            self._admission = decision
-            self.state = ConnectionState.AWAIT_ADMISSION
-            return
-        self._admission = None
-        known_hosts = self.hooks.known_hosts() if self.hooks is not None else ""
-        self.write(codec.open_ok_frame(known_hosts))
-        self.state = ConnectionState.OPEN
-        name = self.vhost.name
-        log.info(
-            "open conn=%d peer=%s user=%s vhost=%s client=%s heartbeat=%d frame_max=%d",
-            self.id,
-            self.name,
-            self.user.name,
-            name,
-            self.client_properties.get("product", "?"),
-            self.heartbeat,
-            self.frame_max,
-        )
-
-    def readmit(self) -> None:
-        """The hooks' answer may have changed (a root appeared): try again."""
-        if self.state is not ConnectionState.AWAIT_ADMISSION:
-            return
-        try:
-            self._try_admit()
-        except AMQPError as exc:
-            self.connection_error(exc.reply_code, exc.text)
-            return
-        if self.state is ConnectionState.OPEN and self._buf:
+    def _resume(self) -> None:
+        """The answer came: process the frames that waited for it, then the buffer."""
+        frames, error = self._pending, self._pending_error
+        self._pending, self._pending_error = [], None
+        if frames or error is not None:
+            self._process(frames, error)
+        if self._buf and not self._holding and self.state is not ConnectionState.CLOSED:
             self.receive_data(b"")
 
     # -- channels ------------------------------------------------------------------

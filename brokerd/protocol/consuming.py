@@ -101,6 +101,8 @@ class Consumer:
         conn = self.connection
         conn.messages_out += 1
         conn.broker.messages_out += 1
+        if redelivered:
+            conn.broker.messages_redelivered += 1
         number = ch.number
         conn.write(codec.deliver_frame(number, self.tag_raw, tag, redelivered, message.tail))
         conn.write(message.content(number, conn.frame_max))
@@ -227,6 +229,8 @@ class Consuming:
             queue.unacked += 1
         conn.messages_out += 1
         conn.broker.messages_out += 1
+        if redelivered:
+            conn.broker.messages_redelivered += 1
         conn.send_method(
             self.number,
             commands.Basic.GetOk(

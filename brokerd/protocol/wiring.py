@@ -125,11 +125,16 @@ class Wiring:
         vhost = self.connection.vhost
         self._permit("write", "exchange", m.destination)
         self._permit("read", "exchange", m.source)
+        source = vhost.exchanges.get(m.source)
+        destination = vhost.exchanges.get(m.destination)
+        if source is None or destination is None:
+            # RabbitMQ: the binding went with its exchange, so unbinding succeeds
+            self._applied(m, commands.Exchange.UnbindOk(), changed=False)
+            return
         if self._delegated(m, lambda _: commands.Exchange.UnbindOk()):
             return
-        source = vhost.exchange(m.source)
         before = len(source.bindings)
-        vhost.unbind(source, vhost.exchange(m.destination), m.routing_key, m.arguments or {})
+        vhost.unbind(source, destination, m.routing_key, m.arguments or {})
         self._applied(m, commands.Exchange.UnbindOk(), changed=len(source.bindings) != before)
 
     # -- queue class ---------------------------------------------------------------
@@ -147,10 +152,10 @@ class Wiring:
             self._suspend(m)
             queue.stat(counted)
             return
-        if m.queue:
-            self._permit("configure", "queue", m.queue)
-        else:
+        if not m.queue:
             _rename(m, vhost.server_named_queue())  # named here: it replicates under its name
+        # RabbitMQ checks configure on a server-named queue's generated name too
+        self._permit("configure", "queue", m.queue)
         self.last_queue = m.queue
         name = m.queue
         if self._delegated(m, lambda counts: self._declare_ok_method(name, counts)):
@@ -207,11 +212,17 @@ class Wiring:
         name = _rename(m, self._queue_name(m.queue))
         self._permit("write", "queue", name)
         self._permit("read", "exchange", m.exchange)
+        exchange = conn.vhost.exchanges.get(m.exchange)
+        if name not in conn.vhost.queues or exchange is None:
+            # RabbitMQ: the binding went with its queue or exchange, so unbind-ok
+            # (aio-pika's RPC.close() unbinds after its auto-delete queue went)
+            self._applied(m, commands.Queue.UnbindOk(), changed=False)
+            return
         if self._delegated(m, lambda _: commands.Queue.UnbindOk()):
             return
         queue = conn.vhost.queue(name, conn.id)
         before = len(queue.bindings)
-        conn.vhost.unbind(conn.vhost.exchange(m.exchange), queue, m.routing_key, m.arguments or {})
+        conn.vhost.unbind(exchange, queue, m.routing_key, m.arguments or {})
         self._applied(m, commands.Queue.UnbindOk(), changed=len(queue.bindings) != before)
 
     def _on_queue_purge(self, m: commands.Queue.Purge) -> None:

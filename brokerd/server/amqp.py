@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import TYPE_CHECKING
 
 from brokerd.protocol import Connection, ConnectionState
+from brokerd.protocol.handshake import LoginCheck
 
 if TYPE_CHECKING:
     from brokerd.server.app import Server
 
 #: transport buffer above which deliveries to that connection pause
+log = logging.getLogger("brokerd.server")
+
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITE_LOW_WATER = 1024 * 1024
 
@@ -24,6 +28,7 @@ class AMQPProtocol(asyncio.Protocol):
         self._flush_scheduled = False
         self._reading_paused = False
         self._opened = False
+        self._login_task: asyncio.Task[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
@@ -35,8 +40,27 @@ class AMQPProtocol(asyncio.Protocol):
             on_output=self._schedule_flush,
             server_properties=self.server.server_properties(),
             hooks=self.server.hooks,
+            on_login=self._on_login,
         )
         self.server.connections[self.machine.id] = self
+
+    def _on_login(self, check: LoginCheck) -> None:
+        """The machine asks for a password check: run it off the loop, feed the answer back."""
+        self._login_task = self.loop.create_task(self._login(check))
+
+    async def _login(self, check: LoginCheck) -> None:
+        machine = self.machine
+        assert machine is not None
+        try:
+            user, reason = await self.server.logins.check(check)
+        except Exception as exc:  # a broken hash in the config: refuse, keep serving
+            user, reason = None, f"password check failed: {type(exc).__name__}: {exc}"
+        self._login_task = None
+        if self.transport is None:
+            return
+        machine.complete_login(check, user, reason)
+        self._check_blocked(machine)
+        self.flush()
 
     def _schedule_flush(self) -> None:
         if not self._flush_scheduled:
@@ -57,7 +81,16 @@ class AMQPProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         machine = self.machine
         assert machine is not None
-        machine.receive_data(data)
+        try:
+            machine.receive_data(data)
+        except Exception:  # the machine catches per frame; this is the last line
+            log.exception("internal error conn=%d peer=%s (receive)", machine.id, machine.name)
+            machine.internal_error()
+        self._check_blocked(machine)
+        if machine.closed:
+            self.flush()
+
+    def _check_blocked(self, machine: Connection) -> None:
         if not self._opened and machine.state is ConnectionState.OPEN:
             self._opened = True
             reason = self.server.blocked_reason
@@ -68,8 +101,6 @@ class AMQPProtocol(asyncio.Protocol):
         if machine.read_paused and not self._reading_paused and self.transport is not None:
             self._reading_paused = True  # blocked: a publisher waits, unread
             self.transport.pause_reading()
-        if machine.closed:
-            self.flush()
 
     def set_blocked(self, reason: str | None) -> None:
         """Block (or unblock) this connection's publishing; reading resumes with it."""
@@ -100,6 +131,9 @@ class AMQPProtocol(asyncio.Protocol):
             self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._login_task is not None:
+            self._login_task.cancel()
+            self._login_task = None
         if self.machine is not None:
             self.machine.connection_lost()
             self.server.connections.pop(self.machine.id, None)

@@ -25,6 +25,8 @@ from brokerd.model.exchange import Exchange
 from brokerd.server import dump
 from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError, serve_control
+from brokerd.server.login import LoginService
+from brokerd.server.metrics import MetricsServer
 
 log = logging.getLogger("brokerd.server")
 
@@ -43,6 +45,9 @@ class ServerOptions:
     #: the console's broker endpoint (ws:// or wss://) and its shared token
     console_url: str | None = None
     console_token: str = ""
+    #: Prometheus /metrics port (None: off) and the address it binds (loopback by default)
+    metrics_port: int | None = None
+    metrics_bind: str = "127.0.0.1"
 
 
 class Server:
@@ -61,12 +66,15 @@ class Server:
         if self.cluster_config is not None:
             self._install_cluster_user(config)
         self.connections: dict[int, AMQPProtocol] = {}
+        #: password checks off the loop; reads ``broker.users`` at each check (reloads swap it)
+        self.logins = LoginService(lambda: self.broker.users)
         #: messages per second over the last ticker second
         self.rates = {"published": 0.0, "routed": 0.0, "delivered": 0.0}
         self._last_counters = (time.monotonic(), self.broker.counters())
         #: host:port this server is known by (cluster callback, console name); set at start
         self.address = f"{options.bind}:{options.port}"
         self.console: ConsoleLink | None = None
+        self.metrics: MetricsServer | None = None
         self._listener: asyncio.AbstractServer | None = None
         self._stopping: asyncio.Event | None = None
         self._control: asyncio.AbstractServer | None = None
@@ -74,6 +82,7 @@ class Server:
         self._cluster_secret_hash = ""
         #: why publishers are blocked, by cause (cluster not ready, links behind)
         self._blocks: dict[str, str] = {}
+        self._blocks_scheduled = False
 
     def _install_cluster_user(self, config: BrokerConfig) -> None:
         """The cluster vhost exists and the cluster user (password = secret) may use it."""
@@ -135,6 +144,7 @@ class Server:
             "rates": self.rates,
             **self.counts(),  # the broker's totals() and the connection counts
             "totals": self.broker.counters(),
+            "blocked": dict(self._blocks),
             "console": None
             if self.console is None
             else {
@@ -217,6 +227,18 @@ class Server:
             loop.add_signal_handler(sig, handler)
         self._ticker_task = loop.create_task(self._ticker())
         self._control = await serve_control(self.options.data_dir, self.control)
+        if self.options.metrics_port is not None:
+            self.metrics = MetricsServer(self, self.options.metrics_bind, self.options.metrics_port)
+            try:
+                await self.metrics.start()
+            except OSError as exc:
+                log.error(
+                    "cannot listen for metrics on %s:%d: %s",
+                    self.options.metrics_bind,
+                    self.options.metrics_port,
+                    exc.strerror,
+                )
+                raise
         if self.cluster_config is not None:
             await self._start_cluster(self.cluster_config)
         if self.options.console_url:
@@ -241,7 +263,7 @@ class Server:
             on_ready_change=self._cluster_ready_changed,
             load=self.broker.totals,
             broker=self.broker,
-            on_backlog=lambda reason: self.block_publishers("cluster-links", reason),
+            on_block=self.block_publishers,
         )
         vhost = self.broker.vhosts[config.vhost]
         vhost.exchanges[CLUSTER_EXCHANGE] = Exchange(
@@ -265,6 +287,15 @@ class Server:
             self._blocks.pop(cause, None)
         else:
             self._blocks[cause] = reason
+        if not self._blocks_scheduled:
+            # applied at the end of this loop turn: causes that hand over to each other
+            # in one step (the root's link went down, then there is no root) never
+            # flap a connection.unblocked in between
+            self._blocks_scheduled = True
+            asyncio.get_running_loop().call_soon(self._apply_blocks)
+
+    def _apply_blocks(self) -> None:
+        self._blocks_scheduled = False
         effective = next(iter(self._blocks.values()), None)
         for proto in list(self.connections.values()):
             conn = proto.machine
@@ -293,6 +324,8 @@ class Server:
             self._listener.close()
         if self._control is not None:
             self._control.close()
+        if self.metrics is not None:
+            self.metrics.close()
         if self.console is not None:
             await self.console.stop()
         if self.cluster is not None:
@@ -307,6 +340,7 @@ class Server:
         for proto in list(self.connections.values()):
             if proto.transport is not None:
                 proto.transport.abort()
+        self.logins.close()
         log.info("stopped spid=%s", self.spid)
 
     async def _ticker(self) -> None:

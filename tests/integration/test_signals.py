@@ -256,7 +256,14 @@ def test_sighup_rereads_the_config(configured):
     assert not can_login(broker, "bob", "alice-pw")
     # as in RabbitMQ, connections already open are not cut
     assert held.is_open
-    held.channel().queue_declare("", exclusive=True)
+    ch = held.channel()
+    assert ch.is_open
+    # ... but each operation is checked against the permissions in force: alice has none
+    # now, and a server-named queue needs configure too (as in RabbitMQ)
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker) as info:
+        ch.queue_declare("", exclusive=True)
+    assert info.value.reply_code == 403
+    assert held.is_open
     held.close()
     assert broker.alive()
 

@@ -14,7 +14,6 @@ from brokerd.model.broker import Broker
 from brokerd.model.message import Message
 from brokerd.model.queue import Queue
 
-
 _CONFIG = default_config()
 _USERS = _CONFIG.user_database()  # hashing guest's password once, not per server
 

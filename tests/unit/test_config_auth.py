@@ -87,12 +87,13 @@ def test_is_loopback(host, expected):
 # -- permissions ------------------------------------------------------------------------
 
 
-def test_permission_regexes_need_a_full_match():
-    p = Permission(configure="^app\\..*", write="app\\.(in|out)", read="")
-    assert p.allows("configure", "app.queue")
+def test_permission_regexes_are_searched_as_rabbitmq_does():
+    p = Permission(configure="^app\\.", write="app\\.(in|out)$", read="")
+    assert p.allows("configure", "app.queue")  # '^app\.' grants every 'app.' name
     assert not p.allows("configure", "other.app.queue")
     assert p.allows("write", "app.in")
-    assert not p.allows("write", "app.input")  # full match, as RabbitMQ
+    assert p.allows("write", "my.app.out")  # unanchored at the start: found inside
+    assert not p.allows("write", "app.input")  # '$' anchors the end
     assert not p.allows("read", "")  # an empty pattern grants nothing
     assert not p.allows("read", "anything")
 

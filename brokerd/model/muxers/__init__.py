@@ -5,7 +5,15 @@ name; an exchange owns one muxer instance holding its bindings. New types
 (x-wild-headers, x-selector, x-lossy, ...) plug in with ``@register``.
 """
 
-from brokerd.model.muxers import direct, fanout, headers, topic  # noqa: F401  (registration)
+from brokerd.model.muxers import (  # noqa: F401  (registration)
+    direct,
+    fanout,
+    headers,
+    lossy,
+    topic,
+    wildheaders,
+    xselector,
+)
 from brokerd.model.muxers.base import MUXERS, Binding, Muxer, lookup, register
 
 __all__ = ["MUXERS", "Binding", "Muxer", "lookup", "register"]

@@ -1,0 +1,230 @@
+"""Prometheus ``/metrics`` for brokerd, read from the model at scrape time.
+
+Nothing is counted for Prometheus on the message path: a custom collector
+walks the same counters the console link uses (``Broker.counters``, the
+per-queue ``stats_*``) when a scrape comes. Names follow RabbitMQ's
+Prometheus plugin where a metric means the same thing; Rookery's own (cluster
+role, logins, lossy drops) are ``rookery_*``. The HTTP side is a few lines
+on the broker's own event loop, so a scrape never reads the model from
+another thread; it answers ``GET /metrics`` and nothing else.
+
+Not exported yet: dead-lettered and expired message counters (queue TTL and
+dead-lettering are not implemented), memory against the watermark (the
+store issue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+if TYPE_CHECKING:
+    from brokerd.server.app import Server
+
+log = logging.getLogger("brokerd.metrics")
+
+#: Broker.counters() key -> (RabbitMQ plugin name without _total, help)
+GLOBAL_COUNTERS = {
+    "published": ("rabbitmq_global_messages_received", "Messages published by clients"),
+    "routed": ("rabbitmq_global_messages_routed", "Message copies routed to queues"),
+    "delivered": ("rabbitmq_global_messages_delivered", "Deliveries and basic.get-oks"),
+    "acked": ("rabbitmq_global_messages_acknowledged", "Deliveries acknowledged by clients"),
+    "redelivered": ("rabbitmq_global_messages_redelivered", "Deliveries with redelivered set"),
+    "returned": (
+        "rabbitmq_global_messages_unroutable_returned",
+        "Unroutable mandatory messages returned to publishers",
+    ),
+}
+
+MAX_REQUEST_BYTES = 8192
+REQUEST_TIMEOUT = 5.0
+
+
+class BrokerCollector(Collector):
+    """Builds every metric family from the server's model when scraped."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        server = self.server
+        counts = server.counts()
+        for key, name, help_text in (
+            ("connections", "rabbitmq_connections", "Open AMQP connections"),
+            ("channels", "rabbitmq_channels", "Open channels"),
+            ("consumers", "rabbitmq_consumers", "Consumers"),
+            ("queues", "rabbitmq_queues", "Queues"),
+            ("exchanges", "rookery_exchanges", "Exchanges, predeclared ones included"),
+            ("bindings", "rookery_bindings", "Bindings"),
+        ):
+            yield GaugeMetricFamily(name, help_text, value=counts[key])
+        # the console link's totals (a fixed set), plus the redelivery count
+        counters = {**server.broker.counters(), "redelivered": server.broker.messages_redelivered}
+        for key, (name, help_text) in GLOBAL_COUNTERS.items():
+            yield CounterMetricFamily(name, help_text, value=counters.get(key, 0))
+        yield from self._queues()
+        yield from self._exchanges()
+        yield from self._cluster()
+        logins = server.logins
+        yield CounterMetricFamily(
+            "rookery_login_checks", "Password checks run (cached logins excluded)", logins.checks
+        )
+        yield CounterMetricFamily("rookery_login_refused", "Logins refused", logins.refused)
+
+    def _queues(self) -> Iterator[Metric]:
+        labels = ["vhost", "queue"]
+        ready = GaugeMetricFamily(
+            "rabbitmq_queue_messages_ready", "Messages ready for delivery", labels=labels
+        )
+        unacked = GaugeMetricFamily(
+            "rabbitmq_queue_messages_unacked",
+            "Messages delivered and not yet acknowledged",
+            labels=labels,
+        )
+        total = GaugeMetricFamily(
+            "rabbitmq_queue_messages", "Ready plus unacknowledged messages", labels=labels
+        )
+        consumers = GaugeMetricFamily("rabbitmq_queue_consumers", "Consumers", labels=labels)
+        published = CounterMetricFamily(
+            "rabbitmq_queue_messages_published",
+            "Message copies enqueued (or handed straight to a consumer)",
+            labels=labels,
+        )
+        delivered = CounterMetricFamily(
+            "rookery_queue_messages_delivered", "Deliveries and get-oks", labels=labels
+        )
+        for vhost in self.server.broker.vhosts.values():
+            for queue in vhost.queues.values():
+                key = [vhost.name, queue.name]
+                ready.add_metric(key, queue.message_count)
+                unacked.add_metric(key, queue.unacked)
+                total.add_metric(key, queue.message_count + queue.unacked)
+                consumers.add_metric(key, queue.consumer_count)
+                published.add_metric(key, queue.stats_in)
+                delivered.add_metric(key, queue.stats_out)
+        yield from (ready, unacked, total, consumers, published, delivered)
+
+    def _exchanges(self) -> Iterator[Metric]:
+        dropped = CounterMetricFamily(
+            "rookery_exchange_messages_dropped",
+            "Messages an x-lossy exchange dropped on purpose",
+            labels=["vhost", "exchange"],
+        )
+        for vhost in self.server.broker.vhosts.values():
+            for exchange in vhost.exchanges.values():
+                lost = getattr(exchange.muxer, "dropped", None)
+                if isinstance(lost, int):
+                    dropped.add_metric([vhost.name, exchange.name], lost)
+        yield dropped
+
+    def _cluster(self) -> Iterator[Metric]:
+        summary = self.server.cluster_summary()
+        role = GaugeMetricFamily(
+            "rookery_cluster_role",
+            "This server's role (1 for the current one: standalone, root, primary, secondary)",
+            labels=["role"],
+        )
+        role.add_metric([str(summary.get("role"))], 1)
+        yield role
+        root = summary.get("root")
+        yield GaugeMetricFamily(
+            "rookery_cluster_is_root",
+            "1 if this server is the cluster root",
+            value=int(summary.get("role") == "root"),
+        )
+        yield GaugeMetricFamily(
+            "rookery_cluster_has_root", "1 if the cluster has a root", value=int(root is not None)
+        )
+        yield GaugeMetricFamily(
+            "rookery_cluster_peers_active",
+            "Peers whose statuses arrive in time",
+            value=summary.get("peers_active", 0),
+        )
+        yield GaugeMetricFamily(
+            "rookery_cluster_peers_known", "Peers known", value=summary.get("peers_known", 0)
+        )
+        info = GaugeMetricFamily(
+            "rookery_identity_info", "This server's spid and cluster", labels=["spid", "cluster"]
+        )
+        cluster = self.server.cluster_config
+        info.add_metric([self.server.spid, cluster.name if cluster else "standalone"], 1)
+        yield info
+
+
+class MetricsServer:
+    """``GET /metrics`` over HTTP/1.0 on the broker's loop (one request per connection)."""
+
+    def __init__(self, server: Server, bind: str, port: int) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(BrokerCollector(server))
+        self.bind = bind
+        self.port = port
+        self._server: asyncio.AbstractServer | None = None
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, self.bind, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        log.info("metrics listening bind=%s port=%d", self.bind, self.port)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT)
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, OSError):
+            writer.close()
+            return
+        if len(head) > MAX_REQUEST_BYTES:
+            await self._reply(writer, 431, "text/plain", b"request header too large\n")
+            return
+        parts = head.split(b"\r\n", 1)[0].split()
+        method = parts[0] if parts else b""
+        path = parts[1].split(b"?", 1)[0] if len(parts) > 1 else b""
+        if method not in (b"GET", b"HEAD"):
+            await self._reply(writer, 405, "text/plain", b"only GET\n")
+        elif path != b"/metrics":
+            await self._reply(writer, 404, "text/plain", b"see /metrics\n")
+        else:
+            try:
+                body = self.render()
+            except Exception:  # a collector bug must not take the broker down
+                log.exception("metrics scrape failed")
+                await self._reply(writer, 500, "text/plain", b"scrape failed; see the log\n")
+                return
+            await self._reply(
+                writer, 200, CONTENT_TYPE_LATEST, b"" if method == b"HEAD" else body, len(body)
+            )
+
+    @staticmethod
+    async def _reply(
+        writer: asyncio.StreamWriter,
+        status: int,
+        content_type: str,
+        body: bytes,
+        length: int | None = None,
+    ) -> None:
+        reason = {200: "OK", 404: "Not Found", 405: "Method Not Allowed", 431: "Too Large"}
+        head = (
+            f"HTTP/1.0 {status} {reason.get(status, 'Error')}\r\n"
+            f"Content-Type: {content_type}\r\n"
+            f"Content-Length: {len(body) if length is None else length}\r\n"
+            "Connection: close\r\n\r\n"
+        )
+        try:
+            writer.write(head.encode() + body)
+            await writer.drain()
+        except OSError:
+            pass
+        finally:
+            writer.close()

@@ -1,0 +1,155 @@
+"""Journal records: the bytes a queue's journal is made of (pure, no I/O).
+
+Every record is framed as
+
+    u32 length | u32 crc32 | payload (length bytes)
+
+with the CRC over the payload, so a record cut short by a crash (a *torn*
+tail: the length says more than the file holds, or the CRC does not match)
+is recognised and dropped on recovery. The payload starts with a type byte:
+
+    ENQUEUE   u8 1 | u64 id | u8 flags | u16 len exchange | u16 len routing key
+              | u32 len properties | u32 len body | exchange | routing key
+              | properties | body
+    ACQUIRE   u8 2 | u64 id          delivered, not yet settled
+    DEQUEUE   u8 3 | u64 id          acked, rejected, purged: gone for good
+    REQUEUE   u8 4 | u64 id          back in the queue (keeps its redelivered mark)
+
+``flags`` bit 0: the message is persistent (delivery mode 2); bit 1: it was
+delivered before (redelivered). A transient message is journalled only when
+its queue pages bodies out to disk; recovery drops it.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+ENQUEUE = 1
+ACQUIRE = 2
+DEQUEUE = 3
+REQUEUE = 4
+
+PERSISTENT = 1
+REDELIVERED = 2
+
+HEADER = struct.Struct("!II")
+_enqueue_head = struct.Struct("!BQBHHII")
+_ref = struct.Struct("!BQ")
+#: a record longer than this is corruption, not a message (bodies are capped far lower)
+MAX_RECORD = 1 << 31
+
+
+class JournalError(ValueError):
+    """A journal that cannot be read past a point (a torn or corrupt record)."""
+
+
+@dataclass(slots=True)
+class Enqueue:
+    id: int
+    flags: int
+    exchange: str
+    routing_key: str
+    props: bytes
+    body: bytes
+    #: where the body starts in the segment, for reading it back when paged out
+    body_offset: int = 0
+
+    @property
+    def persistent(self) -> bool:
+        return bool(self.flags & PERSISTENT)
+
+
+@dataclass(slots=True)
+class Ref:
+    """ACQUIRE, DEQUEUE or REQUEUE of one message."""
+
+    kind: int
+    id: int
+
+
+Record = Enqueue | Ref
+
+
+def frame(payload: bytes) -> bytes:
+    return HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def enqueue_parts(
+    id: int, flags: int, exchange: str, routing_key: str, props: bytes, body: bytes
+) -> tuple[bytes, bytes]:
+    """An ENQUEUE record as (everything before the body, the body): a large body is
+    written from its own buffer, never copied into the record."""
+    ex, rk = exchange.encode(), routing_key.encode()
+    head = _enqueue_head.pack(ENQUEUE, id, flags, len(ex), len(rk), len(props), len(body))
+    head += ex + rk + props
+    crc = zlib.crc32(body, zlib.crc32(head))
+    return HEADER.pack(len(head) + len(body), crc) + head, body
+
+
+def enqueue_head_size(exchange: str, routing_key: str, props: bytes) -> int:
+    """Bytes before the body in an ENQUEUE record (its framing included)."""
+    return (
+        HEADER.size
+        + _enqueue_head.size
+        + len(exchange.encode())
+        + len(routing_key.encode())
+        + len(props)
+    )
+
+
+def ref(kind: int, id: int) -> bytes:
+    return frame(_ref.pack(kind, id))
+
+
+def decode_payload(payload: bytes, offset: int = 0) -> Record:
+    """One record's payload; ``offset`` is where the payload starts in its segment."""
+    kind = payload[0] if payload else 0
+    if kind == ENQUEUE:
+        if len(payload) < _enqueue_head.size:
+            raise JournalError("enqueue record too short")
+        _k, id, flags, lex, lrk, lprops, lbody = _enqueue_head.unpack_from(payload)
+        pos = _enqueue_head.size
+        if pos + lex + lrk + lprops + lbody != len(payload):
+            raise JournalError("enqueue record lengths do not add up")
+        exchange = payload[pos : pos + lex].decode()
+        pos += lex
+        routing_key = payload[pos : pos + lrk].decode()
+        pos += lrk
+        props = payload[pos : pos + lprops]
+        pos += lprops
+        return Enqueue(id, flags, exchange, routing_key, props, payload[pos:], offset + pos)
+    if kind in (ACQUIRE, DEQUEUE, REQUEUE):
+        if len(payload) != _ref.size:
+            raise JournalError("reference record of the wrong size")
+        _k, id = _ref.unpack(payload)
+        return Ref(kind, id)
+    raise JournalError(f"unknown journal record type {kind}")
+
+
+def scan(data: bytes | memoryview, start: int = 0) -> tuple[list[Record], int, str | None]:
+    """Every whole, intact record of a segment from ``start``; returns the records,
+    where the intact part ends, and why reading stopped early (None: at the end)."""
+    view = memoryview(data)
+    out: list[Record] = []
+    pos = start
+    end = len(view)
+    while pos < end:
+        if end - pos < HEADER.size:
+            return out, pos, f"torn record header at {pos}"
+        length, crc = HEADER.unpack_from(view, pos)
+        body_start = pos + HEADER.size
+        if length == 0 and crc == 0:
+            return out, pos, None  # preallocated zeros: the end of what was written
+        if length > MAX_RECORD or body_start + length > end:
+            return out, pos, f"torn record at {pos} (length {length}, {end - body_start} left)"
+        payload = view[body_start : body_start + length]
+        if zlib.crc32(payload) != crc:
+            return out, pos, f"record at {pos} fails its CRC"
+        try:
+            out.append(decode_payload(bytes(payload), body_start))
+        except (JournalError, UnicodeDecodeError) as exc:
+            return out, pos, f"record at {pos} is unreadable: {exc}"
+        pos = body_start + length
+    return out, pos, None

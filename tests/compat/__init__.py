@@ -1,0 +1,1 @@
+"""Runs of other projects' test suites against brokerd (see docs/compatibility.md)."""

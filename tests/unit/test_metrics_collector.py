@@ -1,0 +1,83 @@
+"""The Prometheus collector reads the model at scrape time; the Grafana dashboard in
+deploy/ only uses names it exports."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+
+from brokerd.config import default_config
+from brokerd.model.broker import Broker
+from brokerd.model.message import Message
+from brokerd.server.metrics import BrokerCollector
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana-brokerd.json"
+
+
+def fake_server() -> SimpleNamespace:
+    config = default_config()
+    broker = Broker(config.user_database(), config.vhosts, config.limits)
+    vhost = broker.vhosts["/"]
+    queue = vhost.declare_queue("jobs", connection_id=1)[0]
+    queue.push(Message.build("", "jobs", b"x"))
+    vhost.declare_exchange("drop", "x-lossy", arguments={"x-loss-rate": 0.5})
+    broker.messages_in = 7
+    return SimpleNamespace(
+        broker=broker,
+        spid="s1",
+        cluster_config=None,
+        logins=SimpleNamespace(checks=3, refused=2),
+        counts=lambda: {
+            "connections": 2,
+            "channels": 3,
+            "consumers": 0,
+            "queues": 1,
+            "exchanges": 7,
+            "bindings": 0,
+        },
+        cluster_summary=lambda: {"role": "standalone", "root": None, "peers_active": 0},
+    )
+
+
+def scrape(server) -> dict[str, list]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(server))
+    text = generate_latest(registry).decode()
+    out: dict[str, list] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return out
+
+
+def test_collector_reads_the_model():
+    server = fake_server()
+    m = scrape(server)
+    assert m["rabbitmq_connections"] == [({}, 2.0)]
+    assert m["rabbitmq_global_messages_received_total"] == [({}, 7.0)]
+    assert m["rabbitmq_queue_messages_ready"] == [({"vhost": "/", "queue": "jobs"}, 1.0)]
+    assert m["rookery_exchange_messages_dropped_total"] == [
+        ({"vhost": "/", "exchange": "drop"}, 0.0)
+    ]
+    assert m["rookery_login_refused_total"] == [({}, 2.0)]
+    server.broker.vhosts["/"].queues["jobs"].push(Message.build("", "jobs", b"y"))
+    assert scrape(server)["rabbitmq_queue_messages_ready"][0][1] == 2.0  # read at scrape
+
+
+def test_dashboard_uses_only_exported_names():
+    exported = set(scrape(fake_server()))
+    dashboard = json.loads(DASHBOARD.read_text())
+    used = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"\b(?:rabbitmq|rookery)_[a-z_]+", target["expr"])
+    }
+    assert used, "the dashboard queries nothing"
+    assert used <= exported, used - exported
