@@ -17,6 +17,9 @@ from brokerd.wire import codec
 class Message:
     """One message; shared (not copied) by every queue it is routed to."""
 
+    #: a stand-in whose body is on disk (``storage.Paged``)
+    paged = False
+
     __slots__ = (
         "_content",
         "_properties",

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from brokerd.model.errors import ACCESS_REFUSED, ChannelError, precondition_failed
 from brokerd.model.message import Message
+from brokerd.model.storage import QueueStore
 
 #: the queue arguments this broker understands, with the types they accept
 QUEUE_ARGUMENTS: dict[str, tuple[type, ...]] = {
@@ -30,6 +31,9 @@ QUEUE_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "x-dead-letter-routing-key": (str,),
 }
 OVERFLOW_MODES = ("drop-head", "reject-publish")
+#: bytes of message bodies a queue keeps in memory before it pages new ones out to
+#: its store (the store's setting replaces it)
+PAGE_LIMIT = 64 * 1024 * 1024
 
 
 #: who published a message or owns a consumer, for no-local: a local connection id,
@@ -44,6 +48,8 @@ class ConsumerSink(Protocol):
     tag: str
     exclusive: bool
     no_local: bool
+    #: its deliveries are settled as they are sent (the store forgets them at once)
+    no_ack: bool
     connection_id: Origin
 
     def ready(self) -> bool:
@@ -184,6 +190,12 @@ class Queue:
         self.stats_dropped = 0
         #: delivered copies not yet acked; the channel layer keeps it (it holds the tags)
         self.unacked = 0
+        #: this queue's part of the message store (journal, flow to disk); None: none
+        self.store: QueueStore | None = None
+        #: bytes of the bodies of queued messages held in memory; past ``page_limit``
+        #: new arrivals are paged out to the store (flow to disk)
+        self.bytes = 0
+        self.page_limit = PAGE_LIMIT
 
     @property
     def exclusive(self) -> bool:
@@ -202,12 +214,17 @@ class Queue:
     def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool:
         """Enqueue (or hand straight to a ready consumer); False if refused by overflow.
 
-        A local queue completes at once and never uses ``waiter``."""
+        A queue without a store completes at once; a durable one defers the
+        publish (``waiter``) until the store has a persistent message on disk."""
         self.stats_in += 1
+        store = self.store
         if not self.messages and self.consumers:
             consumer = self._next_ready(message)
             if consumer is not None:
                 self.stats_out += 1
+                if store is not None:
+                    store.enqueued(message, waiter)
+                    store.delivered(message, consumer, consumer.no_ack)
                 consumer.deliver(self, message, False)
                 return True
         max_length = self.max_length
@@ -217,23 +234,37 @@ class Queue:
                 self.stats_dropped += 1
                 return False
             while self.messages and len(self.messages) >= max_length:
-                self._pop()
+                dropped, _ = self._pop()
                 self.stats_dropped += 1
+                if store is not None:
+                    store.dequeued((dropped,))
             if max_length == 0:
                 self.stats_dropped += 1
                 return True
+        if store is not None:
+            store.enqueued(message, waiter)
+            if self.bytes > self.page_limit:
+                stub = store.page_out(message)
+                if stub is not None:  # flow to disk: the body leaves memory
+                    self.messages.append(stub)
+                    return True
         self.messages.append(message)
+        self.bytes += len(message.body)
         return True
 
     # -- settling deliveries -------------------------------------------------
 
     def ack(self, messages: Iterable[Message]) -> None:
         """Delivered messages were acked: forget them, and use the freed credit."""
+        if self.store is not None:
+            self.store.dequeued(messages)
         if self.messages:
             self.dispatch()
 
     def reject(self, messages: Iterable[Message]) -> None:
         """Delivered messages were rejected without requeue: they are dropped."""
+        if self.store is not None:
+            self.store.dequeued(messages)
         if self.messages:
             self.dispatch()
 
@@ -241,30 +272,46 @@ class Queue:
         """Put rejected/recovered messages back at the head, in their original order."""
         if self.deleted:
             return
-        for message in reversed(list(messages)):
+        messages = list(messages)
+        for message in reversed(messages):
             self.messages.appendleft(message)
             self._redelivered.add(id(message))
+            self.bytes += len(message.body)
+        if self.store is not None:
+            self.store.requeued(messages)
         self.dispatch()
 
     def restore(self, message: Message) -> None:
         """A message delivered once before comes back from elsewhere (another server,
         a former master): enqueue it at the tail, flagged redelivered."""
         self.stats_in += 1
+        store = self.store
+        if store is not None:
+            store.enqueued(message, None)
         if not self.messages and self.consumers:
             consumer = self._next_ready(message)
             if consumer is not None:
                 self.stats_out += 1
+                if store is not None:
+                    store.delivered(message, consumer, consumer.no_ack)
                 consumer.deliver(self, message, True)
                 return
         self.messages.append(message)
+        self.bytes += len(message.body)
         self._redelivered.add(id(message))
 
     def _pop(self) -> tuple[Message, bool]:
         message = self.messages.popleft()
+        redelivered = False
         if self._redelivered and id(message) in self._redelivered:
             self._redelivered.discard(id(message))
-            return message, True
-        return message, False
+            redelivered = True
+        if message.paged:
+            assert self.store is not None
+            message = self.store.load(message)  # type: ignore[arg-type]
+        else:
+            self.bytes -= len(message.body)
+        return message, redelivered
 
     def peek(self) -> tuple[Message, bool] | None:
         """The head message and its redelivered flag, without taking it."""
@@ -297,25 +344,49 @@ class Queue:
                 return
             message, redelivered = self._pop()
             self.stats_out += 1
+            if self.store is not None:
+                self.store.delivered(message, consumer, consumer.no_ack)
             consumer.deliver(self, message, redelivered)
 
-    def take(self) -> Got | None:
+    def take(self, no_ack: bool = False) -> Got | None:
         """Take the head message, if any, with its redelivered flag and what is left."""
         if not self.messages:
             return None
         self.stats_out += 1
         message, redelivered = self._pop()
+        if self.store is not None:
+            self.store.delivered(message, None, no_ack)
         return message, redelivered, len(self.messages)
 
     def get(self, no_ack: bool, reply: Reply) -> None:
         """basic.get: answer ``reply`` with a ``Got``, or None if the queue is empty."""
-        reply(self.take())
+        reply(self.take(no_ack))
 
     def drop_all(self) -> int:
         """Empty the queue; returns how many messages it held."""
         count = len(self.messages)
+        if self.store is not None and count:
+            self.store.dequeued(list(self.messages))
         self.messages.clear()
         self._redelivered.clear()
+        self.bytes = 0
+        return count
+
+    def load_recovered(self, messages: Iterable[tuple[Message, bool]]) -> int:
+        """Messages rebuilt from the store at start, in order (already on disk: a
+        deep queue pages them straight out again)."""
+        count = 0
+        store = self.store
+        for message, redelivered in messages:
+            entry = message
+            if store is not None and self.bytes > self.page_limit:
+                entry = store.page_out(message) or message
+            if entry is message:
+                self.bytes += len(message.body)
+            self.messages.append(entry)
+            if redelivered:
+                self._redelivered.add(id(entry))
+            count += 1
         return count
 
     def purge(self, reply: Reply) -> None:

@@ -314,6 +314,22 @@ def _property_flags(raw: bytes) -> tuple[int, int]:
         word += 1
 
 
+def delivery_mode(raw: bytes) -> int:
+    """The delivery-mode property (2: persistent) straight from the encoded
+    properties, skipping the three that precede it; 0 if absent. The store asks
+    it of every message entering a durable queue, so no pamqp decode."""
+    if len(raw) < 2 or not raw[0] & 0x10:  # delivery-mode is flag bit 12 of the first word
+        return 0
+    flags, pos = _property_flags(raw)
+    if flags & 0x8000:  # content-type
+        pos += 1 + raw[pos]
+    if flags & 0x4000:  # content-encoding
+        pos += 1 + raw[pos]
+    if flags & 0x2000:  # headers (a table: u32 length)
+        pos += 4 + int.from_bytes(raw[pos : pos + 4], "big")
+    return raw[pos] if pos < len(raw) else 0
+
+
 def check_properties(raw: bytes) -> None:
     """Refuse a property list that decode_properties could not decode (502).
 

@@ -1,0 +1,89 @@
+"""What the model asks of a message store (seed 001: the MessageStore API).
+
+The broker model calls these protocols, never files: ``brokerd.store``
+implements them on disk (per-queue journals, an SQLite wiring store), a
+standalone broker without a data directory runs with none, and the
+cluster's replicated queues implement ``QueueStore`` by delegating to the
+local one. The events follow seed 001: enqueued, acquired (which a plain
+store may ignore), dequeued, requeued; plus paging for flow to disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from brokerd.model.message import Message
+
+if TYPE_CHECKING:
+    from brokerd.model.queue import ConsumerSink, PublishWaiter
+
+
+class Paged(Message):
+    """A queued message whose body lives only in its queue's journal (flow to disk).
+
+    It stands in the queue's FIFO in its place, with everything routing,
+    no-local and counting need; the queue loads the real message back
+    (``QueueStore.load``) when it is delivered."""
+
+    __slots__ = ("jid", "length")
+
+    paged = True
+
+    def __init__(self, source: Message, jid: int) -> None:
+        super().__init__(
+            source.exchange,
+            source.routing_key,
+            source.props_raw,
+            b"",
+            source.publisher,
+            source.channel,
+        )
+        self.jid = jid
+        self.length = len(source.body)
+
+    @property
+    def size(self) -> int:
+        return self.length
+
+
+class QueueStore(Protocol):
+    """One queue's part of the store."""
+
+    def enqueued(self, message: Message, waiter: PublishWaiter | None) -> None:
+        """A message entered the queue; a store that must write it first defers the
+        publish (``waiter.defer()``) and answers when it is safe."""
+
+    def delivered(self, message: Message, consumer: ConsumerSink | None, no_ack: bool) -> None:
+        """Handed to a consumer or a get: *acquired* (unacked), or gone if no-ack."""
+
+    def dequeued(self, messages: Iterable[Message]) -> None:
+        """Settled for good: acked, rejected, dropped by overflow, purged."""
+
+    def requeued(self, messages: Iterable[Message]) -> None:
+        """Back in the queue (redelivered next time)."""
+
+    def page_out(self, message: Message) -> Paged | None:
+        """Write the message's body out and return its stand-in (None: cannot now)."""
+
+    def load(self, paged: Paged) -> Message:
+        """The message a stand-in stands for, its body read back."""
+
+    def deleted(self) -> None:
+        """The queue is gone: its records may go."""
+
+
+class WiringRecorder(Protocol):
+    """Durable wiring as it changes (a store keeps it across restarts)."""
+
+    def exchange_declared(self, vhost: str, exchange: Any) -> None: ...
+
+    def exchange_deleted(self, vhost: str, name: str) -> None: ...
+
+    def queue_declared(self, vhost: str, queue: Any) -> None: ...
+
+    def queue_deleted(self, vhost: str, name: str) -> None: ...
+
+    def bound(self, vhost: str, binding: Any) -> None: ...
+
+    def unbound(self, vhost: str, binding: Any) -> None: ...

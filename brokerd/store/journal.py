@@ -1,0 +1,335 @@
+"""One queue's journal: append-only segment files of fixed size (seed 002).
+
+Records (``records.py``) are appended in memory by the event loop, which
+also decides where each will land (segment and offset), and written and
+made durable by the committer (``committer.py``) in a worker thread: it
+takes everything appended so far (``take``), writes it with ``pwrite`` and
+``fdatasync``s each touched segment, then the loop marks it written
+(``written``). Reads of paged-out bodies (``read_body``) only touch records
+already written.
+
+Segments are preallocated to the segment size (zeros after the last
+record, so a reader knows where the records end) and named
+``NNNNNNNN.seg``. A record never spans two segments; a message larger than
+a segment gets a segment of its own. A segment without live messages is
+deleted; a mostly dead one has its live records written again at the head
+of the journal and is then deleted (``compact``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from brokerd.store import records as rec
+
+log = logging.getLogger("brokerd.store.journal")
+
+SEGMENT_SIZE = 16 * 1024 * 1024
+#: a segment with less than this share of live records is rewritten by compaction
+COMPACT_BELOW = 0.25
+
+
+@dataclass
+class Segment:
+    number: int
+    path: Path
+    capacity: int
+    #: bytes assigned so far (written or pending)
+    tail: int = 0
+    #: bytes known to be on disk
+    durable: int = 0
+    #: enqueue records in it whose message is still live
+    live: int = 0
+    #: enqueue records ever put in it
+    total: int = 0
+    fd: int = -1
+    allocated: bool = False
+
+    def open(self) -> int:
+        if self.fd < 0:
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        return self.fd
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+@dataclass
+class Where:
+    """Where a live message's enqueue record is: for paging and live counts."""
+
+    segment: int
+    body_offset: int
+    body_length: int
+    persistent: bool
+
+
+@dataclass
+class Recovered:
+    """A message rebuilt from the journal."""
+
+    id: int
+    exchange: str
+    routing_key: str
+    props: bytes
+    body: bytes
+    redelivered: bool
+
+
+@dataclass
+class Pending:
+    """Writes taken for one commit: (segment, offset, parts) in order."""
+
+    writes: list[tuple[Segment, int, list[bytes]]] = field(default_factory=list)
+    #: each segment's tail once these writes are done
+    tails: dict[int, int] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.writes)
+
+
+class QueueJournal:
+    """The journal of one queue (one directory of segments)."""
+
+    def __init__(self, directory: Path, segment_size: int = SEGMENT_SIZE) -> None:
+        self.dir = directory
+        self.segment_size = segment_size
+        self.segments: dict[int, Segment] = {}
+        self.current: Segment | None = None
+        self.next_id = 1
+        self.where: dict[int, Where] = {}
+        self._pending = Pending()
+        self.closed = False
+
+    # -- appending (event loop) -----------------------------------------------------
+
+    def _segment_for(self, size: int) -> tuple[Segment, int]:
+        current = self.current
+        if current is None or (current.tail and current.tail + size > current.capacity):
+            number = max(self.segments, default=0) + 1
+            current = Segment(
+                number,
+                self.dir / f"{number:08d}.seg",
+                max(self.segment_size, size),
+            )
+            self.segments[number] = current
+            self.current = current
+            current.open()  # here, on the loop: the committer's thread only uses the fd
+        offset = current.tail
+        current.tail += size
+        return current, offset
+
+    def _queue_write(self, segment: Segment, offset: int, parts: list[bytes]) -> None:
+        writes = self._pending.writes
+        if writes and writes[-1][0] is segment:
+            _last_segment, last_offset, last_parts = writes[-1]
+            if last_offset + sum(len(p) for p in last_parts) == offset:
+                last_parts.extend(parts)
+                self._pending.tails[segment.number] = segment.tail
+                return
+        writes.append((segment, offset, parts))
+        self._pending.tails[segment.number] = segment.tail
+
+    def enqueue(
+        self,
+        exchange: str,
+        routing_key: str,
+        props: bytes,
+        body: bytes,
+        *,
+        persistent: bool,
+        redelivered: bool = False,
+        id: int | None = None,
+    ) -> int:
+        """Append an ENQUEUE record; returns the message's journal id."""
+        jid = id if id is not None else self.next_id
+        self.next_id = max(self.next_id, jid + 1)
+        flags = (rec.PERSISTENT if persistent else 0) | (rec.REDELIVERED if redelivered else 0)
+        head, body = rec.enqueue_parts(jid, flags, exchange, routing_key, props, body)
+        segment, offset = self._segment_for(len(head) + len(body))
+        self._queue_write(segment, offset, [head, body])
+        previous = self.where.get(jid)
+        if previous is not None:  # written again by compaction: the old copy is dead
+            self.segments[previous.segment].live -= 1
+        self.where[jid] = Where(segment.number, offset + len(head), len(body), persistent)
+        segment.live += 1
+        segment.total += 1
+        return jid
+
+    def mark(self, kind: int, jid: int) -> None:
+        """Append an ACQUIRE, DEQUEUE or REQUEUE record for a live message."""
+        data = rec.ref(kind, jid)
+        segment, offset = self._segment_for(len(data))
+        self._queue_write(segment, offset, [data])
+        if kind == rec.DEQUEUE:
+            where = self.where.pop(jid, None)
+            if where is not None:
+                self.segments[where.segment].live -= 1
+
+    @property
+    def dirty(self) -> bool:
+        return bool(self._pending)
+
+    # -- committing (the committer) ------------------------------------------------------
+
+    def take(self) -> Pending:
+        """Everything appended since the last take, for one commit (event loop)."""
+        pending, self._pending = self._pending, Pending()
+        return pending
+
+    @staticmethod
+    def write(pending: Pending) -> None:
+        """Write and sync one commit's records (worker thread)."""
+        touched: dict[int, Segment] = {}
+        for segment, offset, parts in pending.writes:
+            fd = segment.open()
+            if not segment.allocated:
+                # preallocated: fdatasync need not update the size (and a filesystem
+                # without fallocate just lets the file grow)
+                with contextlib.suppress(OSError):
+                    os.posix_fallocate(fd, 0, segment.capacity)
+                segment.allocated = True
+            data = b"".join(parts) if len(parts) > 1 else parts[0]
+            view = memoryview(data)
+            while view:
+                written = os.pwrite(fd, view, offset)
+                view = view[written:]
+                offset += written
+            touched[segment.number] = segment
+        for segment in touched.values():
+            os.fdatasync(segment.fd)
+
+    def written(self, pending: Pending) -> None:
+        """A commit is durable (event loop): its bytes may be read back."""
+        for number, tail in pending.tails.items():
+            segment = self.segments.get(number)
+            if segment is not None:
+                segment.durable = max(segment.durable, tail)
+
+    def is_durable(self, jid: int) -> bool:
+        where = self.where.get(jid)
+        if where is None:
+            return False
+        segment = self.segments[where.segment]
+        return where.body_offset + where.body_length <= segment.durable
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def read_body(self, jid: int) -> bytes:
+        """A live message's body, from disk (it must be durable)."""
+        where = self.where[jid]
+        fd = self.segments[where.segment].open()
+        data = os.pread(fd, where.body_length, where.body_offset)
+        if len(data) != where.body_length:
+            raise rec.JournalError(f"short read of message {jid} in {self.dir}")
+        return data
+
+    # -- recovery -------------------------------------------------------------------------
+
+    def recover(self) -> list[Recovered]:
+        """Rebuild the queue from its segments: live persistent messages in journal-id
+        order (transient ones were only paged out: dropped), redelivered if they had
+        been delivered. A torn or corrupt record ends its segment's reading, with a
+        log line; appends continue in a new segment."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        found: dict[int, tuple[rec.Enqueue, int]] = {}
+        acquired: set[int] = set()
+        highest = 0
+        numbers = sorted(
+            int(p.stem) for p in self.dir.glob("*.seg") if p.stem.isascii() and p.stem.isdigit()
+        )
+        for number in numbers:
+            path = self.dir / f"{number:08d}.seg"
+            data = path.read_bytes()
+            records, end, problem = rec.scan(data)
+            if problem is not None:
+                log.warning(
+                    "journal %s segment %d: %s; %d records before it kept",
+                    self.dir.name,
+                    number,
+                    problem,
+                    len(records),
+                )
+            segment = Segment(number, path, max(len(data), self.segment_size), end, end)
+            segment.allocated = True
+            self.segments[number] = segment
+            for r in records:
+                highest = max(highest, r.id)
+                if isinstance(r, rec.Enqueue):
+                    found[r.id] = (r, number)
+                    segment.total += 1
+                elif r.kind == rec.DEQUEUE:
+                    found.pop(r.id, None)
+                    acquired.discard(r.id)
+                elif r.kind == rec.ACQUIRE:
+                    acquired.add(r.id)
+        out = []
+        for jid in sorted(found):
+            enqueue, number = found[jid]
+            self.next_id = max(self.next_id, jid + 1)
+            if not enqueue.persistent:
+                continue
+            self.where[jid] = Where(number, enqueue.body_offset, len(enqueue.body), True)
+            self.segments[number].live += 1
+            out.append(
+                Recovered(
+                    jid,
+                    enqueue.exchange,
+                    enqueue.routing_key,
+                    enqueue.props,
+                    enqueue.body,
+                    bool(enqueue.flags & rec.REDELIVERED) or jid in acquired,
+                )
+            )
+        self.next_id = max(self.next_id, highest + 1)
+        self.current = None  # appends start a segment of their own
+        return out
+
+    # -- compaction and removal -------------------------------------------------------------------
+
+    def collectable(self) -> list[Segment]:
+        """Segments no live message needs any more (never the one being written)."""
+        return [
+            s
+            for s in self.segments.values()
+            if s is not self.current and s.live <= 0 and s.durable >= s.tail
+        ]
+
+    def sparse(self) -> list[Segment]:
+        """Old segments mostly dead: worth writing their live records again."""
+        return [
+            s
+            for s in self.segments.values()
+            if s is not self.current
+            and s.live > 0
+            and s.total
+            and s.live / s.total < COMPACT_BELOW
+            and s.durable >= s.tail
+        ]
+
+    def remove(self, segment: Segment) -> None:
+        segment.close()
+        self.segments.pop(segment.number, None)
+        with contextlib.suppress(FileNotFoundError):
+            segment.path.unlink()
+
+    def close(self) -> None:
+        self.closed = True
+        for segment in self.segments.values():
+            segment.close()
+
+    def destroy(self) -> None:
+        """The queue is gone: delete every segment and the directory."""
+        self.close()
+        for segment in list(self.segments.values()):
+            self.remove(segment)
+        for path in self.dir.glob("*"):
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.dir.rmdir()
