@@ -59,6 +59,7 @@ Environment (see ``deploy/README.md`` and ``deploy/console.env.example``):
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 from console.environment import (
@@ -99,6 +100,8 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files for /api/v1/docs/, no CDN
+    "axes",  # login rate limit: after the other apps, as django-axes asks
     "clusterapi",
 ]
 
@@ -110,6 +113,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # last, as django-axes asks: turns a locked-out login into its 429 answer
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -193,6 +198,20 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
+# django-axes counts failed logins (the dashboard's and the API token's) per user and
+# address: after AXES_FAILURE_LIMIT of them, that pair is refused (429) for
+# AXES_COOLOFF_MINUTES; a successful login resets the count.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = dt.timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "console.views.locked_out"
+AXES_VERBOSE = False
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
@@ -206,6 +225,7 @@ SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 SESSION_COOKIE_SECURE = CONSOLE_HTTPS
 CSRF_COOKIE_SAMESITE = "Lax"
+CSRF_FAILURE_VIEW = "clusterapi.api.errors.csrf_failure"
 CSRF_COOKIE_SECURE = CONSOLE_HTTPS
 if CONSOLE_HTTPS:
     # TLS ends at the reverse proxy (deploy/nginx/rookery.conf), which sets this header;
@@ -226,7 +246,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 100,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "clusterapi.api.schema.ApiSchema",
     "EXCEPTION_HANDLER": "clusterapi.api.errors.exception_handler",
 }
 
@@ -238,6 +258,15 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": r"/api/v1",
     "ENUM_NAME_OVERRIDES": {"ReportRunStateEnum": "clusterapi.models.ReportRun.STATE_CHOICES"},
+    # request bodies are their own components, so that they can refuse unknown properties
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "clusterapi.api.schema.strict_request_bodies",
+    ],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # -- internationalisation, static files ---------------------------------------------------
