@@ -301,4 +301,15 @@ LOGGING = {
         "stderr": {"class": "logging.StreamHandler", "formatter": "line"},
     },
     "root": {"handlers": ["stderr"], "level": LOG_LEVEL},
+    # One access line per request, written by the server (Daphne's access log, or
+    # django.channels.server under `runserver`). Django's own loggers would add copies:
+    # its DEBUG console handler, django.server's handler, and django.request's warning
+    # for every 4xx. They keep no handler of their own (their records reach the root
+    # once), and django.request reports only server errors (5xx, with the traceback).
+    "loggers": {
+        "django": {"handlers": [], "level": LOG_LEVEL, "propagate": True},
+        "django.server": {"handlers": [], "level": LOG_LEVEL, "propagate": True},
+        "django.channels.server": {"handlers": [], "level": LOG_LEVEL, "propagate": True},
+        "django.request": {"handlers": [], "level": "ERROR", "propagate": True},
+    },
 }

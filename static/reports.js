@@ -21,7 +21,10 @@
       height: 240,
       scales: { x: { time: true }, y: { range: function (u, min, max) { return [0, Math.max(1, max)]; } } },
       series: [{}].concat(series),
-      axes: [{}, { label: "messages/s" }]
+      axes: [{}, { label: "messages/s" }],
+      hooks: window.RookeryCharts
+        ? { ready: [RookeryCharts.latestLegend], setLegend: [RookeryCharts.latestLegend] }
+        : {}
     }, data, box);
     if (window.ResizeObserver) {
       new ResizeObserver(function () { chart.setSize({ width: width(box), height: 240 }); }).observe(box);

@@ -43,6 +43,7 @@ from clusterapi.models import (
     QueueSample,
     QueueSnapshot,
 )
+from console.views import locked_out
 
 
 # JSON in and out, readers read and operators write, strict pages and filters.
@@ -344,11 +345,15 @@ class TokenView(ObtainAuthToken):
     renderer_classes = [JSONRenderer]
     serializer_class = serializers.TokenRequestSerializer
 
-    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        """Wrong credentials are a 401 (DRF says 400): the request was well formed."""
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        """Wrong credentials are a 401 (DRF says 400): the request was well formed. A
+        user and address locked out by django-axes get its 429: axes marks the request
+        it was handed, which here is DRF's wrapper, not the one its middleware sees."""
         try:
             return super().post(request, *args, **kwargs)
         except ValidationError as exc:
+            if getattr(request, "axes_locked_out", False):
+                return locked_out(request._request)
             codes = exc.get_codes()
             if isinstance(codes, dict) and codes.get("non_field_errors") == ["authorization"]:
                 raise AuthenticationFailed(exc.detail["non_field_errors"][0]) from None
