@@ -175,6 +175,9 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
         await database_sync_to_async(commands.acknowledge)(
             self.link.broker_id, command_id, ok, result, error
         )
+        # an ack may have recorded what the broker runs: the next status is compared with
+        # the stored row again, whatever this link last saw (acks are rare)
+        self.link.running_config = ingest.UNKNOWN_RUNNING
 
     # -- outgoing -------------------------------------------------------------------
 

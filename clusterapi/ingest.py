@@ -50,6 +50,8 @@ MAX_CLOCK_SKEW = 300.0
 DELETE_CHUNK = 200
 
 QueueKey = tuple[str, str]
+#: ``LinkState.running_config`` when the link does not know what the row says
+UNKNOWN_RUNNING: tuple[int | None, str] = (None, "?")
 
 
 class LinkProtocolError(ValueError):
