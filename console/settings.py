@@ -53,7 +53,10 @@ Environment (see ``deploy/README.md`` and ``deploy/console.env.example``):
 ``DATA_DIR``           runtime state (database, secret key, static files, reports);
                        default ``var/`` in the checkout; relative paths are taken
                        from the checkout.
-``LOG_LEVEL``          default ``INFO``.
+``AXES_FAILURE_LIMIT`` failed logins (dashboard or API token) of one user from
+                       one address before that pair is locked out (429); default 5.
+``AXES_COOLOFF_MINUTES`` how long such a lockout lasts; default 15.
+``LOG_LEVEL``          default ``INFO``. One access line per request.
 =====================  ==========================================================
 """
 

@@ -43,7 +43,10 @@ def locked_out(request: HttpRequest, response: Any = None, credentials: Any = No
             headers={"Retry-After": str(minutes * 60)},
         )
     page = render(
-        request, "registration/locked_out.html", {"minutes": minutes, "message": message}, status=429
+        request,
+        "registration/locked_out.html",
+        {"minutes": minutes, "message": message},
+        status=429,
     )
     page["Retry-After"] = str(minutes * 60)
     return page

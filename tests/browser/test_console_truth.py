@@ -188,6 +188,10 @@ def test_configuration_round_trip_across_a_restart_drift_acknowledged_and_pushed
     drift.get_by_role("button", name="Acknowledge").click()
     expect(drift).to_have_attribute("data-acknowledged", "yes")
     expect(drift).to_contain_text("acknowledged by operator")
+    # the rest of the page follows live: the cluster bar and the history
+    expect(alarms.locator("#cluster-bar")).to_contain_text("1 active, acknowledged")
+    history = alarms.locator('#alarm-table tr[data-kind="config.drift"]').first
+    expect(history).to_contain_text("operator")
     screenshot(alarms, "alarm-acknowledged")
     audit = open_page(operator, "/audit/")
     entry = audit.locator("#audit-table tr", has_text="alarm.acknowledge").first
@@ -221,6 +225,9 @@ def test_configuration_round_trip_across_a_restart_drift_acknowledged_and_pushed
     config.get_by_role("button", name="Save and push").click()
     expect(config.locator("#config-notice")).to_contain_text("No change")
     expect(config.locator("#config-versions tbody tr")).to_have_count(2)
+    # nothing on the page is wider than the window
+    excess = config.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    assert excess <= 1, f"the configuration page is {excess}px wider than the window"
     screenshot(config, "config-versions")
     alarms.close()
     config.close()
