@@ -52,9 +52,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from console.environment import ascii_int, new_token
-
 REPO = Path(__file__).resolve().parents[1]
+# This checkout's console, whatever else the interpreter could import (an installed
+# copy, another checkout's editable install): Python puts deploy/ on the path, not REPO.
+sys.path.insert(0, str(REPO))
+
+from console.environment import ascii_int, new_token  # noqa: E402
+
 VENV_BIN = Path(sys.executable).parent
 HOST = "127.0.0.1"
 DEBIAN_REDIS = Path("/usr/bin/redis-server")
@@ -688,7 +692,6 @@ def main() -> int:
         ensure_cluster_file(config, output)
         env = child_environment(config, token)
         os.environ.update(env)  # Django in this process reads the same settings
-        sys.path.insert(0, str(REPO))
         password_where = prepare_console(config, output)
     except QuickstartError as exc:
         output.say(f"error: {exc}")

@@ -156,7 +156,9 @@ def test_configuration_round_trip_across_a_restart_drift_acknowledged_and_pushed
     config.get_by_label("Comment").fill("slower peer timeout")
     config.once("dialog", lambda dialog: dialog.accept())
     config.get_by_role("button", name="Save and push").click()
-    expect(config.locator("#config-notice")).to_contain_text("Version 1 saved and pushed")
+    expect(config.locator("#config-notice")).to_contain_text(
+        "Version 1 saved and pushed", timeout=LIVE_TIMEOUT
+    )
     expect(config.locator("#converged")).to_have_text("converged", timeout=LIVE_TIMEOUT)
     assert heartbeat_timeout(stack, victim) == 1.5
     # the editor opens on the current document
@@ -186,7 +188,7 @@ def test_configuration_round_trip_across_a_restart_drift_acknowledged_and_pushed
     expect(drift).to_be_visible(timeout=LIVE_TIMEOUT)
     expect(alarms.locator("#cluster-bar")).to_contain_text("not acknowledged")
     drift.get_by_role("button", name="Acknowledge").click()
-    expect(drift).to_have_attribute("data-acknowledged", "yes")
+    expect(drift).to_have_attribute("data-acknowledged", "yes", timeout=LIVE_TIMEOUT)
     expect(drift).to_contain_text("acknowledged by operator")
     # the rest of the page follows live: the cluster bar and the history
     expect(alarms.locator("#cluster-bar")).to_contain_text("1 active, acknowledged")
@@ -215,7 +217,9 @@ def test_configuration_round_trip_across_a_restart_drift_acknowledged_and_pushed
     config.get_by_label("Document (JSON)").fill('{"vhosts": ["/", "round-trip"]}')
     config.once("dialog", lambda dialog: dialog.accept())
     config.get_by_role("button", name="Save and push").click()
-    expect(config.locator("#config-notice")).to_contain_text("Version 2 saved and pushed")
+    expect(config.locator("#config-notice")).to_contain_text(
+        "Version 2 saved and pushed", timeout=LIVE_TIMEOUT
+    )
     expect(config.locator("#converged")).to_have_text("converged", timeout=LIVE_TIMEOUT)
     stack.cluster.wait(
         lambda: all(heartbeat_timeout(stack, i) == file_timeout for i in range(4)), 10
@@ -223,7 +227,7 @@ def test_configuration_round_trip_across_a_restart_drift_acknowledged_and_pushed
     # the same document again is not a new version; version 1 can be pushed again
     config.once("dialog", lambda dialog: dialog.accept())
     config.get_by_role("button", name="Save and push").click()
-    expect(config.locator("#config-notice")).to_contain_text("No change")
+    expect(config.locator("#config-notice")).to_contain_text("No change", timeout=LIVE_TIMEOUT)
     expect(config.locator("#config-versions tbody tr")).to_have_count(2)
     # nothing on the page is wider than the window
     excess = config.evaluate("document.documentElement.scrollWidth - window.innerWidth")

@@ -83,7 +83,8 @@ def test_login_and_the_overview_shows_four_brokers_and_the_root(
     # the chart's legend shows the latest values without hovering, never "--"
     expect(page.locator("#rate-chart .u-legend .u-series").nth(1)).not_to_contain_text("--")
     # the favicon is served
-    assert page.request.get("/static/favicon.svg").ok
+    icon = page.locator('link[rel="icon"]').get_attribute("href")
+    assert icon and page.evaluate(f"fetch({icon!r}).then(r => r.status)") == 200
     screenshot(page, "overview")
     # A narrow screen: nothing wider than the viewport but the scrolling tables.
     page.set_viewport_size({"width": 390, "height": 844})
