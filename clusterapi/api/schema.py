@@ -46,6 +46,10 @@ READ = errors(400, 401, 403, 404)
 WRITE = errors(400, 401, 403, 404, 409, 415)
 
 
+#: a JSON Schema pattern: any text without a NUL character
+NO_NUL = "^[^\\x00]*$"
+
+
 def strict_request_bodies(result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     """Postprocessing hook: what the API refuses, the schema forbids. Request bodies
     (components ``*Request``) take no property they do not declare, and a text query
@@ -54,6 +58,9 @@ def strict_request_bodies(result: dict[str, Any], **kwargs: Any) -> dict[str, An
     for name, component in result.get("components", {}).get("schemas", {}).items():
         if name.endswith("Request") and component.get("type") == "object":
             component["additionalProperties"] = False
+            for prop in component.get("properties", {}).values():
+                if prop.get("type") == "string" and "format" not in prop and "enum" not in prop:
+                    prop.setdefault("pattern", NO_NUL)  # DRF's CharField refuses NUL
     create = result.get("components", {}).get("schemas", {}).get("ConfigCreateRequest")
     if create is not None:  # a whole document, or changes to the current one: not both
         create["oneOf"] = [{"required": ["document"]}, {"required": ["changes"]}]
@@ -64,7 +71,7 @@ def strict_request_bodies(result: dict[str, Any], **kwargs: Any) -> dict[str, An
                 if parameter.get("in") == "query" and schema.get("type") == "string":
                     schema.setdefault("minLength", 1)
                     if "enum" not in schema and "format" not in schema:
-                        schema.setdefault("pattern", "^[^\\x00]*$")
+                        schema.setdefault("pattern", NO_NUL)
             body = operation.get("requestBody", {})
             refs = [c.get("schema", {}).get("$ref", "") for c in body.get("content", {}).values()]
             if any(ref.endswith("/ConfigCreateRequest") for ref in refs):

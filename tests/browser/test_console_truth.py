@@ -152,6 +152,8 @@ def test_configuration_round_trip_across_a_restart_drift_acknowledged_and_pushed
     config = open_page(operator, "/config/")
     config.get_by_label("Document (JSON)").fill(json.dumps(document))
     config.get_by_role("button", name="Validate and show diff").click()
+    # (wait for the checked editor: clicking in the one it replaces would be lost)
+    expect(config.locator("#config-valid")).to_contain_text("valid")
     expect(config.locator("#config-unset")).to_contain_text("known_hosts")  # stated defaults
     config.get_by_label("Comment").fill("slower peer timeout")
     config.once("dialog", lambda dialog: dialog.accept())
