@@ -11,9 +11,12 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Iterable
+from typing import Any
 
 from django.utils import timezone
 
+from clusterapi import audit
+from clusterapi.errors import Conflict, InvalidRequest
 from clusterapi.models import Alarm, Broker
 
 log = logging.getLogger(__name__)
@@ -21,6 +24,7 @@ log = logging.getLogger(__name__)
 BROKER_DOWN = "broker.down"
 LINK_REFUSED = "link.refused"
 CONFIG_FAILED = "config.failed"
+CONFIG_DRIFT = "config.drift"
 NAME_CONFLICT = "broker.name_conflict"
 
 
@@ -114,3 +118,43 @@ def active_broker_alarms(broker_id: int) -> dict[str, str]:
             broker_id=broker_id, source=Alarm.SOURCE_BROKER, active=True
         ).values_list("kind", "message")
     )
+
+
+def acknowledge(alarm: Alarm, user: Any, comment: str = "") -> Alarm:
+    """An operator has seen ``alarm``: record who, when and their note, and audit it.
+
+    Only an active alarm that nobody acknowledged yet can be (``Conflict`` otherwise):
+    a cleared alarm needs nobody's attention, and a second acknowledgement would
+    overwrite who saw it first.
+    """
+    if len(comment) > 500:
+        raise InvalidRequest("comment: at most 500 characters")
+    if not alarm.active:
+        raise Conflict(f"alarm {alarm.pk} ({alarm.kind}) is cleared: nothing to acknowledge")
+    if alarm.acknowledged_at is not None:
+        raise Conflict(
+            f"alarm {alarm.pk} ({alarm.kind}) was acknowledged by "
+            f"{alarm.acknowledged_by_name or 'someone'} already"
+        )
+    known = audit.known_user(user)
+    now = timezone.now()
+    updated = Alarm.objects.filter(pk=alarm.pk, active=True, acknowledged_at=None).update(
+        acknowledged_at=now,
+        acknowledged_by=known,
+        acknowledged_by_name=known.get_username() if known is not None else "",
+        acknowledgement=comment,
+        updated_at=now,
+    )
+    if not updated:  # cleared or acknowledged in the meantime
+        alarm.refresh_from_db()
+        return acknowledge(alarm, user, comment)
+    alarm.refresh_from_db()
+    where = alarm.broker.name if alarm.broker_id else "cluster"
+    audit.record(
+        user,
+        "alarm.acknowledge",
+        f"{alarm.kind} on {where}",
+        {"alarm": alarm.pk, "kind": alarm.kind, "comment": comment},
+    )
+    log.info("alarm %s (%s) acknowledged by %s", alarm.pk, alarm.kind, alarm.acknowledged_by_name)
+    return alarm

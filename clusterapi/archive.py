@@ -30,6 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -267,3 +271,136 @@ def queue_row(sample: dict[str, Any], broker: str) -> dict[str, Any]:
     row = {name: sample[name] for name in QUEUE_COPIED}
     row.update(ts=sample["time"], broker=broker)
     return row
+
+
+# -- a lake for one report run: the archive plus what is not archived yet -------------------
+
+#: batch-id prefix of the not-yet-archived samples a report lake holds
+LIVE_PREFIX = "live"
+#: partition of the empty file that stands for a table without rows (Spark needs a file)
+EMPTY_PARTITION = ("1970-01-01", "-")
+
+
+@dataclass
+class ReportLake:
+    """What :func:`report_lake` put together for one run."""
+
+    root: Path
+    linked: int = 0
+    live: dict[str, int] = field(default_factory=dict)
+    broker_samples: int = 0
+
+
+def report_lake(dest: Path, start: dt.datetime | None, end: dt.datetime | None) -> ReportLake:
+    """A lake at ``dest`` for a report over ``[start, end)``: the archive's files of the
+    days in the period (symbolic links, nothing copied) plus every sample still in the
+    database, written as Parquet there (never moved: the dashboard's charts need them).
+
+    This is why a report works from a fresh install's first minute, before anything is
+    old enough to archive, and why a report never misses the last hour. Built while
+    holding the archive lock, so no archive pass moves rows between the two halves:
+    every sample is read once, from the lake or from the database (an unfinished
+    batch's files are left out, its rows being still in the database).
+    """
+    root = lake_root()
+    result = ReportLake(root=dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    with exclusive(root):
+        unfinished = {batch.batch_id for batch in ArchiveBatch.objects.filter(done_at=None)}
+        for table in lake.SCHEMAS:
+            for part in _archived_parts(root / table, start, end):
+                if part.stem.removeprefix("part-") in unfinished:
+                    continue
+                target = dest / part.relative_to(root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.symlink_to(part.resolve())
+                result.linked += 1
+        names = dict(Broker.objects.values_list("id", "name"))
+        brokers = {b["id"]: b for b in Broker.objects.values("id", "spid", "broker_type")}
+        for kind, model in MODELS.items():
+            rows = model.objects.all()
+            if start is not None:
+                rows = rows.filter(time__gte=start)
+            if end is not None:
+                rows = rows.filter(time__lt=end)
+            for chunk in _chunks(rows):
+                _write_live(dest, kind, chunk, names, brokers, result)
+    for table in lake.SCHEMAS:
+        if not (dest / table).is_dir():  # Spark cannot read a table that has no file
+            day, broker = EMPTY_PARTITION
+            directory = lake.partition_dir(dest, table, day, broker)
+            directory.mkdir(parents=True)
+            pq.write_table(lake.file_schema(table).empty_table(), directory / "part-empty.parquet")
+    result.broker_samples = count_rows(dest, "broker_samples", start, end)
+    return result
+
+
+def _archived_parts(table_dir: Path, start: dt.datetime | None, end: dt.datetime | None):
+    """The Parquet files of one lake table on the days ``[start, end)`` touches."""
+    if not table_dir.is_dir():
+        return
+    first = start.astimezone(dt.UTC).date().isoformat() if start else None
+    last = end.astimezone(dt.UTC).date().isoformat() if end else None
+    for day_dir in sorted(table_dir.glob("date=*")):
+        day = day_dir.name.removeprefix("date=")
+        if (first and day < first) or (last and day > last):
+            continue
+        yield from sorted(day_dir.glob("broker=*/part-*.parquet"))
+
+
+def _chunks(rows: Any) -> Iterator[list[dict[str, Any]]]:
+    """``rows`` (a queryset) in id order, ``ARCHIVE_BATCH_ROWS`` at a time."""
+    size = settings.ARCHIVE_BATCH_ROWS
+    after = 0
+    while True:
+        chunk = list(rows.filter(id__gt=after).order_by("id").values()[:size])
+        if not chunk:
+            return
+        yield chunk
+        after = chunk[-1]["id"]
+
+
+def _write_live(
+    dest: Path,
+    kind: str,
+    samples: list[dict[str, Any]],
+    names: dict[int, str],
+    brokers: dict[int, dict[str, Any]],
+    result: ReportLake,
+) -> None:
+    batch = f"{LIVE_PREFIX}-{kind}-{samples[0]['id']}-{samples[-1]['id']}"
+    if kind == ArchiveBatch.KIND_HEARTBEATS:
+        broker_rows = [
+            broker_row(
+                s,
+                names[s["broker_id"]],
+                brokers[s["broker_id"]]["spid"],
+                brokers[s["broker_id"]]["broker_type"],
+            )
+            for s in samples
+        ]
+        peer_rows = [row for s in samples for row in peer_sample_rows(s, names[s["broker_id"]])]
+        lake.write_rows(dest, "broker_samples", broker_rows, batch)
+        lake.write_rows(dest, "peer_samples", peer_rows, batch)
+        result.live["broker_samples"] = result.live.get("broker_samples", 0) + len(broker_rows)
+        result.live["peer_samples"] = result.live.get("peer_samples", 0) + len(peer_rows)
+    else:
+        rows = [queue_row(s, names[s["broker_id"]]) for s in samples]
+        lake.write_rows(dest, "queue_samples", rows, batch)
+        result.live["queue_samples"] = result.live.get("queue_samples", 0) + len(rows)
+
+
+def count_rows(root: Path, table: str, start: dt.datetime | None, end: dt.datetime | None) -> int:
+    """Rows of ``table`` under ``root`` with ``ts`` in ``[start, end)`` (pyarrow, no Spark)."""
+    base = root / table
+    if not base.is_dir():
+        return 0
+    dataset = ds.dataset(base, format="parquet", partitioning="hive", ignore_prefixes=[".", "_"])
+    condition = None
+    for bound, op in ((start, "ge"), (end, "lt")):
+        if bound is None:
+            continue
+        value = pa.scalar(bound.astimezone(dt.UTC), type=lake.TS)
+        term = pc.field("ts") >= value if op == "ge" else pc.field("ts") < value
+        condition = term if condition is None else condition & term
+    return dataset.count_rows(filter=condition)

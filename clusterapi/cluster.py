@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusterapi import alarms, audit
-from clusterapi.models import Alarm, Broker, ConfigVersion, HeartbeatSample, QueueSample
+from clusterapi.models import Alarm, Broker, HeartbeatSample, QueueSample
 
 log = logging.getLogger(__name__)
 
@@ -75,15 +75,19 @@ def state() -> dict[str, Any]:
         # No root: the cluster is not ready; show the quorum as some up broker sees it.
         seen = Broker.objects.filter(state=Broker.STATE_UP).order_by("-last_seen").first()
         ready, quorum = False, (seen.quorum if seen is not None else "")
-    latest = ConfigVersion.objects.order_by("-number").values_list("number", flat=True).first()
+    from clusterapi.configs import current  # configs notifies through this module
+
+    latest = current()
+    active = Alarm.objects.filter(active=True)
     return {
         "root": {"name": root.name, "spid": root.spid} if root is not None else None,
         "ready": ready,
         "quorum": quorum,
         "brokers_up": Broker.objects.filter(state=Broker.STATE_UP).count(),
         "brokers_total": Broker.objects.count(),
-        "config_version": latest,
-        "alarms_active": Alarm.objects.filter(active=True).count(),
+        "config_version": latest.number if latest is not None else None,
+        "alarms_active": active.count(),
+        "alarms_unacknowledged": active.filter(acknowledged_at=None).count(),
     }
 
 
@@ -100,10 +104,11 @@ def detect_stale(now: dt.datetime | None = None) -> list[str]:
         if broker.last_seen is not None and (now - broker.last_seen).total_seconds() <= allowed:
             continue
         with transaction.atomic():
-            # conditional on last_seen: a status that just arrived wins
+            # conditional on last_seen: a status that just arrived wins; a broker that is
+            # not heard is not ready, whatever it said last
             if not Broker.objects.filter(
                 pk=broker.pk, state=Broker.STATE_UP, last_seen=broker.last_seen
-            ).update(state=Broker.STATE_DOWN):
+            ).update(state=Broker.STATE_DOWN, ready=False):
                 continue
             silent = (
                 "never heard"

@@ -24,9 +24,9 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from clusterapi import audit
+from clusterapi import audit, convergence
 from clusterapi.cluster import broker_group, notify_dashboard
-from clusterapi.errors import InvalidRequest
+from clusterapi.errors import Conflict, InvalidRequest
 from clusterapi.models import Broker, Command, ConfigVersion
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,9 @@ RETRY_SLACK = dt.timedelta(milliseconds=250)
 def issue(broker: Broker, name: str, args: dict[str, Any] | None, user: Any) -> Command:
     """Record a command for ``broker`` and schedule its delivery (after commit).
 
-    ``config.apply`` takes ``{"version": N}`` (the document is filled in from
-    that version); the other commands take no arguments.
+    ``config.apply`` takes ``{"version": N}`` (the document and the push serial are
+    filled in from that version); the other commands take no arguments. A command
+    the broker cannot carry out (see :func:`refusal`) raises :class:`Conflict`.
     """
     if not isinstance(broker, Broker) or broker.pk is None:
         raise InvalidRequest("broker: not a known broker")
@@ -56,6 +57,9 @@ def issue(broker: Broker, name: str, args: dict[str, Any] | None, user: Any) -> 
         args = _config_apply_args(args)
     elif args:
         raise InvalidRequest(f"args: {name} takes no arguments")
+    reason = refusal(broker, name)
+    if reason:
+        raise Conflict(reason)
     now = timezone.now()
     creator = audit.known_user(user)
     with transaction.atomic():
@@ -76,6 +80,26 @@ def issue(broker: Broker, name: str, args: dict[str, Any] | None, user: Any) -> 
     return command
 
 
+def refusal(broker: Broker, name: str) -> str:
+    """Why ``broker`` cannot do command ``name`` now ("" if it can): the dashboard offers
+    only what it can, and the API answers 409 with this reason instead of a command
+    that would fail or time out."""
+    if name == Command.CONFIG_APPLY:
+        return ""  # pushes come from clusterapi.configs, which skips brokers that are down
+    if broker.state == Broker.STATE_DOWN:
+        return f"{broker.name} is down: it cannot run {name} until it reports again"
+    if name in (Command.ROOT_ENABLE, Command.ROOT_DISABLE):
+        if broker.broker_type == Broker.TYPE_SECONDARY:
+            return f"{broker.name} is a secondary: secondaries are never root"
+        if broker.broker_type == Broker.TYPE_STANDALONE:
+            return f"{broker.name} is standalone: it has no cluster to be root of"
+        if name == Command.ROOT_ENABLE and broker.root_enabled:
+            return f"{broker.name} may already be root (root is enabled)"
+        if name == Command.ROOT_DISABLE and not broker.root_enabled:
+            return f"{broker.name} already abstains from being root (root is disabled)"
+    return ""
+
+
 def _config_apply_args(args: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(args) - {"version", "config"})
     if unknown:
@@ -86,7 +110,8 @@ def _config_apply_args(args: dict[str, Any]) -> dict[str, Any]:
     version = ConfigVersion.objects.filter(number=number).first()
     if version is None:
         raise InvalidRequest(f"args.version: there is no configuration version {number}")
-    return {"version": version.number, "config": version.document}
+    # the serial orders pushes on the broker, so a version can be pushed again later
+    return {"version": version.number, "config": version.document, "serial": version.push_serial}
 
 
 def schedule_delivery(command_id: uuid.UUID | str) -> None:
@@ -116,9 +141,16 @@ def deliver(command_id: uuid.UUID | str, now: dt.datetime | None = None) -> bool
         time_out(command, now)
         return False
     if command.name == Command.CONFIG_APPLY:
-        latest = ConfigVersion.objects.order_by("-number").values_list("number", flat=True).first()
-        if latest is not None and command.args.get("version") != latest:
-            finish(command, Command.STATE_FAILED, error=f"superseded by version {latest}")
+        from clusterapi.configs import current  # configs issues commands
+
+        latest = current()
+        if latest is not None and (
+            command.args.get("version") != latest.number
+            or command.args.get("serial", latest.push_serial) != latest.push_serial
+        ):
+            reason = f"superseded by the push of version {latest.number}"
+            finish(command, Command.STATE_SUPERSEDED, error=reason)
+            notify_dashboard("command", command.broker.name)
             return False
     if not command.broker.connected:
         return False
@@ -187,6 +219,8 @@ def time_out(command: Command, now: dt.datetime | None = None) -> bool:
         {"id": str(command.id), "command": command.name, "attempts": command.attempts},
     )
     notify_dashboard("command", command.broker.name)
+    if command.name == Command.CONFIG_APPLY:
+        convergence.check_drift(command.broker)  # no push on its way any more
     return True
 
 

@@ -1,50 +1,99 @@
-"""Versioned cluster configurations: validate, save, push, follow convergence.
+"""Versioned cluster configurations: validate, save, push, push again.
 
-A version is validated with brokerd's own rules (``brokerd.configdoc``), so a
-document the console saves is one every broker can apply; it is stored
-normalised with the checksum brokers ack with. Saving pushes ``config.apply``
-to every known broker; a broker that was away gets the current version when
-it says hello (:func:`reconcile`). Convergence is read from the per-broker
-:class:`ConfigApplication` rows.
+A version is a complete document: every key it lacks means the broker's own
+setting (its ``brokerd.toml`` and cluster file), never "what an earlier version
+left", so a version means the same on every broker, restarted or not. It is
+validated with brokerd's own rules (``brokerd.configdoc``) and stored
+normalised with its checksum. There is one version per distinct document:
+saving the current document again changes nothing, and saving the document of
+an older version pushes that version again. The current version is the one
+pushed last (``push_serial``); pushing sends ``config.apply`` to every broker
+that is not down, and a broker that was away gets it when it says hello
+(:func:`reconcile`). Whether brokers run it is what they report in every status
+(:mod:`clusterapi.convergence`), not what they once acknowledged.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Max
+from django.db.models import F, Max
 from django.utils import timezone
 
-from brokerd.configdoc import ConfigDocumentError, document_checksum, validate_document
-from clusterapi import alarms, audit, commands
+from brokerd.configdoc import (
+    DOCUMENT_KEYS,
+    ConfigDocumentError,
+    document_checksum,
+    validate_document,
+)
+from clusterapi import alarms, audit, commands, convergence
 from clusterapi.cluster import notify_dashboard
-from clusterapi.errors import InvalidRequest
+from clusterapi.errors import Conflict, InvalidDocument, InvalidRequest
 from clusterapi.models import Broker, Command, ConfigApplication, ConfigVersion
 
 log = logging.getLogger(__name__)
 
 COMMENT_MAX = 500
 
+#: what saving a document did
+CREATED = "created"
+UNCHANGED = "unchanged"
+REPUSHED = "repushed"
+
+
+@dataclass(frozen=True)
+class Saved:
+    """The version a save or push ended on, and what happened (created|unchanged|repushed)."""
+
+    version: ConfigVersion
+    outcome: str
+
 
 def validate(document: Any) -> tuple[dict[str, Any], str]:
-    """The normalised document and its checksum, or InvalidRequest naming the bad key."""
+    """The normalised document and its checksum, or InvalidDocument naming the bad key."""
     try:
         normalised = validate_document(document)
     except ConfigDocumentError as exc:
-        raise InvalidRequest(str(exc)) from None
+        raise InvalidDocument(str(exc)) from None
     return normalised, document_checksum(normalised)
 
 
 def current() -> ConfigVersion | None:
-    """The newest version: the one every broker should run."""
-    return ConfigVersion.objects.order_by("-number").first()
+    """The version every broker should run: the one pushed last."""
+    return ConfigVersion.objects.order_by(F("push_serial").desc(nulls_last=True), "-number").first()
 
 
-def create_version(document: Any, user: Any, comment: str = "") -> ConfigVersion:
-    """Validate and save a new version, then push it to every known broker.
+def derive(changes: Any) -> dict[str, Any]:
+    """The current document with ``changes`` made: each top-level key given replaces
+    that part, a key given as null is removed (back to the brokers' own setting).
+    This is how a new version starts from the current one in the API."""
+    if not isinstance(changes, dict):
+        raise InvalidRequest("changes: must be an object of top-level keys")
+    unknown = sorted(set(changes) - set(DOCUMENT_KEYS))
+    if unknown:
+        raise InvalidDocument(
+            f"changes.{unknown[0]}: unknown key (known: {', '.join(DOCUMENT_KEYS)})"
+        )
+    version = current()
+    document = dict(version.document) if version is not None else {}
+    for key, value in changes.items():
+        if value is None:
+            document.pop(key, None)
+        else:
+            document[key] = value
+    return document
 
+
+def save(document: Any, user: Any, comment: str = "", base: int | None = None) -> Saved:
+    """Make ``document`` the current configuration and push it where needed.
+
+    A document equal to the current one changes nothing (``unchanged``); equal to an
+    older version, that version is pushed again (``repushed``); otherwise it becomes
+    a new version (``created``). ``base``, when given, must be the current version's
+    number (the version the caller's edit started from), else :class:`Conflict`.
     Role checks are the caller's (the API and dashboard allow operators only).
     """
     if not isinstance(comment, str):
@@ -52,48 +101,88 @@ def create_version(document: Any, user: Any, comment: str = "") -> ConfigVersion
     if len(comment) > COMMENT_MAX:
         raise InvalidRequest(f"comment: at most {COMMENT_MAX} characters")
     normalised, checksum = validate(document)
-    creator = audit.known_user(user)
     for attempt in range(5):
         try:
             with transaction.atomic():
-                latest = ConfigVersion.objects.aggregate(n=Max("number"))["n"] or 0
+                latest = current()
+                if base is not None and (latest.number if latest else None) != base:
+                    now = f"version {latest.number}" if latest else "no version"
+                    raise Conflict(
+                        f"base: the current configuration is {now}, not version {base}; "
+                        "start again from the current one"
+                    )
+                if latest is not None and latest.checksum == checksum:
+                    return Saved(latest, UNCHANGED)
+                same = ConfigVersion.objects.filter(checksum=checksum).order_by("-number").first()
+                if same is not None:
+                    _push_everywhere(same, user, comment)
+                    return Saved(same, REPUSHED)
+                number = (ConfigVersion.objects.aggregate(n=Max("number"))["n"] or 0) + 1
                 version = ConfigVersion.objects.create(
-                    number=latest + 1,
+                    number=number,
                     document=normalised,
                     checksum=checksum,
                     comment=comment,
-                    created_by=creator,
+                    created_by=audit.known_user(user),
                 )
-                _supersede_older(version)
-                audit.record(
-                    user,
-                    "config.push",
-                    f"version {version.number}",
-                    {"number": version.number, "checksum": checksum, "comment": comment},
-                )
-                for broker in Broker.objects.all():
-                    push(broker, version, user)
-                transaction.on_commit(lambda: notify_dashboard("config"))
-            break
+                _push_everywhere(version, user, comment, created=True)
+            log.info("configuration version %d saved (checksum %s)", version.number, checksum)
+            return Saved(version, CREATED)
         except IntegrityError:
             if attempt == 4:
                 raise
-            log.info("configuration version number taken concurrently; retrying")
-    log.info("configuration version %d saved (checksum %s)", version.number, checksum)
-    return version
+            log.info("configuration version or push number taken concurrently; retrying")
+    raise AssertionError("unreachable")
+
+
+def repush(version: ConfigVersion, user: Any, comment: str = "") -> Saved:
+    """Push ``version`` again to every broker that is not down, making it current:
+    the way back to an older configuration, or to a broker that drifted."""
+    if len(comment) > COMMENT_MAX:
+        raise InvalidRequest(f"comment: at most {COMMENT_MAX} characters")
+    for attempt in range(5):
+        try:
+            with transaction.atomic():
+                _push_everywhere(version, user, comment)
+            return Saved(version, REPUSHED)
+        except IntegrityError:
+            if attempt == 4:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _push_everywhere(
+    version: ConfigVersion, user: Any, comment: str, created: bool = False
+) -> None:
+    """Give ``version`` the next push serial, stop older pushes, push to every broker
+    that is up (a down one gets it on hello), audit. Inside the caller's transaction."""
+    serial = (ConfigVersion.objects.aggregate(n=Max("push_serial"))["n"] or 0) + 1
+    version.push_serial = serial
+    version.pushed_at = timezone.now()
+    version.save(update_fields=["push_serial", "pushed_at"])
+    _supersede_older(version)
+    audit.record(
+        user,
+        "config.push" if created else "config.repush",
+        f"version {version.number}",
+        {"number": version.number, "checksum": version.checksum, "comment": comment},
+    )
+    for broker in Broker.objects.exclude(state=Broker.STATE_DOWN):
+        push(broker, version, user)
+    transaction.on_commit(lambda: notify_dashboard("config"))
 
 
 def _supersede_older(version: ConfigVersion) -> None:
-    """Open ``config.apply`` commands and pending applications of older versions stop:
-    a broker that gets them late must not go back to an older configuration."""
-    reason = f"superseded by version {version.number}"
+    """Open ``config.apply`` commands of earlier pushes stop, shown as superseded (not
+    failed): a broker that gets one late must not go back to an older configuration."""
+    reason = f"superseded by the push of version {version.number}"
     now = timezone.now()
     Command.objects.filter(name=Command.CONFIG_APPLY, state__in=Command.OPEN_STATES).update(
-        state=Command.STATE_FAILED, error=reason, finished_at=now
+        state=Command.STATE_SUPERSEDED, error=reason, finished_at=now
     )
-    ConfigApplication.objects.filter(state=ConfigApplication.STATE_PENDING).exclude(
-        version=version
-    ).update(state=ConfigApplication.STATE_FAILED, error=reason)
+    ConfigApplication.objects.filter(state=ConfigApplication.STATE_PENDING).update(
+        state=ConfigApplication.STATE_SUPERSEDED, error=reason
+    )
 
 
 def push(broker: Broker, version: ConfigVersion, user: Any) -> Command:
@@ -111,16 +200,8 @@ def reconcile(broker: Broker) -> Command | None:
     version = current()
     if version is None:
         return None
-    if broker.config_version == version.number and broker.config_checksum == version.checksum:
-        ConfigApplication.objects.update_or_create(
-            version=version,
-            broker=broker,
-            defaults={
-                "state": ConfigApplication.STATE_ACKED,
-                "checksum": version.checksum,
-                "error": "",
-            },
-        )
+    if broker.config_checksum == version.checksum:
+        convergence.check_drift(broker, version)
         return None
     waiting = Command.objects.filter(
         broker=broker,
@@ -133,7 +214,7 @@ def reconcile(broker: Broker) -> Command | None:
     log.info(
         "broker %s runs configuration %s; pushing version %d",
         broker.name,
-        broker.config_version,
+        broker.config_version or "of its own files",
         version.number,
     )
     return push(broker, version, None)
@@ -155,41 +236,26 @@ def record_ack(command: Command, ok: bool, result: Any, error: str | None) -> No
         problem = f"the broker applied checksum {checksum or '(none)'}, expected {version.checksum}"
     else:
         state, problem = ConfigApplication.STATE_FAILED, error or "refused"
-    ConfigApplication.objects.update_or_create(
-        version=version,
-        broker=broker,
-        defaults={"state": state, "checksum": checksum, "error": problem},
-    )
+    if command.state != Command.STATE_SUPERSEDED:
+        ConfigApplication.objects.update_or_create(
+            version=version,
+            broker=broker,
+            defaults={"state": state, "checksum": checksum, "error": problem},
+        )
     if ok:
+        # what it runs now; its next status says the same (or what changed since)
         applied = result.get("config_version")
         Broker.objects.filter(pk=broker.pk).update(
             config_version=applied if isinstance(applied, int) else version.number,
             config_checksum=checksum,
         )
+        broker.refresh_from_db(fields=["config_version", "config_checksum"])
     if state == ConfigApplication.STATE_ACKED:
-        if alarms.clear_alarm(alarms.CONFIG_FAILED, broker):
-            notify_dashboard("alarm", broker.name)
-    else:
+        alarms.clear_alarm(alarms.CONFIG_FAILED, broker)
+    elif command.state != Command.STATE_SUPERSEDED:
         alarms.raise_alarm(
             alarms.CONFIG_FAILED, f"configuration version {version.number}: {problem}", broker
         )
-        notify_dashboard("alarm", broker.name)
+    convergence.check_drift(broker)
+    notify_dashboard("alarm", broker.name)
     notify_dashboard("config", broker.name)
-
-
-def convergence(version: ConfigVersion) -> list[dict[str, Any]]:
-    """Per known broker: whether it applied ``version`` (pending|acked|failed), with the
-    checksum it acked and the error it gave."""
-    applications = {a.broker_id: a for a in version.applications.all()}
-    out = []
-    for broker in Broker.objects.order_by("name"):
-        application = applications.get(broker.pk)
-        out.append(
-            {
-                "broker": broker.name,
-                "state": application.state if application else ConfigApplication.STATE_PENDING,
-                "checksum": application.checksum if application else "",
-                "error": application.error if application else "",
-            }
-        )
-    return out

@@ -131,7 +131,13 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
             raise LinkProtocolError("hello sent twice on one link")
         hello = ingest.parse_hello(msg)
         broker, _ = await database_sync_to_async(ingest.register_hello)(hello, self.channel_name)
-        self.link = LinkState(broker.pk, broker.name, broker.broker_type, spid=broker.spid)
+        self.link = LinkState(
+            broker.pk,
+            broker.name,
+            broker.broker_type,
+            spid=broker.spid,
+            running_config=(broker.config_version, broker.config_checksum),
+        )
         self.group = broker_group(broker.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
         version = await database_sync_to_async(configs.current)()
@@ -149,6 +155,8 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
         await anotify_dashboard("broker", self.link.name)
         if outcome.alarms_changed or outcome.state_changed:
             await anotify_dashboard("alarm", self.link.name)
+        if outcome.config_changed:
+            await anotify_dashboard("config", self.link.name)
 
     async def on_ack(self, msg: dict[str, Any]) -> None:
         assert self.link is not None
@@ -167,6 +175,9 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
         await database_sync_to_async(commands.acknowledge)(
             self.link.broker_id, command_id, ok, result, error
         )
+        # an ack may have recorded what the broker runs: the next status is compared with
+        # the stored row again, whatever this link last saw (acks are rare)
+        self.link.running_config = ingest.UNKNOWN_RUNNING
 
     # -- outgoing -------------------------------------------------------------------
 

@@ -12,3 +12,15 @@ class InvalidRequest(ValueError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class Conflict(InvalidRequest):
+    """The request is well-formed but the target cannot do it now (a secondary asked to
+    be root, a command to a broker that is down, a version that is no longer current);
+    the API answers 409 with ``message`` as the reason."""
+
+
+class InvalidDocument(InvalidRequest):
+    """A configuration document that is well-formed JSON but breaks the document's rules
+    (docs/protocol.md: a timeout not above the interval, a permission for an unknown
+    user ...); the API answers 422 with ``message`` naming the key."""

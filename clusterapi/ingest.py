@@ -30,7 +30,7 @@ from django.db import connection, models, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from clusterapi import alarms, audit
+from clusterapi import alarms, audit, convergence
 from clusterapi.models import (
     BindingSnapshot,
     Broker,
@@ -50,6 +50,8 @@ MAX_CLOCK_SKEW = 300.0
 DELETE_CHUNK = 200
 
 QueueKey = tuple[str, str]
+#: ``LinkState.running_config`` when the link does not know what the row says
+UNKNOWN_RUNNING: tuple[int | None, str] = (None, "?")
 
 
 class LinkProtocolError(ValueError):
@@ -225,6 +227,8 @@ class LinkState:
     broker_alarms: dict[str, str] | None = None
     #: the broker's spid in this run (from hello), kept on every HeartbeatSample
     spid: str = ""
+    #: (version, checksum) of the configuration it last reported running
+    running_config: tuple[int | None, str] = (None, "")
 
 
 @dataclass
@@ -232,6 +236,7 @@ class StatusOutcome:
     resync: bool = False
     alarms_changed: bool = False
     state_changed: bool = False
+    config_changed: bool = False
 
 
 # -- hello -----------------------------------------------------------------------------
@@ -329,6 +334,7 @@ def apply_status(link: LinkState, msg: dict[str, Any]) -> StatusOutcome:
     bindings = _section(msg, "bindings", full, 5)
     peers = _optional(view, "peers", list, "status.view", [])
     reported_alarms = _broker_alarms(_optional(view, "alarms", list, "status.view", []))
+    running = _running_config(msg)
 
     outcome = StatusOutcome()
     if link.last_seq is not None and seq != link.last_seq + 1:
@@ -354,7 +360,11 @@ def apply_status(link: LinkState, msg: dict[str, Any]) -> StatusOutcome:
         owned = Broker.objects.filter(pk=link.broker_id)
         if link.spid:
             owned = owned.filter(spid=link.spid)
+        reported = {}
+        if running is not None:
+            reported = {"config_version": running[0], "config_checksum": running[1]}
         updated = owned.update(
+            **reported,
             connected=True,
             last_seen=now,
             is_root=bool(view.get("is_root")),
@@ -412,7 +422,21 @@ def apply_status(link: LinkState, msg: dict[str, Any]) -> StatusOutcome:
         outcome.alarms_changed = alarms.mirror_broker_alarms(
             link.broker_id, reported_alarms, link.broker_alarms
         )
+        if running is not None and running != link.running_config:
+            # what it runs changed (a reload, an apply): rare, so the few queries are fine
+            link.running_config = running
+            outcome.config_changed = True
+            convergence.check_drift(Broker.objects.get(pk=link.broker_id))
     return outcome
+
+
+def _running_config(msg: dict[str, Any]) -> tuple[int | None, str] | None:
+    """The console configuration a status says the broker runs (None: a broker too old
+    to say, whose hello and acks stay the only word on it)."""
+    if "config_checksum" not in msg:
+        return None
+    version = _optional(msg, "config_version", int, "status", None)
+    return version, _text(msg, "config_checksum", "status", 64)
 
 
 def quorum_text(view: dict[str, Any], peers: Sequence[Any], self_primary: bool) -> str:

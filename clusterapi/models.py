@@ -232,16 +232,25 @@ class BindingSnapshot(models.Model):
 
 
 class ConfigVersion(models.Model):
-    """A saved cluster configuration document (docs/protocol.md); never edited, only added."""
+    """A saved cluster configuration document (docs/protocol.md): complete (a missing key
+    means the broker's own setting), one version per distinct document, never edited.
+
+    The current version is the one pushed last (``push_serial``), so an older version
+    can be pushed again without copying it into a new one.
+    """
 
     number = models.PositiveIntegerField(unique=True)
     document = models.JSONField(default=dict)
-    checksum = models.CharField(max_length=16, help_text="the checksum brokers ack with")
+    checksum = models.CharField(max_length=16, help_text="the checksum brokers report running")
     comment = models.CharField(max_length=500, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    push_serial = models.PositiveIntegerField(
+        null=True, blank=True, unique=True, help_text="order of the last push; highest: current"
+    )
+    pushed_at = models.DateTimeField(null=True, blank=True, help_text="last pushed")
 
     class Meta:
         ordering = ["-number"]
@@ -256,7 +265,13 @@ class ConfigApplication(models.Model):
     STATE_PENDING = "pending"
     STATE_ACKED = "acked"
     STATE_FAILED = "failed"
-    STATE_CHOICES = [(STATE_PENDING, "pending"), (STATE_ACKED, "acked"), (STATE_FAILED, "failed")]
+    STATE_SUPERSEDED = "superseded"
+    STATE_CHOICES = [
+        (STATE_PENDING, "pending"),
+        (STATE_ACKED, "acked"),
+        (STATE_FAILED, "failed"),
+        (STATE_SUPERSEDED, "superseded"),
+    ]
 
     version = models.ForeignKey(
         ConfigVersion, on_delete=models.CASCADE, related_name="applications"
@@ -296,15 +311,18 @@ class Command(models.Model):
     STATE_ACKED = "acked"
     STATE_FAILED = "failed"
     STATE_TIMED_OUT = "timed_out"
+    #: a config.apply that a later push replaced before the broker acked it
+    STATE_SUPERSEDED = "superseded"
     STATE_CHOICES = [
         (STATE_PENDING, "pending"),
         (STATE_SENT, "sent"),
         (STATE_ACKED, "acked"),
         (STATE_FAILED, "failed"),
         (STATE_TIMED_OUT, "timed out"),
+        (STATE_SUPERSEDED, "superseded"),
     ]
     OPEN_STATES = (STATE_PENDING, STATE_SENT)
-    FINAL_STATES = (STATE_ACKED, STATE_FAILED, STATE_TIMED_OUT)
+    FINAL_STATES = (STATE_ACKED, STATE_FAILED, STATE_TIMED_OUT, STATE_SUPERSEDED)
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     broker = models.ForeignKey(Broker, on_delete=models.CASCADE, related_name="commands")
@@ -356,7 +374,12 @@ class AuditEntry(models.Model):
 
 
 class Alarm(models.Model):
-    """Something an operator should look at; ``active`` until cleared."""
+    """Something an operator should look at; ``active`` until cleared.
+
+    Acknowledging says an operator has seen it: it stays active (the condition
+    holds) but no longer counts as needing attention. A cleared alarm raised again
+    is a new row, unacknowledged.
+    """
 
     SOURCE_CONSOLE = "console"
     SOURCE_BROKER = "broker"
@@ -372,6 +395,14 @@ class Alarm(models.Model):
     cleared_at = models.DateTimeField(null=True, blank=True)
     active = models.BooleanField(default=True)
     updated_at = models.DateTimeField(auto_now=True, help_text="last raised again or changed")
+    acknowledged_at = models.DateTimeField(null=True, blank=True)
+    acknowledged_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    acknowledged_by_name = models.CharField(
+        max_length=150, blank=True, help_text="who acknowledged it (kept if the user goes)"
+    )
+    acknowledgement = models.CharField(max_length=500, blank=True, help_text="their note")
 
     class Meta:
         ordering = ["-raised_at"]

@@ -1,9 +1,13 @@
 """Traffic report runs: request, run the Spark job as a subprocess, keep its summary.
 
 A :class:`ReportRun` is requested by an operator (API, dashboard) or by beat's
-nightly task; the Celery task archives what is old enough and then runs
-``python -m pipeline report --lake LAKE_PATH --out REPORTS_DIR/<id> [--from]
-[--to] --master SPARK_MASTER`` in its own process group. A subprocess keeps
+nightly task; the Celery task archives what is old enough, puts together the
+run's own lake (the archive's files for the period, linked, plus the samples
+not archived yet: ``archive.report_lake``), and, unless the period has no
+sample at all (the run then fails at once, saying so, without starting Spark),
+runs ``python -m pipeline report --lake REPORTS_DIR/<id>/lake --out
+REPORTS_DIR/<id> [--from] [--to] --master SPARK_MASTER`` in its own process
+group. A subprocess keeps
 Spark's JVM and its memory out of the Celery worker, and the timeout
 (``REPORT_TIMEOUT_SECONDS``) can stop the whole tree. The job writes Parquet
 tables and ``summary.json`` under the run's directory; the summary is loaded
@@ -34,7 +38,6 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusterapi import archive, audit
-from clusterapi.errors import InvalidRequest
 from clusterapi.models import ReportRun
 
 log = logging.getLogger(__name__)
@@ -72,14 +75,20 @@ def request_run(
 ) -> ReportRun:
     """Record a pending run and queue its Celery task once the transaction commits
     (``enqueue=False``: the caller runs it, as the nightly task does)."""
-    if start is not None and end is not None and start >= end:
-        raise InvalidRequest("the period's start must be before its end")
     fail_abandoned()
+    empty = start is not None and end is not None and start >= end
     run = ReportRun.objects.create(
         requested_by=audit.known_user(user),
         trigger=trigger,
         period_from=start,
         period_to=end,
+        # an empty period needs no job to know the answer
+        state=ReportRun.STATE_FAILED if empty else ReportRun.STATE_PENDING,
+        finished_at=timezone.now() if empty else None,
+        error=f"the period is empty: it starts at {iso(start)}, not before its end "
+        f"{iso(end)}; choose a start before the end"
+        if empty
+        else "",
     )
     audit.record(
         user,
@@ -91,7 +100,7 @@ def request_run(
             "to": iso(end) if end else None,
         },
     )
-    if enqueue:
+    if enqueue and not empty:
         from clusterapi.tasks import run_report
 
         pk = run.pk
@@ -175,7 +184,20 @@ def execute(run_id: int, timeout: float | None = None) -> str:
     run.output_path = str(out)
     run.save(update_fields=["output_path"])
 
-    cmd = [*job_command(), "report", "--lake", str(archive.lake_root()), "--out", str(out)]
+    try:
+        view = archive.report_lake(out / "lake", run.period_from, run.period_to)
+    except Exception as exc:
+        log.exception("report %s: could not read the samples", run.pk)
+        return _finish(run, now, None, f"could not read the samples for the report: {exc}")
+    if not view.broker_samples:
+        return _finish(run, now, None, empty_period_message(run))
+    log.info(
+        "report %s: lake of %d archived files and %s not archived yet",
+        run.pk,
+        view.linked,
+        view.live or "no samples",
+    )
+    cmd = [*job_command(), "report", "--lake", str(view.root), "--out", str(out)]
     if run.period_from:
         cmd += ["--from", iso(run.period_from)]
     if run.period_to:
@@ -195,13 +217,34 @@ def execute(run_id: int, timeout: float | None = None) -> str:
             summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError) as exc:
         error = f"the job could not run or left no readable summary: {exc}"
+    shutil.rmtree(view.root, ignore_errors=True)  # links and copies: the run's tables remain
+    return _finish(run, now, summary, error)
+
+
+def _finish(run: ReportRun, started: dt.datetime, summary: Any, error: str) -> str:
     run.finished_at = timezone.now()
     run.summary = summary
     run.error = error
     run.state = ReportRun.STATE_FAILED if error else ReportRun.STATE_SUCCEEDED
     run.save(update_fields=["finished_at", "summary", "error", "state"])
-    log.info("report %s %s in %.1f s", run.pk, run.state, (run.finished_at - now).total_seconds())
+    took = (run.finished_at - started).total_seconds()
+    log.info("report %s %s in %.1f s", run.pk, run.state, took)
     return run.state
+
+
+def empty_period_message(run: ReportRun) -> str:
+    """Why a run has nothing to report on, in words an operator can act on."""
+    if run.period_from or run.period_to:
+        start = iso(run.period_from) if run.period_from else "the first sample"
+        end = iso(run.period_to) if run.period_to else "now"
+        where = f"from {start} to {end}"
+    else:
+        where = "at all"
+    return (
+        f"no broker samples {where}: brokers report to the console every heartbeat once "
+        "connected, so choose a period when brokers were running (or wait for their first "
+        "statuses)"
+    )
 
 
 def run_job(cmd: list[str], log_path: Path, timeout: float) -> int | None:

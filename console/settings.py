@@ -53,12 +53,16 @@ Environment (see ``deploy/README.md`` and ``deploy/console.env.example``):
 ``DATA_DIR``           runtime state (database, secret key, static files, reports);
                        default ``var/`` in the checkout; relative paths are taken
                        from the checkout.
-``LOG_LEVEL``          default ``INFO``.
+``AXES_FAILURE_LIMIT`` failed logins (dashboard or API token) of one user from
+                       one address before that pair is locked out (429); default 5.
+``AXES_COOLOFF_MINUTES`` how long such a lockout lasts; default 15.
+``LOG_LEVEL``          default ``INFO``. One access line per request.
 =====================  ==========================================================
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 from console.environment import (
@@ -99,6 +103,8 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files for /api/v1/docs/, no CDN
+    "axes",  # login rate limit: after the other apps, as django-axes asks
     "clusterapi",
 ]
 
@@ -110,6 +116,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # last, as django-axes asks: turns a locked-out login into its 429 answer
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -193,6 +201,20 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
+# django-axes counts failed logins (the dashboard's and the API token's) per user and
+# address: after AXES_FAILURE_LIMIT of them, that pair is refused (429) for
+# AXES_COOLOFF_MINUTES; a successful login resets the count.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("AXES_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = dt.timedelta(minutes=env_int("AXES_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_CALLABLE = "console.views.locked_out"
+AXES_VERBOSE = False
+
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"
@@ -206,6 +228,7 @@ SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SAMESITE = "Lax"
 SESSION_COOKIE_SECURE = CONSOLE_HTTPS
 CSRF_COOKIE_SAMESITE = "Lax"
+CSRF_FAILURE_VIEW = "clusterapi.api.errors.csrf_failure"
 CSRF_COOKIE_SECURE = CONSOLE_HTTPS
 if CONSOLE_HTTPS:
     # TLS ends at the reverse proxy (deploy/nginx/rookery.conf), which sets this header;
@@ -226,7 +249,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 100,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "clusterapi.api.schema.ApiSchema",
     "EXCEPTION_HANDLER": "clusterapi.api.errors.exception_handler",
 }
 
@@ -238,6 +261,15 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": r"/api/v1",
     "ENUM_NAME_OVERRIDES": {"ReportRunStateEnum": "clusterapi.models.ReportRun.STATE_CHOICES"},
+    # request bodies are their own components, so that they can refuse unknown properties
+    "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "clusterapi.api.schema.strict_request_bodies",
+    ],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # -- internationalisation, static files ---------------------------------------------------
@@ -272,4 +304,15 @@ LOGGING = {
         "stderr": {"class": "logging.StreamHandler", "formatter": "line"},
     },
     "root": {"handlers": ["stderr"], "level": LOG_LEVEL},
+    # One access line per request, written by the server (Daphne's access log, or
+    # django.channels.server under `runserver`). Django's own loggers would add copies:
+    # its DEBUG console handler, django.server's handler, and django.request's warning
+    # for every 4xx. They keep no handler of their own (their records reach the root
+    # once), and django.request reports only server errors (5xx, with the traceback).
+    "loggers": {
+        "django": {"handlers": [], "level": LOG_LEVEL, "propagate": True},
+        "django.server": {"handlers": [], "level": LOG_LEVEL, "propagate": True},
+        "django.channels.server": {"handlers": [], "level": LOG_LEVEL, "propagate": True},
+        "django.request": {"handlers": [], "level": "ERROR", "propagate": True},
+    },
 }

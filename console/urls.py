@@ -22,6 +22,7 @@ urlpatterns = [
     path("", dashboard_views.overview, name="home"),
     path("", include("console.dashboard.urls")),
     path("healthz", views.healthz, name="healthz"),
+    path("favicon.ico", views.favicon, name="favicon"),
     path("admin/", admin.site.urls),
     path(
         "accounts/login/",

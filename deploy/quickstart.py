@@ -52,9 +52,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from console.environment import ascii_int, new_token
-
 REPO = Path(__file__).resolve().parents[1]
+# This checkout's console, whatever else the interpreter could import (an installed
+# copy, another checkout's editable install): Python puts deploy/ on the path, not REPO.
+sys.path.insert(0, str(REPO))
+
+from console.environment import ascii_int, new_token  # noqa: E402
+
 VENV_BIN = Path(sys.executable).parent
 HOST = "127.0.0.1"
 DEBIAN_REDIS = Path("/usr/bin/redis-server")
@@ -260,9 +264,14 @@ def _toml_str(value: str) -> str:
 
 
 def choose_admin_password(
-    config: QuickstartConfig, user_created: bool, output: Output
+    config: QuickstartConfig,
+    user_created: bool,
+    output: Output,
+    works: Callable[[str], bool] | None = None,
 ) -> tuple[str | None, str]:
-    """The password to give the admin (None: leave it) and where the operator finds it.
+    """The password to give the admin (None: leave it) and where the operator finds it,
+    as the closing summary says it (true in every case: ``works`` checks whether the
+    password kept in the file still logs the existing admin in).
 
     ROOKERY_ADMIN_PASSWORD wins, every run. Otherwise a new admin gets the password
     kept in DATA_DIR/admin-password, generated and shown once the first time; an
@@ -275,7 +284,10 @@ def choose_admin_password(
             output.say(f"removed {path}: ROOKERY_ADMIN_PASSWORD replaces it")
         return config.admin_password, "from ROOKERY_ADMIN_PASSWORD"
     if not user_created and not path.exists():
-        return None, "unchanged (set ROOKERY_ADMIN_PASSWORD to reset it)"
+        return None, (
+            "unchanged: as set before by ROOKERY_ADMIN_PASSWORD or in the console "
+            "(set ROOKERY_ADMIN_PASSWORD to reset it)"
+        )
     password, generated = read_or_create_secret(path, lambda: new_token(15))
     if generated:
         rule = "=" * 64
@@ -283,11 +295,17 @@ def choose_admin_password(
             f"{rule}\nConsole login:  user {config.admin_user!r}  password {password}\n"
             f"(shown this once; kept in {path}, mode 0600)\n{rule}"
         )
+    if not user_created and works is not None and not works(password):
+        return None, (
+            f"changed in the console since it was generated ({path} holds the old one; "
+            "set ROOKERY_ADMIN_PASSWORD to reset it)"
+        )
     return (password if user_created else None), f"in {path}"
 
 
-def prepare_console(config: QuickstartConfig, output: Output) -> None:
-    """Migrate the console's database and make sure the admin user can log in.
+def prepare_console(config: QuickstartConfig, output: Output) -> str:
+    """Migrate the console's database and make sure the admin user can log in; returns
+    where the admin's password is, for the closing summary.
 
     Runs in this process (Django is imported here only), with the same
     environment the console's processes get, before any of them starts.
@@ -308,7 +326,7 @@ def prepare_console(config: QuickstartConfig, output: Output) -> None:
     user, created = user_model._default_manager.get_or_create(
         **{user_model.USERNAME_FIELD: config.admin_user}
     )
-    password, where = choose_admin_password(config, created, output)
+    password, where = choose_admin_password(config, created, output, works=user.check_password)
     if password is not None:
         user.set_password(password)
     user.is_staff = True
@@ -319,6 +337,7 @@ def prepare_console(config: QuickstartConfig, output: Output) -> None:
     user.groups.add(operators)
     output.say(f"admin user {config.admin_user!r} (operators group); password {where}")
     connections.close_all()
+    return where
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -607,12 +626,8 @@ def child_environment(config: QuickstartConfig, token: str) -> dict[str, str]:
     return env
 
 
-def summary(config: QuickstartConfig) -> str:
-    login = (
-        "password from ROOKERY_ADMIN_PASSWORD"
-        if config.admin_password
-        else f"password in {config.password_file}"
-    )
+def summary(config: QuickstartConfig, password_where: str) -> str:
+    login = f"password {password_where}"
     brokers = ", ".join(str(p) for p in config.broker_ports)
     redis = config.redis_url or f"redis://{HOST}:{config.redis_port}/0 (embedded)"
     return "\n".join(
@@ -629,7 +644,9 @@ def summary(config: QuickstartConfig) -> str:
     )
 
 
-async def supervise(config: QuickstartConfig, env: dict[str, str], output: Output) -> int:
+async def supervise(
+    config: QuickstartConfig, env: dict[str, str], output: Output, password_where: str
+) -> int:
     supervisor = Supervisor(output)
     loop = asyncio.get_running_loop()
     stop_requested = False
@@ -652,7 +669,7 @@ async def supervise(config: QuickstartConfig, env: dict[str, str], output: Outpu
                 break
             await supervisor.start(service)
         if not supervisor.shutdown.is_set():
-            output.say(summary(config))
+            output.say(summary(config, password_where))
         await supervisor.shutdown.wait()
     finally:
         await supervisor.stop_all()
@@ -675,15 +692,14 @@ def main() -> int:
         ensure_cluster_file(config, output)
         env = child_environment(config, token)
         os.environ.update(env)  # Django in this process reads the same settings
-        sys.path.insert(0, str(REPO))
-        prepare_console(config, output)
+        password_where = prepare_console(config, output)
     except QuickstartError as exc:
         output.say(f"error: {exc}")
         return 2
     except KeyboardInterrupt:
         output.say("interrupted")
         return 130
-    return asyncio.run(supervise(config, env, output))
+    return asyncio.run(supervise(config, env, output, password_where))
 
 
 if __name__ == "__main__":

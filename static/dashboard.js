@@ -1,4 +1,5 @@
-/* Rookery dashboard: ticking relative times, the live-link indicator, the rate chart.
+/* Rookery dashboard: ticking relative times, the live-link indicator, the rate chart
+   (its legend showing the latest values).
    Fragments arrive over the page's websocket (htmx ws extension) and are swapped
    by id; this script only keeps what changes between messages up to date. */
 (function () {
@@ -33,6 +34,17 @@
 
   var chart = null;
 
+  /* uPlot's legend shows values under the cursor, and "--" when there is none: show the
+     latest point instead whenever the cursor is off the chart. */
+  function latestLegend(u) {
+    if (u._rookeryLatest || u.cursor.idx != null) return;
+    var xs = u.data && u.data[0];
+    if (!xs || !xs.length) return;
+    u._rookeryLatest = true;
+    try { u.setLegend({ idx: xs.length - 1 }); } finally { u._rookeryLatest = false; }
+  }
+  window.RookeryCharts = { latestLegend: latestLegend };
+
   function rateSeries() {
     var el = document.getElementById("rate-series");
     if (!el) return null;
@@ -54,6 +66,7 @@
     if (!box || !data || typeof uPlot === "undefined") return;
     if (chart) {
       chart.setData(data);
+      latestLegend(chart);
       return;
     }
     chart = new uPlot({
@@ -66,7 +79,8 @@
         { label: "routed/s", stroke: "#8a5a00", width: 2, dash: [6, 4] },
         { label: "delivered/s", stroke: "#1b7f3b", width: 2 }
       ],
-      axes: [{}, { label: "messages/s" }]
+      axes: [{}, { label: "messages/s" }],
+      hooks: { ready: [latestLegend], setLegend: [latestLegend] }
     }, data, box);
     if (window.ResizeObserver) {
       new ResizeObserver(function () {

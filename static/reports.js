@@ -19,9 +19,15 @@
     var chart = new uPlot({
       width: width(box),
       height: 240,
-      scales: { x: { time: true }, y: { range: function (u, min, max) { return [0, Math.max(1, max)]; } } },
+      // one minute alone would make uPlot span years: show it with a minute either side
+      scales: { x: { time: true, range: function (u, min, max) {
+        return min === max ? [min - 60, max + 60] : [min, max];
+      } }, y: { range: function (u, min, max) { return [0, Math.max(1, max)]; } } },
       series: [{}].concat(series),
-      axes: [{}, { label: "messages/s" }]
+      axes: [{}, { label: "messages/s" }],
+      hooks: window.RookeryCharts
+        ? { ready: [RookeryCharts.latestLegend], setLegend: [RookeryCharts.latestLegend] }
+        : {}
     }, data, box);
     if (window.ResizeObserver) {
       new ResizeObserver(function () { chart.setSize({ width: width(box), height: 240 }); }).observe(box);

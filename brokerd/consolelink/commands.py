@@ -33,15 +33,23 @@ class CommandError(Exception):
     """A command that cannot run; the message becomes the ack's ``error``."""
 
 
-def merge_broker_config(current: BrokerConfig, doc: dict[str, Any]) -> BrokerConfig:
-    """The broker configuration after a validated document: parts it carries
-    replace the current ones, parts it omits stay. Users without a
-    ``permissions`` part keep the permissions they had."""
-    vhosts = list(current.vhosts)
+BROKER_PARTS = ("limits", "vhosts", "users", "permissions")
+CLUSTER_PARTS = ("heartbeat", "known_hosts")
+
+
+def merge_broker_config(baseline: BrokerConfig, doc: dict[str, Any]) -> BrokerConfig:
+    """The broker configuration a validated document gives over ``baseline`` (the
+    broker's own file): parts it carries replace the file's, parts it omits are the
+    file's, so the result depends on the document alone, never on what an earlier
+    version left behind. Without a ``permissions`` part, the file's permissions of
+    the remaining users apply. (A vhost an earlier version added stays on the broker
+    until it restarts: ``install_config`` only adds vhosts, removing one would drop
+    its queues.)"""
+    vhosts = list(baseline.vhosts)
     for name in doc.get("vhosts", []):
         if name not in vhosts:
             vhosts.append(name)
-    users = current.users
+    users = baseline.users
     if "users" in doc:
         users = [
             User(
@@ -56,13 +64,15 @@ def merge_broker_config(current: BrokerConfig, doc: dict[str, Any]) -> BrokerCon
         ]
     else:
         names = {u.name for u in users}
-        permissions = [p for p in current.permissions if p[0] in names and p[1] in vhosts]
-    limits = Limits(**doc["limits"]) if "limits" in doc else current.limits
+        permissions = [p for p in baseline.permissions if p[0] in names and p[1] in vhosts]
+    limits = Limits(**doc["limits"]) if "limits" in doc else baseline.limits
     return BrokerConfig(vhosts=vhosts, users=users, permissions=permissions, limits=limits)
 
 
-def merge_cluster_config(current: ClusterConfig, doc: dict[str, Any]) -> ClusterConfig:
-    """The cluster configuration after a validated document (heartbeat, known hosts)."""
+def merge_cluster_config(baseline: ClusterConfig, doc: dict[str, Any]) -> ClusterConfig:
+    """The cluster configuration a validated document gives over ``baseline`` (the
+    cluster file): heartbeat timing and known hosts from the document when it has
+    them, else the file's."""
     changes: dict[str, Any] = {}
     if "heartbeat" in doc:
         heartbeat = doc["heartbeat"]
@@ -75,18 +85,61 @@ def merge_cluster_config(current: ClusterConfig, doc: dict[str, Any]) -> Cluster
         changes["known_hosts"] = tuple(
             parse_host(address, "known_hosts") for address in doc["known_hosts"]
         )
-    return dataclasses.replace(current, **changes)
+    return dataclasses.replace(baseline, **changes)
 
 
 class ConsoleCommands:
     """Runs the console's commands against one server; lives as long as the server,
-    so the applied configuration version survives reconnects."""
+    so the applied configuration survives reconnects.
+
+    A configuration document is laid over the broker's own files (its baseline:
+    ``brokerd.toml`` and the cluster file as last read), so a missing key means
+    the file's value, whatever an earlier version set. :meth:`running` says which
+    console version the live configuration comes from; every hello and status
+    carries it, and it is what the console's convergence compares.
+    """
 
     def __init__(self, server: Server) -> None:
         self.server = server
+        #: the last document applied in this run, its version, checksum and push serial
         self.config_version: int | None = None
         self.config_checksum: str | None = None
+        self.config_serial: int | None = None
+        self._doc: dict[str, Any] | None = None
+        #: the broker's own configurations, and the objects apply() put in force over them
+        self._file_config: BrokerConfig | None = None
+        self._file_cluster: ClusterConfig | None = None
+        self._installed_config: BrokerConfig | None = None
+        self._installed_cluster: ClusterConfig | None = None
         self._answers: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    def running(self) -> tuple[int | None, str | None]:
+        """(version, checksum) of the console document the live configuration comes
+        from, or (None, None) when it is the broker's own files: nothing applied in
+        this run, or a SIGHUP re-read ``brokerd.toml`` over a document with broker
+        parts (users, vhosts, permissions, limits)."""
+        doc = self._doc
+        if doc is None:
+            return None, None
+        server = self.server
+        if server.config is not self._installed_config:
+            if any(part in doc for part in BROKER_PARTS):
+                return None, None
+            # the document has no broker part: the reloaded file is what it means
+            self._file_config = self._installed_config = server.config
+        if server.cluster_config is not self._installed_cluster:
+            return None, None
+        return self.config_version, self.config_checksum
+
+    def _baselines(self) -> tuple[BrokerConfig, ClusterConfig | None]:
+        """The broker's own configurations: what it read from its files, unless what is
+        in force now is what an earlier apply() installed over them."""
+        server = self.server
+        if self._file_config is None or server.config is not self._installed_config:
+            self._file_config = server.config
+        if self._file_cluster is None or server.cluster_config is not self._installed_cluster:
+            self._file_cluster = server.cluster_config
+        return self._file_config, self._file_cluster
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
         """The ack for a parsed ``command`` message; a repeated id gets the first ack."""
@@ -124,16 +177,33 @@ class ConsoleCommands:
             f"unknown command {name!r} (known: config.apply, root.enable, root.disable, state.dump)"
         )
 
-    def apply(self, args: dict[str, Any]) -> dict[str, Any]:
-        """config.apply: validate the whole document, then apply every part live."""
-        version = args.get("version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise CommandError("config.apply needs 'version', a positive integer")
+    def _check_order(self, version: int, serial: Any) -> int | None:
+        """A push older than the one applied must not roll the broker back (a late
+        retry): pushes are ordered by ``serial`` when the console sends one (a version
+        may be pushed again later), else by version number."""
+        if serial is not None:
+            if not isinstance(serial, int) or isinstance(serial, bool) or serial < 1:
+                raise CommandError("config.apply 'serial' must be a positive integer")
+            if self.config_serial is not None and serial < self.config_serial:
+                raise CommandError(
+                    f"configuration push {serial} is older than the applied push "
+                    f"{self.config_serial}"
+                )
+            return serial
         if self.config_version is not None and version < self.config_version:
             raise CommandError(
                 f"configuration version {version} is older than the applied version "
                 f"{self.config_version}"
             )
+        return None
+
+    def apply(self, args: dict[str, Any]) -> dict[str, Any]:
+        """config.apply: validate the whole document, then put it in force over the
+        broker's own files (every part: a part it lacks goes back to the file's)."""
+        version = args.get("version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise CommandError("config.apply needs 'version', a positive integer")
+        serial = self._check_order(version, args.get("serial"))
         if "config" not in args:
             raise CommandError("config.apply needs 'config', the configuration document")
         try:
@@ -141,23 +211,27 @@ class ConsoleCommands:
         except ConfigDocumentError as exc:
             raise CommandError(f"config: {exc}") from None
         server = self.server
-        applied: list[str] = []
+        file_config, file_cluster = self._baselines()
+        applied = [p for p in BROKER_PARTS if p in doc]
         skipped: list[str] = []
-        broker_parts = [p for p in ("limits", "vhosts", "users", "permissions") if p in doc]
-        if broker_parts:
-            server.install_config(merge_broker_config(server.config, doc))
-            applied += broker_parts
-        cluster_parts = [p for p in ("heartbeat", "known_hosts") if p in doc]
-        if cluster_parts and server.cluster_config is None:
+        broker_config = merge_broker_config(file_config, doc)
+        server.install_config(broker_config)
+        self._installed_config = broker_config
+        cluster_parts = [p for p in CLUSTER_PARTS if p in doc]
+        if file_cluster is None:
             skipped += cluster_parts  # a standalone broker has no cluster to retime
-        elif cluster_parts:
-            assert server.cluster_config is not None
-            server.reconfigure_cluster(merge_cluster_config(server.cluster_config, doc))
+        else:
+            cluster_config = merge_cluster_config(file_cluster, doc)
+            server.reconfigure_cluster(cluster_config)
+            self._installed_cluster = server.cluster_config
             applied += cluster_parts
+        self._doc = doc
         self.config_version = version
+        self.config_serial = serial
         self.config_checksum = document_checksum(doc)
         log.warning(
-            "console configuration applied version=%d checksum=%s applied=%s skipped=%s",
+            "console configuration applied version=%d checksum=%s applied=%s skipped=%s "
+            "(missing parts: the broker's own files)",
             version,
             self.config_checksum,
             ",".join(applied) or "-",

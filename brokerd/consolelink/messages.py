@@ -108,8 +108,16 @@ def view(server: Server) -> dict[str, Any]:
 
 
 def status(
-    server: Server, seq: int, full: bool, sections: dict[str, Any], now: float | None = None
+    server: Server,
+    seq: int,
+    full: bool,
+    sections: dict[str, Any],
+    now: float | None = None,
+    running: tuple[int | None, str | None] = (None, None),
 ) -> dict[str, Any]:
+    """One status; ``running`` is the console configuration (version, checksum) the
+    live configuration comes from (``ConsoleCommands.running``), in every status so
+    that the console's convergence follows restarts and reloads, not old acks."""
     return {
         "type": "status",
         "seq": seq,
@@ -119,6 +127,8 @@ def status(
         "counts": server.counts(),
         "totals": server.broker.counters(),
         "rates": dict(server.rates),
+        "config_version": running[0],
+        "config_checksum": running[1],
         **sections,
     }
 

@@ -31,16 +31,15 @@ class ConsoleSession:
         self.console_version: int | None = None
 
     def hello(self) -> dict[str, Any]:
-        return messages.hello(
-            self.server, self.commands.config_version, self.commands.config_checksum
-        )
+        return messages.hello(self.server, *self.commands.running())
 
     def status(self, now: float | None = None) -> dict[str, Any]:
         server = self.server
         cluster_vhost = server.cluster_config.vhost if server.cluster_config is not None else None
         full, sections = self.tracker.next(collect(server.broker, cluster_vhost))
         self.seq += 1
-        return messages.status(server, self.seq, full, sections, now)
+        running = self.commands.running()
+        return messages.status(server, self.seq, full, sections, now, running)
 
     def receive(self, text: str | bytes) -> list[dict[str, Any]]:
         """Handle one console message; returns the messages to send back."""

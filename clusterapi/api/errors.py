@@ -14,15 +14,32 @@ from typing import Any
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from clusterapi.errors import InvalidRequest
+from clusterapi.errors import Conflict, InvalidDocument, InvalidRequest
 
 log = logging.getLogger(__name__)
 
 API_PREFIX = "/api/"
+
+
+class UnprocessableError(exceptions.APIException):
+    """422: a configuration document that breaks the document's rules."""
+
+    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+    default_detail = "the document breaks the configuration rules"
+    default_code = "invalid_document"
+
+
+class ConflictError(exceptions.APIException):
+    """409: the target cannot do what was asked now (the detail says why)."""
+
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "the target cannot do this now"
+    default_code = "conflict"
 
 
 def error_body(message: str, detail: Any = None) -> dict[str, Any]:
@@ -35,7 +52,11 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     Returns None for anything else, which DRF re-raises and Django answers with
     :func:`server_error` (a logged 500 with a JSON body).
     """
-    if isinstance(exc, InvalidRequest):
+    if isinstance(exc, Conflict):
+        exc = ConflictError(exc.message)
+    elif isinstance(exc, InvalidDocument):
+        exc = UnprocessableError(exc.message)
+    elif isinstance(exc, InvalidRequest):
         exc = exceptions.ValidationError({"detail": exc.message})
     elif isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError({"detail": "; ".join(exc.messages)})
@@ -75,6 +96,8 @@ _STATUS_MESSAGES = {
     status.HTTP_400_BAD_REQUEST: "bad request",
     status.HTTP_403_FORBIDDEN: "forbidden",
     status.HTTP_404_NOT_FOUND: "not found",
+    status.HTTP_409_CONFLICT: "the target cannot do this now",
+    status.HTTP_422_UNPROCESSABLE_ENTITY: "the document breaks the configuration rules",
     status.HTTP_500_INTERNAL_SERVER_ERROR: "internal server error; the console's log has the cause",
 }
 
@@ -86,6 +109,7 @@ def is_api(request: HttpRequest) -> bool:
     return request.path.startswith(API_PREFIX)
 
 
+@csrf_exempt  # a POST to an unknown URL is a 404, not a CSRF failure
 def api_not_found(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
     """Catch-all for unknown ``/api/`` URLs (also with DEBUG on, where handler404 is unused)."""
     path = request.path
@@ -132,3 +156,17 @@ def permission_denied(request: HttpRequest, exception: Exception | None = None) 
     from django.views import defaults
 
     return defaults.permission_denied(request, exception or DjangoPermissionDenied())
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """``CSRF_FAILURE_VIEW``: JSON under ``/api/`` (a session request without the CSRF
+    token), Django's page elsewhere."""
+    if is_api(request):
+        message = (
+            "CSRF check failed: a request with the session cookie needs the X-CSRFToken "
+            "header (or use 'Authorization: Token <token>')"
+        )
+        return JsonResponse(error_body(message, reason), status=403)
+    from django.views.csrf import csrf_failure as django_csrf_failure
+
+    return django_csrf_failure(request, reason)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from django import forms
 from django.db.models import Q, QuerySet
 from django_filters import rest_framework as filters
 
@@ -47,6 +48,12 @@ class BrokerRefFilter(filters.CharFilter):
         return qs.filter(by_name)
 
 
+class IntegerFilter(filters.NumberFilter):
+    """A whole number (NumberFilter takes decimals, which a count never is)."""
+
+    field_class = forms.IntegerField
+
+
 def since_until(field: str = "time") -> tuple[filters.IsoDateTimeFilter, filters.IsoDateTimeFilter]:
     return (
         filters.IsoDateTimeFilter(
@@ -71,7 +78,7 @@ class BrokerFilter(filters.FilterSet):
 class QueueFilter(filters.FilterSet):
     broker = BrokerRefFilter()
     name_contains = filters.CharFilter(field_name="name", lookup_expr="icontains")
-    min_messages = filters.NumberFilter(field_name="messages", lookup_expr="gte")
+    min_messages = IntegerFilter(field_name="messages", lookup_expr="gte")
 
     class Meta:
         model = QueueSnapshot

@@ -27,7 +27,8 @@ from rest_framework.response import Response
 
 from clusterapi import reports
 from clusterapi.api.serializers import UsernameField
-from clusterapi.api.views import ERRORS, ReadOnlyViewSet
+from clusterapi.api.strict import StrictSerializer
+from clusterapi.api.views import ReadOnlyViewSet
 from clusterapi.models import ReportRun
 
 PARQUET = "application/vnd.apache.parquet"
@@ -112,7 +113,7 @@ class ReportRunDetailSerializer(ReportRunSerializer):
         read_only_fields = fields
 
 
-class ReportRequestSerializer(serializers.Serializer):
+class ReportRequestSerializer(StrictSerializer):
     period_from = serializers.DateTimeField(
         required=False, allow_null=True, help_text="start (UTC if no offset); default: the lake's"
     )
@@ -147,8 +148,17 @@ REPORT_ID = OpenApiParameter("id", OpenApiTypes.INT, OpenApiParameter.PATH, desc
 
 
 @extend_schema_view(
-    list=extend_schema(summary="Report runs, newest first"),
-    retrieve=extend_schema(summary="One report run with its summary", parameters=[REPORT_ID]),
+    list=extend_schema(
+        summary="List report runs",
+        description="Traffic report runs, newest first, with their state and headline "
+        "numbers (brokers, samples, totals, peak ISR/XSR, incidents) once succeeded.",
+    ),
+    retrieve=extend_schema(
+        summary="One report run",
+        description="A run with the job's whole summary and the URLs of its downloads; a "
+        "failed run's `error` says why (an empty period, say).",
+        parameters=[REPORT_ID],
+    ),
 )
 class ReportRunViewSet(ReadOnlyViewSet):
     """Runs (list, retrieve, create); the two file downloads are routed in ``urls``
@@ -162,9 +172,14 @@ class ReportRunViewSet(ReadOnlyViewSet):
         return ReportRunSerializer if self.action == "list" else ReportRunDetailSerializer
 
     @extend_schema(
-        summary="Run the traffic report now (archive, then the Spark job); operators only",
+        summary="Run the traffic report now",
+        description="Starts a run over the period (operators only; both ends optional: "
+        "the whole history). It reads the archived lake and the samples not archived yet, "
+        "so it works from a fresh install's first minutes; a period without samples fails "
+        "at once with a message saying so. Answers 202 with the run; poll it for the "
+        "outcome.",
         request=ReportRequestSerializer,
-        responses={202: ReportRunDetailSerializer, **ERRORS},
+        responses={202: ReportRunDetailSerializer},
     )
     def create(self, request: Request) -> Response:
         body = ReportRequestSerializer(data=request.data)
@@ -179,9 +194,10 @@ class ReportRunViewSet(ReadOnlyViewSet):
 
     @extend_schema(
         operation_id="reports_summary_file",
-        summary="The run's summary.json as the job wrote it",
+        summary="Download a run's summary.json",
+        description="The summary as the job wrote it (a succeeded run only; else 404).",
         parameters=[REPORT_ID],
-        responses={(200, "application/json"): OpenApiTypes.OBJECT, **ERRORS},
+        responses={(200, "application/json"): OpenApiTypes.OBJECT},
         filters=False,
     )
     def summary_file(self, request: Request, pk: str | None = None) -> HttpResponse:
@@ -195,7 +211,9 @@ class ReportRunViewSet(ReadOnlyViewSet):
 
     @extend_schema(
         operation_id="reports_table_file",
-        summary="One output table of the run as a single Parquet file",
+        summary="Download one output table as Parquet",
+        description="One of the run's output tables (as listed in `downloads.tables`) as a "
+        "single zstd Parquet file; 404 for a name the run does not have.",
         parameters=[
             REPORT_ID,
             OpenApiParameter(
@@ -205,7 +223,7 @@ class ReportRunViewSet(ReadOnlyViewSet):
                 description="table name as listed in downloads.tables, e.g. isr_xsr_minute",
             ),
         ],
-        responses={(200, PARQUET): OpenApiTypes.BINARY, **ERRORS},
+        responses={(200, PARQUET): OpenApiTypes.BINARY},
         filters=False,
     )
     def table_file(self, request: Request, pk: str | None = None, name: str = "") -> HttpResponse:

@@ -7,8 +7,16 @@ from typing import Any
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.authtoken.serializers import AuthTokenSerializer
 
-from clusterapi import configs
+from clusterapi import configs, convergence
+from clusterapi.api.schema import ErrorSerializer
+from clusterapi.api.strict import (
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+    StrictSerializer,
+)
 from clusterapi.models import (
     Alarm,
     AuditEntry,
@@ -22,12 +30,7 @@ from clusterapi.models import (
     QueueSnapshot,
 )
 
-
-class ErrorSerializer(serializers.Serializer):
-    """Every error response: a message and DRF's structured detail."""
-
-    error = serializers.CharField(help_text="what went wrong, for a person")
-    detail = serializers.JSONField(allow_null=True, help_text="structured detail, e.g. per field")
+__all__ = ["ErrorSerializer"]  # re-exported: the API's views import it from here too
 
 
 class RootRefSerializer(serializers.Serializer):
@@ -41,8 +44,11 @@ class ClusterStateSerializer(serializers.Serializer):
     quorum = serializers.CharField(allow_blank=True)
     brokers_up = serializers.IntegerField()
     brokers_total = serializers.IntegerField()
-    config_version = serializers.IntegerField(allow_null=True)
+    config_version = serializers.IntegerField(
+        allow_null=True, help_text="the current configuration version (pushed last)"
+    )
     alarms_active = serializers.IntegerField()
+    alarms_unacknowledged = serializers.IntegerField(help_text="active, not acknowledged yet")
 
 
 class BrokerSerializer(serializers.ModelSerializer):
@@ -235,42 +241,91 @@ class CommandSerializer(BrokerRowSerializer):
         read_only_fields = fields
 
 
-class RootRequestSerializer(serializers.Serializer):
-    enabled = serializers.BooleanField(
+class RootRequestSerializer(StrictSerializer):
+    enabled = StrictBooleanField(
         help_text="true: the broker may be elected root; false: it steps down and abstains"
     )
 
 
-class DumpRequestSerializer(serializers.Serializer):
-    """No arguments: the dump text arrives in the command's ``result.dump`` once acked."""
+# No fields: the dump text arrives in the command's result.dump once acked. (A comment:
+# a docstring would become the schema's description of the body.)
+class DumpRequestSerializer(StrictSerializer):
+    pass
 
 
 class ConvergenceSerializer(serializers.Serializer):
     broker = serializers.CharField(help_text="broker name")
-    state = serializers.CharField(help_text="pending, acked, failed (or absent)")
-    checksum = serializers.CharField(allow_blank=True, allow_null=True)
-    error = serializers.CharField(allow_blank=True, allow_null=True)
+    state = serializers.ChoiceField(
+        choices=convergence.STATES,
+        help_text="running: reports running this version; pending: a push is on its way; "
+        "failed: refused it (see error); drifted: runs something else, nothing on its way; "
+        "down: not reporting; not_running: (an older version) runs another one",
+    )
+    checksum = serializers.CharField(
+        allow_blank=True, help_text="checksum of what the broker reports running (empty: its files)"
+    )
+    running = serializers.CharField(help_text="what the broker reports running, in words")
+    running_version = serializers.IntegerField(
+        allow_null=True, help_text="the version with that checksum (null: none)"
+    )
+    error = serializers.CharField(allow_blank=True, help_text="why a push was refused")
+
+
+class UnsetKeySerializer(serializers.Serializer):
+    key = serializers.CharField()
+    default = serializers.CharField(help_text="what the key's absence means on the brokers")
 
 
 class ConfigVersionSerializer(serializers.ModelSerializer):
     created_by = UsernameField(allow_null=True)
+    current = serializers.SerializerMethodField(help_text="the version brokers should run")
+    unset = serializers.SerializerMethodField(
+        help_text="keys the document leaves out, each with the default that then applies"
+    )
 
     class Meta:
         model = ConfigVersion
-        fields = ["number", "checksum", "comment", "document", "created_by", "created_at"]
+        fields = [
+            "number",
+            "checksum",
+            "comment",
+            "document",
+            "unset",
+            "current",
+            "created_by",
+            "created_at",
+            "pushed_at",
+        ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.BooleanField())
+    def get_current(self, version: ConfigVersion) -> bool:
+        if "_current" not in self.context:
+            latest = configs.current()
+            self.context["_current"] = latest.pk if latest else None
+        return version.pk == self.context["_current"]
+
+    @extend_schema_field(UnsetKeySerializer(many=True))
+    def get_unset(self, version: ConfigVersion) -> list[dict[str, str]]:
+        return convergence.unset_keys(version.document)
 
 
 class ConfigVersionDetailSerializer(ConfigVersionSerializer):
-    """A version with its application on every broker."""
+    """A version with what every broker reports running."""
 
     convergence = serializers.SerializerMethodField()
     converged = serializers.SerializerMethodField(
-        help_text="every known broker acked this version with its checksum"
+        help_text="every known broker reports running this version"
     )
+    convergence_summary = serializers.SerializerMethodField(help_text="the same, in words")
 
     class Meta(ConfigVersionSerializer.Meta):
-        fields = [*ConfigVersionSerializer.Meta.fields, "converged", "convergence"]
+        fields = [
+            *ConfigVersionSerializer.Meta.fields,
+            "converged",
+            "convergence_summary",
+            "convergence",
+        ]
         read_only_fields = fields
 
     @extend_schema_field(ConvergenceSerializer(many=True))
@@ -279,32 +334,65 @@ class ConfigVersionDetailSerializer(ConfigVersionSerializer):
 
     @extend_schema_field(serializers.BooleanField())
     def get_converged(self, version: ConfigVersion) -> bool:
-        rows = self._rows(version)
-        return bool(rows) and all(
-            row["state"] == "acked" and row["checksum"] == version.checksum for row in rows
-        )
+        return convergence.converged(self._rows(version))
+
+    @extend_schema_field(serializers.CharField())
+    def get_convergence_summary(self, version: ConfigVersion) -> str:
+        return convergence.summary(self._rows(version))
 
     def _rows(self, version: ConfigVersion) -> list[dict[str, Any]]:
-        """``configs.convergence`` once per serialization, brokers shown by name."""
+        """``convergence.broker_rows`` once per serialization."""
         cache = self.context.setdefault("_convergence", {})
         if version.pk not in cache:
-            cache[version.pk] = [
-                {
-                    "broker": getattr(row["broker"], "name", row["broker"]),
-                    "state": row.get("state") or "",
-                    "checksum": row.get("checksum") or "",
-                    "error": row.get("error") or "",
-                }
-                for row in configs.convergence(version)
-            ]
+            cache[version.pk] = convergence.broker_rows(version, configs.current())
         return cache[version.pk]
 
 
-class ConfigCreateSerializer(serializers.Serializer):
-    document = serializers.DictField(
-        help_text="the cluster configuration document (docs/protocol.md); every key optional"
+class ConfigSavedSerializer(ConfigVersionDetailSerializer):
+    """The version a save or push ended on."""
+
+    outcome = serializers.SerializerMethodField(
+        help_text="created: a new version; unchanged: the document is the current version, "
+        "nothing was pushed; repushed: an existing version was pushed again"
     )
-    comment = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+    class Meta(ConfigVersionDetailSerializer.Meta):
+        fields = ["outcome", *ConfigVersionDetailSerializer.Meta.fields]
+        read_only_fields = fields
+
+    @extend_schema_field(
+        serializers.ChoiceField(choices=[configs.CREATED, configs.UNCHANGED, configs.REPUSHED])
+    )
+    def get_outcome(self, version: ConfigVersion) -> str:
+        return self.context.get("outcome", configs.CREATED)
+
+
+class ConfigCreateSerializer(StrictSerializer):
+    document = serializers.DictField(
+        required=False,
+        help_text="the complete new document (docs/protocol.md); a key left out means each "
+        "broker's own setting (see the version's 'unset')",
+    )
+    changes = serializers.DictField(
+        required=False,
+        help_text="instead of document: top-level keys to set on the current version's "
+        "document (a key given as null is removed)",
+    )
+    base = StrictIntegerField(
+        required=False,
+        min_value=1,
+        help_text="the version your edit started from; 409 if it is no longer current",
+    )
+    comment = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("document" in attrs) == ("changes" in attrs):
+            raise serializers.ValidationError("give either 'document' or 'changes'")
+        return attrs
+
+
+class ConfigPushSerializer(StrictSerializer):
+    comment = StrictCharField(max_length=500, required=False, allow_blank=True, default="")
 
 
 class AuditEntrySerializer(serializers.ModelSerializer):
@@ -316,6 +404,11 @@ class AuditEntrySerializer(serializers.ModelSerializer):
 
 class AlarmSerializer(BrokerRowSerializer):
     broker = BrokerNameField(allow_null=True)
+    acknowledged_by = serializers.CharField(
+        source="acknowledged_by_name",
+        read_only=True,
+        help_text="who acknowledged it (empty: nobody yet)",
+    )
 
     class Meta:
         model = Alarm
@@ -328,8 +421,17 @@ class AlarmSerializer(BrokerRowSerializer):
             "raised_at",
             "cleared_at",
             "updated_at",
+            "acknowledged_at",
+            "acknowledged_by",
+            "acknowledgement",
         ]
         read_only_fields = fields
+
+
+class AlarmAckSerializer(StrictSerializer):
+    comment = StrictCharField(
+        max_length=500, required=False, allow_blank=True, default="", help_text="a note"
+    )
 
 
 class EndpointSerializer(serializers.Serializer):
@@ -338,3 +440,23 @@ class EndpointSerializer(serializers.Serializer):
     address = serializers.CharField(help_text="host:port clients connect to")
     url = serializers.CharField(help_text="AMQP URL of the default vhost")
     is_root = serializers.BooleanField()
+
+
+class ApiLinkSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    url = serializers.CharField()
+    description = serializers.CharField()
+
+
+class ApiRootSerializer(serializers.Serializer):
+    endpoints = ApiLinkSerializer(many=True)
+    schema = serializers.CharField(help_text="the OpenAPI schema")
+    docs = serializers.CharField(help_text="the interactive documentation page")
+
+
+class TokenRequestSerializer(StrictSerializer, AuthTokenSerializer):
+    """DRF's username/password check, refusing unknown fields like every other body."""
+
+
+class TokenSerializer(serializers.Serializer):
+    token = serializers.CharField(help_text="send as 'Authorization: Token <token>'")

@@ -3,7 +3,7 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from clusterapi.api import reports, views
+from clusterapi.api import config_views, reports, root, views
 
 router = SimpleRouter()
 router.register("brokers", views.BrokerViewSet, basename="broker")
@@ -12,13 +12,15 @@ router.register("exchanges", views.ExchangeViewSet, basename="exchange")
 router.register("bindings", views.BindingViewSet, basename="binding")
 router.register("heartbeats", views.HeartbeatViewSet, basename="heartbeat")
 router.register("queue-samples", views.QueueSampleViewSet, basename="queue-sample")
-router.register("configs", views.ConfigVersionViewSet, basename="config")
+router.register("configs", config_views.ConfigVersionViewSet, basename="config")
 router.register("commands", views.CommandViewSet, basename="command")
 router.register("audit", views.AuditViewSet, basename="audit")
 router.register("alarms", views.AlarmViewSet, basename="alarm")
 router.register("reports", reports.ReportRunViewSet, basename="report")
 
 urlpatterns = [
+    path("", root.ApiRootView.as_view(), name="api-root"),
+    path("docs/", root.ApiDocsView.as_view(), name="api-docs"),
     path("cluster/", views.ClusterView.as_view(), name="api-cluster"),
     path("endpoints/", views.EndpointsView.as_view(), name="api-endpoints"),
     *reports.file_routes(),

@@ -1,8 +1,11 @@
 """Views of the REST admin API (``/api/v1/``).
 
-Reads are plain querysets; the three writes (root enable/disable, state dump,
-a new configuration version) call the service functions, which validate,
-audit and hand delivery to Celery, and answer 202/201 with what was created.
+Reads are plain querysets; the writes (root enable/disable, state dump, a
+configuration version or a push of one, an alarm's acknowledgement) call the
+service functions, which validate, audit and hand delivery to Celery, and answer
+with what was created. What a user reads about each operation in the schema and
+the docs page is written in ``extend_schema`` (summary and description), not in
+these classes' docstrings, which are for developers.
 """
 
 from __future__ import annotations
@@ -11,19 +14,12 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
-from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import (
-    OpenApiParameter,
-    OpenApiResponse,
-    extend_schema,
-    extend_schema_view,
-)
-from rest_framework import generics, mixins, status, viewsets
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import generics, status, viewsets
 from rest_framework.authtoken.views import ObtainAuthToken
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound
-from rest_framework.pagination import PageNumberPagination
+from rest_framework.exceptions import AuthenticationFailed, ValidationError
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
@@ -31,47 +27,51 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from clusterapi import cluster, commands, configs
+from clusterapi import alarms, cluster, commands
 from clusterapi.api import filters, serializers
 from clusterapi.api.permissions import IsOperatorOrReadOnly
+from clusterapi.api.schema import errors
+from clusterapi.api.strict import StrictFilterBackend, StrictPagination, StrictSerializer
 from clusterapi.models import (
     Alarm,
     AuditEntry,
     BindingSnapshot,
     Broker,
     Command,
-    ConfigVersion,
     ExchangeSnapshot,
     HeartbeatSample,
     QueueSample,
     QueueSnapshot,
 )
-
-ERRORS = {
-    400: OpenApiResponse(serializers.ErrorSerializer, description="invalid request"),
-    401: OpenApiResponse(serializers.ErrorSerializer, description="not authenticated"),
-    403: OpenApiResponse(serializers.ErrorSerializer, description="not allowed"),
-    404: OpenApiResponse(serializers.ErrorSerializer, description="no such object"),
-}
+from console.views import locked_out
 
 
-class Pagination(PageNumberPagination):
-    page_size_query_param = "page_size"
-    max_page_size = 1000
-
-
+# JSON in and out, readers read and operators write, strict pages and filters.
+# (Comments, not docstrings, on these bases: drf-spectacular would show a docstring as
+# the description of every operation of every subclass.)
 class ApiMixin:
-    """JSON in and out, readers read and operators write (the error shape: settings)."""
-
     renderer_classes = [JSONRenderer]
     parser_classes = [JSONParser]
     permission_classes = [IsAuthenticated, IsOperatorOrReadOnly]
-    pagination_class = Pagination
-    filter_backends = [DjangoFilterBackend]
+    pagination_class = StrictPagination
+    filter_backends = [StrictFilterBackend]
 
 
 class ReadOnlyViewSet(ApiMixin, viewsets.ReadOnlyModelViewSet):
-    pass
+    # ids are integers: anything else is an unknown URL (a JSON 404), never a lookup
+    lookup_value_regex = r"[0-9]+"
+
+
+def reads(noun: str, what: str, item: str, one: str, **extra: Any) -> Any:
+    """``extend_schema_view`` of a read-only resource: its list and one item, for users."""
+    return extend_schema_view(
+        list=extend_schema(
+            summary=f"List {noun}",
+            description=f"{what} Paginated: `page` and `page_size` (1 to 1000). The filters "
+            "narrow the list; a filter value that cannot be read is refused with a 400.",
+        ),
+        retrieve=extend_schema(summary=f"One {item}", description=one, **extra),
+    )
 
 
 # -- cluster --------------------------------------------------------------------------------
@@ -80,16 +80,17 @@ class ReadOnlyViewSet(ApiMixin, viewsets.ReadOnlyModelViewSet):
 class ClusterView(ApiMixin, APIView):
     @extend_schema(
         operation_id="cluster_state",
-        summary="Cluster state: root, readiness, quorum, brokers up, configuration, alarms",
-        responses={200: serializers.ClusterStateSerializer, **ERRORS},
+        summary="Cluster state",
+        description="The root every broker agrees on, whether the cluster is ready for "
+        "clients, the quorum, how many brokers are up, the current configuration version "
+        "and how many alarms are active (and not yet acknowledged).",
+        responses={200: serializers.ClusterStateSerializer},
     )
     def get(self, request: Request) -> Response:
         return Response(serializers.ClusterStateSerializer(cluster.state()).data)
 
 
 class EndpointsView(ApiMixin, generics.GenericAPIView):
-    """Where clients connect: AMQP URLs of the brokers that are up and ready."""
-
     pagination_class = None
     filter_backends = []
     serializer_class = serializers.EndpointSerializer
@@ -99,8 +100,10 @@ class EndpointsView(ApiMixin, generics.GenericAPIView):
 
     @extend_schema(
         operation_id="endpoints_list",
-        summary="AMQP URLs of the brokers that are up and ready (default vhost)",
-        responses={200: serializers.EndpointSerializer(many=True), **ERRORS},
+        summary="Where clients connect",
+        description="AMQP URLs (default vhost) of the brokers that are up and ready now; "
+        "point clients at any of them.",
+        responses={200: serializers.EndpointSerializer(many=True)},
     )
     def get(self, request: Request) -> Response:
         rows = [
@@ -126,9 +129,13 @@ BROKER_ID = OpenApiParameter(
 )
 
 
-@extend_schema_view(
-    list=extend_schema(summary="Brokers"),
-    retrieve=extend_schema(summary="One broker", parameters=[BROKER_ID]),
+@reads(
+    "brokers",
+    "Every broker the console has heard from: type, state (up, down), root flags, "
+    "readiness, heartbeat age, the configuration it reports running, counts and rates.",
+    "broker",
+    "One broker by id or name, with its last status (cluster view, counts, rates).",
+    parameters=[BROKER_ID],
 )
 class BrokerViewSet(ReadOnlyViewSet):
     queryset = Broker.objects.all()
@@ -153,10 +160,15 @@ class BrokerViewSet(ReadOnlyViewSet):
 
     @extend_schema(
         operation_id="brokers_root",
-        summary="Enable or disable the broker as root (a root.enable/root.disable command)",
+        summary="Enable or disable a broker as root",
+        description="Sends `root.enable` or `root.disable` to a primary (operators only). "
+        "Disabling the current root hands the root role to another primary for the whole "
+        "cluster. Answers 202 with the command; its state shows whether the broker did it. "
+        "409 when the broker cannot: a secondary or standalone broker, a broker that is "
+        "down, or root already in that state.",
         parameters=[BROKER_ID],
         request=serializers.RootRequestSerializer,
-        responses={202: serializers.CommandSerializer, **ERRORS},
+        responses={202: serializers.CommandSerializer},
     )
     @action(detail=True, methods=["post"])
     def root(self, request: Request, pk: str | None = None) -> Response:
@@ -167,31 +179,54 @@ class BrokerViewSet(ReadOnlyViewSet):
 
     @extend_schema(
         operation_id="brokers_dump",
-        summary="Ask for the broker's state dump; the text arrives in the command's result.dump",
+        summary="Ask a broker for its state dump",
+        description="Sends `state.dump` (operators only) and answers 202 with the command; "
+        "once the broker acknowledges it, the dump text is in the command's `result.dump` "
+        "(GET /api/v1/commands/{id}/). 409 when the broker is down.",
         parameters=[BROKER_ID],
         request=serializers.DumpRequestSerializer,
-        responses={202: serializers.CommandSerializer, **ERRORS},
+        responses={202: serializers.CommandSerializer},
     )
     @action(detail=True, methods=["post"])
     def dump(self, request: Request, pk: str | None = None) -> Response:
+        StrictSerializer(data=request.data).is_valid(raise_exception=True)
         return self._issue(Command.STATE_DUMP)
 
 
 # -- queues, exchanges, bindings (cluster-wide) ----------------------------------------------
 
 
+@reads(
+    "queues",
+    "Queues as each broker last reported them (one row per broker and queue), with "
+    "ready and unacknowledged messages, consumers and counters.",
+    "queue row",
+    "One queue as one broker reported it.",
+)
 class QueueViewSet(ReadOnlyViewSet):
     queryset = QueueSnapshot.objects.select_related("broker")
     serializer_class = serializers.QueueSerializer
     filterset_class = filters.QueueFilter
 
 
+@reads(
+    "exchanges",
+    "Exchanges as each broker last reported them (one row per broker and exchange).",
+    "exchange row",
+    "One exchange as one broker reported it.",
+)
 class ExchangeViewSet(ReadOnlyViewSet):
     queryset = ExchangeSnapshot.objects.select_related("broker")
     serializer_class = serializers.ExchangeSerializer
     filterset_class = filters.ExchangeFilter
 
 
+@reads(
+    "bindings",
+    "Bindings as each broker last reported them (one row per broker and binding).",
+    "binding row",
+    "One binding as one broker reported it.",
+)
 class BindingViewSet(ReadOnlyViewSet):
     queryset = BindingSnapshot.objects.select_related("broker")
     serializer_class = serializers.BindingSerializer
@@ -201,81 +236,42 @@ class BindingViewSet(ReadOnlyViewSet):
 # -- history ------------------------------------------------------------------------------------
 
 
+@reads(
+    "heartbeat samples",
+    "One sample per broker status still in the console's database, newest first "
+    "(older ones are archived to the lake): counts, totals, rates, root and readiness.",
+    "heartbeat sample",
+    "One heartbeat sample.",
+)
 class HeartbeatViewSet(ReadOnlyViewSet):
     queryset = HeartbeatSample.objects.select_related("broker").order_by("-time", "-id")
     serializer_class = serializers.HeartbeatSerializer
     filterset_class = filters.HeartbeatFilter
 
 
+@reads(
+    "queue samples",
+    "Per-queue samples still in the console's database, newest first: depth, consumers, "
+    "counters and rates in and out.",
+    "queue sample",
+    "One queue sample.",
+)
 class QueueSampleViewSet(ReadOnlyViewSet):
     queryset = QueueSample.objects.select_related("broker").order_by("-time", "-id")
     serializer_class = serializers.QueueSampleSerializer
     filterset_class = filters.QueueSampleFilter
 
 
-# -- configuration --------------------------------------------------------------------------
-
-VERSION_NUMBER = OpenApiParameter(
-    "number", OpenApiTypes.INT, OpenApiParameter.PATH, description="version number (1, 2, ...)"
-)
-
-
-@extend_schema_view(
-    list=extend_schema(summary="Configuration versions, newest first"),
-    retrieve=extend_schema(
-        summary="One configuration version with its convergence per broker",
-        parameters=[VERSION_NUMBER],
-    ),
-)
-class ConfigVersionViewSet(ApiMixin, mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
-    queryset = ConfigVersion.objects.select_related("created_by")
-    filterset_class = filters.ConfigVersionFilter
-    lookup_field = "number"
-    lookup_value_regex = r"\d+"
-
-    def get_serializer_class(self) -> type:
-        if self.action == "list":
-            return serializers.ConfigVersionSerializer
-        if self.action == "create":
-            return serializers.ConfigCreateSerializer
-        return serializers.ConfigVersionDetailSerializer
-
-    @extend_schema(
-        summary="Save a new configuration version and push it to every broker",
-        request=serializers.ConfigCreateSerializer,
-        responses={201: serializers.ConfigVersionDetailSerializer, **ERRORS},
-    )
-    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        body = serializers.ConfigCreateSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
-        version = configs.create_version(
-            body.validated_data["document"],
-            request.user,
-            comment=body.validated_data.get("comment", ""),
-        )
-        data = serializers.ConfigVersionDetailSerializer(version).data
-        return Response(data, status=status.HTTP_201_CREATED)
-
-    @extend_schema(
-        summary="The current configuration version with its convergence per broker",
-        responses={200: serializers.ConfigVersionDetailSerializer, **ERRORS},
-        filters=False,
-    )
-    @action(detail=False, methods=["get"], pagination_class=None, filter_backends=[])
-    def current(self, request: Request) -> Response:
-        version = configs.current()
-        if version is None:
-            raise NotFound("no configuration version has been saved yet")
-        return Response(serializers.ConfigVersionDetailSerializer(version).data)
-
-
 # -- commands, audit, alarms --------------------------------------------------------------
 
 
-@extend_schema_view(
-    retrieve=extend_schema(
-        parameters=[OpenApiParameter("id", OpenApiTypes.UUID, OpenApiParameter.PATH)]
-    )
+@reads(
+    "commands",
+    "Commands sent to brokers, newest first: pending, sent, acked, failed, timed out, or "
+    "superseded (a configuration push replaced by a later one before the broker acked it).",
+    "command",
+    "One command with its result (e.g. the dump text) or error.",
+    parameters=[OpenApiParameter("id", OpenApiTypes.UUID, OpenApiParameter.PATH)],
 )
 class CommandViewSet(ReadOnlyViewSet):
     queryset = Command.objects.select_related("broker", "created_by")
@@ -284,22 +280,81 @@ class CommandViewSet(ReadOnlyViewSet):
     lookup_value_regex = "[0-9a-fA-F-]{32,36}"
 
 
+@reads(
+    "audit entries",
+    "Who did what and when, newest first: commands, configuration pushes, alarm "
+    "acknowledgements, brokers going down and up, reports.",
+    "audit entry",
+    "One audit entry.",
+)
 class AuditViewSet(ReadOnlyViewSet):
     queryset = AuditEntry.objects.all()
     serializer_class = serializers.AuditEntrySerializer
     filterset_class = filters.AuditFilter
 
 
+@reads(
+    "alarms",
+    "Alarms, newest first: active ones (the condition holds) and cleared ones (history), "
+    "with who acknowledged them.",
+    "alarm",
+    "One alarm.",
+)
 class AlarmViewSet(ReadOnlyViewSet):
     queryset = Alarm.objects.select_related("broker")
     serializer_class = serializers.AlarmSerializer
     filterset_class = filters.AlarmFilter
 
+    @extend_schema(
+        operation_id="alarms_acknowledge",
+        summary="Acknowledge an alarm",
+        description="Records that you have seen an active alarm, with an optional note "
+        "(operators only; audited). It stays active until its condition clears, but no "
+        "longer counts as unacknowledged. 409 when the alarm is cleared or was "
+        "acknowledged already.",
+        request=serializers.AlarmAckSerializer,
+        responses={200: serializers.AlarmSerializer},
+    )
+    @action(detail=True, methods=["post"], filter_backends=[])
+    def acknowledge(self, request: Request, pk: str | None = None) -> Response:
+        alarm = self.get_object()
+        body = serializers.AlarmAckSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        alarm = alarms.acknowledge(alarm, request.user, body.validated_data["comment"])
+        cluster.notify_dashboard("alarm", alarm.broker.name if alarm.broker_id else None)
+        return Response(serializers.AlarmSerializer(alarm).data)
+
 
 # -- authentication ---------------------------------------------------------------------------
 
 
+@extend_schema_view(
+    post=extend_schema(
+        summary="Get an API token",
+        description="Exchanges a username and password for the user's API token; send it "
+        "as `Authorization: Token <token>`. Changing the password revokes the token. "
+        "Repeated failed logins lock the user and address out for a while (429).",
+        request=serializers.TokenRequestSerializer,
+        responses={200: serializers.TokenSerializer, **errors(400, 401, 415, 429)},
+        auth=[],
+    )
+)
 class TokenView(ObtainAuthToken):
     """``POST /api/v1/auth/token/`` with username and password -> ``{"token": ...}``."""
 
     renderer_classes = [JSONRenderer]
+    serializer_class = serializers.TokenRequestSerializer
+
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        """Wrong credentials are a 401 (DRF says 400): the request was well formed. A
+        user and address locked out by django-axes get its 429: axes marks the request
+        it was handed, which here is DRF's wrapper, not the one its middleware sees."""
+        try:
+            return super().post(request, *args, **kwargs)
+        except ValidationError as exc:
+            if getattr(request, "axes_locked_out", False):
+                return locked_out(request._request)
+            codes = exc.get_codes()
+            if isinstance(codes, dict) and codes.get("non_field_errors") == ["authorization"]:
+                raise AuthenticationFailed(exc.detail["non_field_errors"][0]) from None
+            raise

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 from typing import Any
 
@@ -11,36 +10,6 @@ from django import forms
 from clusterapi import configs
 from clusterapi.configs import COMMENT_MAX
 from clusterapi.errors import InvalidRequest
-
-
-def pretty(document: Any) -> str:
-    """A document as the editor shows it and diffs compare it (sorted keys, 2 spaces)."""
-    return json.dumps(document, indent=2, sort_keys=True)
-
-
-def diff(current: Any, proposed: Any, current_label: str) -> list[tuple[str, str]]:
-    """Unified diff of two documents as (css class, line) pairs; empty when equal."""
-    lines = difflib.unified_diff(
-        pretty(current).splitlines() if current is not None else [],
-        pretty(proposed).splitlines(),
-        fromfile=current_label,
-        tofile="edited",
-        lineterm="",
-    )
-    out = []
-    for line in lines:
-        if line.startswith(("+++", "---")):
-            kind = "head"
-        elif line.startswith("@@"):
-            kind = "hunk"
-        elif line.startswith("+"):
-            kind = "add"
-        elif line.startswith("-"):
-            kind = "del"
-        else:
-            kind = "same"
-        out.append((kind, line))
-    return out
 
 
 class ConfigForm(forms.Form):
@@ -53,10 +22,14 @@ class ConfigForm(forms.Form):
 
     document = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 18, "spellcheck": "false", "class": "code"}),
-        help_text="The cluster configuration document (JSON); every key is optional.",
+        help_text="The complete cluster configuration document (JSON). A key left out "
+        "means each broker's own setting (listed below with its default), not what an "
+        "earlier version set.",
         strip=False,
     )
     comment = forms.CharField(max_length=COMMENT_MAX, required=False)
+    #: the version the edit started from: saving after someone else pushed is refused
+    base = forms.IntegerField(required=False, min_value=1, widget=forms.HiddenInput)
 
     normalised: dict[str, Any] | None = None
     checksum: str = ""

@@ -16,11 +16,11 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.core.paginator import Paginator
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import QueryDict
 from django.utils import timezone
 
-from clusterapi import cluster, configs
+from clusterapi import cluster, commands
 from clusterapi.api import filters
 from clusterapi.models import (
     Alarm,
@@ -28,13 +28,12 @@ from clusterapi.models import (
     BindingSnapshot,
     Broker,
     Command,
-    ConfigApplication,
-    ConfigVersion,
     ExchangeSnapshot,
     QueueSnapshot,
 )
 from console.dashboard.charts import latest_message_rates
-from console.dashboard.forms import pretty
+from console.dashboard.config_context import build_config
+from console.dashboard.readable import detail_items, stamp
 
 LIVE_PATH = "/ws/dashboard/"
 PAGE_SIZE = 50
@@ -42,44 +41,7 @@ PAGE_SIZE = 50
 BROKER_OBJECTS_SHOWN = 200
 
 
-# -- times: relative text, absolute time on hover ---------------------------------------
-
-
-@dataclass(frozen=True)
-class Stamp:
-    """A time as pages show it (``templates/dashboard/when.html``)."""
-
-    iso: str
-    absolute: str
-    relative: str
-
-
-def relative(delta: dt.timedelta) -> str:
-    """``"12 s ago"``, ``"3 min ago"``, ``"in 5 s"`` (static/dashboard.js keeps it ticking)."""
-    seconds = delta.total_seconds()
-    future, span = seconds < 0, abs(seconds)
-    if span < 1:
-        return "just now"
-    if span < 60:
-        text = f"{int(span)} s"
-    elif span < 3600:
-        text = f"{int(span // 60)} min"
-    elif span < 86400:
-        text = f"{int(span // 3600)} h"
-    else:
-        text = f"{int(span // 86400)} d"
-    return f"in {text}" if future else f"{text} ago"
-
-
-def stamp(value: dt.datetime | None, now: dt.datetime | None = None) -> Stamp | None:
-    if value is None:
-        return None
-    now = now or timezone.now()
-    return Stamp(
-        iso=value.isoformat(),
-        absolute=value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
-        relative=relative(now - value),
-    )
+# -- times: relative text, ISO 8601 on hover (console.dashboard.readable) ------------------
 
 
 def with_stamps(objects: Iterable[Any], *fields: str) -> list[Any]:
@@ -174,10 +136,14 @@ def build_overview(params: QueryDict) -> dict[str, Any]:
     return {
         "brokers": with_stamps(Broker.objects.order_by("name"), "last_seen"),
         "alarms": with_stamps(
-            Alarm.objects.filter(active=True).select_related("broker")[:20], "raised_at"
+            Alarm.objects.filter(active=True).select_related("broker")[:20],
+            "raised_at",
+            "acknowledged_at",
         ),
         "rates": latest_message_rates(),
-        "commands": with_stamps(Command.objects.select_related("broker")[:5], "created_at"),
+        "commands": with_stamps(
+            Command.objects.select_related("broker", "created_by")[:5], "created_at", "finished_at"
+        ),
     }
 
 
@@ -210,6 +176,33 @@ def peer_links(broker: Broker) -> list[dict[str, Any]]:
     return out
 
 
+#: a finished command stays in the broker page's banner this long
+BANNER_SECONDS = 120
+
+
+def banner_commands(broker: Broker) -> list[Command]:
+    """The broker page's banner: its commands still on their way, and those that ended
+    in the last two minutes, so the banner follows a command to its outcome live."""
+    since = timezone.now() - dt.timedelta(seconds=BANNER_SECONDS)
+    recent = broker.commands.filter(
+        Q(state__in=Command.OPEN_STATES) | Q(finished_at__gte=since)
+    ).select_related("created_by")[:3]
+    return with_stamps(recent, "created_at", "finished_at")
+
+
+def broker_actions(broker: Broker) -> dict[str, dict[str, str]]:
+    """The actions the broker page offers: each with the command, or the reason it is
+    not offered (``commands.refusal``: the API would answer 409 with the same words)."""
+    root = Command.ROOT_DISABLE if broker.root_enabled else Command.ROOT_ENABLE
+    return {
+        "root": {"command": root, "refusal": commands.refusal(broker, root)},
+        "dump": {
+            "command": Command.STATE_DUMP,
+            "refusal": commands.refusal(broker, Command.STATE_DUMP),
+        },
+    }
+
+
 def build_broker(params: QueryDict) -> dict[str, Any]:
     broker = Broker.objects.filter(name=params.get("broker", "")).first()
     if broker is None:
@@ -230,9 +223,11 @@ def build_broker(params: QueryDict) -> dict[str, Any]:
         "bindings": list(broker.bindings.all()[:BROKER_OBJECTS_SHOWN]),
         "binding_count": broker.bindings.count(),
         "commands": with_stamps(broker.commands.all()[:10], "created_at", "finished_at"),
+        "banner": banner_commands(broker),
+        "actions": broker_actions(broker),
         "dump": with_stamps([dump], "finished_at")[0] if dump else None,
         "dump_text": (dump.result or {}).get("dump", "") if dump else "",
-        "alarms": with_stamps(broker.alarms.filter(active=True), "raised_at"),
+        "alarms": with_stamps(broker.alarms.filter(active=True), "raised_at", "acknowledged_at"),
         "live_broker": broker.name,
     }
 
@@ -268,27 +263,6 @@ build_bindings = _list_page(
 )
 
 
-def build_config(params: QueryDict) -> dict[str, Any]:
-    version = configs.current()
-    versions = list(ConfigVersion.objects.select_related("created_by")[:20])
-    acked: dict[int, int] = {}
-    for version_id in ConfigApplication.objects.filter(
-        state=ConfigApplication.STATE_ACKED, version__in=versions
-    ).values_list("version_id", flat=True):
-        acked[version_id] = acked.get(version_id, 0) + 1
-    for item in versions:
-        item.acked_count = acked.get(item.pk, 0)
-    convergence = configs.convergence(version) if version is not None else []
-    return {
-        "version": version,
-        "convergence": convergence,
-        "converged": bool(convergence) and all(c["state"] == "acked" for c in convergence),
-        "versions": with_stamps(versions, "created_at"),
-        "current_text": pretty(version.document) if version is not None else "",
-        "broker_total": Broker.objects.count(),
-    }
-
-
 build_commands = _list_page(
     filters.CommandFilter,
     Command.objects.select_related("broker", "created_by"),
@@ -296,22 +270,32 @@ build_commands = _list_page(
     "created_at",
     "finished_at",
 )
-build_audit = _list_page(
+_build_audit_list = _list_page(
     filters.AuditFilter, AuditEntry.objects.all(), ("user", "action_prefix", "target"), "time"
 )
+
+
+def build_audit(params: QueryDict) -> dict[str, Any]:
+    context = _build_audit_list(params)
+    for entry in context["rows"]:
+        entry.detail_items = detail_items(entry.details)
+    return context
+
+
 _build_alarm_list = _list_page(
     filters.AlarmFilter,
     Alarm.objects.select_related("broker"),
     ("broker", "kind", "source", "active"),
     "raised_at",
     "cleared_at",
+    "acknowledged_at",
 )
 
 
 def build_alarms(params: QueryDict) -> dict[str, Any]:
     context = _build_alarm_list(params)
     context["active_alarms"] = with_stamps(
-        Alarm.objects.filter(active=True).select_related("broker"), "raised_at"
+        Alarm.objects.filter(active=True).select_related("broker"), "raised_at", "acknowledged_at"
     )
     return context
 
@@ -329,7 +313,13 @@ PAGES: dict[str, Page] = {
         Page(
             "broker",
             "dashboard/broker.html",
-            _fragments("broker_summary", "peer_links", "broker_objects", "broker_commands"),
+            _fragments(
+                "broker_summary",
+                "command_banner",
+                "peer_links",
+                "broker_objects",
+                "broker_commands",
+            ),
             build_broker,
         ),
         table_page("queues", "Queues", "queue_table", build_queues),
@@ -338,7 +328,7 @@ PAGES: dict[str, Page] = {
         Page(
             "config",
             "dashboard/config.html",
-            _fragments("convergence", "config_versions"),
+            _fragments("convergence", "config_versions", "config_running"),
             build_config,
         ),
         table_page("commands", "Commands", "command_table", build_commands),

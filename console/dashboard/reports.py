@@ -27,6 +27,7 @@ from clusterapi.errors import InvalidRequest
 from clusterapi.models import ReportRun
 from clusterapi.roles import is_operator
 from console.dashboard.pages import PAGE_SIZE, with_stamps
+from console.dashboard.readable import absolute
 
 #: seconds between reloads of a page showing an unfinished run
 REFRESH_SECONDS = 5
@@ -131,7 +132,11 @@ def report_detail(request: HttpRequest, pk: int) -> HttpResponse:
     (run,) = with_stamps([run], "created_at", "started_at", "finished_at")
     summary = run.summary if run.state == ReportRun.STATE_SUCCEEDED else None
     summary = summary if isinstance(summary, dict) else None
-    incidents = (summary or {}).get("incidents") or []
+    incidents = [_with_times(i) for i in (summary or {}).get("incidents") or []]
+    root = (summary or {}).get("root")
+    if isinstance(root, dict):
+        root = {**root, "timeline": [_with_times(s) for s in root.get("timeline") or []]}
+    period = (summary or {}).get("period") or {}
     context = _base(request)
     context.update(
         run=run,
@@ -139,7 +144,9 @@ def report_detail(request: HttpRequest, pk: int) -> HttpResponse:
         summary=summary,
         headline=headline(summary),
         capacity=(summary or {}).get("capacity"),
-        root=(summary or {}).get("root"),
+        root=root,
+        first_sample=absolute(period.get("first_sample")),
+        last_sample=absolute(period.get("last_sample")),
         growing=(summary or {}).get("queues_growing") or [],
         incidents=incidents[:INCIDENTS_SHOWN],
         incidents_total=len(incidents),
@@ -149,3 +156,11 @@ def report_detail(request: HttpRequest, pk: int) -> HttpResponse:
         refresh=REFRESH_SECONDS if run.is_open else None,
     )
     return render(request, "dashboard/reports_detail.html", context)
+
+
+def _with_times(row: Any) -> Any:
+    """An incident or root segment of a summary with ``start``/``end`` as times a person
+    reads (ISO 8601 on hover); a row that is not an object is left as it is."""
+    if not isinstance(row, dict):
+        return row
+    return {**row, "start_at": absolute(row.get("start")), "end_at": absolute(row.get("end"))}

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from console.dashboard import reports, views
+from console.dashboard import config_views, reports, views
 
 app_name = "dashboard"
 
@@ -14,11 +14,13 @@ urlpatterns = [
     path("queues/", views.queues, name="queues"),
     path("exchanges/", views.exchanges, name="exchanges"),
     path("bindings/", views.bindings, name="bindings"),
-    path("config/", views.config, name="config"),
-    path("config/validate/", views.config_validate, name="config-validate"),
+    path("config/", config_views.config, name="config"),
+    path("config/validate/", config_views.config_validate, name="config-validate"),
+    path("config/<int:number>/push/", config_views.config_push, name="config-push"),
     path("commands/", views.command_log, name="commands"),
     path("audit/", views.audit_log, name="audit"),
-    path("alarms/", views.alarms, name="alarms"),
+    path("alarms/", views.alarm_list, name="alarms"),
+    path("alarms/<int:pk>/acknowledge/", views.alarm_acknowledge, name="alarm-acknowledge"),
     path("reports/", reports.report_list, name="reports"),
     path("reports/run/", reports.report_run, name="report-run"),
     path("reports/<int:pk>/", reports.report_detail, name="report"),

@@ -18,14 +18,16 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
-from clusterapi import commands, configs
-from clusterapi.errors import InvalidRequest
-from clusterapi.models import Broker, Command
+from clusterapi import alarms, commands
+from clusterapi.cluster import notify_dashboard
+from clusterapi.errors import Conflict, InvalidRequest
+from clusterapi.models import Alarm, Broker, Command
 from clusterapi.roles import is_operator
-from console.dashboard.forms import ConfigForm, RootForm, diff, pretty
-from console.dashboard.pages import PAGES
+from console.dashboard.forms import RootForm
+from console.dashboard.pages import PAGES, banner_commands, with_stamps
 
 
 def is_htmx(request: HttpRequest) -> bool:
@@ -60,7 +62,7 @@ exchanges = page_view("exchanges")
 bindings = page_view("bindings")
 command_log = page_view("commands")
 audit_log = page_view("audit")
-alarms = page_view("alarms")
+alarm_list = page_view("alarms")
 
 
 @require_safe
@@ -86,15 +88,21 @@ def require_operator(request: HttpRequest) -> None:
 
 
 def _command_answer(
-    request: HttpRequest, broker: Broker, command: Command | None, error: str = ""
+    request: HttpRequest,
+    broker: Broker,
+    command: Command | None,
+    error: str = "",
+    status: int = 200,
 ) -> HttpResponse:
-    """The outcome of an action: a fragment for htmx, a message and a redirect otherwise."""
+    """The outcome of an action: for htmx, the broker page's banner (the same live
+    fragment that then follows the command to its outcome); a message and a redirect
+    otherwise."""
     if is_htmx(request):
         html = render_to_string(
-            "dashboard/fragments/command_issued.html",
-            {"command": command, "error": error, "broker": broker},
+            "dashboard/fragments/command_banner.html",
+            {"banner": banner_commands(broker), "error": error, "broker": broker},
         )
-        return HttpResponse(html, status=200 if command else 400)
+        return HttpResponse(html, status=status)
     if command is not None:
         messages.success(request, f"{command.name} sent to {broker.name}")
     else:
@@ -106,7 +114,8 @@ def _issue(request: HttpRequest, broker: Broker, name: str) -> HttpResponse:
     try:
         command = commands.issue(broker, name, None, request.user)
     except InvalidRequest as exc:
-        return _command_answer(request, broker, None, exc.message)
+        status = 409 if isinstance(exc, Conflict) else 400
+        return _command_answer(request, broker, None, exc.message, status)
     return _command_answer(request, broker, command)
 
 
@@ -118,7 +127,7 @@ def broker_root(request: HttpRequest, name: str) -> HttpResponse:
     target = get_object_or_404(Broker, name=name)
     form = RootForm(request.POST)
     if not form.is_valid():
-        return _command_answer(request, target, None, "enabled: must be 1 or 0")
+        return _command_answer(request, target, None, "enabled: must be 1 or 0", 400)
     enabled = form.cleaned_data["enabled"]
     return _issue(request, target, Command.ROOT_ENABLE if enabled else Command.ROOT_DISABLE)
 
@@ -131,75 +140,35 @@ def broker_dump(request: HttpRequest, name: str) -> HttpResponse:
     return _issue(request, get_object_or_404(Broker, name=name), Command.STATE_DUMP)
 
 
-# -- configuration ------------------------------------------------------------------------
-
-
-def _editor(
-    request: HttpRequest, form: ConfigForm, *, checked: bool = False, pushed: object = None
-) -> dict[str, object]:
-    """Context of the editor fragment: the form, and once checked the diff to current."""
-    current = configs.current()
-    changes = None
-    if checked and form.normalised is not None:
-        label = f"version {current.number}" if current else "(no version yet)"
-        changes = diff(current.document if current else None, form.normalised, label)
-    return {
-        "form": form,
-        "checked": checked,
-        "changes": changes,
-        "current": current,
-        "pushed": pushed,
-        "can_operate": is_operator(request.user),
-    }
-
-
-def _fresh_form() -> ConfigForm:
-    current = configs.current()
-    return ConfigForm(initial={"document": pretty(current.document) if current else "{}"})
-
-
-@login_required
-def config(request: HttpRequest) -> HttpResponse:
-    """The configuration page; POST (operators) validates, saves and pushes a version."""
-    if request.method not in ("GET", "HEAD", "POST"):
-        return HttpResponse(status=405, headers={"Allow": "GET, HEAD, POST"})
-    if request.method != "POST":
-        return render_page(request, "config", request.GET, **_editor(request, _fresh_form()))
-    require_operator(request)
-    form = ConfigForm(request.POST)
-    version = None
-    if form.is_valid():
-        try:
-            version = configs.create_version(
-                form.cleaned_data["document"], request.user, form.cleaned_data["comment"]
-            )
-        except InvalidRequest as exc:
-            form.add_error("document", exc.message)
-    if version is not None:
-        if not is_htmx(request):
-            messages.success(request, f"Version {version.number} saved and pushed")
-            return redirect("dashboard:config")
-        context = _editor(request, _fresh_form(), pushed=version)
-        return HttpResponse(
-            render_to_string("dashboard/fragments/config_editor.html", context, request=request)
-        )
-    context = _editor(request, form, checked=True)
-    if is_htmx(request):
-        return HttpResponse(
-            render_to_string("dashboard/fragments/config_editor.html", context, request=request)
-        )
-    return render_page(request, "config", request.GET, **context)
-
-
 @require_POST
 @login_required
-def config_validate(request: HttpRequest) -> HttpResponse:
-    """Check an edited document without saving it: errors in place, or the diff."""
+def alarm_acknowledge(request: HttpRequest, pk: int) -> HttpResponse:
+    """Acknowledge an active alarm (operators; audited): htmx gets the active-alarms
+    list back, a plain form post a redirect to where it came from."""
     require_operator(request)
-    form = ConfigForm(request.POST)
-    form.is_valid()
-    context = _editor(request, form, checked=True)
-    html = render_to_string("dashboard/fragments/config_editor.html", context, request=request)
+    alarm = get_object_or_404(Alarm, pk=pk)
+    error = ""
+    try:
+        alarms.acknowledge(alarm, request.user, request.POST.get("comment", "")[:500])
+    except InvalidRequest as exc:
+        error = exc.message
+    notify_dashboard("alarm", alarm.broker.name if alarm.broker_id else None)
     if is_htmx(request):
-        return HttpResponse(html)
-    return render_page(request, "config", request.GET, **context)
+        active = Alarm.objects.filter(active=True).select_related("broker")
+        html = render_to_string(
+            "dashboard/fragments/active_alarms.html",
+            {
+                "alarms": with_stamps(active, "raised_at", "acknowledged_at"),
+                "can_operate": True,
+                "error": error,
+            },
+            request=request,
+        )
+        return HttpResponse(html, status=409 if error else 200)
+    if error:
+        messages.error(request, error)
+    else:
+        messages.success(request, f"Alarm {alarm.kind} acknowledged")
+    back = request.POST.get("next", "")
+    safe = url_has_allowed_host_and_scheme(back, {request.get_host()}, request.is_secure())
+    return redirect(back if back and safe else "dashboard:alarms")

@@ -79,7 +79,12 @@ def test_login_and_the_overview_shows_four_brokers_and_the_root(
     # Times are relative, with the absolute time on hover.
     seen = page.locator(f'tr[data-broker="{root}"] time.ago')
     expect(seen).to_have_text(re.compile(r"(just now|\d+ s ago)"))
-    expect(seen).to_have_attribute("title", re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$"))
+    expect(seen).to_have_attribute("title", re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"))
+    # the chart's legend shows the latest values without hovering, never "--"
+    expect(page.locator("#rate-chart .u-legend .u-series").nth(1)).not_to_contain_text("--")
+    # the favicon is served
+    icon = page.locator('link[rel="icon"]').get_attribute("href")
+    assert icon and page.evaluate(f"fetch({icon!r}).then(r => r.status)") == 200
     screenshot(page, "overview")
     # A narrow screen: nothing wider than the viewport but the scrolling tables.
     page.set_viewport_size({"width": 390, "height": 844})
@@ -110,6 +115,8 @@ def test_disabling_the_root_shows_the_new_root_on_every_open_page(
     broker_page = pages[-1]
     for page in pages:
         mark(page)
+    # handing root over is confirmed first
+    broker_page.once("dialog", lambda dialog: dialog.accept())
     broker_page.get_by_role("button", name="Disable root").click()
     expect(broker_page.locator("#command-result")).to_contain_text("root.disable")
     for page in pages:
@@ -168,10 +175,11 @@ def test_pushing_an_edited_configuration_shows_convergence_on_all_brokers(
     expect(page.locator("#config-diff")).to_contain_text('+    "staging"')
     page.get_by_label("Comment").fill("a staging virtual host")
     mark(page)
+    page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Save and push").click()
     expect(page.locator("#config-editor")).to_contain_text("saved and pushed")
     expect(page.locator("#convergence .apply-state")).to_have_text(
-        ["applied"] * 4, timeout=LIVE_TIMEOUT
+        ["running it"] * 4, timeout=LIVE_TIMEOUT
     )
     expect(page.locator("#converged")).to_have_text("converged")
     expect(page.locator("#config-versions")).to_contain_text("4 of 4 brokers")
@@ -192,6 +200,15 @@ def test_a_killed_broker_shows_down_with_an_alarm_and_clears_on_restart(
     down_alarm = f'li[data-kind="broker.down"][data-broker="{victim}"]'
     stack.cluster.servers[3].signal(signal.SIGKILL)
     expect(row_state).to_have_text("down", timeout=LIVE_TIMEOUT)
+    # a broker that is not heard is never shown ready, nor offered commands
+    row = overview.locator(f'tr[data-broker="{victim}"]')
+    expect(row.locator(".broker-ready")).to_have_text("unknown")
+    down_page = open_page(operator, f"/brokers/{victim}/")
+    expect(down_page.locator("#broker-ready")).to_have_text("unknown")
+    expect(down_page.locator("#dump-unavailable")).to_contain_text("is down")
+    expect(down_page.get_by_role("button", name="Dump state")).to_have_count(0)
+    screenshot(down_page, "broker-down-page")
+    down_page.close()
     expect(overview.locator(f"#active-alarms {down_alarm}")).to_be_visible()
     expect(overview.locator("#overview-brokers")).to_have_text("3 of 4 up")
     expect(alarms.locator(f"#active-alarms {down_alarm}")).to_be_visible()

@@ -11,7 +11,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db import connections
 
-from clusterapi import commands, configs, consumers
+from clusterapi import commands, configs, consumers, convergence
 from clusterapi.models import Alarm, Broker, Command, QueueSnapshot
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
@@ -168,14 +168,15 @@ async def test_commands_reach_the_broker_and_acks_finish_them() -> None:
 
 
 async def test_a_broker_without_the_current_configuration_gets_it_after_welcome() -> None:
-    version = await database_sync_to_async(configs.create_version)({"vhosts": ["/"]}, None)
+    saved = await database_sync_to_async(configs.save)({"vhosts": ["/"]}, None)
+    version = saved.version
     link = communicator()
     assert (await link.connect())[0]
     await link.send_json_to(hello(config_version=None))
     assert await link.receive_json_from() == {"v": 1, "type": "welcome", "config_version": 1}
     command = await link.receive_json_from()
     assert command["command"] == "config.apply"
-    assert command["args"] == {"version": 1, "config": {"vhosts": ["/"]}}
+    assert command["args"] == {"version": 1, "config": {"vhosts": ["/"]}, "serial": 1}
     await link.send_json_to(
         {
             "v": 1,
@@ -188,8 +189,19 @@ async def test_a_broker_without_the_current_configuration_gets_it_after_welcome(
     )
     await link.send_json_to(status(0, True, []))
     await link.receive_nothing(timeout=0.3)
-    rows = await database_sync_to_async(configs.convergence)(version)
-    assert rows == [{"broker": NAME, "state": "acked", "checksum": version.checksum, "error": ""}]
+    rows = await database_sync_to_async(convergence.broker_rows)(version)
+    assert [(r["broker"], r["state"], r["checksum"]) for r in rows] == [
+        (NAME, "running", version.checksum)
+    ]
+    # a status saying it runs its own files again (a reload): drifted, with an alarm
+    await link.send_json_to(dict(status(1, True, []), config_version=None, config_checksum=None))
+    await link.receive_nothing(timeout=0.3)
+    rows = await database_sync_to_async(convergence.broker_rows)(version)
+    assert rows[0]["state"] == "drifted" and rows[0]["running"] == "its own configuration files"
+    drift = await database_sync_to_async(
+        lambda: list(Alarm.objects.filter(kind="config.drift", active=True).values_list("message"))
+    )()
+    assert drift and "not version 1" in drift[0][0]
     await link.disconnect()
 
     # back with the version applied: welcome only, nothing to apply

@@ -113,7 +113,9 @@ def test_heartbeats_become_a_report_visible_through_the_api(stack: ConsoleStack)
 
     summary = done["summary"]
     assert summary["brokers"] == names
-    assert summary["samples"]["broker_samples"] == archived.num_rows >= 30
+    # the archived samples, and those that came in between the archive pass and the job
+    # (the run's lake adds what the database still holds)
+    assert summary["samples"]["broker_samples"] >= archived.num_rows >= 30
     assert summary["totals"]["published"] >= 300  # what publish() sent, at least
     assert summary["root"]["timeline"], summary["root"]
     assert summary["root"]["timeline"][-1]["root"] in names

@@ -165,7 +165,7 @@ def test_token_endpoint(viewer: User) -> None:
     )
     assert ok.status_code == 200 and ok.json()["token"]
     bad = api.post("/api/v1/auth/token/", {"username": "viewer", "password": "x"}, format="json")
-    assert bad.status_code == 400 and "credentials" in bad.json()["error"]
+    assert bad.status_code == 401 and "credentials" in bad.json()["error"]
 
 
 def test_read_only_users_get_403_on_every_write(viewer: User, cluster: list[Broker]) -> None:

@@ -11,7 +11,7 @@ from channels.layers import get_channel_layer
 
 from clusterapi import commands
 from clusterapi.cluster import broker_group
-from clusterapi.errors import InvalidRequest
+from clusterapi.errors import Conflict, InvalidRequest
 from clusterapi.models import AuditEntry, Broker, Command
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("in_memory_layer")]
@@ -19,7 +19,9 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("in_memory_layer")]
 
 @pytest.fixture
 def broker() -> Broker:
-    return Broker.objects.create(name="127.0.0.1:5701", state="up", connected=True)
+    return Broker.objects.create(
+        name="127.0.0.1:5701", state="up", connected=True, broker_type="primary"
+    )
 
 
 @pytest.fixture
@@ -56,6 +58,27 @@ def received(channel: str) -> dict:
 def test_bad_requests_are_refused_with_the_field(broker, operator, name, args, message) -> None:
     with pytest.raises(InvalidRequest, match=message):
         commands.issue(broker, name, args, operator)
+    assert Command.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("changes", "name", "reason"),
+    [
+        ({"broker_type": "secondary"}, "root.enable", "secondaries are never root"),
+        ({"broker_type": "standalone"}, "root.disable", "no cluster to be root of"),
+        ({"state": "down"}, "state.dump", "is down: it cannot run state.dump"),
+        ({"root_enabled": True}, "root.enable", "root is enabled"),
+        ({"root_enabled": False}, "root.disable", "root is disabled"),
+    ],
+)
+def test_what_the_broker_cannot_do_is_refused_with_the_reason(
+    broker, operator, changes, name, reason
+) -> None:
+    for field, value in changes.items():
+        setattr(broker, field, value)
+    broker.save()
+    with pytest.raises(Conflict, match=reason):
+        commands.issue(broker, name, None, operator)
     assert Command.objects.count() == 0
 
 
@@ -103,7 +126,7 @@ def test_delivery_goes_to_the_broker_group_and_retries(
 
 def test_delivery_waits_while_the_broker_is_away(broker, operator, scheduled) -> None:
     Broker.objects.filter(pk=broker.pk).update(connected=False)
-    command = commands.issue(broker, "root.enable", None, operator)
+    command = commands.issue(broker, "state.dump", None, operator)
     assert not commands.deliver(command.id)
     command.refresh_from_db()
     assert (command.state, command.attempts) == ("pending", 0)
@@ -139,7 +162,7 @@ def test_acks_for_unknown_or_foreign_commands_are_ignored(broker, operator, sche
 def test_timeout_at_the_deadline_and_late_acks_do_not_revive(
     broker, operator, scheduled, link_channel
 ) -> None:
-    command = commands.issue(broker, "root.enable", None, operator)
+    command = commands.issue(broker, "state.dump", None, operator)
     commands.deliver(command.id)
     late = command.deadline + dt.timedelta(seconds=1)
     assert commands.sweep(late) == {"timed_out": 1, "sent": 0}
@@ -153,7 +176,7 @@ def test_timeout_at_the_deadline_and_late_acks_do_not_revive(
 
 
 def test_deliver_after_the_deadline_times_out(broker, operator, scheduled) -> None:
-    command = commands.issue(broker, "root.enable", None, operator)
+    command = commands.issue(broker, "state.dump", None, operator)
     assert not commands.deliver(command.id, command.deadline)
     command.refresh_from_db()
     assert command.state == "timed_out"

@@ -1,12 +1,13 @@
-"""Configuration versions: validation, push, acks, convergence, superseding, hello."""
+"""Configuration versions: validation, saving and pushing again, convergence from what
+brokers report, drift, superseding, hello."""
 
 from __future__ import annotations
 
 import pytest
 
 from brokerd.configdoc import document_checksum
-from clusterapi import cluster, commands, configs
-from clusterapi.errors import InvalidRequest
+from clusterapi import cluster, commands, configs, convergence
+from clusterapi.errors import Conflict, InvalidDocument, InvalidRequest
 from clusterapi.models import Alarm, AuditEntry, Broker, Command, ConfigApplication, ConfigVersion
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("in_memory_layer")]
@@ -32,6 +33,26 @@ def operator(django_user_model):
     )  # no password: hashing is slow
 
 
+def ack(broker: Broker, version: ConfigVersion, ok: bool = True, error: str = "") -> None:
+    """The broker answers its open config.apply of ``version``."""
+    command = Command.objects.get(broker=broker, args__version=version.number, state="pending")
+    result = {"config_version": version.number, "config_checksum": version.checksum}
+    commands.acknowledge(broker.pk, str(command.id), ok, result if ok else None, error or None)
+
+
+def reports(broker: Broker, version: ConfigVersion | None) -> None:
+    """A status of ``broker`` saying it runs ``version`` (None: its own files)."""
+    Broker.objects.filter(pk=broker.pk).update(
+        config_version=version.number if version else None,
+        config_checksum=version.checksum if version else "",
+    )
+    convergence.check_drift(Broker.objects.get(pk=broker.pk))
+
+
+def states(version: ConfigVersion) -> list[str]:
+    return [row["state"] for row in convergence.broker_rows(version)]
+
+
 @pytest.mark.parametrize(
     ("document", "key"),
     [
@@ -44,33 +65,38 @@ def operator(django_user_model):
     ],
 )
 def test_bad_documents_are_refused_naming_the_key(operator, brokers, document, key) -> None:
-    with pytest.raises(InvalidRequest, match=key):
-        configs.create_version(document, operator)
+    with pytest.raises(InvalidDocument, match=key):
+        configs.save(document, operator)
     assert ConfigVersion.objects.count() == 0
     assert Command.objects.count() == 0
 
 
 def test_comment_is_checked(operator) -> None:
     with pytest.raises(InvalidRequest, match="comment"):
-        configs.create_version(DOCUMENT, operator, comment="x" * 501)
+        configs.save(DOCUMENT, operator, comment="x" * 501)
 
 
-def test_a_version_is_saved_normalised_and_pushed_to_every_broker(
+def test_a_version_is_saved_normalised_and_pushed_to_every_broker_that_is_up(
     operator, brokers, scheduled, django_capture_on_commit_callbacks
 ) -> None:
+    down = Broker.objects.create(name="127.0.0.1:5709", state="down")
     assert configs.current() is None
     with django_capture_on_commit_callbacks(execute=True):
-        version = configs.create_version(DOCUMENT, operator, comment="faster heartbeats")
+        saved = configs.save(DOCUMENT, operator, comment="faster heartbeats")
+    version = saved.version
+    assert saved.outcome == configs.CREATED
     assert version.number == 1 and configs.current() == version
     assert version.document["heartbeat"] == {"interval": 0.5, "timeout": 2.0, "open_timeout": 10.0}
     assert version.checksum == document_checksum(version.document)
-    assert len(version.checksum) == 16
 
     pushed = Command.objects.filter(name="config.apply")
-    assert sorted(c.broker.name for c in pushed) == [b.name for b in brokers]
-    assert all(c.args == {"version": 1, "config": version.document} for c in pushed)
+    assert sorted(c.broker.name for c in pushed) == [b.name for b in brokers]  # not the down one
+    assert not pushed.filter(broker=down).exists()
+    serial = version.push_serial
+    assert all(
+        c.args == {"version": 1, "config": version.document, "serial": serial} for c in pushed
+    )
     assert sorted(scheduled) == sorted(c.id for c in pushed)
-    assert set(ConfigApplication.objects.values_list("state", flat=True)) == {"pending"}
     push = AuditEntry.objects.get(action="config.push")
     assert (push.username, push.target, push.details["checksum"]) == (
         "ops",
@@ -82,81 +108,157 @@ def test_a_version_is_saved_normalised_and_pushed_to_every_broker(
         e.details == {"id": e.details["id"], "version": 1}
         for e in AuditEntry.objects.filter(action="command.config.apply")
     )
-    assert configs.create_version(DOCUMENT, operator).number == 2
-
-
-def test_convergence_follows_the_acks(operator, brokers, scheduled) -> None:
-    version = configs.create_version(DOCUMENT, operator)
-    first, second = (Command.objects.get(broker=b) for b in brokers)
-    commands.acknowledge(
-        brokers[0].pk,
-        str(first.id),
-        True,
-        {"config_version": 1, "config_checksum": version.checksum, "applied": ["heartbeat"]},
-        None,
-    )
-    commands.acknowledge(brokers[1].pk, str(second.id), False, None, "known_hosts: unknown host")
-    assert configs.convergence(version) == [
-        {"broker": brokers[0].name, "state": "acked", "checksum": version.checksum, "error": ""},
-        {
-            "broker": brokers[1].name,
-            "state": "failed",
-            "checksum": "",
-            "error": "known_hosts: unknown host",
-        },
+    # unset keys are stated with what they mean
+    assert [u["key"] for u in convergence.unset_keys(version.document)] == [
+        "limits",
+        "users",
+        "permissions",
     ]
-    b0 = Broker.objects.get(pk=brokers[0].pk)
-    assert (b0.config_version, b0.config_checksum) == (1, version.checksum)
-    alarm = Alarm.objects.get(kind="config.failed", active=True)
-    assert alarm.broker_id == brokers[1].pk and "known_hosts" in alarm.message
 
-    # the next version, applied everywhere, clears the alarm
-    newer = configs.create_version({**DOCUMENT, "vhosts": ["/", "prod"]}, operator)
+
+def test_the_same_document_is_not_a_new_version_and_an_older_one_is_pushed_again(
+    operator, brokers, scheduled
+) -> None:
+    first = configs.save(DOCUMENT, operator).version
+    again = configs.save({**DOCUMENT, "heartbeat": {"timeout": 2, "interval": 0.5}}, operator)
+    assert (again.version, again.outcome) == (first, configs.UNCHANGED)
+    assert Command.objects.count() == 2  # nothing pushed the second time
+
+    second = configs.save({**DOCUMENT, "vhosts": ["/", "prod"]}, operator).version
+    assert configs.current() == second
+    back = configs.save(DOCUMENT, operator, comment="back to 1")
+    assert (back.version, back.outcome) == (first, configs.REPUSHED)
+    assert ConfigVersion.objects.count() == 2
+    assert configs.current() == first  # the version pushed last is current
+    first.refresh_from_db()
+    assert first.push_serial > second.push_serial
+    # version 2's pushes stopped, shown as superseded; version 1 went out again
+    assert set(Command.objects.filter(args__version=2).values_list("state", flat=True)) == {
+        "superseded"
+    }
+    open_first = Command.objects.filter(args__version=1, state="pending")
+    assert {c.args["serial"] for c in open_first} == {first.push_serial}
+    assert AuditEntry.objects.filter(action="config.repush", target="version 1").exists()
+
+
+def test_a_new_version_starts_from_the_current_one(operator, brokers, scheduled) -> None:
+    assert configs.derive({"vhosts": ["/"]}) == {"vhosts": ["/"]}  # nothing saved yet
+    configs.save(DOCUMENT, operator)
+    changed = configs.derive({"vhosts": ["/", "prod"], "known_hosts": None})
+    assert changed == {
+        "heartbeat": DOCUMENT["heartbeat"] | {"open_timeout": 10.0},
+        "vhosts": ["/", "prod"],
+    }
+    with pytest.raises(InvalidDocument, match=r"changes\.bogus"):
+        configs.derive({"bogus": 1})
+    # an edit that started from another version than the current one is refused
+    with pytest.raises(Conflict, match="current configuration is version 1"):
+        configs.save(changed, operator, base=7)
+    assert configs.save(changed, operator, base=1).version.number == 2
+
+
+def test_convergence_is_what_brokers_report_running(operator, brokers, scheduled) -> None:
+    version = configs.save(DOCUMENT, operator).version
+    assert states(version) == ["pending", "pending"]
+    ack(brokers[0], version)
+    ack(brokers[1], version, ok=False, error="known_hosts: unknown host")
+    rows = convergence.broker_rows(version)
+    assert [r["state"] for r in rows] == ["running", "failed"]
+    assert rows[0]["running"] == "version 1" and rows[1]["running"] == "its own configuration files"
+    assert rows[1]["error"] == "known_hosts: unknown host"
+    assert not convergence.converged(rows)
+    assert Alarm.objects.get(kind="config.failed", active=True).broker_id == brokers[1].pk
+    assert not Alarm.objects.filter(kind="config.drift", active=True).exists()
+
+    # pushed again: the broker running it still runs it; applied everywhere: converged,
+    # the failure alarm cleared
+    configs.repush(version, operator)
+    assert states(version) == ["running", "pending"]
     for broker in brokers:
-        command = Command.objects.get(broker=broker, args__version=2)
-        result = {"config_version": 2, "config_checksum": newer.checksum}
-        commands.acknowledge(broker.pk, str(command.id), True, result, None)
-    assert {c["state"] for c in configs.convergence(newer)} == {"acked"}
+        ack(broker, version)
+    assert convergence.converged(convergence.broker_rows(version))
     assert not Alarm.objects.filter(kind="config.failed", active=True).exists()
 
 
-def test_an_ack_with_another_checksum_is_not_convergence(operator, brokers, scheduled) -> None:
-    version = configs.create_version(DOCUMENT, operator)
+def test_a_broker_that_stops_running_the_version_has_drifted_until_pushed_again(
+    operator, brokers, scheduled
+) -> None:
+    version = configs.save(DOCUMENT, operator).version
+    for broker in brokers:
+        ack(broker, version)
+    # a reload (or a restart the console did not push to) puts it back on its own files
+    reports(brokers[1], None)
+    assert states(version) == ["running", "drifted"]
+    drift = Alarm.objects.get(kind="config.drift", active=True)
+    assert drift.broker_id == brokers[1].pk
+    assert "runs its own configuration files, not version 1" in drift.message
+    configs.repush(version, operator)
+    assert states(version) == ["running", "pending"]
+    assert Alarm.objects.filter(kind="config.drift", active=True).exists()  # until it runs it
+    ack(brokers[1], version)
+    assert states(version) == ["running", "running"]
+    assert not Alarm.objects.filter(kind="config.drift", active=True).exists()
+
+
+def test_a_down_broker_is_not_converged(operator, brokers, scheduled) -> None:
+    version = configs.save(DOCUMENT, operator).version
+    for broker in brokers:
+        ack(broker, version)
+    Broker.objects.filter(pk=brokers[0].pk).update(state="down")
+    rows = convergence.broker_rows(version)
+    assert [r["state"] for r in rows] == ["down", "running"]
+    assert not convergence.converged(rows)
+    assert convergence.summary(rows) == "1 down, 1 running it"
+
+
+def test_an_ack_with_another_checksum_is_a_failure(operator, brokers, scheduled) -> None:
+    version = configs.save(DOCUMENT, operator).version
     command = Command.objects.get(broker=brokers[0])
     result = {"config_version": 1, "config_checksum": "0123456789abcdef"}
     commands.acknowledge(brokers[0].pk, str(command.id), True, result, None)
-    row = configs.convergence(version)[0]
+    row = convergence.broker_rows(version)[0]
     assert row["state"] == "failed" and "expected " + version.checksum in row["error"]
+    assert row["running"] == "an unknown configuration (checksum 0123456789abcdef)"
     assert Alarm.objects.filter(kind="config.failed", broker=brokers[0], active=True).exists()
 
 
-def test_a_newer_version_supersedes_what_is_still_on_its_way(operator, brokers, scheduled) -> None:
-    configs.create_version(DOCUMENT, operator)
-    configs.create_version({**DOCUMENT, "vhosts": ["/", "prod"]}, operator)
+def test_a_newer_push_supersedes_what_is_still_on_its_way(operator, brokers, scheduled) -> None:
+    configs.save(DOCUMENT, operator)
+    configs.save({**DOCUMENT, "vhosts": ["/", "prod"]}, operator)
     old = Command.objects.filter(args__version=1)
-    assert {(c.state, c.error) for c in old} == {("failed", "superseded by version 2")}
+    assert {(c.state, c.error) for c in old} == {
+        ("superseded", "superseded by the push of version 2")
+    }
     assert set(
         ConfigApplication.objects.filter(version__number=1).values_list("state", flat=True)
-    ) == {"failed"}
+    ) == {"superseded"}
     assert set(Command.objects.filter(args__version=2).values_list("state", flat=True)) == {
         "pending"
     }
+    # a late ack of the superseded push is recorded as what the broker runs, and no alarm
+    late = old.first()
+    result = {"config_version": 1, "config_checksum": ConfigVersion.objects.get(number=1).checksum}
+    commands.acknowledge(late.broker_id, str(late.id), True, result, None)
+    late.refresh_from_db()
+    assert late.state == "superseded"
+    assert not Alarm.objects.filter(kind="config.failed").exists()
 
 
 def test_hello_gets_the_current_version_once(operator, brokers, scheduled) -> None:
-    version = configs.create_version(DOCUMENT, operator)
+    version = configs.save(DOCUMENT, operator).version
     away = Broker.objects.create(name="127.0.0.1:5703", state="up", connected=True)
     pushed = configs.reconcile(away)
     assert pushed is not None and pushed.args["version"] == 1 and pushed.created_by is None
     assert configs.reconcile(away) is None  # still on its way: no second command
     assert Command.objects.filter(broker=away).count() == 1
 
-    # a broker that already runs the version is recorded as converged without a command
+    # a broker that already runs the version gets no command
     Broker.objects.filter(pk=brokers[0].pk).update(
         config_version=1, config_checksum=version.checksum
     )
+    before = Command.objects.count()
     assert configs.reconcile(Broker.objects.get(pk=brokers[0].pk)) is None
-    assert ConfigApplication.objects.get(version=version, broker=brokers[0]).state == "acked"
+    assert Command.objects.count() == before
 
 
 def test_cluster_state(operator, brokers, scheduled) -> None:
@@ -168,12 +270,13 @@ def test_cluster_state(operator, brokers, scheduled) -> None:
         "brokers_total": 2,
         "config_version": None,
         "alarms_active": 0,
+        "alarms_unacknowledged": 0,
     }
     Broker.objects.filter(pk=brokers[1].pk).update(
         is_root=True, ready=True, spid="s2", quorum="quorum (2 of 2 primaries active)"
     )
     Broker.objects.filter(pk=brokers[0].pk).update(state="down")
-    configs.create_version(DOCUMENT, operator)
+    configs.save(DOCUMENT, operator)
     state = cluster.state()
     assert state["root"] == {"name": brokers[1].name, "spid": "s2"}
     assert state["ready"] is True and state["quorum"].startswith("quorum")

@@ -270,7 +270,7 @@ def test_installed_apps_and_api_defaults() -> None:
         "rest_framework.authentication.SessionAuthentication",
     ]
     assert rf["DEFAULT_PERMISSION_CLASSES"] == ["rest_framework.permissions.IsAuthenticated"]
-    assert rf["DEFAULT_SCHEMA_CLASS"] == "drf_spectacular.openapi.AutoSchema"
+    assert rf["DEFAULT_SCHEMA_CLASS"] == "clusterapi.api.schema.ApiSchema"
     assert rf["PAGE_SIZE"] > 0
 
 
@@ -333,14 +333,14 @@ class TestAuthToken:
             {"username": "nobody", "password": "correct horse 42"},
         ],
     )
-    def test_bad_credentials_give_a_json_400(self, client, operator, credentials) -> None:
+    def test_bad_credentials_give_a_json_401(self, client, operator, credentials) -> None:
         response = client.post(self.URL, credentials, content_type="application/json")
-        assert response.status_code == 400
+        assert response.status_code == 401
         assert response["Content-Type"] == "application/json"
+        assert response["WWW-Authenticate"] == "Token"
         body = response.json()
         assert "token" not in body
         assert body["error"] == "Unable to log in with provided credentials."
-        assert body["detail"]["non_field_errors"] == ["Unable to log in with provided credentials."]
 
     def test_missing_password_names_the_field(self, client, operator) -> None:
         response = client.post(self.URL, {"username": "operator"}, content_type="application/json")

@@ -192,6 +192,8 @@ def test_status_has_every_documented_part(fresh: Server):
     }
     assert set(first["totals"]) == {"published", "routed", "delivered", "acked", "returned"}
     assert set(first["rates"]) == {"published", "routed", "delivered"}
+    # what the broker runs: nothing from the console yet, so its own files
+    assert (first["config_version"], first["config_checksum"]) == (None, None)
     assert isinstance(first["queues"], list) and isinstance(first["exchanges"], list)
     fresh.broker.vhosts["/"].declare_queue("t.new", connection_id=1)
     second = session.status()
@@ -340,7 +342,52 @@ def test_an_older_version_than_the_applied_one_is_refused():
     assert commands.handle(command("a", "config.apply", version=5, config={}))["ok"]
     ack = commands.handle(command("b", "config.apply", version=4, config={"vhosts": ["x"]}))
     assert not ack["ok"] and "older than the applied version 5" in ack["error"]
-    assert len(fake.installed) == 0
+    assert len(fake.installed) == 1  # version 5's, nothing after it
+    assert commands.running() == (5, document_checksum({}))
+
+
+def test_pushes_are_ordered_by_serial_so_an_older_version_can_be_pushed_again():
+    fake = RecordingServer(CLUSTER)
+    commands = ConsoleCommands(fake)  # type: ignore[arg-type]
+    assert commands.handle(command("a", "config.apply", version=5, serial=5, config={}))["ok"]
+    again = commands.handle(
+        command("b", "config.apply", version=3, serial=6, config={"vhosts": ["/", "x"]})
+    )
+    assert again["ok"], again
+    assert commands.running() == (3, document_checksum({"vhosts": ["/", "x"]}))
+    late = commands.handle(command("c", "config.apply", version=5, serial=5, config={}))
+    assert not late["ok"] and "older than the applied push 6" in late["error"]
+    assert commands.running()[0] == 3
+
+
+def test_a_missing_key_means_the_broker_files_value_whatever_an_earlier_version_set():
+    fake = RecordingServer(CLUSTER)
+    file_config = fake.config
+    commands = ConsoleCommands(fake)  # type: ignore[arg-type]
+    assert commands.handle(command("a", "config.apply", version=1, config=DOC))["ok"]
+    assert fake.cluster_config.heartbeat_timeout == 2.0
+    assert commands.handle(command("b", "config.apply", version=2, config={}))["ok"]
+    # back to the cluster file's heartbeat and known hosts, and brokerd.toml's users
+    assert fake.cluster_config.heartbeat_timeout == CLUSTER.heartbeat_timeout
+    assert fake.cluster_config.known_hosts == CLUSTER.known_hosts
+    assert fake.config.users == file_config.users
+    assert commands.running() == (2, document_checksum({}))
+
+
+def test_running_is_cleared_by_a_reload_that_replaces_the_documents_broker_parts():
+    fake = RecordingServer(CLUSTER)
+    commands = ConsoleCommands(fake)  # type: ignore[arg-type]
+    assert commands.running() == (None, None)  # nothing applied: the broker's own files
+    commands.handle(command("a", "config.apply", version=1, config={"heartbeat": {"timeout": 4}}))
+    checksum = commands.running()[1]
+    assert checksum is not None
+    fake.config = default_config()  # SIGHUP: brokerd.toml read again
+    # the document has no broker part: the reloaded file is what it says
+    assert commands.running() == (1, checksum)
+    commands.handle(command("b", "config.apply", version=2, config=DOC))
+    assert commands.running()[0] == 2
+    fake.config = default_config()  # SIGHUP again: users from the file, not version 2's
+    assert commands.running() == (None, None)
 
 
 def test_a_repeated_id_gets_the_first_answer_without_running_again():

@@ -19,14 +19,13 @@ from clusterapi.models import (
     AuditEntry,
     Broker,
     Command,
-    ConfigApplication,
     ConfigVersion,
     HeartbeatSample,
     QueueSnapshot,
 )
 from clusterapi.roles import OPERATORS_GROUP
 from console.dashboard.charts import message_rates
-from console.dashboard.pages import relative
+from console.dashboard.readable import absolute, detail_items, relative
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("in_memory_layer")]
 
@@ -216,14 +215,26 @@ def test_config_push_saves_a_version_and_shows_convergence(
     version = ConfigVersion.objects.get()
     assert f"Version {version.number} saved" in pushed.content.decode()
     assert Command.objects.filter(name=Command.CONFIG_APPLY).count() == 4
-    ConfigApplication.objects.filter(broker=brokers[0]).update(
-        state="acked", checksum=version.checksum
+    # convergence is what brokers report running (their statuses), not acks
+    Broker.objects.filter(pk=brokers[0].pk).update(
+        config_version=1, config_checksum=version.checksum
     )
     page = operator.get("/config/").content.decode()
-    assert page.count(">applied</span>") == 1 and page.count(">pending</span>") == 3
-    assert ">converging</span>" in page and "1 of 4 brokers" in page
-    ConfigApplication.objects.update(state="acked", checksum=version.checksum)
-    assert ">converged</span>" in operator.get("/config/").content.decode()
+    assert page.count(">running it</span>") == 1 and page.count(">pending</span>") == 3
+    assert ">not converged</span>" in page and "1 of 4 brokers" in page
+    assert "3 brokers</strong> (127.0.0.1:5802, 127.0.0.1:5803, 127.0.0.1:5804)" in page
+    Broker.objects.update(config_version=1, config_checksum=version.checksum)
+    page = operator.get("/config/").content.decode()
+    assert ">converged</span>" in page and 'id="running-all"' in page
+    # the editor opens on the current document, based on it, with the unset keys stated
+    assert "&quot;staging&quot;" in page and 'name="base" value="1"' in page
+    assert 'data-key="heartbeat"' in page and "each broker&#x27;s cluster file" in page
+    # saving the same document again is not a new version
+    same = operator.post(
+        "/config/", {"document": json.dumps(document), "base": "1"}, HTTP_HX_REQUEST="true"
+    )
+    assert "No change: this document is version 1" in same.content.decode()
+    assert ConfigVersion.objects.count() == 1
     # a bad document posted without htmx: the full page with the error in place
     bad = operator.post("/config/", {"document": '{"vhosts": 5}'})
     assert bad.status_code == 200 and 'id="config-errors"' in bad.content.decode()
@@ -257,7 +268,37 @@ def test_alarms_page_lists_active_and_history(operator: Client, brokers: list[Br
     )
     html = operator.get("/alarms/").content.decode()
     assert 'data-kind="broker.down"' in html and ">cleared</span>" in html
-    assert ">1 active</strong>" in html  # the cluster bar
+    assert ">1 active, 1 not acknowledged</strong>" in html  # the cluster bar
+    alarm = Alarm.objects.get(active=True)
+    acked = operator.post(
+        f"/alarms/{alarm.pk}/acknowledge/", {"comment": "restarting it"}, HTTP_HX_REQUEST="true"
+    )
+    assert acked.status_code == 200
+    assert (
+        "acknowledged by op" in acked.content.decode() and "restarting it" in acked.content.decode()
+    )
+    assert AuditEntry.objects.filter(action="alarm.acknowledge", username="op").exists()
+    html = operator.get("/alarms/").content.decode()
+    assert "1 active, acknowledged" in html and ">Acknowledge</button>" not in html
+    again = operator.post(f"/alarms/{alarm.pk}/acknowledge/", HTTP_HX_REQUEST="true")
+    assert again.status_code == 409 and "already" in again.content.decode()
+
+
+def test_a_down_broker_is_never_shown_ready_and_offers_no_commands(
+    operator: Client, brokers: list[Broker]
+) -> None:
+    Broker.objects.filter(pk=brokers[1].pk).update(state="down")  # ready stays True in the row
+    html = operator.get("/brokers/").content.decode()
+    row = html.split('data-broker="127.0.0.1:5802"')[1].split("</tr>")[0]
+    assert ">unknown</span>" in row and ">ready</span>" not in row
+    page = operator.get("/brokers/127.0.0.1:5802/").content.decode()
+    assert "is down: it cannot run" in page and ">Dump state</button>" not in page
+    secondary = operator.get("/brokers/127.0.0.1:5804/").content.decode()
+    assert "secondaries are never root" in secondary and "Enable root</button>" not in secondary
+    forged = operator.post(
+        "/brokers/127.0.0.1:5804/root/", {"enabled": "1"}, HTTP_HX_REQUEST="true"
+    )
+    assert forged.status_code == 409 and "secondaries are never root" in forged.content.decode()
 
 
 def test_relative_times() -> None:
@@ -314,3 +355,21 @@ def test_latest_message_rates_extends_the_cached_series(
     )
     assert extended["t"] == list(range(base + 5, base + 13))
     assert extended["published"] == [float(i) for i in range(5, 13)]
+
+
+def test_times_and_details_read_as_words() -> None:
+    at = absolute("2026-01-05T14:03:07Z")
+    assert at is not None and (at.text, at.iso) == (
+        "5 Jan 2026 14:03:07 UTC",
+        "2026-01-05T14:03:07Z",
+    )
+    assert absolute("not a time") is None and absolute(None) is None
+    assert detail_items({"id": "c1", "version": 3, "hosts": ["a", "b"], "ok": True, "x": None}) == [
+        ("id", "c1"),
+        ("version", "3"),
+        ("hosts", "a, b"),
+        ("ok", "yes"),
+    ]
+    assert detail_items({"nested": {"b": 1, "a": [1, {"c": 2}]}}) == [
+        ("nested", '{"a": [1, {"c": 2}], "b": 1}')
+    ]

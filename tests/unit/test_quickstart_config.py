@@ -145,3 +145,24 @@ def test_admin_password_from_the_environment_replaces_the_file(tmp_path: Path) -
     unset = config(tmp_path)
     password, where = qs.choose_admin_password(unset, False, qs.Output(io.StringIO()))
     assert password is None and "unchanged" in where
+
+
+def test_the_closing_summary_says_where_the_password_is_in_every_case(tmp_path: Path) -> None:
+    """After ROOKERY_ADMIN_PASSWORD (file removed), or a change in the console, the
+    summary must not point to a file that is gone or no longer holds the password."""
+    quiet = qs.Output(io.StringIO())
+    from_env = config(tmp_path, ROOKERY_ADMIN_PASSWORD="from-env-123")
+    _, where = qs.choose_admin_password(from_env, False, quiet)
+    assert "from ROOKERY_ADMIN_PASSWORD" in qs.summary(from_env, where)
+    # the next run without it: no file to point to
+    plain = config(tmp_path)
+    _, where = qs.choose_admin_password(plain, False, quiet)
+    text = qs.summary(plain, where)
+    assert str(plain.password_file) not in text and "unchanged" in text
+    # a generated password that still works / that was changed in the console since
+    fresh = config(tmp_path / "fresh")
+    generated, where = qs.choose_admin_password(fresh, True, quiet)
+    _, where = qs.choose_admin_password(fresh, False, quiet, works=lambda p: p == generated)
+    assert where == f"in {fresh.password_file}"
+    _, where = qs.choose_admin_password(fresh, False, quiet, works=lambda p: False)
+    assert where.startswith("changed in the console") and "holds the old one" in where

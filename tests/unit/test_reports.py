@@ -27,7 +27,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from clusterapi import reports
-from clusterapi.models import AuditEntry, ReportRun
+from clusterapi.models import AuditEntry, Broker, HeartbeatSample, QueueSample, ReportRun
 from clusterapi.roles import OPERATORS_GROUP
 from pipeline.generate import generate
 
@@ -52,6 +52,9 @@ out = Path(args.out)
 (out / "argv.json").write_text(json.dumps(sys.argv[1:]))
 if mode == "crash":
     raise RuntimeError("stand-in crashed")
+if mode == "refuse":
+    print("pipeline report: the stand-in refuses", file=sys.stderr)
+    sys.exit(2)
 samples = lake.read_table(args.lake, "broker_samples")
 if samples.num_rows == 0:
     print("pipeline report: no broker samples in the lake for this period", file=sys.stderr)
@@ -151,7 +154,7 @@ def test_a_run_passes_the_settings_to_the_job_and_keeps_its_summary(
     assert argv == [
         "report",
         "--lake",
-        str(settings.LAKE_PATH),
+        str(out / "lake"),  # the run's own lake: the archive's files plus the database's
         "--out",
         str(out),
         "--from",
@@ -182,15 +185,55 @@ def test_chart_series_come_from_the_output_tables(done: ReportRun) -> None:
 
 
 def test_a_failing_job_fails_the_run_with_its_message(
+    operator: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STAND_IN_MODE", "refuse")
+    run = reports.request_run(operator)
+    assert reports.execute(run.pk) == "failed"
+    run.refresh_from_db()
+    assert run.error == "the stand-in refuses"
+    assert run.summary is None and run.finished_at is not None
+    assert reports.summary_path(run) is None and reports.table_names(run) == []
+
+
+def test_a_period_without_samples_fails_at_once_saying_so(
     operator: User, tmp_path: Path, settings: Any
 ) -> None:
     settings.LAKE_PATH = tmp_path / "empty-lake"
     run = reports.request_run(operator)
     assert reports.execute(run.pk) == "failed"
     run.refresh_from_db()
-    assert run.error == "no broker samples in the lake for this period"
-    assert run.summary is None and run.finished_at is not None
-    assert reports.summary_path(run) is None and reports.table_names(run) == []
+    assert run.error.startswith("no broker samples at all: brokers report to the console")
+    assert not (Path(run.output_path) / "argv.json").exists()  # no job (no Spark) started
+    start = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    later = reports.request_run(operator, start, start + dt.timedelta(hours=1))
+    assert reports.execute(later.pk) == "failed"
+    later.refresh_from_db()
+    assert "from 2030-01-01T00:00:00Z to 2030-01-01T01:00:00Z" in later.error
+
+
+def test_a_fresh_install_reports_on_the_samples_not_archived_yet(
+    operator: User, tmp_path: Path, settings: Any
+) -> None:
+    """The first hour: nothing is old enough to archive, the lake does not exist yet."""
+    settings.LAKE_PATH = tmp_path / "no-lake-yet"
+    now = dt.datetime.now(dt.UTC)
+    broker = Broker.objects.create(name="127.0.0.1:5701", spid="s1", broker_type="primary")
+    HeartbeatSample.objects.bulk_create(
+        HeartbeatSample(
+            broker=broker, time=now - dt.timedelta(seconds=s), spid="s1", rate_published=1.0
+        )
+        for s in range(1, 60)
+    )
+    QueueSample.objects.create(broker=broker, time=now, vhost="/", queue="jobs")
+    run = reports.request_run(operator)
+    assert reports.execute(run.pk) == "succeeded", ReportRun.objects.get(pk=run.pk).error
+    run.refresh_from_db()
+    assert run.summary["brokers"] == ["127.0.0.1:5701"]
+    assert run.summary["samples"]["broker_samples"] == 59
+    # nothing was moved out of the database (the dashboard's charts need the samples)
+    assert HeartbeatSample.objects.count() == 59
+    assert not (Path(run.output_path) / "lake").exists()  # the run's lake is gone, its tables stay
 
 
 def test_a_crash_keeps_the_tail_of_the_log(operator: User, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -219,10 +262,14 @@ def test_a_run_is_executed_once(done: ReportRun) -> None:
     assert done.finished_at == finished
 
 
-def test_bad_period_is_refused(operator: User) -> None:
+def test_an_empty_period_fails_without_a_job(
+    operator: User, django_capture_on_commit_callbacks: Any
+) -> None:
     start = dt.datetime(2026, 1, 5, tzinfo=dt.UTC)
-    with pytest.raises(reports.InvalidRequest, match="before its end"):
-        reports.request_run(operator, start, start)
+    with django_capture_on_commit_callbacks() as queued:
+        run = reports.request_run(operator, start, start)
+    assert run.state == "failed" and "choose a start before the end" in run.error
+    assert queued == []  # no Celery task
 
 
 def test_nightly_covers_the_previous_day_once() -> None:
@@ -335,9 +382,9 @@ def test_api_operators_request_runs(operator: User, viewer: User) -> None:
 @pytest.mark.parametrize(
     "body",
     [
-        {"period_from": "2026-01-06T00:00:00Z", "period_to": "2026-01-05T00:00:00Z"},
         {"period_from": "yesterday"},
         {"period_to": 12},
+        {"period_start": "2026-01-05T00:00:00Z"},
     ],
 )
 def test_api_bad_periods_are_400(operator: User, body: dict[str, Any]) -> None:
@@ -442,3 +489,11 @@ def test_nightly_schedule_setting() -> None:
     app.loader.import_default_modules()
     names = {entry["task"] for entry in app.conf.beat_schedule.values()}
     assert {"clusterapi.tasks.nightly_report", "clusterapi.tasks.prune_heartbeats"} <= names
+
+
+def test_api_reversed_period_is_a_run_that_failed_saying_why(operator: User) -> None:
+    body = {"period_from": "2026-01-06T00:00:00Z", "period_to": "2026-01-05T00:00:00Z"}
+    response = api_for(operator).post("/api/v1/reports/", body, format="json")
+    assert response.status_code == 202
+    run = response.json()
+    assert run["state"] == "failed" and "not before its end" in run["error"]

@@ -33,7 +33,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--yesterday", action="store_true", help="the previous UTC day (as the nightly run)"
         )
-        parser.add_argument("--no-archive", action="store_true", help="report on the lake as it is")
+        parser.add_argument(
+            "--no-archive",
+            action="store_true",
+            help="no archive pass first (the samples not archived yet are read all the same)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         start = utc_time(options["start"]) if options["start"] else None
