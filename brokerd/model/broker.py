@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from brokerd.model.auth import UserDatabase
 from brokerd.model.errors import NOT_ALLOWED, ConnectionError_
+from brokerd.model.storage import MessageStore
 from brokerd.model.vhost import VirtualHost
 
 
@@ -23,11 +24,17 @@ class Limits:
 
 class Broker:
     def __init__(
-        self, users: UserDatabase, vhosts: list[str], limits: Limits | None = None
+        self,
+        users: UserDatabase,
+        vhosts: list[str],
+        limits: Limits | None = None,
+        store: MessageStore | None = None,
     ) -> None:
         self.users = users
         self.limits = limits or Limits()
-        self.vhosts: dict[str, VirtualHost] = {name: VirtualHost(name) for name in vhosts}
+        #: durable wiring and queue contents on disk (None: everything in memory)
+        self.store = store
+        self.vhosts: dict[str, VirtualHost] = {name: VirtualHost(name, store) for name in vhosts}
         # monotonic counters (the console's ``totals``); each is one integer
         # increment on its path, nothing more, because publish is benchmarked
         #: messages published by clients
@@ -50,7 +57,7 @@ class Broker:
 
     def add_vhost(self, name: str) -> VirtualHost:
         if name not in self.vhosts:
-            self.vhosts[name] = VirtualHost(name)
+            self.vhosts[name] = VirtualHost(name, self.store)
         return self.vhosts[name]
 
     def counters(self) -> dict[str, int]:

@@ -73,6 +73,28 @@ class QueueStore(Protocol):
         """The queue is gone: its records may go."""
 
 
+class MessageStore(Protocol):
+    """The store a broker keeps: durable wiring, and each queue's part."""
+
+    #: bytes of bodies a queue keeps in memory before it pages new ones out
+    page_limit: int
+
+    def queue_store(self, vhost: str, queue: Any) -> QueueStore:
+        """The store of a queue being declared (durable or not: any queue may page)."""
+
+    def exchange_declared(self, vhost: str, exchange: Any) -> None: ...
+
+    def exchange_deleted(self, vhost: str, name: str) -> None: ...
+
+    def queue_declared(self, vhost: str, queue: Any) -> None: ...
+
+    def queue_deleted(self, vhost: str, name: str) -> None: ...
+
+    def bound(self, vhost: str, binding: Any) -> None: ...
+
+    def unbound(self, vhost: str, binding: Any) -> None: ...
+
+
 class WiringRecorder(Protocol):
     """Durable wiring as it changes (a store keeps it across restarts)."""
 

@@ -23,6 +23,7 @@ from brokerd.model.exchange import DefaultMuxer, Exchange
 from brokerd.model.message import Message
 from brokerd.model.muxers import Binding, lookup
 from brokerd.model.queue import Destination, Queue, amqp_type_name, validate_queue_arguments
+from brokerd.model.storage import MessageStore
 
 PREDECLARED = (
     ("amq.direct", "direct"),
@@ -65,8 +66,10 @@ def _described(value: Any) -> str:
 
 
 class VirtualHost:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, store: MessageStore | None = None) -> None:
         self.name = name
+        #: where durable wiring is kept and queues get their part of the store
+        self.store = store
         self.queues: dict[str, Queue] = {}
         self.exchanges: dict[str, Exchange] = {}
         self.exchanges[""] = Exchange("", "direct", durable=True, muxer=DefaultMuxer(self.queues))
@@ -153,6 +156,8 @@ class VirtualHost:
             arguments=arguments,
         )
         self.exchanges[name] = exchange
+        if durable and self.store is not None:
+            self.store.exchange_declared(self.name, exchange)
         return exchange, True
 
     def delete_exchange(self, name: str, *, if_unused: bool = False) -> Exchange | None:
@@ -170,7 +175,8 @@ class VirtualHost:
         for binding in list(exchange.bindings.values()) + list(exchange.inbound.values()):
             self._drop_binding(binding)
         # dropping its last binding may already have auto-deleted an auto-delete exchange
-        self.exchanges.pop(name, None)
+        if self.exchanges.pop(name, None) is not None and exchange.durable and self.store:
+            self.store.exchange_deleted(self.name, name)
         return exchange
 
     # -- queues --------------------------------------------------------------
@@ -232,6 +238,12 @@ class VirtualHost:
         )
         if queue.on_unused is None:
             queue.on_unused = self.remove_queue
+        store = self.store
+        if store is not None:
+            queue.store = store.queue_store(self.name, queue)
+            queue.page_limit = store.page_limit
+            if durable and not exclusive:
+                store.queue_declared(self.name, queue)
         self.queues[name] = queue
         return queue, True
 
@@ -270,6 +282,11 @@ class VirtualHost:
             hook(queue)
         for binding in list(queue.bindings.values()):
             self._drop_binding(binding)
+        if queue.store is not None:
+            queue.store.deleted()  # its journal goes whole: no record per message
+            queue.store = None
+            if queue.durable and not queue.exclusive and self.store is not None:
+                self.store.queue_deleted(self.name, queue.name)
         queue.drop_all()
         for consumer in list(queue.consumers):
             queue.remove_consumer(consumer)
@@ -293,6 +310,8 @@ class VirtualHost:
                 destination.inbound if isinstance(destination, Exchange) else destination.bindings
             )
             target[(id(source), *binding.key[1:])] = binding
+            if self.store is not None and _durable_binding(binding):
+                self.store.bound(self.name, binding)
         return binding
 
     def unbind(
@@ -315,6 +334,8 @@ class VirtualHost:
         source.remove_binding(binding)
         target = destination.inbound if isinstance(destination, Exchange) else destination.bindings
         target.pop((id(source), *binding.key[1:]), None)
+        if self.store is not None and _durable_binding(binding):
+            self.store.unbound(self.name, binding)
         if source.auto_delete and not source.bindings and source.name in self.exchanges:
             self.delete_exchange(source.name)
 
@@ -362,3 +383,15 @@ class VirtualHost:
                     f"inequivalent arg '{field}' for {kind} '{name}' "
                     f"in vhost '{self.name}': {detail}"
                 )
+
+
+def _durable_binding(binding: Binding) -> bool:
+    """RabbitMQ keeps a binding across restarts when both its ends are durable (a
+    private queue never is: it goes with its connection)."""
+    source, destination = binding.source, binding.destination
+    return (
+        bool(source.name)
+        and source.durable
+        and getattr(destination, "durable", False)
+        and not getattr(destination, "exclusive", False)
+    )

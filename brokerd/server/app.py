@@ -27,6 +27,7 @@ from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError, serve_control
 from brokerd.server.login import LoginService
 from brokerd.server.metrics import MetricsServer
+from brokerd.store.disk import DiskStore
 
 log = logging.getLogger("brokerd.server")
 
@@ -61,7 +62,9 @@ class Server:
         self.cluster_config: ClusterConfig | None = None
         if options.cluster_file is not None:
             self.cluster_config = load_cluster_config(options.cluster_file)
-        self.broker = Broker(config.user_database(), config.vhosts, config.limits)
+        #: durable wiring and queue journals under the data directory
+        self.store = DiskStore(options.data_dir / "store")
+        self.broker = Broker(config.user_database(), config.vhosts, config.limits, self.store)
         self.cluster: ClusterController | None = None
         if self.cluster_config is not None:
             self._install_cluster_user(config)
@@ -144,6 +147,7 @@ class Server:
             "rates": self.rates,
             **self.counts(),  # the broker's totals() and the connection counts
             "totals": self.broker.counters(),
+            "store": self.store.describe(),
             "blocked": dict(self._blocks),
             "console": None
             if self.console is None
@@ -203,6 +207,12 @@ class Server:
         loop = asyncio.get_running_loop()
         self.options.data_dir.mkdir(parents=True, exist_ok=True)
         self._stopping = asyncio.Event()
+        # the cluster's queue types go in before recovery declares the durable queues,
+        # and recovery is done before any client can connect
+        if self.cluster_config is not None:
+            self._make_cluster(self.cluster_config)
+        self.store.recover(self.broker)
+        self.store.start()
         self._listener = await loop.create_server(
             lambda: AMQPProtocol(self),
             self.options.bind,
@@ -239,8 +249,9 @@ class Server:
                     exc.strerror,
                 )
                 raise
-        if self.cluster_config is not None:
-            await self._start_cluster(self.cluster_config)
+        if self.cluster is not None:
+            self.cluster.address = self.address
+            await self.cluster.start()
         if self.options.console_url:
             self.console = ConsoleLink(self, self.options.console_url, self.options.console_token)
             self.console.start()
@@ -252,7 +263,8 @@ class Server:
             self.options.data_dir,
         )
 
-    async def _start_cluster(self, config: ClusterConfig) -> None:
+    def _make_cluster(self, config: ClusterConfig) -> None:
+        """The controller (not started: it learns its address once listening)."""
         self.cluster = ClusterController(
             config,
             spid=self.spid,
@@ -269,7 +281,6 @@ class Server:
         vhost.exchanges[CLUSTER_EXCHANGE] = Exchange(
             CLUSTER_EXCHANGE, ClusterSink.type_name, durable=True, muxer=ClusterSink(self.cluster)
         )
-        await self.cluster.start()
 
     def _cluster_ready_changed(self, ready: bool, reason: str) -> None:
         """Admit connections waiting in connection.open; block or unblock publishers."""
@@ -341,6 +352,7 @@ class Server:
             if proto.transport is not None:
                 proto.transport.abort()
         self.logins.close()
+        await self.store.close()  # what is appended is on disk before the process ends
         log.info("stopped spid=%s", self.spid)
 
     async def _ticker(self) -> None:

@@ -62,12 +62,15 @@ class Segment:
 
 @dataclass
 class Where:
-    """Where a live message's enqueue record is: for paging and live counts."""
+    """Where a live message's enqueue record is: for paging, live counts, compaction."""
 
     segment: int
     body_offset: int
     body_length: int
     persistent: bool
+    #: the whole record (its framing included): compaction copies it as it is
+    record_offset: int = 0
+    record_length: int = 0
 
 
 @dataclass
@@ -104,6 +107,8 @@ class QueueJournal:
         self.current: Segment | None = None
         self.next_id = 1
         self.where: dict[int, Where] = {}
+        #: live messages delivered and not settled (recovery flags them redelivered)
+        self.acquired: set[int] = set()
         self._pending = Pending()
         self.closed = False
 
@@ -157,7 +162,14 @@ class QueueJournal:
         previous = self.where.get(jid)
         if previous is not None:  # written again by compaction: the old copy is dead
             self.segments[previous.segment].live -= 1
-        self.where[jid] = Where(segment.number, offset + len(head), len(body), persistent)
+        self.where[jid] = Where(
+            segment.number,
+            offset + len(head),
+            len(body),
+            persistent,
+            offset,
+            len(head) + len(body),
+        )
         segment.live += 1
         segment.total += 1
         return jid
@@ -168,9 +180,12 @@ class QueueJournal:
         segment, offset = self._segment_for(len(data))
         self._queue_write(segment, offset, [data])
         if kind == rec.DEQUEUE:
+            self.acquired.discard(jid)
             where = self.where.pop(jid, None)
             if where is not None:
                 self.segments[where.segment].live -= 1
+        elif kind == rec.ACQUIRE:
+            self.acquired.add(jid)
 
     @property
     def dirty(self) -> bool:
@@ -239,6 +254,7 @@ class QueueJournal:
         log line; appends continue in a new segment."""
         self.dir.mkdir(parents=True, exist_ok=True)
         found: dict[int, tuple[rec.Enqueue, int]] = {}
+        offsets: dict[int, int] = {}
         acquired: set[int] = set()
         highest = 0
         numbers = sorted(
@@ -248,6 +264,7 @@ class QueueJournal:
             path = self.dir / f"{number:08d}.seg"
             data = path.read_bytes()
             records, end, problem = rec.scan(data)
+            starts = rec.starts(data, len(records))
             if problem is not None:
                 log.warning(
                     "journal %s segment %d: %s; %d records before it kept",
@@ -259,10 +276,11 @@ class QueueJournal:
             segment = Segment(number, path, max(len(data), self.segment_size), end, end)
             segment.allocated = True
             self.segments[number] = segment
-            for r in records:
+            for r, start in zip(records, starts, strict=True):
                 highest = max(highest, r.id)
                 if isinstance(r, rec.Enqueue):
                     found[r.id] = (r, number)
+                    offsets[r.id] = start
                     segment.total += 1
                 elif r.kind == rec.DEQUEUE:
                     found.pop(r.id, None)
@@ -275,8 +293,18 @@ class QueueJournal:
             self.next_id = max(self.next_id, jid + 1)
             if not enqueue.persistent:
                 continue
-            self.where[jid] = Where(number, enqueue.body_offset, len(enqueue.body), True)
+            head = enqueue.body_offset - offsets[jid]
+            self.where[jid] = Where(
+                number,
+                enqueue.body_offset,
+                len(enqueue.body),
+                True,
+                offsets[jid],
+                head + len(enqueue.body),
+            )
             self.segments[number].live += 1
+            if jid in acquired:
+                self.acquired.add(jid)
             out.append(
                 Recovered(
                     jid,
@@ -293,25 +321,49 @@ class QueueJournal:
 
     # -- compaction and removal -------------------------------------------------------------------
 
-    def collectable(self) -> list[Segment]:
-        """Segments no live message needs any more (never the one being written)."""
-        return [
-            s
-            for s in self.segments.values()
-            if s is not self.current and s.live <= 0 and s.durable >= s.tail
-        ]
+    def oldest(self) -> Segment | None:
+        """The oldest segment, unless it is the one being written or not yet on disk.
 
-    def sparse(self) -> list[Segment]:
-        """Old segments mostly dead: worth writing their live records again."""
-        return [
-            s
-            for s in self.segments.values()
-            if s is not self.current
-            and s.live > 0
-            and s.total
-            and s.live / s.total < COMPACT_BELOW
-            and s.durable >= s.tail
-        ]
+        Segments go oldest first only: a segment's DEQUEUE records may settle
+        messages enqueued in older ones, so deleting it while those remain would
+        bring settled messages back on recovery."""
+        if not self.segments:
+            return None
+        segment = self.segments[min(self.segments)]
+        if segment is self.current or segment.durable < segment.tail:
+            return None
+        return segment
+
+    def sparse(self, segment: Segment) -> bool:
+        """Mostly dead: worth copying its live records to the head to free it."""
+        return segment.total > 0 and segment.live / segment.total < COMPACT_BELOW
+
+    def copy_live(self, segment: Segment) -> int:
+        """Append the segment's live enqueue records again (same ids; those delivered
+        and unsettled flagged redelivered, their ACQUIRE being in the old segment);
+        the segment is dead once they are on disk. Returns how many."""
+        moved = 0
+        fd = segment.open()
+        for jid, where in list(self.where.items()):
+            if where.segment != segment.number:
+                continue
+            raw = os.pread(fd, where.record_length, where.record_offset)
+            records, _end, problem = rec.scan(raw)
+            if problem is not None or len(records) != 1:
+                raise rec.JournalError(f"message {jid} unreadable in {segment.path}: {problem}")
+            record = records[0]
+            assert isinstance(record, rec.Enqueue)
+            self.enqueue(
+                record.exchange,
+                record.routing_key,
+                record.props,
+                record.body,
+                persistent=record.persistent,
+                redelivered=bool(record.flags & rec.REDELIVERED) or jid in self.acquired,
+                id=jid,
+            )
+            moved += 1
+        return moved
 
     def remove(self, segment: Segment) -> None:
         segment.close()

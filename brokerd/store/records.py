@@ -128,6 +128,17 @@ def decode_payload(payload: bytes, offset: int = 0) -> Record:
     raise JournalError(f"unknown journal record type {kind}")
 
 
+def starts(data: bytes | memoryview, count: int, start: int = 0) -> list[int]:
+    """Where each of the first ``count`` records begins (their lengths chain them)."""
+    out = []
+    pos = start
+    for _ in range(count):
+        out.append(pos)
+        (length,) = struct.unpack_from("!I", data, pos)
+        pos += HEADER.size + length
+    return out
+
+
 def scan(data: bytes | memoryview, start: int = 0) -> tuple[list[Record], int, str | None]:
     """Every whole, intact record of a segment from ``start``; returns the records,
     where the intact part ends, and why reading stopped early (None: at the end)."""
