@@ -55,11 +55,22 @@ PERMISSION_KINDS = ("configure", "write", "read")
 
 
 @dataclass
+class StoreSettings:
+    """``[store]``: how the disk store keeps messages (DATA_DIR/store)."""
+
+    #: bytes of message bodies a queue keeps in memory before paging new ones to disk
+    queue_memory_limit: int = 64 * 1024 * 1024
+    #: size of a journal segment file
+    segment_size: int = 16 * 1024 * 1024
+
+
+@dataclass
 class BrokerConfig:
     vhosts: list[str] = field(default_factory=lambda: ["/"])
     users: list[User] = field(default_factory=list)
     permissions: list[tuple[str, str, Permission]] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
+    store: StoreSettings = field(default_factory=StoreSettings)
 
     def user_database(self) -> UserDatabase:
         db = UserDatabase()
@@ -184,8 +195,49 @@ def parse_vhost_name(value: object, key: str) -> str:
     return value
 
 
+_SIZE = re.compile(r"\s*([0-9]+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*", re.IGNORECASE)
+_UNITS = {
+    "b": 1,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+}
+
+
+def parse_size(value: object, key: str, *, minimum: int = 1) -> int:
+    """A size in bytes: an integer, or a string such as "64MiB" (RabbitMQ's units)."""
+    if _is_int(value):
+        size = int(value)  # type: ignore[arg-type]
+    elif isinstance(value, str) and (match := _SIZE.fullmatch(value)):
+        size = int(match[1]) * _UNITS[(match[2] or "B").lower()]
+    else:
+        raise ConfigError(f'{key}: must be a number of bytes or a size like "64MiB"')
+    if size < minimum:
+        raise ConfigError(f"{key}: must be at least {minimum} bytes")
+    return size
+
+
+def parse_store(raw: object, key: str) -> StoreSettings:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{key}: must be a table")
+    _check_keys(raw, frozenset({"queue_memory_limit", "segment_size"}), key)
+    settings = StoreSettings()
+    if "queue_memory_limit" in raw:
+        settings.queue_memory_limit = parse_size(
+            raw["queue_memory_limit"], f"{key}.queue_memory_limit", minimum=0
+        )
+    if "segment_size" in raw:
+        settings.segment_size = parse_size(
+            raw["segment_size"], f"{key}.segment_size", minimum=64 * 1024
+        )
+    return settings
+
+
 def parse_config(raw: dict[str, Any], where: str = "config") -> BrokerConfig:
-    unknown = set(raw) - {"limits", "vhosts", "users", "permissions"}
+    unknown = set(raw) - {"limits", "vhosts", "users", "permissions", "store"}
     if unknown:
         raise ConfigError(f"{where}: unknown section(s) {', '.join(sorted(unknown))}")
     for section in ("vhosts", "users", "permissions"):
@@ -194,6 +246,7 @@ def parse_config(raw: dict[str, Any], where: str = "config") -> BrokerConfig:
             raise ConfigError(f"{where}: '{section}' must be an array of tables ([[{section}]])")
     config = BrokerConfig(vhosts=[], users=[], permissions=[])
     config.limits = parse_limits(raw.get("limits", {}), f"{where}: limits")
+    config.store = parse_store(raw.get("store", {}), f"{where}: store")
     for i, entry in enumerate(raw.get("vhosts", [{"name": "/"}])):
         config.vhosts.append(parse_vhost_name(entry.get("name"), f"{where}: vhosts[{i}].name"))
     for i, entry in enumerate(raw.get("users", [])):

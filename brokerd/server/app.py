@@ -63,7 +63,11 @@ class Server:
         if options.cluster_file is not None:
             self.cluster_config = load_cluster_config(options.cluster_file)
         #: durable wiring and queue journals under the data directory
-        self.store = DiskStore(options.data_dir / "store")
+        self.store = DiskStore(
+            options.data_dir / "store",
+            segment_size=config.store.segment_size,
+            page_limit=config.store.queue_memory_limit,
+        )
         self.broker = Broker(config.user_database(), config.vhosts, config.limits, self.store)
         self.cluster: ClusterController | None = None
         if self.cluster_config is not None:
@@ -399,6 +403,11 @@ class Server:
         self.config = config
         self.broker.users = config.user_database()
         self.broker.limits = config.limits
+        if config.store.queue_memory_limit != self.store.page_limit:
+            self.store.page_limit = config.store.queue_memory_limit
+            for vhost in self.broker.vhosts.values():
+                for queue in vhost.queues.values():
+                    queue.page_limit = config.store.queue_memory_limit
         if self.cluster_config is not None:
             self._install_cluster_user(config)
         for name in config.vhosts:
