@@ -175,6 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="runs per scenario and broker; the median is reported (default 1)",
     )
     what.add_argument(
+        "--persistent",
+        action="store_true",
+        help="durable queues and persistent messages (delivery mode 2): the disk path, "
+        "confirms waiting for the journal (RabbitMQ: durable classic queues)",
+    )
+    what.add_argument(
         "--body-size",
         type=_positive_int,
         default=None,
@@ -245,6 +251,7 @@ def options_from(args: argparse.Namespace) -> Options:
         fanout_layout=args.fanout_layout,
         consumer_procs=args.consumer_procs,
         body_size=args.body_size,
+        persistent=args.persistent,
     )
 
 
@@ -283,6 +290,8 @@ def summarise(label: str, scenario: str, runs: list[dict[str, Any]]) -> dict[str
 
 def _row_metric(scenario: str, queues: int) -> str:
     s = SCENARIOS[scenario]
+    if s.persistent and not s.consumers:
+        return "messages stored/s (persistent, confirmed)"
     if s.fanout and s.consumers:
         return f"deliveries/s (total, Q={queues})"
     if s.fanout:

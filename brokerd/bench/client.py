@@ -220,8 +220,9 @@ class Client:
         *,
         passive: bool = False,
         arguments: dict[str, Any] | None = None,
+        durable: bool = False,
     ) -> commands.Queue.DeclareOk:
-        durable = bool(arguments and arguments.get("x-queue-type") == "quorum")
+        durable = durable or bool(arguments and arguments.get("x-queue-type") == "quorum")
         return self.rpc(
             channel,
             commands.Queue.Declare(

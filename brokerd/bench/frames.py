@@ -84,11 +84,12 @@ def method_frame(channel: int, method: Method) -> bytes:
     return frame.marshal(method, channel)
 
 
-def content_frames(channel: int, body: bytes, frame_max: int) -> bytes:
-    """A content header (no properties) and the body frames frame_max requires."""
-    parts = [
-        frame.marshal(header.ContentHeader(0, len(body), commands.Basic.Properties()), channel)
-    ]
+def content_frames(channel: int, body: bytes, frame_max: int, persistent: bool = False) -> bytes:
+    """A content header (no properties, or delivery-mode 2) and the body frames."""
+    props = (
+        commands.Basic.Properties(delivery_mode=2) if persistent else commands.Basic.Properties()
+    )
+    parts = [frame.marshal(header.ContentHeader(0, len(body), props), channel)]
     chunk = frame_max - 8
     for start in range(0, len(body), chunk):
         parts.append(frame.marshal(pbody.ContentBody(body[start : start + chunk]), channel))
@@ -96,18 +97,29 @@ def content_frames(channel: int, body: bytes, frame_max: int) -> bytes:
 
 
 def publish_frames(
-    channel: int, exchange: str, routing_key: str, body: bytes, frame_max: int
+    channel: int,
+    exchange: str,
+    routing_key: str,
+    body: bytes,
+    frame_max: int,
+    persistent: bool = False,
 ) -> bytes:
     """One message: basic.publish, its content header and its body frame(s)."""
     method = commands.Basic.Publish(exchange=exchange, routing_key=routing_key)
-    return method_frame(channel, method) + content_frames(channel, body, frame_max)
+    return method_frame(channel, method) + content_frames(channel, body, frame_max, persistent)
 
 
 def publish_batch(
-    channel: int, exchange: str, routing_key: str, body: bytes, count: int, frame_max: int
+    channel: int,
+    exchange: str,
+    routing_key: str,
+    body: bytes,
+    count: int,
+    frame_max: int,
+    persistent: bool = False,
 ) -> bytes:
     """``count`` identical messages back to back, to be written with one ``sendall``."""
-    return publish_frames(channel, exchange, routing_key, body, frame_max) * count
+    return publish_frames(channel, exchange, routing_key, body, frame_max, persistent) * count
 
 
 def make_body(size: int) -> bytes:

@@ -46,6 +46,8 @@ class Scenario:
     consumers: bool
     metric: str
     description: str
+    #: durable queue, persistent messages (the store's disk path)
+    persistent: bool = False
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -85,6 +87,26 @@ SCENARIOS: dict[str, Scenario] = {
             description="fanout exchange into Q queues, one no-ack consumer per queue: "
             "total deliveries per second",
         ),
+        Scenario(
+            "durable-250",
+            250,
+            fanout=False,
+            consumers=False,
+            metric="stored/s",
+            description="one durable queue, persistent 250-byte messages, no consumer: "
+            "messages confirmed (on disk) per second",
+            persistent=True,
+        ),
+        Scenario(
+            "durable-4k",
+            4096,
+            fanout=False,
+            consumers=False,
+            metric="stored/s",
+            description="one durable queue, persistent 4 KiB messages, no consumer: "
+            "messages confirmed (on disk) per second",
+            persistent=True,
+        ),
     )
 }
 
@@ -113,6 +135,8 @@ class Options:
     consume_url: str | None = None
     #: arguments of the declared queues (e.g. {"x-queue-type": "quorum"})
     queue_arguments: dict[str, Any] | None = None
+    #: durable queues and persistent (delivery-mode 2) messages: the disk path
+    persistent: bool = False
 
 
 class BenchError(Exception):
@@ -144,6 +168,7 @@ class Run:
         tag = f"rookery-bench-{os.getpid()}-{int(time.time() * 1000) % 100000}-{scenario.name}"
         self.queue_names = [f"{tag}-q{i}" for i in range(self.nqueues)]
         self.exchange = f"{tag}-fanout" if scenario.fanout else ""
+        self.persistent = options.persistent or scenario.persistent
         self.control: Client | None = None
         self.channel = 0
         self.procs: list[Any] = []
@@ -167,7 +192,7 @@ class Run:
             c.exchange_declare(ch, self.exchange, "fanout")
             self.declared_exchange = True
         for name in self.queue_names:
-            c.queue_declare(ch, name, arguments=self.opts.queue_arguments)
+            c.queue_declare(ch, name, arguments=self.opts.queue_arguments, durable=self.persistent)
             self.declared_queues.append(name)
             if self.scenario.fanout:
                 c.queue_bind(ch, name, self.exchange)
@@ -233,6 +258,7 @@ class Run:
             window=self.opts.confirm_window,
             max_backlog=self.opts.max_backlog if self.scenario.consumers else 0,
             backlog_queues=list(range(self.nqueues)) if self.scenario.consumers else [],
+            persistent=self.persistent,
         )
         slot = len(groups)
         proc = ctx.Process(target=run_publisher, args=(pcfg, shared, slot), name="bench-publisher")

@@ -58,6 +58,8 @@ class PublisherConfig:
     #: most messages published but not yet delivered from the slowest of ``backlog_queues``
     max_backlog: int = 0
     backlog_queues: list[int] = field(default_factory=list)
+    #: delivery-mode 2 (stored on disk by a durable queue)
+    persistent: bool = False
 
 
 @dataclass
@@ -142,7 +144,13 @@ def _publisher(cfg: PublisherConfig, shared: Shared, slot: int) -> None:
     body = frames.make_body(cfg.body_size)
     batch_size = cfg.batch
     batch = frames.publish_batch(
-        channel, cfg.exchange, cfg.routing_key, body, batch_size, client.frame_max
+        channel,
+        cfg.exchange,
+        cfg.routing_key,
+        body,
+        batch_size,
+        client.frame_max,
+        cfg.persistent,
     )
     sock = client.sock
     assert sock is not None

@@ -60,7 +60,7 @@ class Segment:
             self.fd = -1
 
 
-@dataclass
+@dataclass(slots=True)
 class Where:
     """Where a live message's enqueue record is: for paging, live counts, compaction."""
 
@@ -73,7 +73,7 @@ class Where:
     record_length: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class Recovered:
     """A message rebuilt from the journal."""
 
@@ -92,6 +92,9 @@ class Pending:
     writes: list[tuple[Segment, int, list[bytes]]] = field(default_factory=list)
     #: each segment's tail once these writes are done
     tails: dict[int, int] = field(default_factory=dict)
+    #: the segment and end offset of the last write (appends to it extend it)
+    last: Segment | None = None
+    end: int = -1
 
     def __bool__(self) -> bool:
         return bool(self.writes)
@@ -131,15 +134,14 @@ class QueueJournal:
         return current, offset
 
     def _queue_write(self, segment: Segment, offset: int, parts: list[bytes]) -> None:
-        writes = self._pending.writes
-        if writes and writes[-1][0] is segment:
-            _last_segment, last_offset, last_parts = writes[-1]
-            if last_offset + sum(len(p) for p in last_parts) == offset:
-                last_parts.extend(parts)
-                self._pending.tails[segment.number] = segment.tail
-                return
-        writes.append((segment, offset, parts))
-        self._pending.tails[segment.number] = segment.tail
+        pending = self._pending
+        if pending.last is segment and pending.end == offset:
+            pending.writes[-1][2].extend(parts)  # contiguous: one pwrite for the run
+        else:
+            pending.writes.append((segment, offset, parts))
+            pending.last = segment
+        pending.end = segment.tail
+        pending.tails[segment.number] = segment.tail
 
     def enqueue(
         self,
@@ -253,8 +255,7 @@ class QueueJournal:
         been delivered. A torn or corrupt record ends its segment's reading, with a
         log line; appends continue in a new segment."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        found: dict[int, tuple[rec.Enqueue, int]] = {}
-        offsets: dict[int, int] = {}
+        found: dict[int, tuple[rec.Raw, int]] = {}
         acquired: set[int] = set()
         highest = 0
         numbers = sorted(
@@ -263,8 +264,8 @@ class QueueJournal:
         for number in numbers:
             path = self.dir / f"{number:08d}.seg"
             data = path.read_bytes()
-            records, end, problem = rec.scan(data)
-            starts = rec.starts(data, len(records))
+            records, end, problem = rec.scan_fast(data)
+            del data  # the records keep only their strings and blobs
             if problem is not None:
                 log.warning(
                     "journal %s segment %d: %s; %d records before it kept",
@@ -273,48 +274,37 @@ class QueueJournal:
                     problem,
                     len(records),
                 )
-            segment = Segment(number, path, max(len(data), self.segment_size), end, end)
+            segment = Segment(number, path, max(end, self.segment_size), end, end)
             segment.allocated = True
             self.segments[number] = segment
-            for r, start in zip(records, starts, strict=True):
-                highest = max(highest, r.id)
-                if isinstance(r, rec.Enqueue):
-                    found[r.id] = (r, number)
-                    offsets[r.id] = start
-                    segment.total += 1
-                elif r.kind == rec.DEQUEUE:
-                    found.pop(r.id, None)
-                    acquired.discard(r.id)
-                elif r.kind == rec.ACQUIRE:
-                    acquired.add(r.id)
+            enqueued = 0
+            for r in records:
+                kind, jid = r[0], r[1]
+                if jid > highest:
+                    highest = jid
+                if kind == rec.ENQUEUE:
+                    found[jid] = (r, number)
+                    enqueued += 1
+                elif kind == rec.DEQUEUE:
+                    found.pop(jid, None)
+                    acquired.discard(jid)
+                elif kind == rec.ACQUIRE:
+                    acquired.add(jid)
+            segment.total = enqueued
         out = []
+        where = self.where
+        segments = self.segments
         for jid in sorted(found):
-            enqueue, number = found[jid]
-            self.next_id = max(self.next_id, jid + 1)
-            if not enqueue.persistent:
+            r, number = found[jid]
+            _k, _id, offset, length, flags, exchange, routing_key, props, body, body_offset = r
+            if not flags & rec.PERSISTENT:
                 continue
-            head = enqueue.body_offset - offsets[jid]
-            self.where[jid] = Where(
-                number,
-                enqueue.body_offset,
-                len(enqueue.body),
-                True,
-                offsets[jid],
-                head + len(enqueue.body),
-            )
-            self.segments[number].live += 1
+            where[jid] = Where(number, body_offset, len(body), True, offset, length)
+            segments[number].live += 1
+            redelivered = bool(flags & rec.REDELIVERED) or jid in acquired
             if jid in acquired:
                 self.acquired.add(jid)
-            out.append(
-                Recovered(
-                    jid,
-                    enqueue.exchange,
-                    enqueue.routing_key,
-                    enqueue.props,
-                    enqueue.body,
-                    bool(enqueue.flags & rec.REDELIVERED) or jid in acquired,
-                )
-            )
+            out.append(Recovered(jid, exchange, routing_key, props, body, redelivered))
         self.next_id = max(self.next_id, highest + 1)
         self.current = None  # appends start a segment of their own
         return out
