@@ -258,6 +258,7 @@ class Server:
             await self.cluster.start()
         if self.options.console_url:
             self.console = ConsoleLink(self, self.options.console_url, self.options.console_token)
+            self._restore_console_config(self.console)
             self.console.start()
         log.info(
             "listening spid=%s bind=%s port=%d data_dir=%s",
@@ -266,6 +267,23 @@ class Server:
             self.port,
             self.options.data_dir,
         )
+
+    def _restore_console_config(self, console: ConsoleLink) -> None:
+        """The last configuration the console applied (users, vhosts, permissions,
+        limits, cluster timing), from the store: in force again before the console
+        answers. The console still pushes its current version on hello."""
+        stored = self.store.wiring.setting("console_config")
+        if not isinstance(stored, dict):
+            return
+        try:
+            result = console.commands.apply(stored)
+        except Exception as exc:  # a document this version refuses: the files rule
+            log.error("stored console configuration not applied: %s", exc)
+            return
+        # what the console pushes next is newer by definition (it may be a new console
+        # whose push serials start again at 1)
+        console.commands.config_serial = None
+        log.warning("stored console configuration version=%s in force", result["config_version"])
 
     def _make_cluster(self, config: ClusterConfig) -> None:
         """The controller (not started: it learns its address once listening)."""

@@ -442,3 +442,32 @@ def test_a_token_starting_with_a_dash_is_accepted(tmp_path: Path, form: str):
     finally:
         proc.stop()
         console.stop()
+
+
+def test_an_applied_configuration_survives_a_restart_without_the_console(tmp_path: Path) -> None:
+    """Users pushed by the console are kept with the durable wiring: after kill -9 and a
+    restart with the console down, the broker runs them at once."""
+    console = FakeConsole().start()
+    proc = start_broker(tmp_path / "b", console)
+    try:
+        console.wait_for(lambda: console.messages("status"), what="first status")
+        config = {
+            "vhosts": ["/"],
+            "users": [
+                {"name": "guest", "password_hash": hash_password("guest"), "tags": []},
+                {"name": "kept", "password_hash": hash_password("k3pt-pw"), "tags": []},
+            ],
+            "permissions": [{"user": "guest", "vhost": "/"}, {"user": "kept", "vhost": "/"}],
+        }
+        assert console.command("config.apply", {"version": 3, "config": config})["ok"]
+        console.stop()
+        assert proc.proc is not None
+        proc.proc.kill()
+        proc.proc.wait(10)
+        proc.start()
+        with amqp(proc, "kept", "k3pt-pw") as conn:
+            assert conn.channel().queue_declare("", exclusive=True).method.queue
+        assert "stored console configuration version=3 in force" in proc.log_text()
+    finally:
+        proc.stop()
+        console.stop()
