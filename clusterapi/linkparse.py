@@ -244,3 +244,24 @@ def key_text(entry: dict[str, Any], key: str, where: str, required: bool = True)
     if len(value) > 255:
         raise LinkProtocolError(f"{where}.{key} is longer than 255 characters")
     return value
+
+
+#: a queue's consumers are spread over at most this many servers (a cluster's size)
+MAX_CONSUMER_SERVERS = 256
+
+
+def consumer_servers(entry: dict[str, Any], where: str) -> dict[str, int]:
+    """A shared master's ``{spid: consumers}``, servers without consumers left out
+    (so a lookup by spid finds only servers that have some)."""
+    raw = optional(entry, "consumer_servers", dict, where, {})
+    if len(raw) > MAX_CONSUMER_SERVERS:
+        raise LinkProtocolError(f"{where}.consumer_servers has more than 256 servers")
+    spread = {}
+    for spid, n in raw.items():
+        if not spid or len(spid) > 64 or isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise LinkProtocolError(
+                f"{where}.consumer_servers must map spids (1 to 64 characters) to counts"
+            )
+        if n:
+            spread[spid] = n
+    return spread

@@ -39,9 +39,12 @@ QUEUE_SNAPSHOT_COLUMNS = (
     "exclusive",
     "auto_delete",
     "shared",
+    "master",
     "messages",
     "unacked",
     "consumers",
+    "local_consumers",
+    "consumer_servers",
     "enqueued",
     "delivered",
     "arguments",
@@ -93,6 +96,12 @@ def apply_queues(link: LinkState, section: Section, full: bool, now: dt.datetime
         messages = linkparse.count(entry, "messages", where)
         unacked = linkparse.count(entry, "unacked", where)
         consumers = linkparse.count(entry, "consumers", where)
+        shared = bool(entry.get("shared"))
+        master = linkparse.optional(entry, "master", bool, where, True)
+        spread = linkparse.consumer_servers(entry, where)
+        local = consumers
+        if shared and master and "consumer_servers" in entry:
+            local = spread.get(link.spid, 0)  # a master counts every server's consumers
         rows.append(
             (
                 broker_id,
@@ -101,10 +110,13 @@ def apply_queues(link: LinkState, section: Section, full: bool, now: dt.datetime
                 bool(entry.get("durable")),
                 bool(entry.get("exclusive")),
                 bool(entry.get("auto_delete")),
-                bool(entry.get("shared")),
+                shared,
+                master,
                 messages,
                 unacked,
                 consumers,
+                local,
+                json_field.get_db_prep_save(spread, connection),
                 enqueued,
                 delivered,
                 json_field.get_db_prep_save(linkparse.arguments(entry, where), connection),
@@ -201,6 +213,7 @@ def apply_exchanges(broker_id: int, section: Section, full: bool, now: dt.dateti
                 durable=bool(entry.get("durable")),
                 auto_delete=bool(entry.get("auto_delete")),
                 internal=bool(entry.get("internal")),
+                shared=bool(entry.get("shared")),
                 arguments=linkparse.arguments(entry, where),
                 updated_at=now,
             ),
@@ -214,7 +227,7 @@ def apply_exchanges(broker_id: int, section: Section, full: bool, now: dt.dateti
         ExchangeSnapshot,
         list(rows.values()),
         ["broker", "vhost", "name"],
-        ["type", "durable", "auto_delete", "internal", "arguments", "updated_at"],
+        ["type", "durable", "auto_delete", "internal", "shared", "arguments", "updated_at"],
     )
 
 
@@ -240,6 +253,7 @@ def apply_bindings(broker_id: int, section: Section, full: bool, now: dt.datetim
             BindingSnapshot(
                 broker_id=broker_id,
                 **dict(zip(BINDING_KEY, key, strict=True)),
+                shared=bool(entry.get("shared")),
                 arguments=linkparse.arguments(entry, where),
                 updated_at=now,
             ),
@@ -249,7 +263,10 @@ def apply_bindings(broker_id: int, section: Section, full: bool, now: dt.datetim
     else:
         _delete_keys(BindingSnapshot, broker_id, BINDING_KEY, section.remove)
     _upsert(
-        BindingSnapshot, list(rows.values()), ["broker", *BINDING_KEY], ["arguments", "updated_at"]
+        BindingSnapshot,
+        list(rows.values()),
+        ["broker", *BINDING_KEY],
+        ["shared", "arguments", "updated_at"],
     )
 
 
