@@ -8,10 +8,12 @@ B and of C (two queues with one name); wiring of the cluster vhost is on A, B, C
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -44,6 +46,7 @@ def brokers() -> dict[str, Broker]:
             name=name,
             spid=f"spid-{name[-1]}",
             broker_type="standalone" if name == S else "primary",
+            cluster="" if name == S else "test",
             state="up",
             is_root=name == A,
             counts={"messages_ready": {A: 4, B: 0, C: 1, S: 2}[name]},
@@ -227,3 +230,76 @@ def test_cluster_counts_count_shared_objects_once(
     held = {b["name"]: b["queues_held"] for b in listed(api, "/api/v1/brokers/")}
     assert held == {A: 1, B: 1, C: 1, S: 0}
     assert api.get(f"/api/v1/brokers/{B}/").json()["queues_held"] == 1
+
+
+# -- the dashboard shows the same ------------------------------------------------------------
+
+
+@pytest.fixture
+def page() -> Client:
+    client = Client()
+    client.force_login(User.objects.create_user("reader", password="pw-reader-1"))
+    return client
+
+
+def rows_of(html: str, attribute: str, value: str) -> list[str]:
+    """The opening tags of the table rows with ``attribute="value"``."""
+    return re.findall(rf'<tr {attribute}="{re.escape(value)}"[^>]*>', html)
+
+
+def test_the_queues_page_lists_a_shared_queue_once_with_where_its_consumers_are(
+    page: Client, brokers: dict[str, Broker]
+) -> None:
+    html = page.get("/queues/").content.decode()
+    [jobs] = rows_of(html, "data-queue", "jobs")
+    assert f'data-broker="{A}"' in jobs and 'data-master="true"' in jobs
+    assert len(rows_of(html, "data-queue", "mine")) == 2  # private: per broker
+    assert f'<span class="spread" data-broker="{B}">' in html
+    assert "3 queues across the cluster" in html
+    # the same filters as the API: consumers on C is the shared queue only
+    html = page.get(f"/queues/?consumers_on={C}").content.decode()
+    assert len(rows_of(html, "data-queue", "jobs")) == 1 and "mine" not in html
+
+
+def test_a_queue_page_shows_the_master_and_every_proxy(
+    page: Client, brokers: dict[str, Broker]
+) -> None:
+    proxy = QueueSnapshot.objects.get(broker=brokers[C], name="jobs")
+    html = page.get(f"/queues/{proxy.pk}/").content.decode()
+    assert "shared: one queue for the whole cluster" in html
+    assert re.search(rf'id="queue-master"><a href="/brokers/{re.escape(A)}/">', html)
+    assert 'id="queue-ready">4<' in html
+    table = html[html.index('id="per-broker"') :]
+    roles = re.findall(r'<td class="role">(\w+)</td>', table)
+    assert roles == ["master", "proxy", "proxy"]
+    assert 'ws-connect="/ws/dashboard/?page=queue&amp;id=' in html
+    assert page.get("/queues/999999/").status_code == 404
+
+
+def test_wiring_pages_list_shared_objects_once_with_their_brokers(
+    page: Client, brokers: dict[str, Broker]
+) -> None:
+    html = page.get("/exchanges/?name=work").content.decode()
+    assert len(rows_of(html, "data-exchange", "work")) == 2  # the shared one, and S's own
+    assert ">3 brokers</a>" in html
+    shared = ExchangeSnapshot.objects.get(broker=brokers[B], name="work")
+    html = page.get(f"/exchanges/{shared.pk}/").content.decode()
+    assert "3 brokers</caption>" in html and 'id="not-reported"' not in html
+    ExchangeSnapshot.objects.filter(broker=brokers[C], name="work").delete()
+    html = page.get(f"/exchanges/{shared.pk}/").content.decode()
+    assert f"Not reported by {C}" in html  # not replicated there (yet)
+    html = page.get("/bindings/").content.decode()
+    assert len(rows_of(html, "data-binding", "work|jobs|j")) == 1
+    assert len(rows_of(html, "data-binding", "work|mine|m")) == 1
+
+
+def test_overview_and_broker_pages_count_shared_queues_once(
+    page: Client, brokers: dict[str, Broker]
+) -> None:
+    html = page.get("/").content.decode()
+    assert 'id="overview-queues">3<' in html and "1 shared, each counted once" in html
+    assert 'id="overview-wiring">2 exchanges<' in html
+    assert re.findall(r'<td class="num queues-held">(\d+)</td>', html) == ["1", "1", "1", "0"]
+    html = page.get(f"/brokers/{B}/").content.decode()
+    assert "1 of them is a proxy" in html
+    assert re.search(r'<tr data-queue="jobs"[^>]*data-master="false"', html)
