@@ -85,12 +85,14 @@ class ConsumersOnFilter(BrokerRefFilter):
 
 class QueueFilter(filters.FilterSet):
     broker = BrokerRefFilter(
+        label="Held by",
         help_text="broker id or name (host:port) holding the queue's messages: a shared "
         "queue matches the broker that masters it (the root), not the brokers it has "
-        "consumers on (see consumers_on)"
+        "consumers on (see consumers_on)",
     )
     consumers_on = ConsumersOnFilter(
         field_name="broker",
+        label="Consumers on",
         help_text="broker id or name (host:port): queues with consumers connected to that "
         "broker, as it reports them (shared queues it has consumers on, and its own)",
     )
@@ -113,8 +115,9 @@ class QueueFilter(filters.FilterSet):
 
 class ExchangeFilter(filters.FilterSet):
     broker = ReportedByFilter(
+        label="On broker",
         help_text="broker id or name (host:port) that has the exchange: its own, and every "
-        "shared exchange (the cluster's wiring is on every server)"
+        "shared exchange (the cluster's wiring is on every server)",
     )
     name_contains = filters.CharFilter(field_name="name", lookup_expr="icontains")
 
@@ -125,8 +128,9 @@ class ExchangeFilter(filters.FilterSet):
 
 class BindingFilter(filters.FilterSet):
     broker = ReportedByFilter(
+        label="On broker",
         help_text="broker id or name (host:port) that has the binding: its private queues' "
-        "bindings, and every shared one"
+        "bindings, and every shared one",
     )
 
     class Meta:
