@@ -274,6 +274,9 @@ def test_a_queue_page_shows_the_master_and_every_proxy(
     assert roles == ["master", "proxy", "proxy"]
     assert 'ws-connect="/ws/dashboard/?page=queue&amp;id=' in html
     assert page.get("/queues/999999/").status_code == 404
+    assert page.get("/queues/99999999999999999999/").status_code == 404
+    anonymous = Client().get(f"/queues/{proxy.pk}/")
+    assert anonymous.status_code == 302 and "/accounts/login/" in anonymous["Location"]
 
 
 def test_wiring_pages_list_shared_objects_once_with_their_brokers(
