@@ -28,7 +28,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from clusterapi import alarms, cluster, commands, objects
-from clusterapi.api import filters, serializers
+from clusterapi.api import filters, object_serializers, serializers
 from clusterapi.api.permissions import IsOperatorOrReadOnly
 from clusterapi.api.schema import errors
 from clusterapi.api.strict import StrictFilterBackend, StrictPagination, StrictSerializer
@@ -233,8 +233,8 @@ class ClusterObjectViewSet(ReadOnlyViewSet):
 class QueueViewSet(ClusterObjectViewSet):
     queryset = objects.queues()
     detail_queryset = QueueSnapshot.objects.select_related("broker")
-    serializer_class = serializers.QueueSerializer
-    detail_serializer_class = serializers.QueueDetailSerializer
+    serializer_class = object_serializers.QueueSerializer
+    detail_serializer_class = object_serializers.QueueDetailSerializer
     filterset_class = filters.QueueFilter
 
 
@@ -250,8 +250,8 @@ class QueueViewSet(ClusterObjectViewSet):
 class ExchangeViewSet(ClusterObjectViewSet):
     queryset = objects.exchanges()
     detail_queryset = objects.exchange_rows()
-    serializer_class = serializers.ExchangeSerializer
-    detail_serializer_class = serializers.ExchangeDetailSerializer
+    serializer_class = object_serializers.ExchangeSerializer
+    detail_serializer_class = object_serializers.ExchangeDetailSerializer
     filterset_class = filters.ExchangeFilter
 
 
@@ -268,8 +268,8 @@ class ExchangeViewSet(ClusterObjectViewSet):
 class BindingViewSet(ClusterObjectViewSet):
     queryset = objects.bindings()
     detail_queryset = objects.binding_rows()
-    serializer_class = serializers.BindingSerializer
-    detail_serializer_class = serializers.BindingDetailSerializer
+    serializer_class = object_serializers.BindingSerializer
+    detail_serializer_class = object_serializers.BindingDetailSerializer
     filterset_class = filters.BindingFilter
 
 
