@@ -109,28 +109,46 @@ class QueueSnapshotAdmin(SampleAdmin):
         "broker",
         "durable",
         "shared",
+        "master",
         "messages",
         "unacked",
         "consumers",
         "updated_at",
     )
-    list_filter = ("broker", "vhost", "durable", "shared", "exclusive", "auto_delete")
+    list_filter = ("broker", "vhost", "durable", "shared", "master", "exclusive", "auto_delete")
     search_fields = ("name",)
     list_select_related = ("broker",)
 
 
 @admin.register(models.ExchangeSnapshot)
 class ExchangeSnapshotAdmin(SampleAdmin):
-    list_display = ("name", "vhost", "type", "broker", "durable", "auto_delete", "internal")
-    list_filter = ("broker", "vhost", "type", "durable", "internal")
+    list_display = (
+        "name",
+        "vhost",
+        "type",
+        "broker",
+        "shared",
+        "durable",
+        "auto_delete",
+        "internal",
+    )
+    list_filter = ("broker", "vhost", "type", "shared", "durable", "internal")
     search_fields = ("name",)
     list_select_related = ("broker",)
 
 
 @admin.register(models.BindingSnapshot)
 class BindingSnapshotAdmin(SampleAdmin):
-    list_display = ("source", "destination", "destination_type", "routing_key", "vhost", "broker")
-    list_filter = ("broker", "vhost", "destination_type")
+    list_display = (
+        "source",
+        "destination",
+        "destination_type",
+        "routing_key",
+        "vhost",
+        "broker",
+        "shared",
+    )
+    list_filter = ("broker", "vhost", "destination_type", "shared")
     search_fields = ("source", "destination", "routing_key")
     list_select_related = ("broker",)
 

@@ -153,9 +153,22 @@ class QueueSnapshot(models.Model):
     exclusive = models.BooleanField(default=False)
     auto_delete = models.BooleanField(default=False)
     shared = models.BooleanField(default=False, help_text="declared cluster-wide")
+    master = models.BooleanField(
+        default=True,
+        help_text="this broker holds the queue's messages (false: a proxy of a shared queue, "
+        "whose messages are on the root)",
+    )
     messages = models.BigIntegerField(default=0)
     unacked = models.BigIntegerField(default=0)
     consumers = models.IntegerField(default=0)
+    local_consumers = models.IntegerField(
+        default=0, help_text="consumers connected to this broker (a master counts others too)"
+    )
+    consumer_servers = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="a shared queue's master: {spid: consumers} of every server with consumers",
+    )
     enqueued = models.BigIntegerField(default=0)
     delivered = models.BigIntegerField(default=0)
     arguments = models.JSONField(default=dict, blank=True)
@@ -182,6 +195,7 @@ class ExchangeSnapshot(models.Model):
     durable = models.BooleanField(default=False)
     auto_delete = models.BooleanField(default=False)
     internal = models.BooleanField(default=False)
+    shared = models.BooleanField(default=False, help_text="cluster wiring, on every server")
     arguments = models.JSONField(default=dict, blank=True)
     updated_at = models.DateTimeField()
 
@@ -192,6 +206,7 @@ class ExchangeSnapshot(models.Model):
                 fields=["broker", "vhost", "name"], name="exchange_snapshot_key"
             )
         ]
+        indexes = [models.Index(fields=["vhost", "name"], name="exchange_snapshot_name")]
 
     def __str__(self) -> str:
         return f"{self.vhost}/{self.name or '(default)'}"
@@ -208,11 +223,17 @@ class BindingSnapshot(models.Model):
     destination = models.CharField(max_length=255)
     destination_type = models.CharField(max_length=16, choices=DESTINATION_CHOICES)
     routing_key = models.CharField(max_length=255, blank=True)
+    shared = models.BooleanField(
+        default=False, help_text="cluster wiring, on every server (not a private queue's)"
+    )
     arguments = models.JSONField(default=dict, blank=True)
     updated_at = models.DateTimeField()
 
     class Meta:
         ordering = ["broker", "vhost", "source", "destination"]
+        indexes = [
+            models.Index(fields=["vhost", "source", "destination"], name="binding_snapshot_route")
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=[

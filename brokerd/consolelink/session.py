@@ -36,7 +36,7 @@ class ConsoleSession:
     def status(self, now: float | None = None) -> dict[str, Any]:
         server = self.server
         cluster_vhost = server.cluster_config.vhost if server.cluster_config is not None else None
-        full, sections = self.tracker.next(collect(server.broker, cluster_vhost))
+        full, sections = self.tracker.next(collect(server.broker, cluster_vhost, server.spid))
         self.seq += 1
         running = self.commands.running()
         return messages.status(server, self.seq, full, sections, now, running)

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from brokerd.model.broker import Broker
+from brokerd.model.exchange import Exchange
 from brokerd.model.queue import Queue
 
 SECTIONS = ("queues", "exchanges", "bindings")
@@ -46,14 +47,32 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def queue_entry(queue: Queue, shared: bool) -> Entry:
-    return {
+def consumer_servers(queue: Queue, spid: str) -> dict[str, int]:
+    """Where a master queue's consumers are connected: {spid: count}, this server's own
+    under ``spid``. A consumer from another server is a ``RemoteConsumer`` (duck typed:
+    ``remote`` and ``out.spid``, so the link need not import the cluster)."""
+    spread: dict[str, int] = {}
+    for consumer in queue.consumers:
+        server = consumer.out.spid if getattr(consumer, "remote", False) else spid
+        spread[server] = spread.get(server, 0) + 1
+    return spread
+
+
+def queue_entry(queue: Queue, shared: bool, spid: str = "") -> Entry:
+    """A queue as the console sees it. ``master``: this server holds its messages (every
+    local queue; a shared queue only on the root, a proxy elsewhere: its ``messages``
+    are not here and its ``consumers`` are this server's own). A shared master also says
+    where its consumers are (``consumer_servers``); other entries leave it out, so a
+    thousand private queues cost no more than before."""
+    master = bool(getattr(queue, "local", True))
+    entry: Entry = {
         "vhost": queue.vhost,
         "name": queue.name,
         "durable": queue.durable,
         "exclusive": queue.exclusive,
         "auto_delete": queue.auto_delete,
         "shared": shared,
+        "master": master,
         "messages": len(queue.messages),
         "unacked": queue.unacked,
         "consumers": len(queue.consumers),
@@ -61,20 +80,37 @@ def queue_entry(queue: Queue, shared: bool) -> Entry:
         "delivered": queue.stats_out,
         "arguments": jsonable(queue.arguments),
     }
+    if shared and master:
+        entry["consumer_servers"] = consumer_servers(queue, spid)
+    return entry
 
 
-def collect(broker: Broker, cluster_vhost: str | None = None) -> Snapshot:
+def binding_kind(destination: Any) -> str | None:
+    """``queue`` or ``exchange``; None for a stand-in of another server's private queue
+    (a meta-binding: that server reports the real binding)."""
+    if isinstance(destination, Queue):
+        return "queue"
+    if isinstance(destination, Exchange):
+        return "exchange"
+    return None
+
+
+def collect(broker: Broker, cluster_vhost: str | None = None, spid: str = "") -> Snapshot:
     """Every queue, exchange and binding of the broker, keyed as the protocol keys them.
 
     ``cluster_vhost`` is the clustered vhost (None when standalone): its
-    non-exclusive queues are the shared, cluster-wide ones.
+    non-exclusive queues are the shared, cluster-wide ones, and its exchanges and
+    the bindings of shared queues and exchanges are wiring every server holds
+    (``shared``). ``spid`` is this server's, for ``consumer_servers``.
     """
     snapshot: Snapshot = {section: {} for section in SECTIONS}
     queues, exchanges, bindings = (snapshot[s] for s in SECTIONS)
     for vname, vhost in broker.vhosts.items():
         clustered = vname == cluster_vhost
         for queue in vhost.queues.values():
-            queues[(vname, queue.name)] = queue_entry(queue, clustered and not queue.exclusive)
+            queues[(vname, queue.name)] = queue_entry(
+                queue, clustered and not queue.exclusive, spid
+            )
         for exchange in vhost.exchanges.values():
             exchanges[(vname, exchange.name)] = {
                 "vhost": vname,
@@ -83,17 +119,22 @@ def collect(broker: Broker, cluster_vhost: str | None = None) -> Snapshot:
                 "durable": exchange.durable,
                 "auto_delete": exchange.auto_delete,
                 "internal": exchange.internal,
+                "shared": clustered,
                 "arguments": jsonable(exchange.arguments),
             }
             for binding in exchange.bindings.values():
-                kind = "queue" if isinstance(binding.destination, Queue) else "exchange"
-                key = (vname, exchange.name, binding.destination.name, kind, binding.routing_key)
+                destination = binding.destination
+                kind = binding_kind(destination)
+                if kind is None:
+                    continue
+                key = (vname, exchange.name, destination.name, kind, binding.routing_key)
                 bindings[key] = {
                     "vhost": vname,
                     "source": exchange.name,
-                    "destination": binding.destination.name,
+                    "destination": destination.name,
                     "destination_type": kind,
                     "routing_key": binding.routing_key,
+                    "shared": clustered and not (kind == "queue" and destination.exclusive),
                     "arguments": jsonable(binding.arguments),
                 }
     return snapshot

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import re
-
 from django import forms
 from django.db.models import Q, QuerySet
 from django_filters import rest_framework as filters
 
+from clusterapi import objects
 from clusterapi.models import (
     Alarm,
     AuditEntry,
@@ -20,15 +19,9 @@ from clusterapi.models import (
     QueueSample,
     QueueSnapshot,
 )
+from clusterapi.objects import broker_pk
 
-#: a primary key as the API accepts it: ASCII digits, small enough for the database
-_PK = re.compile(r"[0-9]{1,18}")
-
-
-def broker_pk(value: str) -> int | None:
-    """``value`` as a broker id, or None if it is a name. Only ASCII digits count:
-    ``str.isdigit()`` also accepts '¹6', which ``int()`` then refuses (a 500)."""
-    return int(value) if _PK.fullmatch(value) else None
+__all__ = ["broker_pk"]  # re-exported: the views look brokers up by id or name with it
 
 
 class BrokerRefFilter(filters.CharFilter):
@@ -75,31 +68,82 @@ class BrokerFilter(filters.FilterSet):
         fields = ["type", "state", "is_root", "root_enabled", "ready", "connected", "name"]
 
 
+class ReportedByFilter(BrokerRefFilter):
+    """Exchanges or bindings a broker has: its private ones and every shared one it holds
+    a copy of (``objects.reported_by``), whichever broker's row the list shows."""
+
+    def filter(self, qs: QuerySet, value: str) -> QuerySet:
+        return qs if value in (None, "") else objects.reported_by(qs, value)
+
+
+class ConsumersOnFilter(BrokerRefFilter):
+    """Queues with consumers connected to a broker (``objects.consumers_on``)."""
+
+    def filter(self, qs: QuerySet, value: str) -> QuerySet:
+        return qs if value in (None, "") else objects.consumers_on(qs, value)
+
+
 class QueueFilter(filters.FilterSet):
-    broker = BrokerRefFilter()
+    broker = BrokerRefFilter(
+        label="Held by",
+        help_text="broker id or name (host:port) holding the queue's messages: a shared "
+        "queue matches the broker that masters it (the root), not the brokers it has "
+        "consumers on (see consumers_on)",
+    )
+    consumers_on = ConsumersOnFilter(
+        field_name="broker",
+        label="Consumers on",
+        help_text="broker id or name (host:port): queues with consumers connected to that "
+        "broker, as it reports them (shared queues it has consumers on, and its own)",
+    )
     name_contains = filters.CharFilter(field_name="name", lookup_expr="icontains")
     min_messages = IntegerFilter(field_name="messages", lookup_expr="gte")
 
     class Meta:
         model = QueueSnapshot
-        fields = ["broker", "vhost", "name", "shared", "durable", "exclusive", "auto_delete"]
+        fields = [
+            "broker",
+            "consumers_on",
+            "vhost",
+            "name",
+            "shared",
+            "durable",
+            "exclusive",
+            "auto_delete",
+        ]
 
 
 class ExchangeFilter(filters.FilterSet):
-    broker = BrokerRefFilter()
+    broker = ReportedByFilter(
+        label="On broker",
+        help_text="broker id or name (host:port) that has the exchange: its own, and every "
+        "shared exchange (the cluster's wiring is on every server)",
+    )
     name_contains = filters.CharFilter(field_name="name", lookup_expr="icontains")
 
     class Meta:
         model = ExchangeSnapshot
-        fields = ["broker", "vhost", "name", "type", "durable", "internal"]
+        fields = ["broker", "vhost", "name", "type", "durable", "internal", "shared"]
 
 
 class BindingFilter(filters.FilterSet):
-    broker = BrokerRefFilter()
+    broker = ReportedByFilter(
+        label="On broker",
+        help_text="broker id or name (host:port) that has the binding: its private queues' "
+        "bindings, and every shared one",
+    )
 
     class Meta:
         model = BindingSnapshot
-        fields = ["broker", "vhost", "source", "destination", "destination_type", "routing_key"]
+        fields = [
+            "broker",
+            "vhost",
+            "source",
+            "destination",
+            "destination_type",
+            "routing_key",
+            "shared",
+        ]
 
 
 class HeartbeatFilter(filters.FilterSet):

@@ -20,14 +20,11 @@ from clusterapi.api.strict import (
 from clusterapi.models import (
     Alarm,
     AuditEntry,
-    BindingSnapshot,
     Broker,
     Command,
     ConfigVersion,
-    ExchangeSnapshot,
     HeartbeatSample,
     QueueSample,
-    QueueSnapshot,
 )
 
 __all__ = ["ErrorSerializer"]  # re-exported: the API's views import it from here too
@@ -49,11 +46,26 @@ class ClusterStateSerializer(serializers.Serializer):
     )
     alarms_active = serializers.IntegerField()
     alarms_unacknowledged = serializers.IntegerField(help_text="active, not acknowledged yet")
+    queues = serializers.IntegerField(
+        help_text="queues of the cluster: a shared queue once, a private one per broker"
+    )
+    shared_queues = serializers.IntegerField(help_text="of which shared (one per cluster)")
+    exchanges = serializers.IntegerField(help_text="exchanges: a shared one (wiring) once")
+    bindings = serializers.IntegerField(help_text="bindings: a shared one (wiring) once")
+    messages_ready = serializers.IntegerField(
+        help_text="messages ready in the queues of the brokers that are up (a shared queue's "
+        "on its master only)"
+    )
 
 
 class BrokerSerializer(serializers.ModelSerializer):
     heartbeat_age = serializers.SerializerMethodField(
         help_text="seconds since the last hello or status (null: never heard)"
+    )
+    queues_held = serializers.IntegerField(
+        read_only=True,
+        help_text="queues whose messages the broker holds: its private queues and the shared "
+        "queues it masters (the root); `counts.queues` also counts its proxies",
     )
 
     class Meta:
@@ -79,6 +91,7 @@ class BrokerSerializer(serializers.ModelSerializer):
             "quorum",
             "config_version",
             "config_checksum",
+            "queues_held",
             "counts",
             "totals",
             "rates",
@@ -110,61 +123,6 @@ class BrokerRowSerializer(serializers.ModelSerializer):
 
     #: the leading fields of every such row
     FIELDS = ["id", "broker", "broker_id"]
-
-
-class QueueSerializer(BrokerRowSerializer):
-    class Meta:
-        model = QueueSnapshot
-        fields = [
-            *BrokerRowSerializer.FIELDS,
-            "vhost",
-            "name",
-            "durable",
-            "exclusive",
-            "auto_delete",
-            "shared",
-            "messages",
-            "unacked",
-            "consumers",
-            "enqueued",
-            "delivered",
-            "arguments",
-            "updated_at",
-        ]
-        read_only_fields = fields
-
-
-class ExchangeSerializer(BrokerRowSerializer):
-    class Meta:
-        model = ExchangeSnapshot
-        fields = [
-            *BrokerRowSerializer.FIELDS,
-            "vhost",
-            "name",
-            "type",
-            "durable",
-            "auto_delete",
-            "internal",
-            "arguments",
-            "updated_at",
-        ]
-        read_only_fields = fields
-
-
-class BindingSerializer(BrokerRowSerializer):
-    class Meta:
-        model = BindingSnapshot
-        fields = [
-            *BrokerRowSerializer.FIELDS,
-            "vhost",
-            "source",
-            "destination",
-            "destination_type",
-            "routing_key",
-            "arguments",
-            "updated_at",
-        ]
-        read_only_fields = fields
 
 
 class HeartbeatSerializer(BrokerRowSerializer):

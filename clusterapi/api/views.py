@@ -27,18 +27,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from clusterapi import alarms, cluster, commands
-from clusterapi.api import filters, serializers
+from clusterapi import alarms, cluster, commands, objects
+from clusterapi.api import filters, object_serializers, serializers
 from clusterapi.api.permissions import IsOperatorOrReadOnly
 from clusterapi.api.schema import errors
 from clusterapi.api.strict import StrictFilterBackend, StrictPagination, StrictSerializer
 from clusterapi.models import (
     Alarm,
     AuditEntry,
-    BindingSnapshot,
     Broker,
     Command,
-    ExchangeSnapshot,
     HeartbeatSample,
     QueueSample,
     QueueSnapshot,
@@ -82,12 +80,18 @@ class ClusterView(ApiMixin, APIView):
         operation_id="cluster_state",
         summary="Cluster state",
         description="The root every broker agrees on, whether the cluster is ready for "
-        "clients, the quorum, how many brokers are up, the current configuration version "
-        "and how many alarms are active (and not yet acknowledged).",
+        "clients, the quorum, how many brokers are up, the current configuration version, "
+        "how many alarms are active (and not yet acknowledged), and how many queues, "
+        "exchanges and bindings the cluster has, each shared one counted once.",
         responses={200: serializers.ClusterStateSerializer},
     )
     def get(self, request: Request) -> Response:
-        return Response(serializers.ClusterStateSerializer(cluster.state()).data)
+        state = {
+            **cluster.state(),
+            **objects.counts(),
+            "messages_ready": objects.messages_ready(Broker.objects.all()),
+        }
+        return Response(serializers.ClusterStateSerializer(state).data)
 
 
 class EndpointsView(ApiMixin, generics.GenericAPIView):
@@ -138,7 +142,7 @@ BROKER_ID = OpenApiParameter(
     parameters=[BROKER_ID],
 )
 class BrokerViewSet(ReadOnlyViewSet):
-    queryset = Broker.objects.all()
+    queryset = objects.brokers()
     serializer_class = serializers.BrokerSerializer
     filterset_class = filters.BrokerFilter
     lookup_value_regex = "[^/]+"
@@ -148,7 +152,7 @@ class BrokerViewSet(ReadOnlyViewSet):
         key = str(self.kwargs["pk"])
         pk = filters.broker_pk(key)
         lookup = {"pk": pk} if pk is not None else {"name": key}
-        broker = get_object_or_404(Broker, **lookup)
+        broker = get_object_or_404(self.get_queryset(), **lookup)
         self.check_object_permissions(self.request, broker)
         return broker
 
@@ -196,40 +200,76 @@ class BrokerViewSet(ReadOnlyViewSet):
 # -- queues, exchanges, bindings (cluster-wide) ----------------------------------------------
 
 
+# Lists show each shared object once (``clusterapi.objects``); a detail can be read by the id
+# of any broker's row, and says what every broker that has the object reports.
+class ClusterObjectViewSet(ReadOnlyViewSet):
+    detail_queryset: Any = None
+    detail_serializer_class: Any = None
+
+    def get_queryset(self) -> QuerySet:
+        if self.action == "retrieve":
+            return self.detail_queryset.all()
+        return super().get_queryset()
+
+    def get_serializer_class(self) -> Any:
+        if self.action == "retrieve":
+            return self.detail_serializer_class
+        return super().get_serializer_class()
+
+
 @reads(
     "queues",
-    "Queues as each broker last reported them (one row per broker and queue), with "
-    "ready and unacknowledged messages, consumers and counters.",
-    "queue row",
-    "One queue as one broker reported it.",
+    "One item per queue of the cluster: a shared queue (declared with exclusive=0 in the "
+    "cluster vhost) once, from the broker holding its messages (its master, the root), with "
+    "its real depth, its consumers and the brokers they are connected to "
+    "(`consumer_servers`); a private queue once per broker that has it. `broker` filters "
+    "on the broker holding the messages; `consumers_on` finds the queues a broker has "
+    "consumers on.",
+    "queue",
+    "One queue row by id (the list's, or any broker's row of the queue, e.g. a proxy), with "
+    "`per_broker`: what every broker that has the queue reports (a shared queue's master "
+    "and its proxies).",
 )
-class QueueViewSet(ReadOnlyViewSet):
-    queryset = QueueSnapshot.objects.select_related("broker")
-    serializer_class = serializers.QueueSerializer
+class QueueViewSet(ClusterObjectViewSet):
+    queryset = objects.queues()
+    detail_queryset = QueueSnapshot.objects.select_related("broker")
+    serializer_class = object_serializers.QueueSerializer
+    detail_serializer_class = object_serializers.QueueDetailSerializer
     filterset_class = filters.QueueFilter
 
 
 @reads(
     "exchanges",
-    "Exchanges as each broker last reported them (one row per broker and exchange).",
-    "exchange row",
-    "One exchange as one broker reported it.",
+    "One item per exchange of the cluster: a shared one (every exchange of the cluster "
+    "vhost, replicated to every server) once, with how many brokers have it (`servers`); "
+    "others once per broker. `broker` lists what that broker has, shared ones included.",
+    "exchange",
+    "One exchange row by id (the list's or any broker's copy), with `per_broker`: every "
+    "broker that has it.",
 )
-class ExchangeViewSet(ReadOnlyViewSet):
-    queryset = ExchangeSnapshot.objects.select_related("broker")
-    serializer_class = serializers.ExchangeSerializer
+class ExchangeViewSet(ClusterObjectViewSet):
+    queryset = objects.exchanges()
+    detail_queryset = objects.exchange_rows()
+    serializer_class = object_serializers.ExchangeSerializer
+    detail_serializer_class = object_serializers.ExchangeDetailSerializer
     filterset_class = filters.ExchangeFilter
 
 
 @reads(
     "bindings",
-    "Bindings as each broker last reported them (one row per broker and binding).",
-    "binding row",
-    "One binding as one broker reported it.",
+    "One item per binding of the cluster: a shared one (to a shared queue or an exchange "
+    "of the cluster vhost, on every server) once, with how many brokers have it "
+    "(`servers`); a private queue's bindings on that queue's broker. `broker` lists what "
+    "that broker has, shared ones included.",
+    "binding",
+    "One binding row by id (the list's or any broker's copy), with `per_broker`: every "
+    "broker that has it.",
 )
-class BindingViewSet(ReadOnlyViewSet):
-    queryset = BindingSnapshot.objects.select_related("broker")
-    serializer_class = serializers.BindingSerializer
+class BindingViewSet(ClusterObjectViewSet):
+    queryset = objects.bindings()
+    detail_queryset = objects.binding_rows()
+    serializer_class = object_serializers.BindingSerializer
+    detail_serializer_class = object_serializers.BindingDetailSerializer
     filterset_class = filters.BindingFilter
 
 

@@ -20,7 +20,7 @@ from django.db.models import Q, QuerySet
 from django.http import QueryDict
 from django.utils import timezone
 
-from clusterapi import cluster, commands
+from clusterapi import cluster, commands, objects
 from clusterapi.api import filters
 from clusterapi.models import (
     Alarm,
@@ -133,8 +133,10 @@ def _filtered(
 
 
 def build_overview(params: QueryDict) -> dict[str, Any]:
+    brokers = with_stamps(objects.brokers(), "last_seen")
     return {
-        "brokers": with_stamps(Broker.objects.order_by("name"), "last_seen"),
+        "brokers": brokers,
+        "objects": {**objects.counts(), "messages_ready": objects.messages_ready(brokers)},
         "alarms": with_stamps(
             Alarm.objects.filter(active=True).select_related("broker")[:20],
             "raised_at",
@@ -148,7 +150,7 @@ def build_overview(params: QueryDict) -> dict[str, Any]:
 
 
 def build_brokers(params: QueryDict) -> dict[str, Any]:
-    return {"brokers": with_stamps(Broker.objects.order_by("name"), "last_seen", "start_time")}
+    return {"brokers": with_stamps(objects.brokers(), "last_seen", "start_time")}
 
 
 def peer_links(broker: Broker) -> list[dict[str, Any]]:
@@ -213,11 +215,13 @@ def build_broker(params: QueryDict) -> dict[str, Any]:
         .order_by("-finished_at")
         .first()
     )
+    queues = broker.queues.select_related("broker")
     return {
         "broker": broker,
         "peers": peer_links(broker),
-        "queues": list(broker.queues.all()[:BROKER_OBJECTS_SHOWN]),
-        "queue_count": broker.queues.count(),
+        "queues": with_spread(queues[:BROKER_OBJECTS_SHOWN]),
+        "queue_count": queues.count(),
+        "proxy_count": queues.filter(master=False).count(),
         "exchanges": list(broker.exchanges.all()[:BROKER_OBJECTS_SHOWN]),
         "exchange_count": broker.exchanges.count(),
         "bindings": list(broker.bindings.all()[:BROKER_OBJECTS_SHOWN]),
@@ -246,21 +250,92 @@ def _list_page(
     return build
 
 
-build_queues = _list_page(
+# The cluster-wide lists: each shared object once (clusterapi.objects), as the API lists them.
+_build_queue_list = _list_page(
     filters.QueueFilter,
-    QueueSnapshot.objects.select_related("broker"),
-    ("broker", "vhost", "name_contains", "min_messages", "shared"),
+    objects.queues(),
+    ("broker", "consumers_on", "vhost", "name_contains", "min_messages", "shared"),
 )
 build_exchanges = _list_page(
     filters.ExchangeFilter,
-    ExchangeSnapshot.objects.select_related("broker"),
-    ("broker", "vhost", "name_contains", "type"),
+    objects.exchanges(),
+    ("broker", "vhost", "name_contains", "type", "shared"),
 )
 build_bindings = _list_page(
     filters.BindingFilter,
-    BindingSnapshot.objects.select_related("broker"),
-    ("broker", "vhost", "source", "destination", "routing_key"),
+    objects.bindings(),
+    ("broker", "vhost", "source", "destination", "routing_key", "shared"),
 )
+
+
+def with_spread(queues: Iterable[QueueSnapshot]) -> list[QueueSnapshot]:
+    """The queues, each with ``spread``: where its consumers are connected, by broker."""
+    names = objects.spid_names()
+    out = list(queues)
+    for queue in out:
+        queue.spread = objects.consumer_spread(queue, names)
+    return out
+
+
+def build_queues(params: QueryDict) -> dict[str, Any]:
+    context = _build_queue_list(params)
+    context["rows"] = with_spread(context["rows"])
+    return context
+
+
+# -- one queue, exchange or binding: what the cluster shows, and what each broker reports --
+
+
+def _object(model: type, params: QueryDict) -> Any:
+    """The row ``?id=`` names (any broker's), or None."""
+    pk = objects.broker_pk(params.get("id", ""))  # ids are spelled like broker ids
+    return model.objects.select_related("broker").filter(pk=pk).first() if pk else None
+
+
+def _detail(kind: str, title: str, shown: Any) -> dict[str, Any]:
+    """An object page's context: the object as the cluster list shows it, every broker's
+    row of it, and the up brokers of its cluster that do not report a shared one (None:
+    no such row, the view answers 404)."""
+    rows = with_stamps(objects.per_broker(shown), "updated_at") if shown else []
+    missing: list[str] = []
+    if shown is not None and shown.shared and shown.broker.cluster:
+        missing = list(
+            Broker.objects.filter(state=Broker.STATE_UP, cluster=shown.broker.cluster)
+            .exclude(pk__in=[r.broker_id for r in rows])
+            .values_list("name", flat=True)
+        )
+    return {
+        "object": shown,
+        "title": title,
+        "detail": f"dashboard/fragments/{kind}_detail.html",
+        "per_broker": rows,
+        "missing": missing,
+    }
+
+
+def build_queue(params: QueryDict) -> dict[str, Any]:
+    row = _object(QueueSnapshot, params)
+    if row is None:
+        return _detail("queue", "Queue", None)
+    [queue] = with_spread([objects.representative(row)])
+    return _detail("queue", f"Queue {queue.name}", queue)
+
+
+def build_exchange(params: QueryDict) -> dict[str, Any]:
+    row = _object(ExchangeSnapshot, params)
+    if row is None:
+        return _detail("exchange", "Exchange", None)
+    shown = objects.representative(row)
+    return _detail("exchange", f"Exchange {shown.name or '(default)'}", shown)
+
+
+def build_binding(params: QueryDict) -> dict[str, Any]:
+    row = _object(BindingSnapshot, params)
+    if row is None:
+        return _detail("binding", "Binding", None)
+    shown = objects.representative(row)
+    title = f"Binding {shown.source or '(default)'} → {shown.destination}"
+    return _detail("binding", title, shown)
 
 
 build_commands = _list_page(
@@ -325,6 +400,9 @@ PAGES: dict[str, Page] = {
         table_page("queues", "Queues", "queue_table", build_queues),
         table_page("exchanges", "Exchanges", "exchange_table", build_exchanges),
         table_page("bindings", "Bindings", "binding_table", build_bindings),
+        Page("queue", "dashboard/object.html", _fragments("queue_detail"), build_queue),
+        Page("exchange", "dashboard/object.html", _fragments("exchange_detail"), build_exchange),
+        Page("binding", "dashboard/object.html", _fragments("binding_detail"), build_binding),
         Page(
             "config",
             "dashboard/config.html",

@@ -79,6 +79,31 @@ def broker(request: HttpRequest, name: str) -> HttpResponse:
     return render(request, page.template, context)
 
 
+def object_view(name: str) -> Callable[[HttpRequest, int], HttpResponse]:
+    """One queue, exchange or binding by the id of any broker's row (live); 404 if none."""
+
+    @require_safe
+    @login_required
+    def view(request: HttpRequest, pk: int) -> HttpResponse:
+        params = request.GET.copy()
+        params["id"] = str(pk)
+        page = PAGES[name]
+        context = page.context(params)
+        if context["object"] is None:
+            raise Http404(f"no {name} with id {pk}")
+        context["can_operate"] = is_operator(request.user)
+        return render(request, page.template, context)
+
+    view.__name__ = view.__qualname__ = f"{name}_detail"
+    view.__doc__ = f"One {name}: as the cluster shows it, and as each broker reports it."
+    return view
+
+
+queue_detail = object_view("queue")
+exchange_detail = object_view("exchange")
+binding_detail = object_view("binding")
+
+
 # -- operator actions -----------------------------------------------------------------------
 
 

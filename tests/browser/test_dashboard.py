@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
+import uuid
 from collections.abc import Iterator
 
+import pika
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
@@ -100,6 +102,70 @@ def test_login_and_the_overview_shows_four_brokers_and_the_root(
     page.goto("/brokers/")
     expect(page.get_by_role("heading", name="Log in")).to_be_visible()
     context.close()
+
+
+def amqp(stack: ConsoleStack, index: int) -> pika.BlockingConnection:
+    assert stack.cluster is not None
+    credentials = pika.PlainCredentials("guest", "guest")
+    return pika.BlockingConnection(
+        pika.ConnectionParameters("127.0.0.1", stack.cluster.ports[index], credentials=credentials)
+    )
+
+
+def test_a_shared_queue_is_listed_once_with_its_depth_and_where_its_consumers_are(
+    operator: BrowserContext, stack: ConsoleStack
+) -> None:
+    root = agreed_root_name(stack)
+    secondary = stack.broker_name(3)
+    name = f"shared-{uuid.uuid4().hex[:8]}"
+    page = open_page(operator, f"/queues/?name_contains={name}")
+    mark(page)
+    expect(page.locator("#queue-table")).to_contain_text("No queues.")
+    row = page.locator(f'#queue-table tr[data-queue="{name}"]')
+    publisher, consumer = amqp(stack, 3), amqp(stack, 1)  # the secondary, a primary
+    try:
+        channel = publisher.channel()
+        channel.queue_declare(name)
+        channel.confirm_delivery()
+        for body in (b"one", b"two"):
+            channel.basic_publish("", name, body)
+        # every broker has the queue (4 rows), the list shows it once, held by the root
+        expect(row).to_have_count(1, timeout=LIVE_TIMEOUT)
+        expect(row).to_have_attribute("data-broker", root)
+        expect(row.locator(".queue-ready")).to_have_text("2", timeout=LIVE_TIMEOUT)
+        # a consumer on the secondary, holding one message unacked
+        receiving = publisher.channel()
+        receiving.basic_qos(prefetch_count=1)
+        receiving.basic_consume(name, lambda *_: None)
+        second = consumer.channel()
+        second.basic_qos(prefetch_count=1)
+        second.basic_consume(name, lambda *_: None)
+        expect(row.locator(".queue-consumers")).to_have_text("2", timeout=LIVE_TIMEOUT)
+        expect(row.locator(f'.spread[data-broker="{secondary}"]')).to_contain_text("(1)")
+        expect(row.locator(f'.spread[data-broker="{stack.broker_name(1)}"]')).to_be_visible()
+        expect(row).to_have_count(1)
+        assert unreloaded(page)
+        screenshot(page, "queues-shared-once")
+        # its page: the root holds the messages, every other broker has a proxy
+        row.get_by_role("link", name=name).click()
+        expect(page.locator("#queue-master")).to_have_text(root)
+        roles = page.locator("#per-broker tbody tr .role")
+        expect(roles).to_have_count(4)
+        expect(page.locator(f'#per-broker tr[data-broker="{root}"] .role')).to_have_text("master")
+        expect(page.locator(f'#per-broker tr[data-broker="{secondary}"] .role')).to_have_text(
+            "proxy"
+        )
+        live(page)
+        screenshot(page, "queue-per-broker")
+        channel.queue_delete(name)
+        expect(page.locator("#object-detail")).to_contain_text(
+            "No broker reports this queue", timeout=LIVE_TIMEOUT
+        )
+    finally:
+        for connection in (publisher, consumer):
+            with contextlib.suppress(Exception):
+                connection.close()
+    page.close()
 
 
 def test_disabling_the_root_shows_the_new_root_on_every_open_page(

@@ -30,7 +30,14 @@ from schemathesis.config import OperationConfig
 from schemathesis.config._checks import POSITIVE_DATA_ACCEPTANCE_EXPECTED_STATUSES
 
 from clusterapi import configs
-from clusterapi.models import Alarm, Broker, HeartbeatSample, QueueSnapshot
+from clusterapi.models import (
+    Alarm,
+    BindingSnapshot,
+    Broker,
+    ExchangeSnapshot,
+    HeartbeatSample,
+    QueueSnapshot,
+)
 from clusterapi.roles import OPERATORS_GROUP
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -62,9 +69,35 @@ def operator_token(db: None) -> str:
             ready=state == "up",
             is_root=i == 1,
             last_seen=now,
+            spid=f"spid-{i}",
         )
         HeartbeatSample.objects.create(broker=broker, time=now)
         QueueSnapshot.objects.create(broker=broker, vhost="/", name="jobs", updated_at=now)
+        # a shared queue: the master on the root (consumers there and on a server the
+        # console does not know), proxies elsewhere; shared wiring on every broker
+        QueueSnapshot.objects.create(
+            broker=broker,
+            vhost="/",
+            name="shared",
+            shared=True,
+            master=i == 1,
+            consumers=3 if i == 1 else 0,
+            consumer_servers={"spid-1": 1, "spid-unknown": 2} if i == 1 else {},
+            updated_at=now,
+        )
+        ExchangeSnapshot.objects.create(
+            broker=broker, vhost="/", name="work", type="topic", shared=True, updated_at=now
+        )
+        BindingSnapshot.objects.create(
+            broker=broker,
+            vhost="/",
+            source="work",
+            destination="shared",
+            destination_type="queue",
+            routing_key="#",
+            shared=True,
+            updated_at=now,
+        )
         Alarm.objects.create(broker=broker, kind="checksum.mismatch", raised_at=now)
     Alarm.objects.create(kind="link.refused", raised_at=now, active=False, cleared_at=now)
     configs.save({"vhosts": ["/"]}, user, "first")

@@ -99,14 +99,29 @@ def test_api_shows_three_brokers_and_the_root(stack: ConsoleStack, api: Api) -> 
     assert urls == sorted(f"amqp://{name}/%2F" for name in names)
 
 
-def test_queues_declared_on_a_broker_show_in_the_api(stack: ConsoleStack, api: Api) -> None:
+def connect(stack: ConsoleStack, index: int) -> pika.BlockingConnection:
     assert stack.cluster is not None
-    name = f"api-q-{uuid.uuid4().hex[:8]}"
-    broker = stack.broker_name(1)
     params = pika.ConnectionParameters(
-        "127.0.0.1", stack.cluster.ports[1], credentials=pika.PlainCredentials("guest", "guest")
+        "127.0.0.1",
+        stack.cluster.ports[index],
+        credentials=pika.PlainCredentials("guest", "guest"),
     )
-    conn = pika.BlockingConnection(params)
+    return pika.BlockingConnection(params)
+
+
+def root_and_others(stack: ConsoleStack, api: Api) -> tuple[str, list[int]]:
+    """The root's name, and the indexes of the other brokers."""
+    root_spid = stack.wait(lambda: api_root_matches_cluster(stack, api), 10, "API root")
+    root = index_of_spid(stack, root_spid)
+    return stack.broker_name(root), [i for i in range(3) if i != root]
+
+
+def test_queues_declared_on_a_broker_show_in_the_api(stack: ConsoleStack, api: Api) -> None:
+    """A shared queue shows once, from the root that holds its messages, whichever broker
+    the client used; its exchange and binding (wiring on every broker) once too."""
+    name = f"api-q-{uuid.uuid4().hex[:8]}"
+    root, _ = root_and_others(stack, api)
+    conn = connect(stack, 1)
     try:
         channel = conn.channel()
         channel.queue_declare(name, durable=False)
@@ -116,33 +131,126 @@ def test_queues_declared_on_a_broker_show_in_the_api(stack: ConsoleStack, api: A
         channel.basic_publish("", name, b"again")
 
         def listed() -> dict | None:
-            rows = api.ok(f"/api/v1/queues/?name={name}&broker={broker}")["results"]
-            return rows[0] if rows and rows[0]["messages"] == 2 else None
+            body = api.ok(f"/api/v1/queues/?name={name}")
+            rows = body["results"]
+            # every broker has a row for it, but the list shows the queue once
+            return rows[0] if body["count"] == 1 and rows[0]["messages"] == 2 else None
 
-        queue = stack.wait(listed, 10, "queue in the API")
-        assert queue["broker"] == broker and queue["vhost"] == "/"
-        rows = api.ok(f"/api/v1/bindings/?destination={name}&broker={broker}")["results"]
-        assert [(b["source"], b["routing_key"]) for b in rows] == [(f"{name}-x", "jobs")]
-        # Exchanges are wiring, replicated to every broker of the cluster.
-        exchanges = stack.wait(
+        queue = stack.wait(listed, 10, "queue in the API with its real depth")
+        assert (queue["broker"], queue["vhost"], queue["shared"], queue["master"]) == (
+            root,
+            "/",
+            True,
+            True,
+        )
+        detail = stack.wait(
             lambda: (
-                (rows := api.ok(f"/api/v1/exchanges/?name={name}-x")["results"])
-                and len(rows) == 3
-                and rows
+                (body := api.ok(f"/api/v1/queues/{queue['id']}/"))
+                and len(body["per_broker"]) == 3
+                and body
             ),
             10,
-            "exchange on every broker",
+            "the queue's master and two proxies",
         )
-        assert sorted(x["broker"] for x in exchanges) == sorted(
+        roles = {r["broker"]: r["master"] for r in detail["per_broker"]}
+        assert roles == {stack.broker_name(i): stack.broker_name(i) == root for i in range(3)}
+        assert all(r["messages"] == 0 for r in detail["per_broker"] if not r["master"])
+        assert api.ok(f"/api/v1/queues/?name={name}&broker={root}")["count"] == 1
+        if stack.broker_name(1) != root:  # broker= is the master, not the client's broker
+            assert (
+                api.ok(f"/api/v1/queues/?name={name}&broker={stack.broker_name(1)}")["count"] == 0
+            )
+
+        # Exchanges and shared bindings are wiring, replicated to every broker: once each.
+        def wiring_everywhere() -> tuple[dict, dict] | None:
+            [exchange] = api.ok(f"/api/v1/exchanges/?name={name}-x")["results"]
+            [binding] = api.ok(f"/api/v1/bindings/?destination={name}")["results"]
+            ready = exchange["servers"] == 3 and binding["servers"] == 3
+            return (exchange, binding) if ready else None
+
+        exchange, binding = stack.wait(wiring_everywhere, 10, "wiring on every broker")
+        assert (exchange["type"], exchange["shared"]) == ("direct", True)
+        assert (binding["source"], binding["routing_key"], binding["shared"]) == (
+            f"{name}-x",
+            "jobs",
+            True,
+        )
+        brokers = api.ok(f"/api/v1/exchanges/{exchange['id']}/")["per_broker"]
+        assert sorted(b["broker"] for b in brokers) == sorted(
             stack.broker_name(i) for i in range(3)
         )
-        assert {x["type"] for x in exchanges} == {"direct"}
+        for index in range(3):  # each broker has it
+            has = api.ok(f"/api/v1/exchanges/?name={name}-x&broker={stack.broker_name(index)}")
+            assert has["count"] == 1
+        assert api.ok("/api/v1/cluster/")["shared_queues"] >= 1
 
         channel.queue_delete(name)
         channel.exchange_delete(f"{name}-x")
         stack.wait(
             lambda: api.ok(f"/api/v1/queues/?name={name}")["count"] == 0, 10, "queue removed"
         )
+    finally:
+        conn.close()
+
+
+def test_consumers_on_two_brokers_show_as_one_queue_and_private_queues_per_server(
+    stack: ConsoleStack, api: Api
+) -> None:
+    root, others = root_and_others(stack, api)
+    first, second = others
+    name = f"spread-{uuid.uuid4().hex[:8]}"
+    private = f"own-{uuid.uuid4().hex[:8]}"
+    conns = [connect(stack, first), connect(stack, second), connect(stack, second)]
+    try:
+        conns[0].channel().queue_declare(name)
+        for conn in conns:
+            conn.channel().basic_consume(name, lambda *_: None)
+        # an exclusive queue of one name on both non-root brokers: two private queues
+        for conn in conns[:2]:
+            conn.channel().queue_declare(private, exclusive=True)
+
+        def spread() -> dict | None:
+            rows = api.ok(f"/api/v1/queues/?name={name}")["results"]
+            if len(rows) != 1 or rows[0]["consumers"] != 3:
+                return None
+            return rows[0]
+
+        queue = stack.wait(spread, 15, "one queue with three consumers")
+        assert (queue["broker"], queue["master"]) == (root, True)
+        assert {s["broker"]: s["consumers"] for s in queue["consumer_servers"]} == {
+            stack.broker_name(first): 1,
+            stack.broker_name(second): 2,
+        }
+        for index in (first, second):
+            on = api.ok(f"/api/v1/queues/?consumers_on={stack.broker_name(index)}")["results"]
+            assert [q["name"] for q in on if q["name"] == name] == [name], on
+        assert api.ok(f"/api/v1/queues/?consumers_on={root}&name={name}")["count"] == 0
+
+        def per_server() -> list[dict] | None:
+            rows = api.ok(f"/api/v1/queues/?name={private}")["results"]
+            return rows if len(rows) == 2 else None
+
+        rows = stack.wait(per_server, 10, "the private queues on their brokers")
+        assert sorted(r["broker"] for r in rows) == sorted(
+            stack.broker_name(i) for i in (first, second)
+        )
+        assert all(not r["shared"] and r["master"] for r in rows)
+    finally:
+        for conn in conns:
+            conn.close()
+    stack.wait(
+        lambda: api.ok(f"/api/v1/queues/?name={private}")["count"] == 0,
+        10,
+        "exclusive queues gone with their connections",
+    )
+    stack.wait(
+        lambda: api.ok(f"/api/v1/queues/?name={name}")["results"][0]["consumer_servers"] == [],
+        10,
+        "consumers gone everywhere",
+    )
+    conn = connect(stack, first)
+    try:
+        conn.channel().queue_delete(name)
     finally:
         conn.close()
 

@@ -70,11 +70,16 @@ def cluster() -> list[Broker]:
         QueueSnapshot.objects.create(
             broker=broker, vhost="/", name=f"orders-{i}", messages=5 * i, updated_at=now
         )
-        QueueSnapshot.objects.create(
-            broker=broker, vhost="/", name="shared-jobs", shared=True, updated_at=now
+        QueueSnapshot.objects.create(  # mastered on the root, a proxy on the other
+            broker=broker,
+            vhost="/",
+            name="shared-jobs",
+            shared=True,
+            master=broker.is_root,
+            updated_at=now,
         )
         ExchangeSnapshot.objects.create(
-            broker=broker, vhost="/", name="amq.topic", type="topic", updated_at=now
+            broker=broker, vhost="/", name="amq.topic", type="topic", shared=True, updated_at=now
         )
         BindingSnapshot.objects.create(
             broker=broker,
@@ -113,14 +118,16 @@ def test_brokers_list_filters_and_lookup_by_name_or_id(viewer: User, cluster: li
 
 def test_cluster_wide_queues_exchanges_bindings(viewer: User, cluster: list[Broker]) -> None:
     api = client_for(viewer)
-    assert api.get("/api/v1/queues/").json()["count"] == 4
+    assert api.get("/api/v1/queues/").json()["count"] == 3  # the shared queue once
     shared = api.get("/api/v1/queues/?shared=true").json()["results"]
-    assert {q["broker"] for q in shared} == {"127.0.0.1:5701", "127.0.0.1:5702"}
+    assert [(q["broker"], q["master"]) for q in shared] == [("127.0.0.1:5701", True)]
     assert api.get("/api/v1/queues/?name_contains=ORDERS").json()["count"] == 2
     on_two = api.get("/api/v1/queues/?broker=127.0.0.1:5702&name=orders-1").json()["results"]
     assert [(q["name"], q["messages"]) for q in on_two] == [("orders-1", 5)]
     assert api.get(f"/api/v1/queues/?broker={cluster[0].pk}").json()["count"] == 2
-    assert api.get("/api/v1/exchanges/?type=topic").json()["count"] == 2
+    assert api.get("/api/v1/queues/?broker=127.0.0.1:5702").json()["count"] == 1
+    [topic] = api.get("/api/v1/exchanges/?type=topic").json()["results"]
+    assert (topic["shared"], topic["servers"], topic["broker"]) == (True, 2, "127.0.0.1:5701")
     rows = api.get("/api/v1/bindings/?destination=orders-0").json()["results"]
     assert [(b["source"], b["routing_key"]) for b in rows] == [("amq.topic", "orders.#")]
 

@@ -391,3 +391,62 @@ def test_two_live_brokers_with_one_name_raise_an_alarm_and_do_not_interleave() -
     Broker.objects.update(last_seen=later)
     cluster.detect_stale(now=later)
     assert not Alarm.objects.filter(kind="broker.name_conflict", active=True).exists()
+
+
+def test_shared_queue_fields_are_stored_and_the_masters_own_consumers_counted() -> None:
+    broker, _ = ingest.register_hello(ingest.parse_hello(hello(spid="spid-1")), "chan")
+    link = LinkState(broker.pk, broker.name, broker.broker_type, spid="spid-1")
+    master = queue(
+        "jobs",
+        shared=True,
+        master=True,
+        consumers=4,
+        consumer_servers={"spid-1": 1, "spid-2": 3, "spid-3": 0},
+    )
+    proxy = queue("other", shared=True, master=False, consumers=2, messages=0)
+    old = queue("legacy", consumers=5)  # a broker from before shared queues: no master
+    x = {**exchange("work"), "shared": True}
+    msg = status(0, True, [master, proxy, old])
+    msg["exchanges"] = [x, exchange("mine")]
+    msg["bindings"] = [{**binding("work", "jobs"), "shared": True}, binding("work", "legacy")]
+    ingest.apply_status(link, msg)
+
+    rows = {q.name: q for q in QueueSnapshot.objects.all()}
+    assert rows["jobs"].master and rows["jobs"].consumers == 4
+    assert rows["jobs"].consumer_servers == {"spid-1": 1, "spid-2": 3}  # zeros dropped
+    assert rows["jobs"].local_consumers == 1  # its own, under its spid
+    assert not rows["other"].master and rows["other"].local_consumers == 2
+    assert rows["legacy"].master and rows["legacy"].local_consumers == 5
+    assert rows["legacy"].consumer_servers == {}
+    assert dict(ExchangeSnapshot.objects.values_list("name", "shared")) == {
+        "work": True,
+        "mine": False,
+    }
+    assert dict(BindingSnapshot.objects.values_list("destination", "shared")) == {
+        "jobs": True,
+        "legacy": False,
+    }
+
+    # a delta flips the roles (the root moved): the row follows
+    moved = queue("jobs", shared=True, master=False, consumers=1)
+    ingest.apply_status(link, status(1, False, {"upsert": [moved], "remove": []}))
+    jobs = QueueSnapshot.objects.get(name="jobs")
+    assert (jobs.master, jobs.local_consumers, jobs.consumer_servers) == (False, 1, {})
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"master": "yes"},
+        {"consumer_servers": [1]},
+        {"consumer_servers": {"spid-2": "3"}},
+        {"consumer_servers": {"spid-2": -1}},
+        {"consumer_servers": {"": 1}},
+        {"consumer_servers": {f"s{i}": 1 for i in range(300)}},
+    ],
+)
+def test_malformed_shared_queue_fields_are_refused(link: LinkState, bad: dict) -> None:
+    entry = queue("jobs", shared=True, **bad)
+    with pytest.raises(LinkProtocolError, match=r"status.queues\[0\]\.(master|consumer_servers)"):
+        ingest.apply_status(link, status(0, True, [entry]))
+    assert QueueSnapshot.objects.count() == 0

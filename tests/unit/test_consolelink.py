@@ -68,6 +68,7 @@ def test_collect_lists_queues_exchanges_bindings_with_protocol_fields(fresh: Ser
         "exclusive": False,
         "auto_delete": False,
         "shared": False,
+        "master": True,
         "messages": 0,
         "unacked": 0,
         "consumers": 0,
@@ -76,6 +77,7 @@ def test_collect_lists_queues_exchanges_bindings_with_protocol_fields(fresh: Ser
         "arguments": {"x-a": "b"},
     }
     assert snap["exchanges"][("/", "t.x")]["type"] == "topic"
+    assert snap["exchanges"][("/", "t.x")]["shared"] is False  # standalone: nothing shared
     assert snap["exchanges"][("/", "")]["name"] == ""
     assert snap["bindings"][("/", "t.x", "t.q", "queue", "a.#")]["destination_type"] == "queue"
     assert collect(fresh.broker, cluster_vhost="/")["queues"][("/", "t.q")]["shared"] is True

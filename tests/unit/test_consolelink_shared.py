@@ -1,0 +1,111 @@
+"""What a clustered broker tells the console about shared objects (docs/protocol.md,
+"Broker to console"): who holds a shared queue's messages and where its consumers are.
+
+Three servers with real planes and queues on the in-memory network of
+tests/unit/cluster_net.py; A is root.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from brokerd.cluster.queues import RemoteQueues
+from brokerd.consolelink.tracker import SnapshotTracker, collect
+from tests.unit.cluster_net import Net, Sink, message
+
+
+@pytest.fixture
+def net() -> Net:
+    net = Net()
+    for spid in ("A", "B", "C"):
+        net.add(spid)
+    net.elect("A")
+    net.declare("q")
+    return net
+
+
+def entry(net: Net, spid: str, name: str = "q") -> dict:
+    return collect(net.servers[spid].broker, "/", spid)["queues"][("/", name)]
+
+
+def consume(net: Net, spid: str, tag: str) -> Sink:
+    sink = Sink(tag)
+    answers: list[object] = []
+    net.queue(spid, "q").add_consumer(sink, answers.append)
+    net.pump()
+    assert answers == [None], answers
+    return sink
+
+
+def test_the_root_masters_a_shared_queue_and_counts_consumers_per_server(net: Net) -> None:
+    for i in range(3):
+        net.queue("B", "q").push(message(b"%d" % i))
+    net.pump()
+    consume(net, "B", "b1")
+    consume(net, "B", "b2")
+    consume(net, "C", "c1")
+    consume(net, "A", "a1")
+
+    root = entry(net, "A")
+    assert (root["shared"], root["master"]) == (True, True)
+    assert root["consumers"] == 4
+    assert root["consumer_servers"] == {"A": 1, "B": 2, "C": 1}
+
+    proxy = entry(net, "B")
+    assert (proxy["shared"], proxy["master"]) == (True, False)
+    assert proxy["messages"] == 0  # the messages are on the root
+    assert proxy["consumers"] == 2  # B's own
+    assert "consumer_servers" not in proxy
+    assert entry(net, "C")["consumers"] == 1
+
+
+def test_a_root_change_moves_the_master_flag_and_the_consumer_spread(net: Net) -> None:
+    consume(net, "C", "c1")
+    assert entry(net, "A")["consumer_servers"] == {"C": 1}
+    net.elect("B")
+    assert entry(net, "A")["master"] is False
+    new_root = entry(net, "B")
+    assert new_root["master"] is True
+    assert new_root["consumer_servers"] == {"C": 1}  # C attached again at the new root
+
+
+def test_private_queues_are_masters_without_a_consumer_spread(net: Net) -> None:
+    vhost = net.servers["B"].broker.vhosts["/"]
+    vhost.declare_queue("mine", connection_id=7, exclusive=True)
+    private = entry(net, "B", "mine")
+    assert (private["shared"], private["master"]) == (False, True)
+    assert "consumer_servers" not in private
+    # a standalone broker (no cluster vhost) shares nothing
+    assert collect(net.servers["B"].broker)["queues"][("/", "q")]["shared"] is False
+
+
+def test_wiring_is_shared_except_bindings_of_private_queues_and_stand_ins(net: Net) -> None:
+    broker = net.servers["B"].broker
+    vhost = broker.vhosts["/"]
+    exchange, _ = vhost.declare_exchange("x", "direct")
+    own, _ = vhost.declare_queue("mine", connection_id=7, exclusive=True)
+    vhost.bind(exchange, net.queue("B", "q"), "to-shared")
+    vhost.bind(exchange, own, "to-private")
+    # A's private queue as B binds it (a meta-binding): A reports that binding, not B
+    vhost.bind(exchange, RemoteQueues(net.servers["B"].plane).get("A", "theirs"), "to-theirs")
+
+    snap = collect(broker, "/", "B")
+    assert snap["exchanges"][("/", "x")]["shared"] is True
+    bindings = {key[4]: b for key, b in snap["bindings"].items() if key[1] == "x"}
+    assert set(bindings) == {"to-shared", "to-private"}
+    assert bindings["to-shared"]["shared"] is True
+    assert bindings["to-private"]["shared"] is False
+    assert bindings["to-private"]["destination_type"] == "queue"
+
+
+def test_deltas_carry_a_master_whose_consumer_spread_changed(net: Net) -> None:
+    tracker = SnapshotTracker()
+    tracker.next(collect(net.servers["A"].broker, "/", "A"))
+    consume(net, "C", "c1")
+    full, body = tracker.next(collect(net.servers["A"].broker, "/", "A"))
+    assert not full
+    [changed] = body["queues"]["upsert"]
+    assert changed["consumer_servers"] == {"C": 1}
+    # nothing changed since: an empty delta
+    _, body = tracker.next(collect(net.servers["A"].broker, "/", "A"))
+    assert body["queues"] == {"upsert": [], "remove": []}
