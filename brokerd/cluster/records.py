@@ -32,7 +32,28 @@ REPLY = 11
 DELIVER = 12
 GOT = 13
 SESSION = 14
+REPLICATE = 15
+REPLICATED = 16
 
+#: replication operations (``Replicate.op``), root -> every other primary
+R_ENQUEUE = 1
+R_ACQUIRE = 2
+R_SETTLE = 3
+R_REQUEUE = 4
+R_PURGE = 5
+#: a message of a snapshot, with its state (live updates of a joining replica)
+R_SYNC = 6
+#: drop the queue's replica: a snapshot follows
+R_RESET = 7
+#: the snapshot of the queue is complete
+R_SYNCED = 8
+
+#: ``Replicate.flags``
+F_PERSISTENT = 1
+F_REDELIVERED = 2
+F_ACQUIRED = 4
+
+_replicate_head = struct.Struct("!BQBQB").pack
 _u8 = struct.Struct("!B")
 _u16 = struct.Struct("!H")
 _u32 = struct.Struct("!I")
@@ -177,6 +198,29 @@ class Session:
     epoch: int
 
 
+@dataclass(slots=True)
+class Replicate:
+    """One event of a shared queue's master, for its replicas (seq: the root's
+    replication sequence, across every queue)."""
+
+    seq: int
+    op: int
+    queue: str
+    mid: int
+    flags: int = 0
+    exchange: str = ""
+    routing_key: str = ""
+    props: bytes = b""
+    body: bytes = b""
+
+
+@dataclass(slots=True)
+class Replicated:
+    """A replica applied every event up to ``seq`` (and wrote what it must)."""
+
+    seq: int
+
+
 Record = (
     Forward
     | Settle
@@ -192,6 +236,8 @@ Record = (
     | Deliver
     | Got
     | Session
+    | Replicate
+    | Replicated
 )
 
 
@@ -373,6 +419,28 @@ class Batch:
     def session(self, epoch: int) -> None:
         self._add(bytes((SESSION,)), _u64.pack(epoch))
 
+    def replicate(
+        self,
+        seq: int,
+        op: int,
+        queue: str,
+        mid: int,
+        flags: int = 0,
+        exchange: str = "",
+        routing_key: str = "",
+        props: bytes = b"",
+        body: bytes = b"",
+    ) -> None:
+        head = _replicate_head(REPLICATE, seq, op, mid, flags) + _s(queue)
+        if op in (R_ENQUEUE, R_SYNC):
+            head += _s(exchange) + _s(routing_key) + _b(props) + _u32.pack(len(body))
+            self._add(head, body)
+        else:
+            self._add(head)
+
+    def replicated(self, seq: int) -> None:
+        self._add(bytes((REPLICATED,)), _u64.pack(seq))
+
     def record(self, r: Record) -> None:
         """Any record object (tests and relays); the typed methods above are faster."""
         if isinstance(r, Forward):
@@ -421,6 +489,12 @@ class Batch:
                 r.props,
                 r.body,
             )
+        elif isinstance(r, Replicate):
+            self.replicate(
+                r.seq, r.op, r.queue, r.mid, r.flags, r.exchange, r.routing_key, r.props, r.body
+            )
+        elif isinstance(r, Replicated):
+            self.replicated(r.seq)
         else:
             self.session(r.epoch)
 
@@ -613,6 +687,15 @@ def _decode(data: bytes) -> list[Record]:
             out.append(Got(r.u64(), r.u64(), bool(r.u8()), r.u32(), r.s(), r.s(), r.b(), r.b()))
         elif kind == SESSION:
             out.append(Session(r.u64()))
+        elif kind == REPLICATE:
+            seq, op, mid, flags = r.u64(), r.u8(), r.u64(), r.u8()
+            queue = r.s()
+            if op in (R_ENQUEUE, R_SYNC):
+                out.append(Replicate(seq, op, queue, mid, flags, r.s(), r.s(), r.b(), r.b()))
+            else:
+                out.append(Replicate(seq, op, queue, mid, flags))
+        elif kind == REPLICATED:
+            out.append(Replicated(r.u64()))
         else:
             raise RecordError(f"unknown record type {kind}")
     return out

@@ -231,9 +231,7 @@ class ConsoleCommands:
         self.config_checksum = document_checksum(doc)
         # kept with the durable wiring: after a restart the broker runs it again at
         # once, even before (or without) the console answering
-        server.store.wiring.put_setting(
-            "console_config", {"version": version, "serial": serial, "config": doc}
-        )
+        server.keep_console_config({"version": version, "serial": serial, "config": doc})
         log.warning(
             "console configuration applied version=%d checksum=%s applied=%s skipped=%s "
             "(missing parts: the broker's own files)",

@@ -348,25 +348,26 @@ class Queue:
                 self.store.delivered(message, consumer, consumer.no_ack)
             consumer.deliver(self, message, redelivered)
 
-    def take(self, no_ack: bool = False) -> Got | None:
+    def take(self, no_ack: bool = False, recipient: Any = None) -> Got | None:
         """Take the head message, if any, with its redelivered flag and what is left."""
         if not self.messages:
             return None
         self.stats_out += 1
         message, redelivered = self._pop()
         if self.store is not None:
-            self.store.delivered(message, None, no_ack)
+            self.store.delivered(message, recipient, no_ack)
         return message, redelivered, len(self.messages)
 
-    def get(self, no_ack: bool, reply: Reply) -> None:
-        """basic.get: answer ``reply`` with a ``Got``, or None if the queue is empty."""
-        reply(self.take(no_ack))
+    def get(self, no_ack: bool, reply: Reply, recipient: Any = None) -> None:
+        """basic.get: answer ``reply`` with a ``Got``, or None if the queue is empty.
+        ``recipient`` is where the message goes (its output can be held: stores)."""
+        reply(self.take(no_ack, recipient))
 
     def drop_all(self) -> int:
         """Empty the queue; returns how many messages it held."""
         count = len(self.messages)
         if self.store is not None and count:
-            self.store.dequeued(list(self.messages))
+            self.store.purged(list(self.messages))
         self.messages.clear()
         self._redelivered.clear()
         self.bytes = 0
@@ -388,6 +389,20 @@ class Queue:
                 self._redelivered.add(id(entry))
             count += 1
         return count
+
+    def replace_messages(self, messages: Iterable[tuple[Message, bool]]) -> None:
+        """The queue's content replaced wholesale, with no store event (a replica
+        promoted to master brings its copy; a demoted master hands its copy over).
+        Entries may be paged stand-ins."""
+        self.messages.clear()
+        self._redelivered.clear()
+        self.bytes = 0
+        for message, redelivered in messages:
+            self.messages.append(message)
+            if redelivered:
+                self._redelivered.add(id(message))
+            if not message.paged:
+                self.bytes += len(message.body)
 
     def purge(self, reply: Reply) -> None:
         """queue.purge: answer with the number of messages removed."""

@@ -10,13 +10,13 @@ store may ignore), dequeued, requeued; plus paging for flow to disk.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.model.message import Message
 
 if TYPE_CHECKING:
-    from brokerd.model.queue import ConsumerSink, PublishWaiter
+    from brokerd.model.queue import PublishWaiter
 
 
 class Paged(Message):
@@ -47,6 +47,24 @@ class Paged(Message):
         return self.length
 
 
+class Gate(Protocol):
+    """Output held back until the gate opens: a store that must make an acquisition
+    known elsewhere (the cluster's replicas) before the delivery leaves gives its
+    recipient one (``Recipient.hold``)."""
+
+    opened: bool
+
+    def on_open(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the gate opens (at once if it is open)."""
+
+
+class Recipient(Protocol):
+    """Where a delivery goes (a consumer, a channel answering basic.get): it can hold
+    what it sends from now on until a gate opens."""
+
+    def hold(self, gate: Gate) -> None: ...
+
+
 class QueueStore(Protocol):
     """One queue's part of the store."""
 
@@ -54,11 +72,17 @@ class QueueStore(Protocol):
         """A message entered the queue; a store that must write it first defers the
         publish (``waiter.defer()``) and answers when it is safe."""
 
-    def delivered(self, message: Message, consumer: ConsumerSink | None, no_ack: bool) -> None:
-        """Handed to a consumer or a get: *acquired* (unacked), or gone if no-ack."""
+    def delivered(self, message: Message, consumer: Recipient | None, no_ack: bool) -> None:
+        """Handed to a consumer or a get (its recipient): *acquired* (unacked), or gone
+        if no-ack. A store that replicates the acquisition first holds the recipient's
+        output (``consumer.hold(gate)``) until it has."""
 
     def dequeued(self, messages: Iterable[Message]) -> None:
-        """Settled for good: acked, rejected, dropped by overflow, purged."""
+        """Settled for good: acked, rejected, dropped by overflow."""
+
+    def purged(self, messages: Iterable[Message]) -> None:
+        """Every ready message dropped at once (queue.purge): one event for a store
+        that keeps a log of them, a dequeue each for the others."""
 
     def requeued(self, messages: Iterable[Message]) -> None:
         """Back in the queue (redelivered next time)."""

@@ -103,6 +103,10 @@ class Connection(Negotiation):
         self._closing_since = 0.0
         self._buf = bytearray()
         self._out: list[bytes] = []
+        #: output written while a store holds a delivery (``hold_output``), and its gate
+        self._held_out: list[bytes] = []
+        self._held_bytes = 0
+        self._hold_gate: Any = None
         self.server_properties = server_properties or {}
         self.hooks = hooks
         self.on_login = on_login
@@ -145,7 +149,37 @@ class Connection(Negotiation):
 
     # -- I/O boundary ----------------------------------------------------------
 
+    def hold_output(self, gate: Any) -> None:
+        """Hold everything written from now on until ``gate`` opens (a delivery whose
+        acquisition a store must make known elsewhere first). Holds chain: output
+        waits for the latest gate, which opens after the earlier ones."""
+        if gate.opened:
+            return
+        self._hold_gate = gate
+        gate.on_open(lambda: self._gate_opened(gate))
+
+    def _gate_opened(self, gate: Any) -> None:
+        if gate is not self._hold_gate:
+            return  # a later gate holds the output now
+        self._hold_gate = None
+        held, self._held_out = self._held_out, []
+        self._held_bytes = 0
+        for data in held:
+            self._write(data)
+        if self.on_output is not None:
+            self.on_output()
+
     def write(self, data: bytes) -> None:
+        if self._hold_gate is not None:
+            self._held_out.append(data)
+            self._held_bytes += len(data)
+            if self._held_bytes > OUTPUT_HIGH_WATER and not self._output_full:
+                self._output_full = True  # consumers pause while their output waits
+                self.writable = False
+            return
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
         out = self._out
         if not out:
             out.append(data)
@@ -177,7 +211,7 @@ class Connection(Negotiation):
         self._out.clear()
         self._out_bytes = 0
         self.last_sent = self.clock()
-        if self._output_full:
+        if self._output_full and self._held_bytes <= OUTPUT_HIGH_WATER:
             self._output_full = False
             if not self._transport_paused and self.state is ConnectionState.OPEN:
                 self.resume_writing()

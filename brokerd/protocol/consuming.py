@@ -25,6 +25,7 @@ from brokerd.model.errors import (
 )
 from brokerd.model.message import Message
 from brokerd.model.queue import Got, Queue
+from brokerd.model.storage import Gate
 from brokerd.wire import codec
 
 if TYPE_CHECKING:
@@ -109,6 +110,10 @@ class Consumer:
 
     def cancelled(self, queue: Queue) -> None:
         self.channel.consumer_cancelled_by_server(self)
+
+    def hold(self, gate: Gate) -> None:
+        """A store holds this delivery until ``gate`` opens (Recipient)."""
+        self.connection.hold_output(gate)
 
 
 class Consuming:
@@ -211,7 +216,11 @@ class Consuming:
             self.resume(lambda: self._get_reply(queue, got, m.no_ack))
 
         self._suspend(m)
-        queue.get(m.no_ack, answered)
+        queue.get(m.no_ack, answered, self)
+
+    def hold(self, gate: Gate) -> None:
+        """A store holds a get-ok until ``gate`` opens (the channel is a Recipient)."""
+        self.connection.hold_output(gate)
 
     def _get_reply(self, queue: Queue, got: Got | AMQPError | None, no_ack: bool) -> None:
         conn = self.connection

@@ -268,6 +268,10 @@ class Server:
             self.options.data_dir,
         )
 
+    def keep_console_config(self, record: dict[str, Any]) -> None:
+        """The console's configuration just applied, kept with the durable wiring."""
+        self.store.wiring.put_setting("console_config", record)
+
     def _restore_console_config(self, console: ConsoleLink) -> None:
         """The last configuration the console applied (users, vhosts, permissions,
         limits, cluster timing), from the store: in force again before the console

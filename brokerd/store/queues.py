@@ -79,7 +79,11 @@ class JournalQueueStore:
 
     # -- events -----------------------------------------------------------------------
 
-    def enqueued(self, message: Message, waiter: PublishWaiter | None) -> None:
+    def enqueued(
+        self, message: Message, waiter: PublishWaiter | None, *, jid: int | None = None
+    ) -> None:
+        """``jid``: the id to keep it under (a replicated queue numbers its messages
+        the same on every server; else the journal numbers them)."""
         if not self.durable or delivery_mode(message.props_raw) != 2:
             return
         journal = self._journal()
@@ -89,19 +93,26 @@ class JournalQueueStore:
             message.props_raw,
             message.body,
             persistent=True,
+            id=jid,
         )
         self.ids[id(message)] = jid
         self.committer.register(journal, waiter.defer() if waiter is not None else None)
 
     def delivered(self, message: Message, consumer: ConsumerSink | None, no_ack: bool) -> None:
-        if not self.ids:
+        if message.paged:  # a replica marks its paged copies too
+            jid = message.jid  # type: ignore[attr-defined]
+            if no_ack:
+                self.paged -= 1
+        elif not self.ids:
             return
-        jid = self.ids.get(id(message))
-        if jid is None:
-            return
+        else:
+            jid = self.ids.get(id(message))
+            if jid is None:
+                return
+            if no_ack:
+                del self.ids[id(message)]
         journal = self._journal()
         if no_ack:
-            del self.ids[id(message)]
             journal.mark(rec.DEQUEUE, jid)
         else:
             journal.mark(rec.ACQUIRE, jid)
@@ -122,23 +133,40 @@ class JournalQueueStore:
         if journal is not None:
             self.committer.register(journal)
 
+    def purged(self, messages: Iterable[Message]) -> None:
+        self.dequeued(messages)
+
+    def reset(self) -> None:
+        """Forget every message (a replica's copy is replaced by a new snapshot):
+        a dequeue record for each live one, so a restart brings none back."""
+        journal = self.journal
+        self.ids.clear()
+        self.paged = 0
+        if journal is None or not journal.where:
+            return
+        for jid in list(journal.where):
+            journal.mark(rec.DEQUEUE, jid)
+        self.committer.register(journal)
+
     def requeued(self, messages: Iterable[Message]) -> None:
         """Nothing to write: a requeued message stays live, and having been delivered
         (its ACQUIRE) is what makes it come back flagged redelivered."""
 
     # -- flow to disk -----------------------------------------------------------------
 
-    def page_out(self, message: Message) -> Paged | None:
+    def page_out(self, message: Message, *, jid: int | None = None) -> Paged | None:
         journal = self._journal()
-        jid = self.ids.pop(id(message), None)
-        if jid is None:  # not written yet (transient, or a queue that is not durable)
-            jid = journal.enqueue(
+        written = self.ids.pop(id(message), None)
+        if written is None:  # not written yet (transient, or a queue that is not durable)
+            written = journal.enqueue(
                 message.exchange,
                 message.routing_key,
                 message.props_raw,
                 message.body,
                 persistent=False,
+                id=jid,
             )
+        jid = written
         stub = HeldPaged(message, jid)
         if journal.is_durable(jid):
             stub.held = None

@@ -48,6 +48,27 @@ RECORDS = st.one_of(
     st.builds(rec.Deliver, text, u64, flag, text, text, blob, blob),
     st.builds(rec.Got, u64, u64, flag, u32, text, text, blob, blob),
     st.builds(rec.Session, u64),
+    st.builds(
+        rec.Replicate,
+        u64,
+        st.sampled_from([rec.R_ENQUEUE, rec.R_SYNC]),
+        text,
+        u64,
+        st.integers(0, 7),
+        text,
+        text,
+        blob,
+        blob,
+    ),
+    st.builds(
+        rec.Replicate,
+        u64,
+        st.sampled_from([rec.R_ACQUIRE, rec.R_SETTLE, rec.R_REQUEUE, rec.R_PURGE, rec.R_RESET]),
+        text,
+        u64,
+        st.integers(0, 7),
+    ),
+    st.builds(rec.Replicated, u64),
 )
 
 

@@ -262,6 +262,10 @@ class RecordingServer:
         self.cluster_config = cluster_config
         self.installed: list[BrokerConfig] = []
         self.reconfigured: list[ClusterConfig] = []
+        self.kept: list[dict[str, Any]] = []
+
+    def keep_console_config(self, record: dict[str, Any]) -> None:
+        self.kept.append(record)
 
     def install_config(self, config: BrokerConfig) -> None:
         self.installed.append(config)
@@ -305,6 +309,9 @@ def test_config_apply_applies_every_part_and_acks_the_checksum():
     assert cluster.heartbeat_interval == 0.5 and cluster.heartbeat_timeout == 2.0
     assert cluster.known_hosts == (HostPort("a", 1), HostPort("c", 3))
     assert cluster.secret == CLUSTER.secret
+    # kept for the next start, as applied
+    [kept] = fake.kept
+    assert kept["version"] == 2 and kept["config"] == validate_document(DOC)
 
 
 def test_config_apply_on_a_standalone_broker_skips_the_cluster_parts():

@@ -1,0 +1,427 @@
+"""Replicated shared queues, the root's side (seed 001; DESIGN.md section 5 "Guarantees").
+
+Every event of a master queue (enqueue, acquire, settle, requeue, purge) is
+numbered in one sequence for the whole root and sent, batched, to every other
+active primary (``records.Replicate``); each replica applies the events in
+order and acks the highest number it has applied (and written, for what it
+must write: ``records.Replicated``). With ``min_acked``, the lowest ack among
+the replicas:
+
+- a publisher's confirm waits until ``min_acked`` passes its enqueue
+  (asynchronous completion: the message is in the master queue at once, the
+  confirm goes when the replicas have it: one link round trip, batched);
+- a delivery waits until ``min_acked`` passes its acquisition (a ``Gate`` on
+  the recipient's output), so a new root after a failover always knows what
+  the old one had delivered, and redelivers it flagged;
+- settlements and requeues are not waited for (AMQP acks have no reply).
+
+``ReplicatedQueueStore`` is the master queue's ``QueueStore``: it numbers and
+replicates, and delegates writing to the local journal store, so the model and
+the channel never know a queue is replicated. A replica that joins (a new or
+restarted primary, every primary after a root change) gets, per queue, a reset
+and a snapshot sent over several loop turns while the live stream goes on
+(seed 001's live updates). A replica that stops acking is dropped (and an
+alarm raised), never silently waited for or silently left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from brokerd.cluster import records as rec
+from brokerd.model.message import Message
+from brokerd.model.storage import Paged
+from brokerd.wire.codec import delivery_mode
+
+if TYPE_CHECKING:
+    from brokerd.cluster.forwarding import MessagePlane, Outbound
+    from brokerd.cluster.queues import SharedQueue
+    from brokerd.model.queue import PublishWaiter
+    from brokerd.store.queues import JournalQueueStore
+
+log = logging.getLogger("brokerd.cluster.replicated")
+
+#: events a replica may be behind before publishers are paused (flow control)
+LAG_HIGH = 20_000
+LAG_LOW = 5_000
+#: messages of a snapshot sent per loop turn and replica (a sync never stalls the root)
+SYNC_CHUNK = 500
+
+Done = Callable[[bool, int], None]
+
+
+class Gate:
+    """Opens once every replica has acked event ``seq`` (implements the model's Gate)."""
+
+    __slots__ = ("_callbacks", "opened", "seq")
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.opened = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    def on_open(self, callback: Callable[[], None]) -> None:
+        if self.opened:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    def open(self) -> None:
+        self.opened = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+class ReplicaLink:
+    """One replica: what it acked, and the snapshots still to send it."""
+
+    __slots__ = ("acked", "joined", "out", "since", "spid", "syncs")
+
+    def __init__(self, out: Outbound, seq: int, now: float) -> None:
+        self.out = out
+        self.spid = out.spid
+        #: everything up to the sequence it joined at is nothing it must ack
+        self.acked = seq
+        self.joined = seq
+        #: when ``acked`` last moved (or it joined): a replica silent too long is dropped
+        self.since = now
+        #: (queue name, mids still to send)
+        self.syncs: deque[tuple[str, deque[int]]] = deque()
+
+
+class ReplicaSet:
+    """The root's replicas and the replication sequence."""
+
+    def __init__(self, plane: MessagePlane) -> None:
+        self.plane = plane
+        self.seq = 0
+        self.replicas: dict[str, ReplicaLink] = {}
+        self._confirms: deque[tuple[int, Done]] = deque()
+        self._gates: deque[Gate] = deque()
+        self._gate: Gate | None = None
+        self._syncing = False
+        self.lagging = False
+
+    # -- the stream ------------------------------------------------------------------
+
+    def emit(
+        self, op: int, queue: str, mid: int, message: Message | None = None, flags: int = 0
+    ) -> int:
+        """Number one event and send it to every replica; 0 when there are none."""
+        if not self.replicas:
+            return 0
+        self.seq += 1
+        seq = self.seq
+        batch = self.plane.repl_batch
+        if message is None:
+            for replica in self.replicas.values():
+                batch(replica.out).replicate(seq, op, queue, mid, flags)
+        else:
+            body = message.body
+            for replica in self.replicas.values():
+                batch(replica.out).replicate(
+                    seq,
+                    op,
+                    queue,
+                    mid,
+                    flags,
+                    message.exchange,
+                    message.routing_key,
+                    message.props_raw,
+                    body,
+                )
+        if seq - self.min_acked() > LAG_HIGH and not self.lagging:
+            self._set_lagging(True)
+        return seq
+
+    def min_acked(self) -> int:
+        if not self.replicas:
+            return self.seq
+        return min(r.acked for r in self.replicas.values())
+
+    def wait(self, seq: int, done: Done) -> None:
+        """Call ``done`` once every replica has event ``seq``."""
+        if seq <= self.min_acked():
+            done(True, 1)
+        else:
+            self._confirms.append((seq, done))
+
+    def gate(self) -> Gate | None:
+        """A gate on the latest event (None: nothing to wait for)."""
+        seq = self.seq
+        if seq <= self.min_acked():
+            return None
+        gate = self._gate
+        if gate is None or gate.seq != seq:
+            gate = self._gate = Gate(seq)
+            self._gates.append(gate)
+        return gate
+
+    def acked(self, spid: str, seq: int) -> None:
+        replica = self.replicas.get(spid)
+        if replica is None or seq <= replica.acked:
+            return
+        replica.acked = min(seq, self.seq)
+        replica.since = time.monotonic()
+        self._advance()
+
+    def _advance(self) -> None:
+        done_to = self.min_acked()
+        confirms = self._confirms
+        while confirms and confirms[0][0] <= done_to:
+            confirms.popleft()[1](True, 1)
+        gates = self._gates
+        while gates and gates[0].seq <= done_to:
+            gates.popleft().open()
+        if self.lagging and self.seq - done_to < LAG_LOW:
+            self._set_lagging(False)
+
+    def _set_lagging(self, lagging: bool) -> None:
+        """Seed 001 flow control: publishers wait while a replica is far behind."""
+        self.lagging = lagging
+        if self.plane.on_block is not None:
+            self.plane.on_block(
+                "replication", "replicas are behind: publishers paused" if lagging else None
+            )
+
+    # -- membership ------------------------------------------------------------------
+
+    def add(self, out: Outbound, queues: Iterable[SharedQueue]) -> None:
+        """A primary joins the replica set: every queue is reset there and its snapshot
+        follows over the next loop turns, interleaved with the live stream."""
+        if out.spid in self.replicas:
+            return
+        replica = ReplicaLink(out, self.seq, time.monotonic())
+        self.replicas[out.spid] = replica
+        batch = self.plane.repl_batch(out)
+        count = 0
+        for queue in queues:
+            store = queue.store
+            if not isinstance(store, ReplicatedQueueStore):
+                continue
+            batch.replicate(0, rec.R_RESET, queue.name, 0)
+            replica.syncs.append((queue.name, deque(store.entries)))
+            count += 1
+        log.info("replica %s joined at seq=%d: %d queues to sync", out.spid, self.seq, count)
+        self._schedule_sync()
+
+    def remove(self, spid: str, why: str) -> None:
+        if self.replicas.pop(spid, None) is not None:
+            log.warning("replica %s left the set (%s) at seq=%d", spid, why, self.seq)
+            self._advance()
+
+    def clear(self) -> None:
+        """This server stops being root: nothing waits on replicas any more."""
+        self.replicas.clear()
+        self._advance()
+
+    def check(self, now: float, patience: float) -> list[str]:
+        """Replicas behind for longer than ``patience`` seconds: dropped (they will
+        join again, and resync, when they answer)."""
+        stuck = [
+            r.spid
+            for r in self.replicas.values()
+            if r.acked < self.seq and now - r.since > patience
+        ]
+        for spid in stuck:
+            self.remove(spid, f"no ack for {patience:.1f}s")
+        return stuck
+
+    # -- live updates ---------------------------------------------------------------------
+
+    def _schedule_sync(self) -> None:
+        if not self._syncing:
+            self._syncing = True
+            try:
+                asyncio.get_running_loop().call_soon(self._sync_step)
+            except RuntimeError:  # no loop (unit tests): run it all now
+                self._syncing = False
+                while self.sync_step():
+                    pass
+
+    def _sync_step(self) -> None:
+        self._syncing = False
+        if self.sync_step():
+            self._schedule_sync()
+
+    def sync_step(self) -> bool:
+        """Send the next chunk of every replica's snapshots; True if more is left."""
+        vhost = self.plane.vhost()
+        more = False
+        for replica in self.replicas.values():
+            budget = SYNC_CHUNK
+            batch = self.plane.repl_batch(replica.out)
+            while replica.syncs and budget:
+                name, mids = replica.syncs[0]
+                queue = vhost.queues.get(name) if vhost is not None else None
+                store = getattr(queue, "store", None)
+                if not isinstance(store, ReplicatedQueueStore):
+                    replica.syncs.popleft()
+                    continue
+                while mids and budget:
+                    mid = mids.popleft()
+                    entry = store.entries.get(mid)
+                    if entry is None:
+                        continue  # settled since the snapshot began: nothing to send
+                    message, body = entry[0], store.body(entry[0])
+                    batch.replicate(
+                        0,
+                        rec.R_SYNC,
+                        name,
+                        mid,
+                        store.flags(entry),
+                        message.exchange,
+                        message.routing_key,
+                        message.props_raw,
+                        body,
+                    )
+                    budget -= 1
+                if not mids:
+                    batch.replicate(0, rec.R_SYNCED, name, 0)
+                    replica.syncs.popleft()
+            more = more or bool(replica.syncs)
+        return more
+
+
+#: one master message: [message or paged stand-in, acquired, redelivered, persistent]
+Entry = list[Any]
+
+
+class ReplicatedQueueStore:
+    """The ``QueueStore`` of a master shared queue: numbers its messages, replicates
+    every event, and delegates writing to the local journal store."""
+
+    def __init__(
+        self,
+        name: str,
+        replicas: ReplicaSet,
+        local: JournalQueueStore | None,
+        entries: dict[int, Entry] | None = None,
+    ) -> None:
+        self.name = name
+        self.replicas = replicas
+        self.local = local
+        #: mid -> entry, in mid order (dicts keep insertion order; mids only grow)
+        self.entries: dict[int, Entry] = entries or {}
+        #: id(message) -> mid for what the queue holds or has delivered
+        self.mids: dict[int, int] = {id(e[0]): mid for mid, e in self.entries.items()}
+        self.next_mid = max(self.entries, default=0) + 1
+
+    def flags(self, entry: Entry) -> int:
+        return (
+            (rec.F_ACQUIRED if entry[1] else 0)
+            | (rec.F_REDELIVERED if entry[2] else 0)
+            | (rec.F_PERSISTENT if entry[3] else 0)
+        )
+
+    def body(self, message: Message) -> bytes:
+        """A message's body, read back from the journal if it is paged out."""
+        if message.paged and self.local is not None:
+            held = getattr(message, "held", None)
+            if held is not None:
+                return held
+            journal = self.local.journal
+            assert journal is not None
+            return journal.read_body(message.jid)  # type: ignore[attr-defined]
+        return message.body
+
+    # -- QueueStore ------------------------------------------------------------------
+
+    def enqueued(self, message: Message, waiter: PublishWaiter | None) -> None:
+        mid = self.next_mid
+        self.next_mid = mid + 1
+        persistent = delivery_mode(message.props_raw) == 2
+        self.mids[id(message)] = mid
+        self.entries[mid] = [message, False, False, persistent]
+        if self.local is not None:
+            self.local.enqueued(message, waiter, jid=mid)
+        seq = self.replicas.emit(
+            rec.R_ENQUEUE, self.name, mid, message, rec.F_PERSISTENT if persistent else 0
+        )
+        if seq and waiter is not None:
+            self.replicas.wait(seq, waiter.defer())
+
+    def delivered(self, message: Message, consumer: Any, no_ack: bool) -> None:
+        mid = self.mids.get(id(message))
+        if mid is None:
+            return
+        if self.local is not None:
+            self.local.delivered(message, consumer, no_ack)
+        if no_ack:
+            del self.mids[id(message)]
+            self.entries.pop(mid, None)
+            seq = self.replicas.emit(rec.R_SETTLE, self.name, mid)
+        else:
+            entry = self.entries.get(mid)
+            if entry is not None:
+                entry[1] = True
+            seq = self.replicas.emit(rec.R_ACQUIRE, self.name, mid)
+        if seq and consumer is not None:
+            gate = self.replicas.gate()
+            if gate is not None:
+                hold = getattr(consumer, "hold", None)
+                if hold is not None:
+                    hold(gate)
+
+    def dequeued(self, messages: Iterable[Message]) -> None:
+        messages = list(messages)
+        if self.local is not None:
+            self.local.dequeued(messages)
+        for message in messages:
+            mid = self.mids.pop(id(message), None)
+            if mid is not None:
+                self.entries.pop(mid, None)
+                self.replicas.emit(rec.R_SETTLE, self.name, mid)
+
+    def purged(self, messages: Iterable[Message]) -> None:
+        messages = list(messages)
+        if self.local is not None:
+            self.local.dequeued(messages)
+        for message in messages:
+            mid = self.mids.pop(id(message), None)
+            if mid is not None:
+                self.entries.pop(mid, None)
+        self.replicas.emit(rec.R_PURGE, self.name, 0)
+
+    def requeued(self, messages: Iterable[Message]) -> None:
+        for message in messages:
+            mid = self.mids.get(id(message))
+            entry = self.entries.get(mid) if mid is not None else None
+            if entry is not None:
+                entry[1] = False
+                entry[2] = True
+                self.replicas.emit(rec.R_REQUEUE, self.name, mid)  # type: ignore[arg-type]
+
+    def page_out(self, message: Message) -> Paged | None:
+        if self.local is None:
+            return None
+        stub = self.local.page_out(message)
+        if stub is not None:
+            mid = self.mids.pop(id(message), None)
+            if mid is not None:
+                self.mids[id(stub)] = mid
+                self.entries[mid][0] = stub
+        return stub
+
+    def load(self, paged: Paged) -> Message:
+        assert self.local is not None
+        message = self.local.load(paged)
+        mid = self.mids.pop(id(paged), None)
+        if mid is not None:
+            self.mids[id(message)] = mid
+            entry = self.entries.get(mid)
+            if entry is not None:
+                entry[0] = message
+        return message
+
+    def deleted(self) -> None:
+        self.entries.clear()
+        self.mids.clear()
+        if self.local is not None:
+            self.local.deleted()
