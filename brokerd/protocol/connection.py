@@ -65,6 +65,23 @@ def next_connection_id() -> int:
     return next(_ids)
 
 
+def _coalesce(out: list[Any]) -> list[bytes | memoryview]:
+    """Join the runs of small ``bytes`` between a large body's views."""
+    buffers: list[bytes | memoryview] = []
+    run: list[bytes] = []
+    for part in out:
+        if type(part) is memoryview:
+            if run:
+                buffers.append(b"".join(run))
+                run = []
+            buffers.append(part)
+        else:
+            run.append(part)
+    if run:
+        buffers.append(b"".join(run))
+    return buffers
+
+
 class Connection(Negotiation):
     """One client connection, from protocol header to close.
 
@@ -128,6 +145,8 @@ class Connection(Negotiation):
         self._transport_paused = False
         self._output_full = False
         self._out_bytes = 0
+        #: ``_out`` holds views of a large body (``write_parts``)
+        self._parted = False
         self.blocked_reason: str | None = None
         #: blocked and a publisher's next frame came: the shell stops reading from the
         #: socket until unblocked (RabbitMQ's "blocked", not just a notification)
@@ -160,6 +179,24 @@ class Connection(Negotiation):
                 self._output_full = True
                 self.writable = False
 
+    def write_parts(self, parts: list[bytes | memoryview]) -> None:
+        """Content frames that share a large body (``Message.content_parts``): they
+        leave as separate buffers (``output_buffers``), never joined into a copy."""
+        size = sum(map(len, parts))
+        out = self._out
+        self._parted = True
+        if not out:
+            out.extend(parts)
+            self._out_bytes = size
+            if self.on_output is not None:
+                self.on_output()
+        else:
+            out.extend(parts)
+            self._out_bytes += size
+        if self._out_bytes > OUTPUT_HIGH_WATER and not self._output_full:
+            self._output_full = True
+            self.writable = False
+
     def confirm_later(self, channel: Any) -> None:
         """A channel has confirms ready outside this connection's own reading (a queue
         on another server settled): send them with the next output."""
@@ -167,21 +204,35 @@ class Connection(Negotiation):
         if self.on_output is not None:
             self.on_output()  # the shell flushes once this loop turn
 
-    def data_to_send(self) -> bytes:
-        """Everything queued for the peer since the last call."""
+    def output_buffers(self) -> list[bytes | memoryview]:
+        """Everything queued for the peer since the last call, as buffers for
+        ``transport.writelines``: one joined ``bytes`` unless a large body was
+        written (its views then pass through between joined runs of the rest)."""
         if self._confirm_dirty:
             self._flush_confirms()
-        if not self._out:
-            return b""
-        data = b"".join(self._out)
-        self._out.clear()
+        out = self._out
+        if not out:
+            return []
+        if self._parted:
+            self._parted = False
+            buffers = _coalesce(out)
+        else:
+            buffers = [b"".join(out)]
+        out.clear()
         self._out_bytes = 0
         self.last_sent = self.clock()
         if self._output_full:
             self._output_full = False
             if not self._transport_paused and self.state is ConnectionState.OPEN:
                 self.resume_writing()
-        return data
+        return buffers
+
+    def data_to_send(self) -> bytes:
+        """Everything queued for the peer since the last call, as one ``bytes``."""
+        buffers = self.output_buffers()
+        if len(buffers) == 1 and isinstance(buffers[0], bytes):
+            return buffers[0]
+        return b"".join(buffers)
 
     @property
     def closed(self) -> bool:

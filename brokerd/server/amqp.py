@@ -72,9 +72,11 @@ class AMQPProtocol(asyncio.Protocol):
         machine, transport = self.machine, self.transport
         if machine is None or transport is None or transport.is_closing():
             return
-        data = machine.data_to_send()
-        if data:
-            transport.write(data)
+        buffers = machine.output_buffers()
+        if len(buffers) == 1:
+            transport.write(buffers[0])
+        elif buffers:
+            transport.writelines(buffers)  # a large body's views: sent, never joined
         if machine.closed:
             transport.close()
 
