@@ -13,11 +13,10 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.config import ClusterConfig, parse_host
-from brokerd.config import BrokerConfig
+from brokerd.config import BrokerConfig, parse_limits, parse_vhost_limits
 from brokerd.configdoc import ConfigDocumentError, document_checksum, validate_document
 from brokerd.consolelink import messages
 from brokerd.model.auth import Permission, User
-from brokerd.model.broker import Limits
 from brokerd.server import dump
 from brokerd.server.control import ControlError
 
@@ -57,8 +56,21 @@ def merge_broker_config(current: BrokerConfig, doc: dict[str, Any]) -> BrokerCon
     else:
         names = {u.name for u in users}
         permissions = [p for p in current.permissions if p[0] in names and p[1] in vhosts]
-    limits = Limits(**doc["limits"]) if "limits" in doc else current.limits
-    return BrokerConfig(vhosts=vhosts, users=users, permissions=permissions, limits=limits)
+    # the document was validated: parsing its normalised parts again cannot fail
+    limits = parse_limits(doc["limits"], "limits", minimum=1) if "limits" in doc else current.limits
+    vhost_limits = current.vhost_limits
+    if "vhost_limits" in doc:
+        vhost_limits = {
+            name: parse_vhost_limits(entry, f"vhost_limits.{name}")
+            for name, entry in doc["vhost_limits"].items()
+        }
+    return BrokerConfig(
+        vhosts=vhosts,
+        users=users,
+        permissions=permissions,
+        limits=limits,
+        vhost_limits=vhost_limits,
+    )
 
 
 def merge_cluster_config(current: ClusterConfig, doc: dict[str, Any]) -> ClusterConfig:
@@ -143,7 +155,9 @@ class ConsoleCommands:
         server = self.server
         applied: list[str] = []
         skipped: list[str] = []
-        broker_parts = [p for p in ("limits", "vhosts", "users", "permissions") if p in doc]
+        broker_parts = [
+            p for p in ("limits", "vhosts", "vhost_limits", "users", "permissions") if p in doc
+        ]
         if broker_parts:
             server.install_config(merge_broker_config(server.config, doc))
             applied += broker_parts

@@ -139,6 +139,10 @@ class Connection(Negotiation):
         self.user: Any = None
         self.vhost: Any = None
         self.channels: dict[int, Any] = {}
+        #: a cluster link the cluster admitted: never blocked, never counted in limits
+        self.cluster_link = False
+        #: counted in the broker's connection limits (released at teardown)
+        self.counted = False
         #: False while the transport's buffer is above its high-water mark or
         #: this machine's own output buffer holds more than OUTPUT_HIGH_WATER
         self.writable = True
@@ -246,6 +250,8 @@ class Connection(Negotiation):
         buf = self._buf
         buf += data
         if self._holding:
+            if self.user is None and len(buf) > self.broker.limits.max_unauthenticated_bytes:
+                self._refuse_unauthenticated(len(buf))
             return  # frames pipelined after start-ok or open wait for the answer
         if self.state is ConnectionState.AWAIT_HEADER:
             if len(buf) < 8:
@@ -258,11 +264,18 @@ class Connection(Negotiation):
                 return
             del buf[:8]
             self._send_start()
+        if self.user is None and len(buf) > self.broker.limits.max_unauthenticated_bytes:
+            self._refuse_unauthenticated(len(buf))
+            return
         # a pipelining client may send tune-ok and large frames in one write:
-        # until the connection is open, split against the server's own ceiling
-        frame_max = (
-            self.frame_max if self.state is ConnectionState.OPEN else self.broker.limits.frame_max
-        )
+        # until the connection is open, split against the server's own ceiling,
+        # and before the login against what an unauthenticated peer may send
+        if self.state is ConnectionState.OPEN:
+            frame_max = self.frame_max
+        elif self.user is None:
+            frame_max = self.broker.limits.max_unauthenticated_bytes
+        else:
+            frame_max = self.broker.limits.frame_max
         error: AMQPError | None = None
         try:
             frames, pos = codec.split_frames(buf, 0, frame_max)
@@ -339,6 +352,19 @@ class Connection(Negotiation):
             for ch in self._confirm_dirty:
                 ch.flush_confirms()
             self._confirm_dirty.clear()
+
+    def _refuse_unauthenticated(self, size: int) -> None:
+        """Too much from a peer that has not logged in: 501, and the socket is dropped
+        at once (there is no agreed frame size to wait for a close-ok with)."""
+        limit = self.broker.limits.max_unauthenticated_bytes
+        text = f"{size} bytes received before authentication, more than the limit of {limit}"
+        log.warning("refused conn=%d peer=%s reason=%s", self.id, self.name, text)
+        error = ConnectionError_(FRAME_ERROR, text)
+        self.send_method(0, commands.Connection.Close(FRAME_ERROR, error.reply_text, 0, 0))
+        self._close_sent = True
+        self._buf.clear()
+        self._teardown()
+        self.state = ConnectionState.CLOSED
 
     def _refuse_header(self) -> None:
         log.info("refused conn=%d peer=%s reason=bad protocol header", self.id, self.name)
@@ -458,6 +484,9 @@ class Connection(Negotiation):
 
     def _teardown(self) -> None:
         self.writable = False  # requeued messages must not come back to this connection
+        if self.counted:
+            self.counted = False
+            self.broker.close_connection(self.vhost.name)
         if self.hooks is not None and not self._closed_notified:
             self._closed_notified = True
             self.hooks.closed(self)
@@ -573,6 +602,8 @@ class Connection(Negotiation):
     # -- channels ------------------------------------------------------------------
 
     def _open_channel(self, number: int) -> None:
+        if not self.cluster_link:
+            self.broker.check_channel(self.vhost.name, len(self.channels), self.channel_max)
         if number > self.channel_max:
             raise ConnectionError_(
                 CHANNEL_ERROR, f"channel {number} exceeds channel_max {self.channel_max}"

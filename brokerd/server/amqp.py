@@ -27,6 +27,7 @@ class AMQPProtocol(asyncio.Protocol):
         self.machine: Connection | None = None
         self._flush_scheduled = False
         self._reading_paused = False
+        self._login_paused = False
         self._opened = False
         self._login_task: asyncio.Task[None] | None = None
 
@@ -45,7 +46,14 @@ class AMQPProtocol(asyncio.Protocol):
         self.server.connections[self.machine.id] = self
 
     def _on_login(self, check: LoginCheck) -> None:
-        """The machine asks for a password check: run it off the loop, feed the answer back."""
+        """The machine asks for a password check: run it off the loop, feed the answer back.
+
+        A peer that has not logged in yet is not read meanwhile (as RabbitMQ, whose
+        reader authenticates before reading on): what it pipelines waits in the
+        socket, so it can never buffer more here than ``max_unauthenticated_bytes``."""
+        if check.kind == "login" and self.transport is not None and not self._login_paused:
+            self._login_paused = True
+            self.transport.pause_reading()
         self._login_task = self.loop.create_task(self._login(check))
 
     async def _login(self, check: LoginCheck) -> None:
@@ -59,6 +67,10 @@ class AMQPProtocol(asyncio.Protocol):
         if self.transport is None:
             return
         machine.complete_login(check, user, reason)
+        if self._login_paused:
+            self._login_paused = False
+            if not self._reading_paused and not self.transport.is_closing():
+                self.transport.resume_reading()
         self._check_blocked(machine)
         self.flush()
 
@@ -96,9 +108,7 @@ class AMQPProtocol(asyncio.Protocol):
         if not self._opened and machine.state is ConnectionState.OPEN:
             self._opened = True
             reason = self.server.blocked_reason
-            if reason is not None and not isinstance(
-                machine.client_properties.get("rookery_link"), dict
-            ):
+            if reason is not None and not machine.cluster_link:
                 machine.set_blocked(reason)  # opened while publishers are blocked
         if machine.read_paused and not self._reading_paused and self.transport is not None:
             self._reading_paused = True  # blocked: a publisher waits, unread

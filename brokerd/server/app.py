@@ -62,6 +62,7 @@ class Server:
         if options.cluster_file is not None:
             self.cluster_config = load_cluster_config(options.cluster_file)
         self.broker = Broker(config.user_database(), config.vhosts, config.limits)
+        self.broker.vhost_limits = dict(config.vhost_limits)
         self.cluster: ClusterController | None = None
         if self.cluster_config is not None:
             self._install_cluster_user(config)
@@ -299,7 +300,7 @@ class Server:
         effective = next(iter(self._blocks.values()), None)
         for proto in list(self.connections.values()):
             conn = proto.machine
-            if conn is None or isinstance(conn.client_properties.get("rookery_link"), dict):
+            if conn is None or conn.cluster_link:
                 continue  # cluster links carry the traffic that unblocks everyone
             proto.set_blocked(effective)
 
@@ -387,6 +388,7 @@ class Server:
         self.config = config
         self.broker.users = config.user_database()
         self.broker.limits = config.limits
+        self.broker.vhost_limits = dict(config.vhost_limits)
         if self.cluster_config is not None:
             self._install_cluster_user(config)
         for name in config.vhosts:
