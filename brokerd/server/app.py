@@ -27,6 +27,7 @@ from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError, serve_control
 from brokerd.server.login import LoginService
 from brokerd.server.metrics import MetricsServer
+from brokerd.server.resources import ResourceMonitor
 
 log = logging.getLogger("brokerd.server")
 
@@ -81,9 +82,13 @@ class Server:
         self._control: asyncio.AbstractServer | None = None
         self.port = options.port
         self._cluster_secret_hash = ""
-        #: why publishers are blocked, by cause (cluster not ready, links behind)
+        #: why publishers are blocked, by cause (cluster not ready, links behind, memory, disk)
         self._blocks: dict[str, str] = {}
         self._blocks_scheduled = False
+        #: memory high watermark and disk free limit (causes "memory" and "disk")
+        self.resources = ResourceMonitor(
+            lambda: self.broker.limits, options.data_dir, self.block_publishers
+        )
 
     def _install_cluster_user(self, config: BrokerConfig) -> None:
         """The cluster vhost exists and the cluster user (password = secret) may use it."""
@@ -146,6 +151,7 @@ class Server:
             **self.counts(),  # the broker's totals() and the connection counts
             "totals": self.broker.counters(),
             "blocked": dict(self._blocks),
+            "resources": self.resources.status(),
             "console": None
             if self.console is None
             else {
@@ -162,8 +168,11 @@ class Server:
                 "timeout": config.heartbeat_timeout,
                 "open_timeout": config.open_timeout,
             }
-            return {**self.cluster.status(), "heartbeat": heartbeat, **counts}
+            status = self.cluster.status()
+            alarms = status.get("alarms", []) + self.resources.alarm_list()
+            return {**status, "alarms": alarms, "heartbeat": heartbeat, **counts}
         return {
+            "alarms": self.resources.alarm_list(),
             "spid": self.spid,
             "type": "standalone",
             "is_root": False,
@@ -204,6 +213,7 @@ class Server:
         loop = asyncio.get_running_loop()
         self.options.data_dir.mkdir(parents=True, exist_ok=True)
         self._stopping = asyncio.Event()
+        self.resources.start()
         self._listener = await loop.create_server(
             lambda: AMQPProtocol(self),
             self.options.bind,
@@ -323,6 +333,7 @@ class Server:
         """Stop accepting, close every client with 320, wait briefly for close-ok."""
         if self._listener is not None:
             self._listener.close()
+        self.resources.stop()
         if self._control is not None:
             self._control.close()
         if self.metrics is not None:
