@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from brokerd.protocol import Connection, ConnectionState
 from brokerd.protocol.handshake import LoginCheck
+from brokerd.server.resources import CHECK_EVERY_BYTES
 
 if TYPE_CHECKING:
     from brokerd.server.app import Server
@@ -95,6 +96,10 @@ class AMQPProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         machine = self.machine
         assert machine is not None
+        resources = self.server.resources
+        resources.received += len(data)
+        if resources.received >= CHECK_EVERY_BYTES:
+            resources.check_memory()  # a fast flood: do not wait for the timer
         try:
             machine.receive_data(data)
         except Exception:  # the machine catches per frame; this is the last line

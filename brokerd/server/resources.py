@@ -1,6 +1,8 @@
 """Memory high watermark and disk free limit: the alarms that block publishers.
 
-Memory is the process's resident set size, read ten times a second. Not an
+Memory is the process's resident set size, read ten times a second and
+after every 16 MiB read from clients (a flood on loopback brings hundreds
+of MB per 100 ms; this bounds the overshoot whatever the rate). Not an
 accounting of bytes held by queues: that would cost something on every
 publish and delivery (the hot path), and it would still miss what a
 message really costs in Python (a 250-byte message is about 1 KiB of
@@ -45,6 +47,9 @@ from brokerd.model.limits import Limits
 log = logging.getLogger("brokerd.resources")
 
 MEMORY_INTERVAL = 0.1
+#: bytes read from clients after which memory is checked at once, between timer ticks:
+#: a loopback flood can bring hundreds of MB in 100 ms, this bounds the overshoot
+CHECK_EVERY_BYTES = 16 * 1024 * 1024
 #: memory checks per disk check (once a second)
 DISK_EVERY = 10
 #: seconds between malloc_trim calls while the memory alarm is on
@@ -149,6 +154,8 @@ class ResourceMonitor:
         self.clock = clock
         self.trim = trim if trim is not None else _malloc_trim()
         self.memory_used = 0
+        #: bytes read from clients since memory was last checked (the shell adds them)
+        self.received = 0
         self.disk_free: int | None = None
         self.alarms: dict[str, ResourceAlarm] = {}
         self._last_trim = 0.0
@@ -161,6 +168,7 @@ class ResourceMonitor:
     # -- checks ---------------------------------------------------------------------
 
     def check_memory(self) -> None:
+        self.received = 0
         limit = self.memory_limit
         used = self.read_memory()
         if used >= limit and self.trim is not None:
