@@ -137,18 +137,23 @@ LIMIT_KEYS = tuple(f.name for f in fields(Limits) if f.name != "vm_memory_high_w
 VHOST_LIMIT_KEYS = tuple(f.name for f in fields(VhostLimits))
 
 
-def parse_size(value: object, key: str) -> int:
+def parse_size(value: object, key: str, *, minimum: int = 0) -> int:
     """Bytes from an integer or a string with a unit (``"50MB"``, ``"512MiB"``)."""
-    if _is_int(value) and value >= 0:  # type: ignore[operator]
-        return value  # type: ignore[return-value]
-    if isinstance(value, str):
+    size = None
+    if _is_int(value):
+        size = int(value)  # type: ignore[call-overload]
+    elif isinstance(value, str):
         match = _SIZE.fullmatch(value)
         if match and match.group(2) in SIZE_UNITS:
-            return int(match.group(1)) * SIZE_UNITS[match.group(2)]
-    raise ConfigError(
-        f'{key}: must be a number of bytes or a size such as "50MB" or "512MiB" '
-        f"(units: {', '.join(u for u in SIZE_UNITS if u)})"
-    )
+            size = int(match.group(1)) * SIZE_UNITS[match.group(2)]
+    if size is None or size < 0:
+        raise ConfigError(
+            f'{key}: must be a number of bytes or a size such as "50MB" or "512MiB" '
+            f"(units: {', '.join(u for u in SIZE_UNITS if u)})"
+        )
+    if size < minimum:
+        raise ConfigError(f"{key}: must be at least {minimum} bytes")
+    return size
 
 
 def _count(value: object, key: str) -> int | None:
