@@ -57,7 +57,7 @@ def test_dump_and_plain_status(broker: BrokerProcess) -> None:
     plain = ctl(broker, "status")
     assert plain.returncode == 0 and plain.stdout.startswith("spid")
     assert re.search(
-        r"^memory +[\d.]+ MiB of the [\d.]+ GiB watermark \(\d+%\)$", plain.stdout, re.M
+        r"^memory +[\d.]+ [KMG]iB of the [\d.]+ [MGT]iB watermark \(\d+%\)$", plain.stdout, re.M
     )
     assert re.search(r"^disk free +[\d.]+ \w+ \(limit 47\.7 MiB\) on ", plain.stdout, re.M)
 
