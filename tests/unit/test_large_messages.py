@@ -134,3 +134,20 @@ def test_message_body_may_be_any_bytes_like():
             1, msg.props_raw, b"abc", 4096
         )
     assert message_module.Body  # the alias code may annotate with
+
+
+def test_a_large_body_crosses_a_cluster_link_intact():
+    """Links send ``message.body`` as it is: a view of a large one encodes as bytes would."""
+    from brokerd.cluster import records
+
+    body = os.urandom(LARGE_BODY + 3)
+    buffer = body_buffer(len(body))
+    assert buffer is not None
+    buffer[:] = body
+    view = buffer.toreadonly()
+    batch = records.Batch()
+    batch.forward(7, "s/1/1", [("", "q")], "", "q", b"\x00\x00", view)
+    batch.deliver("tag", 9, False, "", "q", b"\x00\x00", view)
+    assert batch.size > 2 * len(body)
+    forward, deliver = records.decode(batch.take())
+    assert forward.body == body and deliver.body == body
