@@ -257,7 +257,7 @@ class Batch:
         exchange: str,
         routing_key: str,
         props: bytes,
-        body: Body,  # a large one is a view: joined into the batch, not copied first
+        body: Body,  # bytes-like: a large body is a read-only view
         redelivered: bool = False,
     ) -> None:
         head = [
@@ -332,7 +332,7 @@ class Batch:
         exchange: str,
         routing_key: str,
         props: bytes,
-        body: Body,  # a large one is a view: joined into the batch, not copied first
+        body: Body,  # bytes-like: a large body is a read-only view
     ) -> None:
         head = b"".join(
             (
@@ -357,7 +357,7 @@ class Batch:
         exchange: str,
         routing_key: str,
         props: bytes,
-        body: Body,  # a large one is a view: joined into the batch, not copied first
+        body: Body,  # bytes-like: a large body is a read-only view
     ) -> None:
         head = b"".join(
             (
