@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import ctypes.util
 import logging
 import time
 from collections.abc import Callable
@@ -105,12 +104,10 @@ def total_memory(root: Path = Path("/")) -> int:
 
 
 def _malloc_trim() -> Callable[[], None] | None:
-    """glibc's malloc_trim(0), or None on another C library."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
+    """glibc's malloc_trim(0) from the process's own symbols, or None on another C
+    library (no ``find_library``: that may run ldconfig at every server start)."""
     try:
-        trim = ctypes.CDLL(name).malloc_trim
+        trim = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
     trim.argtypes = [ctypes.c_size_t]
