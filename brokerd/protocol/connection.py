@@ -29,8 +29,6 @@ from brokerd.protocol.handshake import (
 from brokerd.protocol.hooks import ConnectionHooks, Wait
 from brokerd.protocol.negotiation import ConnectionState, Negotiation
 from brokerd.protocol.output import OUTPUT_HIGH_WATER, Output
-
-__all__ = ["OUTPUT_HIGH_WATER", "Connection", "ConnectionState"]
 from brokerd.wire import codec
 from brokerd.wire.codec import (
     FRAME_BODY,
@@ -44,6 +42,8 @@ from brokerd.wire.codec import (
     SyntaxError_,
     UnknownMethod,
 )
+
+__all__ = ["OUTPUT_HIGH_WATER", "Connection", "ConnectionState", "next_connection_id"]
 
 log = logging.getLogger("brokerd.connection")
 
