@@ -6,9 +6,13 @@ fresh RabbitMQ: vhost ``/`` and user ``guest``/``guest``, loopback only.
     [limits]
     frame_max = 131072
     heartbeat = 60
+    max_connections = 1000              # off unless set; also max_queues, max_exchanges
+    vm_memory_high_watermark = 0.4      # or an absolute size: "2GiB"
+    disk_free_limit = "50MB"
 
     [[vhosts]]
     name = "/"
+    limits = { max_connections = 100, max_queues = 500, max_exchanges = 50, channel_max = 64 }
 
     [[users]]
     name = "app"
@@ -32,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.model.auth import Permission, User, UserDatabase, hash_password, is_password_hash
-from brokerd.model.broker import Limits
+from brokerd.model.broker import Limits, VhostLimits
 
 
 class ConfigError(Exception):
@@ -71,6 +75,8 @@ class BrokerConfig:
     permissions: list[tuple[str, str, Permission]] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
     store: StoreSettings = field(default_factory=StoreSettings)
+    #: per vhost name; vhosts not listed have no limits of their own
+    vhost_limits: dict[str, VhostLimits] = field(default_factory=dict)
 
     def user_database(self) -> UserDatabase:
         db = UserDatabase()
@@ -117,26 +123,130 @@ def _check_keys(entry: dict[str, Any], allowed: frozenset[str], key: str) -> Non
         raise ConfigError(f"{key}: unknown key(s) {', '.join(map(repr, unknown))}")
 
 
+#: sizes in brokerd.toml as RabbitMQ writes them: kB/MB/GB powers of 1000, k/K/KiB/M/MiB/...
+#: powers of 1024
+SIZE_UNITS = {
+    "": 1,
+    "B": 1,
+    "kB": 1000,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+    "TB": 1000**4,
+    **{unit: 1024 for unit in ("k", "K", "kiB", "KiB")},
+    **{unit: 1024**2 for unit in ("M", "MiB")},
+    **{unit: 1024**3 for unit in ("G", "GiB")},
+    **{unit: 1024**4 for unit in ("T", "TiB")},
+}
+_SIZE = re.compile(r"\s*(\d+)\s*([A-Za-z]*)\s*")
+#: limits that are off unless set (0 allows none, as in RabbitMQ)
+COUNT_LIMITS = ("max_connections", "max_queues", "max_exchanges")
+COUNT_MAX = 1_000_000_000
+UNAUTHENTICATED_RANGE = (1024, 16 * 1024 * 1024)
+#: the keys of [limits] (vm_memory_high_watermark_bytes is how a size watermark is kept)
+LIMIT_KEYS = tuple(f.name for f in fields(Limits) if f.name != "vm_memory_high_watermark_bytes")
+VHOST_LIMIT_KEYS = tuple(f.name for f in fields(VhostLimits))
+
+
+def parse_size(value: object, key: str, *, minimum: int = 0) -> int:
+    """Bytes from an integer or a string with a unit (``"50MB"``, ``"512MiB"``)."""
+    size = None
+    if _is_int(value):
+        size = int(value)  # type: ignore[call-overload]
+    elif isinstance(value, str):
+        match = _SIZE.fullmatch(value)
+        if match and match.group(2) in SIZE_UNITS:
+            size = int(match.group(1)) * SIZE_UNITS[match.group(2)]
+    if size is None or size < 0:
+        raise ConfigError(
+            f'{key}: must be a number of bytes or a size such as "50MB" or "512MiB" '
+            f"(units: {', '.join(u for u in SIZE_UNITS if u)})"
+        )
+    if size < minimum:
+        raise ConfigError(f"{key}: must be at least {minimum} bytes")
+    return size
+
+
+def _count(value: object, key: str) -> int | None:
+    if value is None:
+        return None
+    if not _is_int(value) or not 0 <= value <= COUNT_MAX:  # type: ignore[operator]
+        raise ConfigError(f"{key}: must be a non-negative integer (at most {COUNT_MAX})")
+    return value  # type: ignore[return-value]
+
+
+def _watermark(value: object, key: str, limits: Limits) -> None:
+    """A fraction of memory (a number from 0 to 1) or an absolute size (a string)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not 0 <= value <= 1:
+            raise ConfigError(
+                f'{key}: a fraction of memory from 0 to 1 (e.g. 0.4), or a size such as "512MiB"'
+            )
+        limits.vm_memory_high_watermark = float(value)
+        limits.vm_memory_high_watermark_bytes = None
+    else:
+        limits.vm_memory_high_watermark_bytes = parse_size(value, key)
+
+
 def parse_limits(raw: object, key: str, *, minimum: int = 0) -> Limits:
-    """Limits from a table/object; missing ones keep their defaults."""
+    """Limits from a table/object; missing ones keep their defaults.
+
+    ``minimum`` applies to the negotiation limits (the console's document wants
+    them positive); the count limits take null (the document's "no limit")."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{key}: must be a table of limits")
     limits = Limits()
-    known = {f.name for f in fields(Limits)}
     for name, value in raw.items():
-        if name not in known:
+        where = f"{key}.{name}"
+        if name not in LIMIT_KEYS:
             raise ConfigError(
-                f"{key}.{name}: unknown limit '{name}' (known: {', '.join(sorted(known))})"
+                f"{where}: unknown limit '{name}' (known: {', '.join(sorted(LIMIT_KEYS))})"
             )
-        maximum = LIMIT_MAXIMA[name]
-        if not _is_int(value) or not minimum <= value <= maximum:
-            kind = "non-negative" if minimum == 0 else "positive"
-            raise ConfigError(
-                f"{key}.{name}: limit '{name}' must be a {kind} integer (at most {maximum})"
-            )
-        setattr(limits, name, value)
+        if name in COUNT_LIMITS:
+            setattr(limits, name, _count(value, where))
+        elif name == "vm_memory_high_watermark":
+            _watermark(value, where, limits)
+        elif name == "disk_free_limit":
+            limits.disk_free_limit = parse_size(value, where)
+        elif name == "max_unauthenticated_bytes":
+            low, high = UNAUTHENTICATED_RANGE
+            if not _is_int(value) or not low <= value <= high:
+                raise ConfigError(f"{where}: must be an integer from {low} to {high}")
+            limits.max_unauthenticated_bytes = value
+        else:
+            maximum = LIMIT_MAXIMA[name]
+            if not _is_int(value) or not minimum <= value <= maximum:
+                kind = "non-negative" if minimum == 0 else "positive"
+                raise ConfigError(
+                    f"{where}: limit '{name}' must be a {kind} integer (at most {maximum})"
+                )
+            setattr(limits, name, value)
     if limits.frame_max and limits.frame_max < FRAME_MIN:
         raise ConfigError(f"{key}.frame_max: frame_max must be at least {FRAME_MIN}")
+    return limits
+
+
+def limits_document(limits: Limits) -> dict[str, Any]:
+    """The limits as the console's document holds them (normalised: every key, a
+    size watermark as a string of bytes, so that parsing it again gives the same)."""
+    doc: dict[str, Any] = {name: getattr(limits, name) for name in LIMIT_KEYS}
+    if limits.vm_memory_high_watermark_bytes is not None:
+        doc["vm_memory_high_watermark"] = str(limits.vm_memory_high_watermark_bytes)
+    return doc
+
+
+def parse_vhost_limits(raw: object, key: str) -> VhostLimits:
+    """One vhost's limits (``max_connections``, ``max_queues``, ``max_exchanges``,
+    ``channel_max``); a missing one is no limit."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{key}: must be a table of limits")
+    limits = VhostLimits()
+    for name, value in raw.items():
+        if name not in VHOST_LIMIT_KEYS:
+            raise ConfigError(
+                f"{key}.{name}: unknown vhost limit '{name}' (known: {', '.join(VHOST_LIMIT_KEYS)})"
+            )
+        setattr(limits, name, _count(value, f"{key}.{name}"))
     return limits
 
 
@@ -195,31 +305,6 @@ def parse_vhost_name(value: object, key: str) -> str:
     return value
 
 
-_SIZE = re.compile(r"\s*([0-9]+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*", re.IGNORECASE)
-_UNITS = {
-    "b": 1,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-}
-
-
-def parse_size(value: object, key: str, *, minimum: int = 1) -> int:
-    """A size in bytes: an integer, or a string such as "64MiB" (RabbitMQ's units)."""
-    if _is_int(value):
-        size = int(value)  # type: ignore[arg-type]
-    elif isinstance(value, str) and (match := _SIZE.fullmatch(value)):
-        size = int(match[1]) * _UNITS[(match[2] or "B").lower()]
-    else:
-        raise ConfigError(f'{key}: must be a number of bytes or a size like "64MiB"')
-    if size < minimum:
-        raise ConfigError(f"{key}: must be at least {minimum} bytes")
-    return size
-
-
 def parse_store(raw: object, key: str) -> StoreSettings:
     if not isinstance(raw, dict):
         raise ConfigError(f"{key}: must be a table")
@@ -248,7 +333,12 @@ def parse_config(raw: dict[str, Any], where: str = "config") -> BrokerConfig:
     config.limits = parse_limits(raw.get("limits", {}), f"{where}: limits")
     config.store = parse_store(raw.get("store", {}), f"{where}: store")
     for i, entry in enumerate(raw.get("vhosts", [{"name": "/"}])):
-        config.vhosts.append(parse_vhost_name(entry.get("name"), f"{where}: vhosts[{i}].name"))
+        name = parse_vhost_name(entry.get("name"), f"{where}: vhosts[{i}].name")
+        config.vhosts.append(name)
+        if "limits" in entry:
+            config.vhost_limits[name] = parse_vhost_limits(
+                entry["limits"], f"{where}: vhosts[{i}].limits"
+            )
     for i, entry in enumerate(raw.get("users", [])):
         config.users.append(parse_user(entry, f"{where}: users[{i}]", strict=False))
     users = {u.name for u in config.users}

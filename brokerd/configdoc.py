@@ -16,19 +16,29 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
 from typing import Any
 
 from brokerd.cluster.config import ClusterConfigError, parse_host
 from brokerd.config import (
+    VHOST_LIMIT_KEYS,
     ConfigError,
+    limits_document,
     parse_limits,
     parse_permission,
     parse_user,
+    parse_vhost_limits,
     parse_vhost_name,
 )
 
-DOCUMENT_KEYS = ("heartbeat", "known_hosts", "limits", "vhosts", "users", "permissions")
+DOCUMENT_KEYS = (
+    "heartbeat",
+    "known_hosts",
+    "limits",
+    "vhosts",
+    "vhost_limits",
+    "users",
+    "permissions",
+)
 HEARTBEAT_DEFAULTS = {"interval": 1.0, "timeout": 3.0, "open_timeout": 10.0}
 #: an hour between heartbeats is already useless; larger values are typos
 HEARTBEAT_MAX = 3600.0
@@ -122,6 +132,20 @@ def _permissions(raw: object, doc: dict[str, Any]) -> list[dict[str, str]]:
     return list(permissions.values())
 
 
+def _vhost_limits(raw: object, doc: dict[str, Any]) -> dict[str, dict[str, int | None]]:
+    if not isinstance(raw, dict):
+        raise ConfigDocumentError("vhost_limits: must be an object of vhost name -> limits")
+    if "vhosts" not in doc:
+        raise ConfigDocumentError("vhost_limits: need 'vhosts' in the same document to refer to")
+    out = {}
+    for name, entry in raw.items():
+        if name not in doc["vhosts"]:
+            raise ConfigDocumentError(f"vhost_limits.{name}: limits for unknown vhost {name!r}")
+        limits = parse_vhost_limits(entry, f"vhost_limits.{name}")
+        out[name] = {key: getattr(limits, key) for key in VHOST_LIMIT_KEYS}
+    return out
+
+
 def validate_document(doc: object) -> dict[str, Any]:
     """Check a configuration document; return it normalised, or raise
     :class:`ConfigDocumentError` naming the first bad key."""
@@ -137,9 +161,11 @@ def validate_document(doc: object) -> dict[str, Any]:
         if "known_hosts" in doc:
             out["known_hosts"] = _known_hosts(doc["known_hosts"])
         if "limits" in doc:
-            out["limits"] = asdict(parse_limits(doc["limits"], "limits", minimum=1))
+            out["limits"] = limits_document(parse_limits(doc["limits"], "limits", minimum=1))
         if "vhosts" in doc:
             out["vhosts"] = _vhosts(doc["vhosts"])
+        if "vhost_limits" in doc:
+            out["vhost_limits"] = _vhost_limits(doc["vhost_limits"], out)
         if "users" in doc:
             out["users"] = _users(doc["users"])
         if "permissions" in doc:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.server.control import request, socket_path
+from brokerd.server.resources import format_bytes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +51,24 @@ def _print_status(status: dict[str, Any]) -> None:
     for peer in status.get("peers", []):
         state = "active" if peer.get("active") else "inactive"
         print(f"peer       {peer.get('spid')} {peer.get('type')} {state}")
+    resources = status.get("resources")
+    if resources:
+        memory, disk = resources["memory"], resources["disk"]
+        share = memory["used"] / memory["limit"] if memory["limit"] else 1.0
+        print(
+            f"memory     {format_bytes(memory['used'])} of the "
+            f"{format_bytes(memory['limit'])} watermark ({share:.0%})"
+            f"{'  ALARM' if memory['alarm'] else ''}"
+        )
+        free = "?" if disk["free"] is None else format_bytes(disk["free"])
+        print(
+            f"disk free  {free} (limit {format_bytes(disk['limit'])}) on {disk['path']}"
+            f"{'  ALARM' if disk['alarm'] else ''}"
+        )
+    blocked = status.get("blocked") or {}
+    print(f"blocked    {'; '.join(blocked.values()) if blocked else '-'}")
+    for alarm in status.get("alarms", []):
+        print(f"alarm      {alarm.get('kind')}: {alarm.get('message')}")
 
 
 def main(argv: list[str]) -> int:

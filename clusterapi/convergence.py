@@ -37,6 +37,7 @@ DEFAULTS: dict[str, str] = {
         ", ".join(f"{k} {v}" for k, v in validate_document({"limits": {}})["limits"].items())
     ),
     "vhosts": "each broker's brokerd.toml (default: '/')",
+    "vhost_limits": "each broker's brokerd.toml ([[vhosts]] limits; default: none)",
     "users": "each broker's brokerd.toml (default: guest, loopback only)",
     "permissions": "each broker's brokerd.toml for the users that remain",
 }

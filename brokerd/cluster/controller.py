@@ -62,8 +62,11 @@ class ClusterSink(Muxer):
         return None
 
     def route(self, message: Message) -> tuple[()]:
+        body = message.body
+        if not isinstance(body, bytes):
+            body = bytes(body)  # a batch assembled as a large body: the decoders slice bytes
         try:
-            self.controller.receive(message.publisher, message.routing_key, message.body)  # type: ignore[arg-type]
+            self.controller.receive(message.publisher, message.routing_key, body)  # type: ignore[arg-type]
         except AMQPError:
             raise  # a link that is not allowed here, refused with its reply code
         except Exception:  # a bug handling one message must not cost the link

@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from brokerd.model.message import Body
 
 MAGIC = b"RKD1"
 
@@ -264,14 +268,14 @@ class Batch:
     __slots__ = ("_acks", "_parts", "size")
 
     def __init__(self) -> None:
-        self._parts: list[bytes] = []
+        self._parts: list[bytes | Body] = []
         self._acks: list[int] = []
         self.size = 0
 
     def __bool__(self) -> bool:
         return bool(self._parts or self._acks)
 
-    def _add(self, *parts: bytes) -> None:
+    def _add(self, *parts: bytes | Body) -> None:
         if self._acks:
             self._emit_acks()
         self._parts.extend(parts)
@@ -299,7 +303,7 @@ class Batch:
         exchange: str,
         routing_key: str,
         props: bytes,
-        body: bytes,
+        body: Body,  # bytes-like: a large body is a read-only view
         redelivered: bool = False,
     ) -> None:
         head = [
@@ -374,7 +378,7 @@ class Batch:
         exchange: str,
         routing_key: str,
         props: bytes,
-        body: bytes,
+        body: Body,  # bytes-like: a large body is a read-only view
     ) -> None:
         head = b"".join(
             (
@@ -399,7 +403,7 @@ class Batch:
         exchange: str,
         routing_key: str,
         props: bytes,
-        body: bytes,
+        body: Body,  # bytes-like: a large body is a read-only view
     ) -> None:
         head = b"".join(
             (

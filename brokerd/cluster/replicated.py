@@ -58,11 +58,13 @@ Done = Callable[[bool, int], None]
 class Gate:
     """Opens once every replica has acked event ``seq`` (implements the model's Gate)."""
 
-    __slots__ = ("_callbacks", "opened", "seq")
+    __slots__ = ("_callbacks", "failed", "opened", "seq")
 
     def __init__(self, seq: int) -> None:
         self.seq = seq
         self.opened = False
+        #: opened because replication gave up (the root moved): what it held is doubtful
+        self.failed = False
         self._callbacks: list[Callable[[], None]] = []
 
     def on_open(self, callback: Callable[[], None]) -> None:
@@ -72,10 +74,17 @@ class Gate:
             self._callbacks.append(callback)
 
     def open(self) -> None:
+        if self.opened:
+            return
         self.opened = True
         callbacks, self._callbacks = self._callbacks, []
         for callback in callbacks:
             callback()
+
+    def fail(self) -> None:
+        """Open without the replicas' word: holders must not trust what they held."""
+        self.failed = True
+        self.open()
 
 
 class ReplicaLink:

@@ -13,11 +13,10 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.config import ClusterConfig, parse_host
-from brokerd.config import BrokerConfig
+from brokerd.config import BrokerConfig, parse_limits, parse_vhost_limits
 from brokerd.configdoc import ConfigDocumentError, document_checksum, validate_document
 from brokerd.consolelink import messages
 from brokerd.model.auth import Permission, User
-from brokerd.model.broker import Limits
 from brokerd.server import dump
 from brokerd.server.control import ControlError
 
@@ -33,7 +32,7 @@ class CommandError(Exception):
     """A command that cannot run; the message becomes the ack's ``error``."""
 
 
-BROKER_PARTS = ("limits", "vhosts", "users", "permissions")
+BROKER_PARTS = ("limits", "vhosts", "vhost_limits", "users", "permissions")
 CLUSTER_PARTS = ("heartbeat", "known_hosts")
 
 
@@ -65,8 +64,24 @@ def merge_broker_config(baseline: BrokerConfig, doc: dict[str, Any]) -> BrokerCo
     else:
         names = {u.name for u in users}
         permissions = [p for p in baseline.permissions if p[0] in names and p[1] in vhosts]
-    limits = Limits(**doc["limits"]) if "limits" in doc else baseline.limits
-    return BrokerConfig(vhosts=vhosts, users=users, permissions=permissions, limits=limits)
+    # the document was validated: parsing its normalised parts again cannot fail
+    limits = baseline.limits
+    if "limits" in doc:
+        limits = parse_limits(doc["limits"], "limits", minimum=1)
+    vhost_limits = baseline.vhost_limits
+    if "vhost_limits" in doc:
+        vhost_limits = {
+            name: parse_vhost_limits(entry, f"vhost_limits.{name}")
+            for name, entry in doc["vhost_limits"].items()
+        }
+    return BrokerConfig(
+        vhosts=vhosts,
+        users=users,
+        permissions=permissions,
+        limits=limits,
+        store=baseline.store,
+        vhost_limits=vhost_limits,
+    )
 
 
 def merge_cluster_config(baseline: ClusterConfig, doc: dict[str, Any]) -> ClusterConfig:

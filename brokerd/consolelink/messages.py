@@ -82,6 +82,7 @@ def hello(server: Server, config_version: int | None, config_checksum: str | Non
 
 def view(server: Server) -> dict[str, Any]:
     """The cluster as this server sees it (a standalone broker: ready, no peers)."""
+    resources = server.resources
     if server.cluster is None:
         return {
             "is_root": False,
@@ -92,7 +93,8 @@ def view(server: Server) -> dict[str, Any]:
             "vote": None,
             "reason": "standalone",
             "checksum": None,
-            "alarms": [],
+            "alarms": resources.alarm_list(),
+            "resources": resources.status(),
             "peers": [],
         }
     status = server.cluster.status()
@@ -102,7 +104,8 @@ def view(server: Server) -> dict[str, Any]:
             for key in ("is_root", "root", "ready", "root_enabled", "quorum", "vote", "reason")
         },
         "checksum": status["checksum"],
-        "alarms": status.get("alarms", []),
+        "alarms": status.get("alarms", []) + resources.alarm_list(),
+        "resources": resources.status(),
         "peers": [{key: peer.get(key) for key in PEER_FIELDS} for peer in status["peers"]],
     }
 

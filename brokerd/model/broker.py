@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from brokerd.model.auth import UserDatabase
 from brokerd.model.errors import NOT_ALLOWED, ConnectionError_
+from brokerd.model.limits import LimitChecks, Limits, VhostLimits
 from brokerd.model.storage import MessageStore
 from brokerd.model.vhost import VirtualHost
 
-
-@dataclass
-class Limits:
-    """Negotiation ceilings and protective limits; applied live on reload."""
-
-    frame_max: int = 131_072
-    channel_max: int = 2047
-    heartbeat: int = 60
-    max_message_size: int = 128 * 1024 * 1024
-    #: seed 000: returned messages a connection may receive per second; more are dropped
-    max_returns_per_second: int = 1000
+__all__ = ["Broker", "Limits", "VhostLimits"]
 
 
-class Broker:
+class Broker(LimitChecks):
     def __init__(
         self,
         users: UserDatabase,
@@ -35,6 +24,11 @@ class Broker:
         #: durable wiring and queue contents on disk (None: everything in memory)
         self.store = store
         self.vhosts: dict[str, VirtualHost] = {name: VirtualHost(name, store) for name in vhosts}
+        #: limits per vhost name (brokerd.model.limits); a vhost not listed has none
+        self.vhost_limits: dict[str, VhostLimits] = {}
+        #: client connections open (counted at connection.open-ok), in all and per vhost
+        self.connection_count = 0
+        self.vhost_connections: dict[str, int] = {}
         # monotonic counters (the console's ``totals``); each is one integer
         # increment on its path, nothing more, because publish is benchmarked
         #: messages published by clients

@@ -3,15 +3,46 @@
 The content header's property bytes are kept encoded: the broker forwards
 them untouched on delivery and decodes them only when something (a headers
 muxer, a TTL, a dump) needs a property.
+
+The body is any bytes-like object (:data:`Body`): ``bytes`` for the usual
+one-frame message, a read-only ``memoryview`` for a large one that was
+assembled in place (:func:`body_buffer`). Code that needs ``bytes`` (a JSON
+parser, a dict key) converts; code that writes it (a socket, a file, a
+record) takes it as it is, so a large body is never copied.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import mmap
+from typing import Any, TypeAlias
 
 from pamqp import commands
 
 from brokerd.wire import codec
+
+#: what ``Message.body`` may be
+Body: TypeAlias = bytes | bytearray | memoryview
+
+#: declared body sizes from which the channel assembles into one buffer in place
+#: (smaller multi-frame bodies are joined from their frames: at most 2x of 1 MiB)
+LARGE_BODY = 1024 * 1024
+
+
+def body_buffer(size: int) -> memoryview | None:
+    """A writable buffer of ``size`` bytes for a large body, or None if none can be had.
+
+    An anonymous private mapping rather than ``bytearray(size)``: its pages
+    are committed only as the body frames are written into them, so a
+    publisher that declares 128 MiB and sends 4 KiB costs 4 KiB, not 128 MiB
+    (many channels each declaring a huge body must not be a memory
+    amplifier), and nothing is zeroed or copied twice. Mappings are few (one
+    per large message), far below ``vm.max_map_count``; if the kernel refuses
+    one, the caller falls back to joining frames.
+    """
+    try:
+        return memoryview(mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE))
+    except (OSError, ValueError, OverflowError):
+        return None
 
 
 class Message:
@@ -38,7 +69,7 @@ class Message:
         exchange: str,
         routing_key: str,
         props_raw: bytes,
-        body: bytes,
+        body: Body,
         publisher: int | str = 0,
         channel: int = 0,
     ) -> None:
@@ -63,7 +94,7 @@ class Message:
         cls,
         exchange: str,
         routing_key: str,
-        body: bytes,
+        body: Body,
         properties: commands.Basic.Properties | None = None,
         publisher: int | str = 0,
     ) -> Message:
@@ -95,13 +126,21 @@ class Message:
         return tail
 
     def content(self, channel: int, frame_max: int) -> bytes:
-        """Header and body frames, cached for the last (channel, frame_max) asked."""
+        """Header and body frames, cached for the last (channel, frame_max) asked.
+
+        Only for bodies of at most ``codec.INLINE_BODY`` bytes (the cache would
+        hold a second copy of a bigger one); larger ones go out as
+        :meth:`content_parts`."""
         cached = self._content
         if cached is not None and cached[0] == channel and cached[1] == frame_max:
             return cached[2]
         frames = codec.content_frames(channel, self.props_raw, self.body, frame_max)
         self._content = (channel, frame_max, frames)
         return frames
+
+    def content_parts(self, channel: int, frame_max: int) -> list[bytes | memoryview]:
+        """Header and body frames as buffers that share the body (no copy, no cache)."""
+        return codec.content_parts(channel, self.props_raw, self.body, frame_max)
 
     def __repr__(self) -> str:
         return f"<Message {self.exchange!r}/{self.routing_key!r} {len(self.body)}B>"

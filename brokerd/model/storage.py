@@ -53,6 +53,8 @@ class Gate(Protocol):
     recipient one (``Recipient.hold``)."""
 
     opened: bool
+    #: opened because the replicas were given up on: what was held may be lost
+    failed: bool
 
     def on_open(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the gate opens (at once if it is open)."""

@@ -31,6 +31,7 @@ from brokerd.model.errors import (
     ConnectionError_,
     precondition_failed,
 )
+from brokerd.model.message import LARGE_BODY, Body, body_buffer
 from brokerd.protocol.consuming import Consumer, Consuming
 from brokerd.protocol.publishing import Publishing
 from brokerd.protocol.wiring import Wiring
@@ -61,10 +62,12 @@ class Channel(Publishing, Consuming, Wiring):
         self._confirms: list[tuple[int, bool]] = []
         self.tx = False
         self._tx_ops: list[Callable[[], None]] = []
-        # content being assembled: (exchange, routing_key, mandatory), props, parts, size
+        # content being assembled: (exchange, routing_key, mandatory), props, parts, size;
+        # a large body goes straight into one buffer of its declared size instead
         self._publish: tuple[str, str, bool] | None = None
         self._props = b""
         self._parts: list[bytes] = []
+        self._buffer: memoryview | None = None
         self._size = 0
         self._received = 0
         self._write_allowed: dict[str, bool] = {}
@@ -179,7 +182,7 @@ class Channel(Publishing, Consuming, Wiring):
             return
         if not self.open:
             return
-        if self._publish is None or self._parts or self._props:
+        if self._publish is None or self._props:
             raise ConnectionError_(
                 UNEXPECTED_FRAME, f"unexpected content header on channel {self.number}"
             )
@@ -211,22 +214,34 @@ class Channel(Publishing, Consuming, Wiring):
             raise ConnectionError_(
                 UNEXPECTED_FRAME, f"unexpected content body on channel {self.number}"
             )
-        received = self._received + len(payload)
+        start = self._received
+        received = start + len(payload)
         if received > self._size:
             raise ConnectionError_(
                 UNEXPECTED_FRAME, f"content body exceeds the declared size {self._size}"
             )
         if received == self._size:
-            if self._parts:
+            body: Body
+            if self._buffer is not None:
+                buffer, self._buffer = self._buffer, None
+                buffer[start:received] = payload
+                body = buffer.toreadonly()
+                buffer.release()
+            elif self._parts:
                 self._parts.append(payload)
                 body = b"".join(self._parts)
                 self._parts = []
             else:
-                body = payload
+                body = payload  # one frame: the usual case, no copy at all
             self._content_complete(body)
+            return
+        if start == 0 and self._size >= LARGE_BODY:
+            self._buffer = body_buffer(self._size)
+        if self._buffer is not None:
+            self._buffer[start:received] = payload  # the frame is freed: ~1x the body
         else:
             self._parts.append(payload)
-            self._received = received
+        self._received = received
 
     # -- permissions ----------------------------------------------------------------
 
@@ -278,6 +293,7 @@ class Channel(Publishing, Consuming, Wiring):
         self._held = None
         self._publish = None
         self._parts = []
+        self._buffer = None
         self._confirms.clear()
         self._inflight.clear()
         self._deferring = None

@@ -28,6 +28,7 @@ from brokerd.protocol.handshake import (
 )
 from brokerd.protocol.hooks import ConnectionHooks, Wait
 from brokerd.protocol.negotiation import ConnectionState, Negotiation
+from brokerd.protocol.output import OUTPUT_HIGH_WATER, Output
 from brokerd.wire import codec
 from brokerd.wire.codec import (
     FRAME_BODY,
@@ -42,6 +43,8 @@ from brokerd.wire.codec import (
     UnknownMethod,
 )
 
+__all__ = ["OUTPUT_HIGH_WATER", "Connection", "ConnectionState", "next_connection_id"]
+
 log = logging.getLogger("brokerd.connection")
 
 _PUBLISH_ID = bytes((0, 60, 0, 40))
@@ -55,8 +58,6 @@ def _publishing(ftype: int, payload: bytes) -> bool:
 
 
 HANDSHAKE_TIMEOUT = 10.0
-#: bytes of output a connection may gather in one loop turn before its consumers pause
-OUTPUT_HIGH_WATER = 1024 * 1024
 CLOSE_TIMEOUT = 3.0
 _ids = itertools.count(1)
 
@@ -65,7 +66,7 @@ def next_connection_id() -> int:
     return next(_ids)
 
 
-class Connection(Negotiation):
+class Connection(Output, Negotiation):
     """One client connection, from protocol header to close.
 
     ``on_output`` is called (once) when the output buffer goes from empty to
@@ -104,7 +105,7 @@ class Connection(Negotiation):
         self._buf = bytearray()
         self._out: list[bytes] = []
         #: output written while a store holds a delivery (``hold_output``), and its gate
-        self._held_out: list[bytes] = []
+        self._held_out: list[Any] = []
         self._held_bytes = 0
         self._hold_gate: Any = None
         self.server_properties = server_properties or {}
@@ -126,12 +127,18 @@ class Connection(Negotiation):
         self.user: Any = None
         self.vhost: Any = None
         self.channels: dict[int, Any] = {}
+        #: a cluster link the cluster admitted: never blocked, never counted in limits
+        self.cluster_link = False
+        #: counted in the broker's connection limits (released at teardown)
+        self.counted = False
         #: False while the transport's buffer is above its high-water mark or
         #: this machine's own output buffer holds more than OUTPUT_HIGH_WATER
         self.writable = True
         self._transport_paused = False
         self._output_full = False
         self._out_bytes = 0
+        #: ``_out`` holds views of a large body (``write_parts``)
+        self._parted = False
         self.blocked_reason: str | None = None
         #: blocked and a publisher's next frame came: the shell stops reading from the
         #: socket until unblocked (RabbitMQ's "blocked", not just a notification)
@@ -147,76 +154,6 @@ class Connection(Negotiation):
         self.returns_dropped = 0
         self._confirm_dirty: set[Any] = set()
 
-    # -- I/O boundary ----------------------------------------------------------
-
-    def hold_output(self, gate: Any) -> None:
-        """Hold everything written from now on until ``gate`` opens (a delivery whose
-        acquisition a store must make known elsewhere first). Holds chain: output
-        waits for the latest gate, which opens after the earlier ones."""
-        if gate.opened:
-            return
-        self._hold_gate = gate
-        gate.on_open(lambda: self._gate_opened(gate))
-
-    def _gate_opened(self, gate: Any) -> None:
-        if gate is not self._hold_gate:
-            return  # a later gate holds the output now
-        self._hold_gate = None
-        held, self._held_out = self._held_out, []
-        self._held_bytes = 0
-        for data in held:
-            self._write(data)
-        if self.on_output is not None:
-            self.on_output()
-
-    def write(self, data: bytes) -> None:
-        if self._hold_gate is not None:
-            self._held_out.append(data)
-            self._held_bytes += len(data)
-            if self._held_bytes > OUTPUT_HIGH_WATER and not self._output_full:
-                self._output_full = True  # consumers pause while their output waits
-                self.writable = False
-            return
-        self._write(data)
-
-    def _write(self, data: bytes) -> None:
-        out = self._out
-        if not out:
-            out.append(data)
-            self._out_bytes = len(data)
-            if self.on_output is not None:
-                self.on_output()
-        else:
-            out.append(data)
-            self._out_bytes += len(data)
-            if self._out_bytes > OUTPUT_HIGH_WATER and not self._output_full:
-                # deliveries pause until this buffer is handed to the transport
-                self._output_full = True
-                self.writable = False
-
-    def confirm_later(self, channel: Any) -> None:
-        """A channel has confirms ready outside this connection's own reading (a queue
-        on another server settled): send them with the next output."""
-        self._confirm_dirty.add(channel)
-        if self.on_output is not None:
-            self.on_output()  # the shell flushes once this loop turn
-
-    def data_to_send(self) -> bytes:
-        """Everything queued for the peer since the last call."""
-        if self._confirm_dirty:
-            self._flush_confirms()
-        if not self._out:
-            return b""
-        data = b"".join(self._out)
-        self._out.clear()
-        self._out_bytes = 0
-        self.last_sent = self.clock()
-        if self._output_full and self._held_bytes <= OUTPUT_HIGH_WATER:
-            self._output_full = False
-            if not self._transport_paused and self.state is ConnectionState.OPEN:
-                self.resume_writing()
-        return data
-
     @property
     def closed(self) -> bool:
         """The shell should flush ``data_to_send`` and then close the transport."""
@@ -229,6 +166,8 @@ class Connection(Negotiation):
         buf = self._buf
         buf += data
         if self._holding:
+            if self.user is None and len(buf) > self.broker.limits.max_unauthenticated_bytes:
+                self._refuse_unauthenticated(len(buf))
             return  # frames pipelined after start-ok or open wait for the answer
         if self.state is ConnectionState.AWAIT_HEADER:
             if len(buf) < 8:
@@ -241,11 +180,18 @@ class Connection(Negotiation):
                 return
             del buf[:8]
             self._send_start()
+        if self.user is None and len(buf) > self.broker.limits.max_unauthenticated_bytes:
+            self._refuse_unauthenticated(len(buf))
+            return
         # a pipelining client may send tune-ok and large frames in one write:
-        # until the connection is open, split against the server's own ceiling
-        frame_max = (
-            self.frame_max if self.state is ConnectionState.OPEN else self.broker.limits.frame_max
-        )
+        # until the connection is open, split against the server's own ceiling,
+        # and before the login against what an unauthenticated peer may send
+        if self.state is ConnectionState.OPEN:
+            frame_max = self.frame_max
+        elif self.user is None:
+            frame_max = self.broker.limits.max_unauthenticated_bytes
+        else:
+            frame_max = self.broker.limits.frame_max
         error: AMQPError | None = None
         try:
             frames, pos = codec.split_frames(buf, 0, frame_max)
@@ -322,6 +268,19 @@ class Connection(Negotiation):
             for ch in self._confirm_dirty:
                 ch.flush_confirms()
             self._confirm_dirty.clear()
+
+    def _refuse_unauthenticated(self, size: int) -> None:
+        """Too much from a peer that has not logged in: 501, and the socket is dropped
+        at once (there is no agreed frame size to wait for a close-ok with)."""
+        limit = self.broker.limits.max_unauthenticated_bytes
+        text = f"{size} bytes received before authentication, more than the limit of {limit}"
+        log.warning("refused conn=%d peer=%s reason=%s", self.id, self.name, text)
+        error = ConnectionError_(FRAME_ERROR, text)
+        self.send_method(0, commands.Connection.Close(FRAME_ERROR, error.reply_text, 0, 0))
+        self._close_sent = True
+        self._buf.clear()
+        self._teardown()
+        self.state = ConnectionState.CLOSED
 
     def _refuse_header(self) -> None:
         log.info("refused conn=%d peer=%s reason=bad protocol header", self.id, self.name)
@@ -441,6 +400,9 @@ class Connection(Negotiation):
 
     def _teardown(self) -> None:
         self.writable = False  # requeued messages must not come back to this connection
+        if self.counted:
+            self.counted = False
+            self.broker.close_connection(self.vhost.name)
         if self.hooks is not None and not self._closed_notified:
             self._closed_notified = True
             self.hooks.closed(self)
@@ -488,22 +450,6 @@ class Connection(Negotiation):
                 return
             if now - self.last_sent >= self.heartbeat / 2 and not self._out:
                 self.write(HEARTBEAT_FRAME)
-
-    # -- flow control from the transport ------------------------------------------
-
-    def pause_writing(self) -> None:
-        """The transport's buffer is above its high-water mark."""
-        self._transport_paused = True
-        self.writable = False
-
-    def resume_writing(self) -> None:
-        self._transport_paused = False
-        if self._output_full:
-            return
-        self.writable = True
-        queues = {c.queue for ch in self.channels.values() for c in ch.consumers.values()}
-        for queue in queues:
-            queue.dispatch()
 
     def set_blocked(self, reason: str | None) -> None:
         """connection.blocked / unblocked, for clients that declared the capability;
@@ -556,6 +502,8 @@ class Connection(Negotiation):
     # -- channels ------------------------------------------------------------------
 
     def _open_channel(self, number: int) -> None:
+        if not self.cluster_link:
+            self.broker.check_channel(self.vhost.name, len(self.channels), self.channel_max)
         if number > self.channel_max:
             raise ConnectionError_(
                 CHANNEL_ERROR, f"channel {number} exceeds channel_max {self.channel_max}"

@@ -27,6 +27,7 @@ from brokerd.model.message import Message
 from brokerd.model.queue import Got, Queue
 from brokerd.model.storage import Gate
 from brokerd.wire import codec
+from brokerd.wire.codec import INLINE_BODY
 
 if TYPE_CHECKING:
     from brokerd.protocol.connection import Connection
@@ -106,7 +107,10 @@ class Consumer:
             conn.broker.messages_redelivered += 1
         number = ch.number
         conn.write(codec.deliver_frame(number, self.tag_raw, tag, redelivered, message.tail))
-        conn.write(message.content(number, conn.frame_max))
+        if len(message.body) <= INLINE_BODY:
+            conn.write(message.content(number, conn.frame_max))
+        else:
+            conn.write_parts(message.content_parts(number, conn.frame_max))
 
     def cancelled(self, queue: Queue) -> None:
         self.channel.consumer_cancelled_by_server(self)
@@ -246,7 +250,10 @@ class Consuming:
                 tag, redelivered, message.exchange, message.routing_key, remaining
             ),
         )
-        conn.write(message.content(self.number, conn.frame_max))
+        if len(message.body) <= INLINE_BODY:
+            conn.write(message.content(self.number, conn.frame_max))
+        else:
+            conn.write_parts(message.content_parts(self.number, conn.frame_max))
 
     # -- settling ------------------------------------------------------------------
 

@@ -217,6 +217,14 @@ class Negotiation:
             self.state = ConnectionState.AWAIT_ADMISSION
             return
         self._admission = None
+        # a link the cluster admitted (it checked the cluster user and vhost); anything
+        # else claiming to be one in client properties is an ordinary client
+        self.cluster_link = self.hooks is not None and isinstance(
+            self.client_properties.get("rookery_link"), dict
+        )
+        if not self.cluster_link:
+            self.broker.open_connection(self.vhost.name, self.user.name)  # or 530
+            self.counted = True
         known_hosts = self.hooks.known_hosts() if self.hooks is not None else ""
         self.write(codec.open_ok_frame(known_hosts))
         self.state = ConnectionState.OPEN

@@ -18,8 +18,9 @@ from pamqp import commands
 
 from brokerd.model.errors import NO_ROUTE, ChannelError, access_refused, precondition_failed
 from brokerd.model.exchange import Exchange
-from brokerd.model.message import Message
+from brokerd.model.message import Body, Message
 from brokerd.wire import codec
+from brokerd.wire.codec import INLINE_BODY
 
 if TYPE_CHECKING:
     from brokerd.protocol.connection import Connection
@@ -89,7 +90,7 @@ class Publishing:
 
     # -- content complete -----------------------------------------------------------
 
-    def _content_complete(self, body: bytes) -> None:
+    def _content_complete(self, body: Body) -> None:
         exchange_name, routing_key, mandatory = self._publish  # type: ignore[misc]
         props = self._props
         self._publish = None
@@ -220,7 +221,10 @@ class Publishing:
             self.number,
             commands.Basic.Return(code, text, message.exchange, message.routing_key),
         )
-        conn.write(message.content(self.number, conn.frame_max))
+        if len(message.body) <= INLINE_BODY:
+            conn.write(message.content(self.number, conn.frame_max))
+        else:
+            conn.write_parts(message.content_parts(self.number, conn.frame_max))
 
     def flush_confirms(self) -> None:
         """Send pending confirms, folding runs of acks into one ``multiple`` ack."""

@@ -90,6 +90,8 @@ class Wiring:
         vhost = self.connection.vhost
         if not m.passive:
             self._permit("configure", "exchange", m.exchange)
+            if m.exchange not in vhost.exchanges and not _reserved(m.exchange):
+                self.connection.broker.check_new_exchange(vhost, m.exchange)  # 406 over a limit
             if self._delegated(m, lambda _: commands.Exchange.DeclareOk()):
                 return
         _exchange, created = vhost.declare_exchange(
@@ -158,6 +160,8 @@ class Wiring:
         self._permit("configure", "queue", m.queue)
         self.last_queue = m.queue
         name = m.queue
+        if name not in vhost.queues and not _reserved(name):
+            conn.broker.check_new_queue(vhost, name)  # 406 over a limit
         if self._delegated(m, lambda counts: self._declare_ok_method(name, counts)):
             return
         queue, created = vhost.declare_queue(
@@ -255,6 +259,11 @@ class Wiring:
         )
         shared = existed is not None and not existed.exclusive
         self._applied(m, commands.Queue.DeleteOk(count), changed=shared)
+
+
+def _reserved(name: str) -> bool:
+    """A name the declare refuses anyway (403): not a limit's business."""
+    return not name or (name.startswith("amq.") and not name.startswith("amq.gen-"))
 
 
 def _rename(m: Any, name: str) -> str:

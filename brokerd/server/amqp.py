@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from brokerd.protocol import Connection, ConnectionState
 from brokerd.protocol.handshake import LoginCheck
+from brokerd.server.resources import CHECK_EVERY_BYTES
 
 if TYPE_CHECKING:
     from brokerd.server.app import Server
@@ -27,6 +28,7 @@ class AMQPProtocol(asyncio.Protocol):
         self.machine: Connection | None = None
         self._flush_scheduled = False
         self._reading_paused = False
+        self._login_paused = False
         self._opened = False
         self._login_task: asyncio.Task[None] | None = None
 
@@ -45,7 +47,14 @@ class AMQPProtocol(asyncio.Protocol):
         self.server.connections[self.machine.id] = self
 
     def _on_login(self, check: LoginCheck) -> None:
-        """The machine asks for a password check: run it off the loop, feed the answer back."""
+        """The machine asks for a password check: run it off the loop, feed the answer back.
+
+        A peer that has not logged in yet is not read meanwhile (as RabbitMQ, whose
+        reader authenticates before reading on): what it pipelines waits in the
+        socket, so it can never buffer more here than ``max_unauthenticated_bytes``."""
+        if check.kind == "login" and self.transport is not None and not self._login_paused:
+            self._login_paused = True
+            self.transport.pause_reading()
         self._login_task = self.loop.create_task(self._login(check))
 
     async def _login(self, check: LoginCheck) -> None:
@@ -59,6 +68,10 @@ class AMQPProtocol(asyncio.Protocol):
         if self.transport is None:
             return
         machine.complete_login(check, user, reason)
+        if self._login_paused:
+            self._login_paused = False
+            if not self._reading_paused and not self.transport.is_closing():
+                self.transport.resume_reading()
         self._check_blocked(machine)
         self.flush()
 
@@ -72,15 +85,21 @@ class AMQPProtocol(asyncio.Protocol):
         machine, transport = self.machine, self.transport
         if machine is None or transport is None or transport.is_closing():
             return
-        data = machine.data_to_send()
-        if data:
-            transport.write(data)
+        buffers = machine.output_buffers()
+        if len(buffers) == 1:
+            transport.write(buffers[0])
+        elif buffers:
+            transport.writelines(buffers)  # a large body's views: sent, never joined
         if machine.closed:
             transport.close()
 
     def data_received(self, data: bytes) -> None:
         machine = self.machine
         assert machine is not None
+        resources = self.server.resources
+        resources.received += len(data)
+        if resources.received >= CHECK_EVERY_BYTES:
+            resources.check_memory()  # a fast flood: do not wait for the timer
         try:
             machine.receive_data(data)
         except Exception:  # the machine catches per frame; this is the last line
@@ -94,9 +113,7 @@ class AMQPProtocol(asyncio.Protocol):
         if not self._opened and machine.state is ConnectionState.OPEN:
             self._opened = True
             reason = self.server.blocked_reason
-            if reason is not None and not isinstance(
-                machine.client_properties.get("rookery_link"), dict
-            ):
+            if reason is not None and not machine.cluster_link:
                 machine.set_blocked(reason)  # opened while publishers are blocked
         if machine.read_paused and not self._reading_paused and self.transport is not None:
             self._reading_paused = True  # blocked: a publisher waits, unread

@@ -27,6 +27,7 @@ from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError, serve_control
 from brokerd.server.login import LoginService
 from brokerd.server.metrics import MetricsServer
+from brokerd.server.resources import ResourceMonitor
 from brokerd.store.disk import DiskStore
 
 log = logging.getLogger("brokerd.server")
@@ -69,6 +70,7 @@ class Server:
             page_limit=config.store.queue_memory_limit,
         )
         self.broker = Broker(config.user_database(), config.vhosts, config.limits, self.store)
+        self.broker.vhost_limits = dict(config.vhost_limits)
         self.cluster: ClusterController | None = None
         if self.cluster_config is not None:
             self._install_cluster_user(config)
@@ -87,9 +89,13 @@ class Server:
         self._control: asyncio.AbstractServer | None = None
         self.port = options.port
         self._cluster_secret_hash = ""
-        #: why publishers are blocked, by cause (cluster not ready, links behind)
+        #: why publishers are blocked, by cause (cluster not ready, links behind, memory, disk)
         self._blocks: dict[str, str] = {}
         self._blocks_scheduled = False
+        #: memory high watermark and disk free limit (causes "memory" and "disk")
+        self.resources = ResourceMonitor(
+            lambda: self.broker.limits, options.data_dir, self.block_publishers
+        )
 
     def _install_cluster_user(self, config: BrokerConfig) -> None:
         """The cluster vhost exists and the cluster user (password = secret) may use it."""
@@ -153,6 +159,7 @@ class Server:
             "totals": self.broker.counters(),
             "store": self.store.describe(),
             "blocked": dict(self._blocks),
+            "resources": self.resources.status(),
             "console": None
             if self.console is None
             else {
@@ -169,8 +176,11 @@ class Server:
                 "timeout": config.heartbeat_timeout,
                 "open_timeout": config.open_timeout,
             }
-            return {**self.cluster.status(), "heartbeat": heartbeat, **counts}
+            status = self.cluster.status()
+            alarms = status.get("alarms", []) + self.resources.alarm_list()
+            return {**status, "alarms": alarms, "heartbeat": heartbeat, **counts}
         return {
+            "alarms": self.resources.alarm_list(),
             "spid": self.spid,
             "type": "standalone",
             "is_root": False,
@@ -217,6 +227,7 @@ class Server:
             self._make_cluster(self.cluster_config)
         self.store.recover(self.broker)
         self.store.start()
+        self.resources.start()
         self._listener = await loop.create_server(
             lambda: AMQPProtocol(self),
             self.options.bind,
@@ -336,7 +347,7 @@ class Server:
         effective = next(iter(self._blocks.values()), None)
         for proto in list(self.connections.values()):
             conn = proto.machine
-            if conn is None or isinstance(conn.client_properties.get("rookery_link"), dict):
+            if conn is None or conn.cluster_link:
                 continue  # cluster links carry the traffic that unblocks everyone
             proto.set_blocked(effective)
 
@@ -359,6 +370,7 @@ class Server:
         """Stop accepting, close every client with 320, wait briefly for close-ok."""
         if self._listener is not None:
             self._listener.close()
+        self.resources.stop()
         if self._control is not None:
             self._control.close()
         if self.metrics is not None:
@@ -430,6 +442,7 @@ class Server:
             for vhost in self.broker.vhosts.values():
                 for queue in vhost.queues.values():
                     queue.page_limit = config.store.queue_memory_limit
+        self.broker.vhost_limits = dict(config.vhost_limits)
         if self.cluster_config is not None:
             self._install_cluster_user(config)
         for name in config.vhosts:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from brokerd.server.resources import format_bytes
+
 if TYPE_CHECKING:
     from brokerd.server.app import Server
 
@@ -18,13 +20,20 @@ def one_line(server: Server) -> str:
         for ch in proto.machine.channels.values()
     )
     cluster = server.cluster_summary()
+    res = server.resources.status()
+    memory, disk = res["memory"], res["disk"]
+    free = "-" if disk["free"] is None else format_bytes(disk["free"]).replace(" ", "")
+    alarms = ",".join(a["kind"] for a in server.resources.alarm_list()) or "-"
     return (
         f"spid={server.spid} role={cluster['role']} root={cluster['root'] or '-'} "
         f"peers={cluster['peers_active']}/{cluster['peers_known']} "
         f"checksum={cluster.get('checksum') or '-'} "
         f"connections={len(server.connections)} queues={len(queues)} "
         f"ready={totals['messages_ready']} unacked={unacked} "
-        f"in={server.rates['published']:.1f}/s out={server.rates['delivered']:.1f}/s"
+        f"in={server.rates['published']:.1f}/s out={server.rates['delivered']:.1f}/s "
+        f"mem={format_bytes(memory['used']).replace(' ', '')}"
+        f"/{format_bytes(memory['limit']).replace(' ', '')} "
+        f"disk_free={free}/{format_bytes(disk['limit']).replace(' ', '')} alarms={alarms}"
     )
 
 
@@ -32,6 +41,18 @@ def full(server: Server) -> str:
     broker = server.broker
     lines = ["=== brokerd state dump ===", one_line(server)]
     lines.append(f"cluster: {server.cluster_summary()}")
+    res = server.resources.status()
+    memory, disk = res["memory"], res["disk"]
+    lines.append(
+        f"memory: used={memory['used']} limit={memory['limit']} total={memory['total']} "
+        f"watermark={memory['watermark'] if memory['watermark'] is not None else 'absolute'} "
+        f"alarm={memory['alarm']}"
+    )
+    lines.append(
+        f"disk: path={disk['path']} free={disk['free']} limit={disk['limit']} alarm={disk['alarm']}"
+    )
+    if server.blocked_reason is not None:
+        lines.append(f"publishers blocked: {server.blocked_reason}")
     lines.append(f"connections: {len(server.connections)}")
     for proto in server.connections.values():
         conn = proto.machine

@@ -8,9 +8,11 @@ role, logins, lossy drops) are ``rookery_*``. The HTTP side is a few lines
 on the broker's own event loop, so a scrape never reads the model from
 another thread; it answers ``GET /metrics`` and nothing else.
 
+Memory and disk come from the resource monitor's latest reading (ten a
+second), not from a new one per scrape.
+
 Not exported yet: dead-lettered and expired message counters (queue TTL and
-dead-lettering are not implemented), memory against the watermark (the
-store issue).
+dead-lettering are not implemented).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ class BrokerCollector(Collector):
         counters = {**server.broker.counters(), "redelivered": server.broker.messages_redelivered}
         for key, (name, help_text) in GLOBAL_COUNTERS.items():
             yield CounterMetricFamily(name, help_text, value=counters.get(key, 0))
+        yield from self._resources()
         yield from self._queues()
         yield from self._exchanges()
         yield from self._cluster()
@@ -76,6 +79,41 @@ class BrokerCollector(Collector):
             "rookery_login_checks", "Password checks run (cached logins excluded)", logins.checks
         )
         yield CounterMetricFamily("rookery_login_refused", "Logins refused", logins.refused)
+
+    def _resources(self) -> Iterator[Metric]:
+        status = self.server.resources.status()
+        memory, disk = status["memory"], status["disk"]
+        yield GaugeMetricFamily(
+            "rabbitmq_process_resident_memory_bytes",
+            "Memory used in bytes (resident set size)",
+            value=memory["used"],
+        )
+        yield GaugeMetricFamily(
+            "rabbitmq_resident_memory_limit_bytes",
+            "Memory high watermark in bytes",
+            value=memory["limit"],
+        )
+        yield GaugeMetricFamily(
+            "rabbitmq_alarms_memory_used_watermark",
+            "1 if the memory alarm is in effect (publishers blocked)",
+            value=int(memory["alarm"]),
+        )
+        if disk["free"] is not None:
+            yield GaugeMetricFamily(
+                "rabbitmq_disk_space_available_bytes",
+                "Disk space available in bytes (the data directory's filesystem)",
+                value=disk["free"],
+            )
+        yield GaugeMetricFamily(
+            "rabbitmq_disk_space_available_limit_bytes",
+            "Free disk space low watermark in bytes",
+            value=disk["limit"],
+        )
+        yield GaugeMetricFamily(
+            "rabbitmq_alarms_free_disk_space_watermark",
+            "1 if the free disk space alarm is in effect (publishers blocked)",
+            value=int(disk["alarm"]),
+        )
 
     def _queues(self) -> Iterator[Metric]:
         labels = ["vhost", "queue"]

@@ -425,6 +425,34 @@ def content_frames(channel: int, props_raw: bytes, body: bytes, frame_max: int) 
     return b"".join(parts)
 
 
+#: bodies up to this size are copied into their frames (one bytes object, cached per
+#: message); larger ones are sent as buffers over the body (``content_parts``)
+INLINE_BODY = 64 * 1024
+
+
+def content_parts(
+    channel: int, props_raw: bytes, body: bytes | bytearray | memoryview, frame_max: int
+) -> list[bytes | memoryview]:
+    """The content frames as a list of buffers: small frame heads and ends as
+    ``bytes``, each body frame's payload a ``memoryview`` slice of ``body``.
+
+    A large body is never copied to be sent: the transport keeps the views
+    until the socket took them (``transport.writelines``)."""
+    size = len(body)
+    header = _header_head.pack(60, 0, size) + props_raw
+    prefix = _pack_head(FRAME_HEADER, channel, len(header)) + header + FRAME_END_BYTE
+    view = body if isinstance(body, memoryview) else memoryview(body)
+    chunk = frame_max - 8
+    parts: list[bytes | memoryview] = []
+    for start in range(0, size, chunk):
+        end = min(start + chunk, size)
+        parts.append(prefix + _pack_head(FRAME_BODY, channel, end - start))
+        parts.append(view[start:end])
+        prefix = FRAME_END_BYTE
+    parts.append(prefix)
+    return parts
+
+
 def shortstr(value: str) -> bytes:
     raw = value.encode()
     if len(raw) > 255:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -41,6 +42,11 @@ def test_status_json_has_the_fixed_keys(broker: BrokerProcess) -> None:
         assert status["ready"] is True and status["peers"] == []
         assert status["connections"] >= 1 and status["queues"] >= 1
         assert status["spid"] in broker.log_text()
+        memory, disk = status["resources"]["memory"], status["resources"]["disk"]
+        assert 0 < memory["used"] < memory["limit"] < memory["total"]
+        assert memory["watermark"] == 0.4 and memory["alarm"] is False
+        assert disk["free"] > disk["limit"] == 50_000_000 and disk["alarm"] is False
+        assert status["alarms"] == [] and status["blocked"] == {}
     finally:
         conn.close()
 
@@ -50,6 +56,10 @@ def test_dump_and_plain_status(broker: BrokerProcess) -> None:
     assert dumped.returncode == 0 and "=== brokerd state dump ===" in dumped.stdout
     plain = ctl(broker, "status")
     assert plain.returncode == 0 and plain.stdout.startswith("spid")
+    assert re.search(
+        r"^memory +[\d.]+ [KMG]iB of the [\d.]+ [MGT]iB watermark \(\d+%\)$", plain.stdout, re.M
+    )
+    assert re.search(r"^disk free +[\d.]+ \w+ \(limit 47\.7 MiB\) on ", plain.stdout, re.M)
 
 
 def test_refusals_are_clear(broker: BrokerProcess, tmp_path) -> None:

@@ -122,6 +122,9 @@ def test_sigusr2_writes_one_line(wired):
     assert fields["unacked"] == "1"
     assert re.fullmatch(r"\d+(\.\d+)?/s", fields["in"]), fields["in"]
     assert re.fullmatch(r"\d+(\.\d+)?/s", fields["out"]), fields["out"]
+    assert re.fullmatch(r"[\d.]+[KMG]iB/[\d.]+[MGT]iB", fields["mem"]), fields["mem"]
+    assert re.fullmatch(r"[\d.]+[KMGT]iB/47\.7MiB", fields["disk_free"]), fields["disk_free"]
+    assert fields["alarms"] == "-"
     assert "=== brokerd state dump ===" not in text  # SIGUSR2 is not the full dump
     assert conn.is_open
 

@@ -111,6 +111,7 @@ def test_a_version_is_saved_normalised_and_pushed_to_every_broker_that_is_up(
     # unset keys are stated with what they mean
     assert [u["key"] for u in convergence.unset_keys(version.document)] == [
         "limits",
+        "vhost_limits",
         "users",
         "permissions",
     ]

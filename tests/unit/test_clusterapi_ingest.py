@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -450,3 +451,44 @@ def test_malformed_shared_queue_fields_are_refused(link: LinkState, bad: dict) -
     with pytest.raises(LinkProtocolError, match=r"status.queues\[0\]\.(master|consumer_servers)"):
         ingest.apply_status(link, status(0, True, [entry]))
     assert QueueSnapshot.objects.count() == 0
+
+
+def test_a_brokers_memory_and_disk_alarms_become_console_alarms(
+    link: LinkState, tmp_path: Path
+) -> None:
+    """brokerd's own status builder, with its resource monitor over both limits, into
+    the console: one broker alarm per kind, and the readings kept in the view."""
+    import json
+
+    from brokerd.consolelink import messages
+    from brokerd.server.app import Server, ServerOptions
+
+    server = Server(ServerOptions(bind="127.0.0.1", port=5999, data_dir=tmp_path))
+    monitor = server.resources
+    monitor.total_memory = 1000
+    monitor.read_memory = lambda: 900
+    monitor.read_disk_free = lambda path: 10
+    monitor.trim = None
+    monitor.on_block = lambda cause, reason: None  # no loop here to schedule blocking on
+    monitor.check()
+    built = messages.status(server, 0, True, {"queues": [], "exchanges": [], "bindings": []})
+    msg = json.loads(messages.encode(built))
+    assert ingest.apply_status(link, msg).alarms_changed
+    kinds = dict(Alarm.objects.filter(active=True, source="broker").values_list("kind", "message"))
+    assert set(kinds) == {"memory", "disk"}
+    assert "high watermark of 400 B" in kinds["memory"]
+    view = Broker.objects.get(pk=link.broker_id).view
+    assert view["resources"]["memory"] == {
+        "used": 900,
+        "limit": 400,
+        "total": 1000,
+        "watermark": 0.4,
+        "alarm": True,
+    }
+    monitor.read_memory = lambda: 100
+    monitor.check()
+    again = json.loads(
+        messages.encode(messages.status(server, 1, False, {"queues": {"upsert": []}}))
+    )
+    assert ingest.apply_status(link, again).alarms_changed
+    assert set(Alarm.objects.filter(active=True).values_list("kind", flat=True)) == {"disk"}

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from brokerd.config import limits_document
 from brokerd.configdoc import ConfigDocumentError, document_checksum, validate_document
 from brokerd.model.auth import hash_password
 from brokerd.model.broker import Limits
@@ -17,8 +18,15 @@ HASH = hash_password("s3cret", iterations=1000)
 FULL = {
     "heartbeat": {"interval": 1, "timeout": 3.0, "open_timeout": 10},
     "known_hosts": ["127.0.0.1:5701", "LOCALHOST:5702", "127.0.0.1:5701"],
-    "limits": {"frame_max": 131072, "heartbeat": 30},
+    "limits": {
+        "frame_max": 131072,
+        "heartbeat": 30,
+        "max_queues": 1000,
+        "vm_memory_high_watermark": "512MiB",
+        "disk_free_limit": "1GB",
+    },
     "vhosts": ["/", "app", "/"],
+    "vhost_limits": {"app": {"max_connections": 5, "channel_max": 0}},
     "users": [{"name": "app", "password_hash": HASH, "tags": ["monitoring"]}],
     "permissions": [{"user": "app", "vhost": "app", "read": "^app\\."}],
 }
@@ -33,7 +41,17 @@ def test_full_document_is_normalised():
     assert doc["heartbeat"] == {"interval": 1.0, "timeout": 3.0, "open_timeout": 10.0}
     assert all(isinstance(v, float) for v in doc["heartbeat"].values())
     assert doc["known_hosts"] == ["127.0.0.1:5701", "localhost:5702"]
-    assert doc["limits"] == {**Limits().__dict__, "frame_max": 131072, "heartbeat": 30}
+    assert doc["limits"] == {
+        **limits_document(Limits()),
+        "frame_max": 131072,
+        "heartbeat": 30,
+        "max_queues": 1000,
+        "vm_memory_high_watermark": str(512 * 1024 * 1024),
+        "disk_free_limit": 10**9,
+    }
+    assert doc["vhost_limits"] == {
+        "app": {"max_connections": 5, "max_queues": None, "max_exchanges": None, "channel_max": 0}
+    }
     assert doc["vhosts"] == ["/", "app"]
     assert doc["users"] == [{"name": "app", "password_hash": HASH, "tags": ["monitoring"]}]
     assert doc["permissions"] == [
@@ -213,3 +231,57 @@ def test_validation_does_not_modify_the_input():
     doc = copy.deepcopy(FULL)
     validate_document(doc)
     assert doc == FULL
+
+
+def test_memory_watermark_is_a_fraction_or_a_size():
+    assert (
+        validate_document({"limits": {"vm_memory_high_watermark": 0.5}})["limits"][
+            "vm_memory_high_watermark"
+        ]
+        == 0.5
+    )
+    assert (
+        validate_document({"limits": {"vm_memory_high_watermark": 1}})["limits"][
+            "vm_memory_high_watermark"
+        ]
+        == 1.0
+    )
+    for bad in (1.5, -0.1, True, "12 parsecs", "-5MB", [1]):
+        with pytest.raises(ConfigDocumentError, match=r"^limits\.vm_memory_high_watermark: "):
+            validate_document({"limits": {"vm_memory_high_watermark": bad}})
+
+
+@pytest.mark.parametrize(
+    ("limits", "error"),
+    [
+        ({"max_connections": -1}, "limits.max_connections: must be a non-negative integer"),
+        ({"max_queues": "many"}, "limits.max_queues: must be a non-negative integer"),
+        ({"max_unauthenticated_bytes": 10}, "limits.max_unauthenticated_bytes: must be an"),
+        ({"disk_free_limit": "50 furlongs"}, "limits.disk_free_limit: must be a number of bytes"),
+        ({"vm_memory_high_watermark_bytes": 5}, "unknown limit"),
+    ],
+)
+def test_bad_new_limits_name_the_key(limits, error):
+    with pytest.raises(ConfigDocumentError, match=error):
+        validate_document({"limits": limits})
+
+
+def test_count_limits_take_null_for_no_limit():
+    doc = validate_document({"limits": {"max_connections": None, "max_exchanges": 0}})
+    assert doc["limits"]["max_connections"] is None
+    assert doc["limits"]["max_exchanges"] == 0
+
+
+@pytest.mark.parametrize(
+    ("doc", "error"),
+    [
+        ({"vhost_limits": {"/": {}}}, "vhost_limits: need 'vhosts'"),
+        ({"vhosts": ["/"], "vhost_limits": {"x": {}}}, "vhost_limits.x: limits for unknown"),
+        ({"vhosts": ["/"], "vhost_limits": {"/": {"max_q": 1}}}, "unknown vhost limit 'max_q'"),
+        ({"vhosts": ["/"], "vhost_limits": {"/": {"max_queues": 1.5}}}, "vhost_limits./.max_"),
+        ({"vhosts": ["/"], "vhost_limits": ["/"]}, "vhost_limits: must be an object"),
+    ],
+)
+def test_bad_vhost_limits_name_the_key(doc, error):
+    with pytest.raises(ConfigDocumentError, match=error):
+        validate_document(doc)

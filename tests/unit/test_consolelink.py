@@ -456,3 +456,29 @@ def test_backoff_doubles_to_15s_with_jitter():
     for value, base in zip(values, bases, strict=True):
         assert 0.75 * base <= value <= 1.25 * base
     assert len(set(values[5:])) > 1  # jittered, not in step
+
+
+def test_config_apply_of_limits_and_vhost_limits_reaches_the_broker():
+    """The console's limits (sizes included) and vhost limits, through a real server's
+    install path: the model's checks and the resource monitor read them at once."""
+    server = Server(ServerOptions(bind="127.0.0.1", port=5999, data_dir=Path("/nonexistent")))
+    doc = {
+        "limits": {"max_queues": 7, "vm_memory_high_watermark": "1GiB", "disk_free_limit": "2GB"},
+        "vhosts": ["/", "app"],
+        "vhost_limits": {"app": {"max_connections": 3}},
+    }
+    ack = ConsoleCommands(server).handle(command("c1", "config.apply", version=1, config=doc))
+    assert ack["ok"], ack
+    assert sorted(ack["result"]["applied"]) == ["limits", "vhost_limits", "vhosts"]
+    assert server.broker.limits.max_queues == 7
+    assert server.resources.memory_limit == 1024**3
+    assert server.resources.status()["disk"]["limit"] == 2 * 10**9
+    assert server.broker.vhost_limit("app", "max_connections") == 3
+    # a later document without vhost_limits keeps them; one with an empty map clears them
+    ConsoleCommands(server).handle(command("c2", "config.apply", version=2, config={}))
+    assert server.broker.vhost_limit("app", "max_connections") == 3
+    doc = {"vhosts": ["/", "app"], "vhost_limits": {}}
+    assert ConsoleCommands(server).handle(command("c3", "config.apply", version=3, config=doc))[
+        "ok"
+    ]
+    assert server.broker.vhost_limits == {}

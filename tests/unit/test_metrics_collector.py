@@ -16,6 +16,7 @@ from brokerd.config import default_config
 from brokerd.model.broker import Broker
 from brokerd.model.message import Message
 from brokerd.server.metrics import BrokerCollector
+from brokerd.server.resources import ResourceMonitor
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana-brokerd.json"
 
@@ -28,8 +29,19 @@ def fake_server() -> SimpleNamespace:
     queue.push(Message.build("", "jobs", b"x"))
     vhost.declare_exchange("drop", "x-lossy", arguments={"x-loss-rate": 0.5})
     broker.messages_in = 7
+    resources = ResourceMonitor(
+        lambda: broker.limits,
+        Path("/data"),
+        lambda cause, reason: None,
+        read_memory=lambda: 500,
+        read_disk_free=lambda path: 40_000_000,
+        total=1000,
+        trim=lambda: None,
+    )
+    resources.check()
     return SimpleNamespace(
         broker=broker,
+        resources=resources,
         spid="s1",
         cluster_config=None,
         logins=SimpleNamespace(checks=3, refused=2),
@@ -66,6 +78,12 @@ def test_collector_reads_the_model():
         ({"vhost": "/", "exchange": "drop"}, 0.0)
     ]
     assert m["rookery_login_refused_total"] == [({}, 2.0)]
+    assert m["rabbitmq_process_resident_memory_bytes"] == [({}, 500.0)]
+    assert m["rabbitmq_resident_memory_limit_bytes"] == [({}, 400.0)]  # 0.4 of 1000
+    assert m["rabbitmq_alarms_memory_used_watermark"] == [({}, 1.0)]
+    assert m["rabbitmq_disk_space_available_bytes"] == [({}, 40e6)]
+    assert m["rabbitmq_disk_space_available_limit_bytes"] == [({}, 50e6)]
+    assert m["rabbitmq_alarms_free_disk_space_watermark"] == [({}, 1.0)]
     server.broker.vhosts["/"].queues["jobs"].push(Message.build("", "jobs", b"y"))
     assert scrape(server)["rabbitmq_queue_messages_ready"][0][1] == 2.0  # read at scrape
 
