@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster import wiring
 from brokerd.cluster.config import ClusterConfig
+from brokerd.cluster.election import PRIMARY
 from brokerd.cluster.forwarding import DATA, MessagePlane
 from brokerd.cluster.membership import Membership
 from brokerd.cluster.operations import OperatorCommands
@@ -168,6 +169,21 @@ class ClusterController(OperatorCommands, Membership):
 
     def status_received(self, spid: str, status: Any) -> None:
         self.wiring.root_status(spid, status.state_seq)
+        if status.type == PRIMARY:
+            self.plane.primary_seen(spid)
+
+    def replica_peers(self) -> list[str]:
+        """The servers that keep copies of the master queues: the active primaries
+        this server has a link to."""
+        now = self.clock()
+        return [
+            peer.spid
+            for peer in self.peers.values()
+            if peer.status is not None
+            and peer.status.type == PRIMARY
+            and self.active(peer, now)
+            and self.link_to(peer.spid) is not None
+        ]
 
     def state_seq(self) -> int:
         return self.wiring.last_seq
@@ -196,6 +212,9 @@ class ClusterController(OperatorCommands, Membership):
                 else {"root": proxy.session.root, "epoch": proxy.session.epoch},
                 "proxied_consumers": len(proxy.by_tag),
                 "remote_consumers": sum(len(c) for c in self.plane.master.consumers.values()),
+                "replication": self.plane.replicas.describe()
+                if self.plane.is_root
+                else self.plane.replica.describe(),
                 "unsettled_forwards": {
                     spid: len(out.unsettled)
                     for spid, out in self.plane.outbound.items()

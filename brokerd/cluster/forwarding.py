@@ -17,7 +17,10 @@ Seed 000's "publish message" and "Intra-cluster routing", on the links:
   (``proxy``); the root delivers to them (``master``).
 
 Records to one peer gather in one ``Batch`` and leave once per event-loop
-turn (sooner past ``FLUSH_BYTES``), in order, on the peer's link.
+turn (sooner past ``FLUSH_BYTES``), in order, on the peer's link. The
+replication stream (``replicated``, ``replica``) has a batch of its own per
+peer that leaves first; the other batch is held while a delivery in it waits
+for the replicas (``Outbound.gate``).
 
 A *session* with a peer lasts while both links with it are up and it is
 active; when it ends, what was in flight with it is void: unsettled forwards
@@ -37,6 +40,8 @@ from brokerd.cluster import records as rec
 from brokerd.cluster.master import MasterSide
 from brokerd.cluster.proxy import ProxySide
 from brokerd.cluster.queues import SharedQueue
+from brokerd.cluster.replica import ReplicaSide
+from brokerd.cluster.replicated import Gate, ReplicaSet
 from brokerd.model.message import Message
 from brokerd.model.queue import PublishWaiter
 
@@ -68,7 +73,9 @@ class Outbound:
         "fwd_message",
         "fwd_redelivered",
         "fwd_targets",
+        "gate",
         "next_seq",
+        "repl",
         "settle_run",
         "spid",
         "unsettled",
@@ -90,6 +97,16 @@ class Outbound:
         self.settle_run: list[Any] | None = None
         #: its link is up (deliveries wait while it is not)
         self.up = False
+        #: replication records for it (root -> replica, or acks back), sent first
+        self.repl = rec.Batch()
+        #: ``batch`` holds a delivery that waits for the replicas: not sent until open
+        self.gate: Gate | None = None
+
+    def hold(self, gate: Gate) -> None:
+        """A delivery to this server waits for ``gate`` (a ``Recipient``): so does
+        everything after it on the batch."""
+        if not gate.opened:
+            self.gate = gate
 
 
 class SettleWaiter:
@@ -146,6 +163,9 @@ class MessagePlane:
         self.outbound: dict[str, Outbound] = {}
         self.master = MasterSide(self)
         self.proxy = ProxySide(self)
+        #: as root: the replicas of the master queues; else: this server's copies
+        self.replicas = ReplicaSet(self)
+        self.replica = ReplicaSide(self)
         #: this server is the root: its shared queues are the masters
         self.is_root = False
         self._flush_scheduled = False
@@ -197,6 +217,20 @@ class MessagePlane:
             self._post(out)
         self._schedule()
         return out.batch
+
+    def repl_batch(self, out: Outbound) -> rec.Batch:
+        """The peer's replication batch (always sent, ahead of the other one)."""
+        if out.repl.size > FLUSH_BYTES:
+            self._post_repl(out)
+        self._schedule()
+        return out.repl
+
+    def hold(self, out: Outbound, gate: Gate) -> None:
+        """Hold ``out``'s batch until ``gate`` opens, then send it."""
+        if gate.opened:
+            return
+        out.hold(gate)
+        gate.on_open(self._schedule)
 
     def _schedule(self) -> None:
         if not self._flush_scheduled:
@@ -283,6 +317,8 @@ class MessagePlane:
         """Send every peer's batch (once per loop turn)."""
         self._flush_scheduled = False
         for out in list(self.outbound.values()):
+            if out.repl:
+                self._post_repl(out)
             if out.fwd_message is not None:
                 self._finish_forward(out)
             if out.settle_run is not None:
@@ -298,6 +334,8 @@ class MessagePlane:
         out = self.outbound.get(spid)
         if out is None:
             return
+        if out.repl:
+            self._post_repl(out)
         if out.fwd_message is not None:
             self._finish_forward(out)
         if out.settle_run is not None:
@@ -306,7 +344,18 @@ class MessagePlane:
         if out.batch:
             self._post(out)
 
+    def _post_repl(self, out: Outbound) -> None:
+        data = out.repl.take()
+        link = self.members.link_to(out.spid)
+        if link is None or not link.post(DATA, data):
+            log.debug("replication to %s dropped: link down (%d bytes)", out.spid, len(data))
+
     def _post(self, out: Outbound) -> None:
+        gate = out.gate
+        if gate is not None:
+            if not gate.opened:
+                return  # a delivery in it waits for the replicas
+            out.gate = None
         data = out.batch.take()
         link = self.members.link_to(out.spid)
         if link is None or not link.post(DATA, data):
@@ -347,6 +396,7 @@ class MessagePlane:
             return
         out = self.out(spid)
         master, proxy = self.master, self.proxy
+        stream: list[rec.Replicate] = []
         for r in records:
             if isinstance(r, rec.Forward):
                 self._on_forward(out, r)
@@ -354,8 +404,14 @@ class MessagePlane:
                 self._on_settle(out, r)
             elif isinstance(r, rec.Deliver | rec.Got | rec.Reply):
                 proxy.receive(out, r)
+            elif isinstance(r, rec.Replicate):
+                stream.append(r)
+            elif isinstance(r, rec.Replicated):
+                self.replicas.acked(spid, r.seq)
             else:
                 master.receive(out, r)
+        if stream:
+            self.replica.receive(out, stream)
         master.after_batch(out)
 
     def _on_forward(self, out: Outbound, r: rec.Forward) -> None:
@@ -418,6 +474,8 @@ class MessagePlane:
             for callback in done or ():
                 callback(False, 0)
         out.batch = rec.Batch()
+        out.repl = rec.Batch()
+        out.gate = None
         out.settle_run = None
 
     def _check_root_link(self) -> None:
@@ -436,6 +494,8 @@ class MessagePlane:
     def link_ready(self, spid: str) -> None:
         out = self.out(spid)
         out.up = True
+        if self.is_root and spid in self.members.replica_peers():
+            self.replicas.add(out, self.shared_queues())
         self.master.link_ready(out)
         self.proxy.session_check()
         if spid == self.root_spid():
@@ -450,8 +510,10 @@ class MessagePlane:
         if out.unsettled or out.fwd_message is not None:
             log.warning("forwards to %s failed: %d unsettled (%s)", spid, len(out.unsettled), why)
         self.fail_forwards(out)
+        self.replicas.remove(spid, why)
         self.proxy.session_lost(spid)
         if why == "inactive":
+            self.replicas.forget(spid)
             self.master.release(out, gone=True)
             self.outbound.pop(spid, None)
         if spid == self.root_spid():
@@ -467,29 +529,40 @@ class MessagePlane:
             self.proxy.session_lost(old)
         if old == self.spid:
             self.master.release_all()
+            self.replicas.clear()
+        if self.is_root:
+            self.replica.forget_source()
+        else:
+            self.replica.root_changed(new)
         queues = self.shared_queues()
         for queue in queues:
             if self.is_root:
                 queue.become_master()
             else:
                 queue.become_proxy()
+        if self.is_root:
+            for spid in self.members.replica_peers():
+                self.replicas.add(self.out(spid), queues)
         if new is not None and not self.is_root:
             self.proxy.session_check()
-            self._hand_over(queues, new)
         self._check_root_link()
 
-    def _hand_over(self, queues: list[SharedQueue], root: str) -> None:
-        """Messages a former master still holds go to the new root, in order."""
-        for queue in queues:
-            moved = 0
-            while queue.messages:
-                message, redelivered = queue._pop()
-                if not self.forward(root, message, ("", queue.name), None, redelivered):
-                    queue.messages.appendleft(message)
-                    break
-                moved += 1
-            if moved:
-                log.warning("handed over queue=%s messages=%d to root=%s", queue.name, moved, root)
+    def primary_seen(self, spid: str) -> None:
+        """An active primary's status arrived: the root takes it as a replica if it
+        is not one (it came back, or was dropped for lagging and answers again)."""
+        replicas = self.replicas
+        if self.is_root and spid not in replicas.replicas and replicas.may_add(spid):
+            out = self.out(spid)
+            if out.up and spid in self.members.replica_peers():
+                replicas.add(out, self.shared_queues())
 
     def tick(self) -> None:
         self.proxy.tick()
+        if self.is_root:
+            patience = 2 * self.members.config.heartbeat_timeout
+            for spid in self.replicas.check(self.members.clock(), patience):
+                self.members.raise_alarm(
+                    "replication", f"replica {spid} stopped acking: dropped, resync on return"
+                )
+            if not self.replicas.dropped:
+                self.members.clear_alarm("replication")

@@ -26,6 +26,7 @@ from brokerd.model.queue import Queue
 
 if TYPE_CHECKING:
     from brokerd.cluster.forwarding import MessagePlane, Outbound
+    from brokerd.model.storage import Gate
 
 log = logging.getLogger("brokerd.cluster.master")
 
@@ -79,6 +80,23 @@ class RemoteConsumer:
 
     def cancelled(self, queue: Queue) -> None:
         self.side.consumer_gone(self)
+
+    def hold(self, gate: Gate) -> None:
+        """Its delivery waits for the replicas (a ``Recipient``): so does its server's batch."""
+        self.side.plane.hold(self.out, gate)
+
+
+class _GetFor:
+    """The server a basic.get answers (a ``Recipient``: its batch waits for the gate)."""
+
+    __slots__ = ("out", "plane")
+
+    def __init__(self, plane: MessagePlane, out: Outbound) -> None:
+        self.plane = plane
+        self.out = out
+
+    def hold(self, gate: Gate) -> None:
+        self.plane.hold(self.out, gate)
 
     def __repr__(self) -> str:
         return f"<RemoteConsumer {self.tag} on {self.queue.name} {self.inflight}/{self.window}>"
@@ -171,7 +189,7 @@ class MasterSide:
         if isinstance(queue, AMQPError):
             self._refuse(out, r.req, queue)
             return
-        got = queue.take()
+        got = queue.take(r.no_ack, _GetFor(self.plane, out))
         batch = self.plane.batch(out)
         if got is None:
             batch.reply(r.req, 0)  # get-empty

@@ -15,30 +15,77 @@
 
 The channel only ever calls the ``Queue`` interface; what crosses servers is
 in ``brokerd.cluster.master`` (root side) and ``brokerd.cluster.proxy``.
+
+A shared queue is replicated: as master its store is a
+``replicated.ReplicatedQueueStore`` over the local journal store, so every
+event reaches the other primaries, whose copies (``replica.ReplicaSide``) a
+new master starts from.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from brokerd.cluster.replica import QueueReplica
+from brokerd.cluster.replicated import ReplicatedQueueStore
 from brokerd.model.message import Message
 from brokerd.model.queue import ConsumerSink, PublishWaiter, Queue, Reply
+from brokerd.model.storage import QueueStore
 
 if TYPE_CHECKING:
     from brokerd.cluster.forwarding import MessagePlane
     from brokerd.cluster.proxy import ProxiedConsumer
+    from brokerd.store.queues import JournalQueueStore
 
 
 class SharedQueue(Queue):
     """One cluster-wide queue: the master on the root, a proxy elsewhere."""
 
     def __init__(self, name: str, vhost: str, *, plane: MessagePlane, **kwargs: Any) -> None:
-        super().__init__(name, vhost, **kwargs)
-        self.plane = plane
+        #: this server's journal of the queue (the vhost's store sets it)
+        self.journal_store: JournalQueueStore | None = None
+        #: the master's store (master role only)
+        self.replicated: ReplicatedQueueStore | None = None
         #: master (True, on the root) or proxy
         self.local = plane.is_root
+        self.plane = plane
+        super().__init__(name, vhost, **kwargs)
+        if self.local:
+            self.replicated = ReplicatedQueueStore(name, plane.replicas, None)
         #: this server's consumers as attached at the root (proxy role)
         self.proxied: dict[ConsumerSink, ProxiedConsumer] = {}
+
+    @property  # type: ignore[override]
+    def store(self) -> QueueStore | None:
+        """The master numbers and replicates (over the journal); a proxy's journal
+        belongs to its replica."""
+        if self.replicated is not None:
+            return self.replicated
+        return self.journal_store  # type: ignore[return-value]
+
+    @store.setter
+    def store(self, store: QueueStore | None) -> None:
+        self.journal_store = store  # type: ignore[assignment]
+        if self.replicated is not None:
+            self.replicated.local = store  # type: ignore[assignment]
+
+    def load_recovered(self, messages: Iterable[tuple[Message, bool]]) -> int:
+        """What this server's journal kept: the copy a failover may start from (the
+        root, if another server is, resets it and sends its own)."""
+        if self.local:
+            return super().load_recovered(messages)
+        store = self.journal_store
+        replica = QueueReplica()
+        for message, redelivered in messages:
+            mid = store.ids.get(id(message), 0) if store is not None else 0
+            if not mid:
+                continue
+            replica.entries[mid] = [message, False, redelivered, True]
+            replica.top = max(replica.top, mid)
+            replica.bytes += len(message.body)
+        self.plane.replica.hand(self.name, replica)
+        return len(replica.entries)
 
     # -- messages in --------------------------------------------------------------
 
@@ -71,9 +118,9 @@ class SharedQueue(Queue):
         if self.local:
             super().requeue(mine)
             return
+        # what this server delivered while it was the master is the new root's already
+        # (its replica had it acquired: it came back there, flagged redelivered)
         self.plane.proxy.settle(messages, "requeue")
-        for message in mine:  # delivered while this server was the master: back to the root
-            self.plane.forward(self.plane.root_spid(), message, ("", self.name), None, True)
         self.dispatch()
 
     # -- messages out ----------------------------------------------------------------
@@ -122,20 +169,49 @@ class SharedQueue(Queue):
     # -- the role -----------------------------------------------------------------------
 
     def become_master(self) -> None:
-        """This server is root now: serve the queue from its local copy."""
+        """This server is root now: serve the queue from its replica. What the old
+        root had delivered comes back ready and flagged redelivered, in the order
+        the old root numbered it (its consumers' sessions ended with it)."""
         if self.local:
             return
         self.local = True
+        replica = self.plane.replica.take(self.name) or QueueReplica()
+        entries = {}
+        ready = []
+        for mid, entry in replica.ordered():
+            if entry[1]:
+                entry[1] = False
+                entry[2] = True
+            entries[mid] = entry
+            ready.append((entry[0], entry[2]))
+        self.replicated = ReplicatedQueueStore(
+            self.name, self.plane.replicas, self.journal_store, entries
+        )
+        self.replicated.next_mid = max(self.replicated.next_mid, replica.top + 1)
+        self.replace_messages(ready)
         self.plane.proxy.forget(self)
         self.dispatch()
 
     def become_proxy(self) -> None:
         """Another server is root: consumers attached from elsewhere belong to the
         master role and go (their servers re-attach to the new root); this
-        server's own consumers are attached there by the proxy."""
+        server's own consumers are attached there by the proxy. The master's
+        content stays as this server's replica until the new root resets it."""
         if not self.local:
             return
         self.local = False
+        replicated, self.replicated = self.replicated, None
+        replica = QueueReplica()
+        if replicated is not None:
+            for mid, entry in replicated.entries.items():
+                replica.entries[mid] = entry
+                if not entry[0].paged:
+                    replica.bytes += len(entry[0].body)
+            replica.top = replicated.next_mid - 1
+        self.plane.replica.hand(self.name, replica)
+        self.messages.clear()
+        self._redelivered.clear()
+        self.bytes = 0
         self.consumers = [c for c in self.consumers if not getattr(c, "remote", False)]
         self.plane.proxy.adopt(self)
 

@@ -51,6 +51,8 @@ R_SYNC = 6
 R_RESET = 7
 #: the snapshot of the queue is complete
 R_SYNCED = 8
+#: the queue was deleted at the root: its replicas go (the wiring deletes its journal)
+R_DELETED = 9
 
 #: ``Replicate.flags``
 F_PERSISTENT = 1

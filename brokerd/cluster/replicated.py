@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -116,6 +115,13 @@ class ReplicaSet:
         self._gate: Gate | None = None
         self._syncing = False
         self.lagging = False
+        #: replicas dropped for not acking, and when: taken back after a pause
+        self.dropped: dict[str, float] = {}
+        self.patience = 6.0
+
+    def may_add(self, spid: str) -> bool:
+        since = self.dropped.get(spid)
+        return since is None or self.plane.members.clock() - since >= self.patience
 
     # -- the stream ------------------------------------------------------------------
 
@@ -174,10 +180,16 @@ class ReplicaSet:
 
     def acked(self, spid: str, seq: int) -> None:
         replica = self.replicas.get(spid)
-        if replica is None or seq <= replica.acked:
+        if replica is None:
+            return
+        if seq == 0:  # the replica lost track (a gap, a failed write): start it again
+            self.remove(spid, "it asked for a resync")
+            self.add(replica.out, self.plane.shared_queues())
+            return
+        if seq <= replica.acked:
             return
         replica.acked = min(seq, self.seq)
-        replica.since = time.monotonic()
+        replica.since = self.plane.members.clock()
         self._advance()
 
     def _advance(self) -> None:
@@ -206,9 +218,11 @@ class ReplicaSet:
         follows over the next loop turns, interleaved with the live stream."""
         if out.spid in self.replicas:
             return
-        replica = ReplicaLink(out, self.seq, time.monotonic())
+        self.dropped.pop(out.spid, None)
+        replica = ReplicaLink(out, self.seq, self.plane.members.clock())
         self.replicas[out.spid] = replica
         batch = self.plane.repl_batch(out)
+        batch.replicate(0, rec.R_RESET, "", 0)  # whatever it holds goes: the snapshot follows
         count = 0
         for queue in queues:
             store = queue.store
@@ -225,10 +239,41 @@ class ReplicaSet:
             log.warning("replica %s left the set (%s) at seq=%d", spid, why, self.seq)
             self._advance()
 
+    def forget(self, spid: str) -> None:
+        """The server is gone for good (inactive): no alarm waits for it."""
+        self.remove(spid, "gone")
+        self.dropped.pop(spid, None)
+
     def clear(self) -> None:
-        """This server stops being root: nothing waits on replicas any more."""
+        """This server stops being root: what still waits for the replicas fails (a
+        confirm is nacked, a held delivery's connection closed: the new root may not
+        have it)."""
         self.replicas.clear()
-        self._advance()
+        self.dropped.clear()
+        confirms, self._confirms = self._confirms, deque()
+        gates, self._gates = self._gates, deque()
+        self._gate = None
+        for _seq, done in confirms:
+            done(False, 0)
+        for gate in gates:
+            gate.fail()
+        if self.lagging:
+            self._set_lagging(False)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "min_acked": self.min_acked(),
+            "waiting_confirms": len(self._confirms),
+            "replicas": {
+                spid: {
+                    "acked": r.acked,
+                    "behind": self.seq - r.acked,
+                    "syncing": len(r.syncs),
+                }
+                for spid, r in sorted(self.replicas.items())
+            },
+        }
 
     def check(self, now: float, patience: float) -> list[str]:
         """Replicas behind for longer than ``patience`` seconds: dropped (they will
@@ -238,8 +283,10 @@ class ReplicaSet:
             for r in self.replicas.values()
             if r.acked < self.seq and now - r.since > patience
         ]
+        self.patience = patience
         for spid in stuck:
             self.remove(spid, f"no ack for {patience:.1f}s")
+            self.dropped[spid] = now
         return stuck
 
     # -- live updates ---------------------------------------------------------------------
@@ -410,9 +457,12 @@ class ReplicatedQueueStore:
     def page_out(self, message: Message) -> Paged | None:
         if self.local is None:
             return None
-        stub = self.local.page_out(message)
-        if stub is not None:
-            mid = self.mids.pop(id(message), None)
+        mid = self.mids.pop(id(message), None)
+        stub = self.local.page_out(message, jid=mid)
+        if stub is None:
+            if mid is not None:
+                self.mids[id(message)] = mid
+        else:
             if mid is not None:
                 self.mids[id(stub)] = mid
                 self.entries[mid][0] = stub
@@ -432,5 +482,6 @@ class ReplicatedQueueStore:
     def deleted(self) -> None:
         self.entries.clear()
         self.mids.clear()
+        self.replicas.emit(rec.R_DELETED, self.name, 0)
         if self.local is not None:
             self.local.deleted()

@@ -52,6 +52,7 @@ class Members:
         self.config = Config()
         self.now = 100.0
         self.not_ready_reason = ""
+        self.alarms: dict[str, str] = {}
 
     def clock(self) -> float:
         return self.now
@@ -68,6 +69,16 @@ class Members:
 
     def in_sync(self, root: str) -> bool:
         return True
+
+    def replica_peers(self) -> list[str]:
+        """Every other server with a link up (the net's servers are all primaries)."""
+        return [s for s in self.net.servers if s != self.spid and self.link_to(s) is not None]
+
+    def raise_alarm(self, kind: str, message: str) -> None:
+        self.alarms[kind] = message
+
+    def clear_alarm(self, kind: str) -> None:
+        self.alarms.pop(kind, None)
 
 
 @dataclass
@@ -136,6 +147,26 @@ class Net:
             moved += 1
         raise AssertionError("the network did not go quiet")
 
+    def step(self, count: int) -> None:
+        """Deliver at most ``count`` messages in flight (a partial pump)."""
+        self.flush()
+        for _ in range(count):
+            if not self.wire:
+                return
+            src, dst, kind, body = self.wire.popleft()
+            if (src, dst) not in self.cut and dst in self.servers and kind == DATA:
+                self.servers[dst].plane.receive(src, body)
+
+    def kill(self, spid: str) -> None:
+        """kill -9: the server and what is in flight from it vanish; the others see it
+        go inactive and, if it was root, elect the first one left."""
+        del self.servers[spid]
+        self.wire = deque(m for m in self.wire if m[0] != spid)
+        for server in self.servers.values():
+            server.plane.peer_lost(spid, "inactive")
+        if self.root == spid:
+            self.elect(min(self.servers))
+
     def drop_link(self, a: str, b: str) -> None:
         """Both links between a and b drop: what was on them is lost, sessions end."""
         self.wire = deque(m for m in self.wire if {m[0], m[1]} != {a, b})
@@ -178,9 +209,16 @@ class Waiter:
 
     def __init__(self) -> None:
         self.answers: list[tuple[bool, int]] = []
+        self.deferred = 0
 
     def defer(self) -> Any:
+        self.deferred += 1
         return lambda ok, routed: self.answers.append((ok, routed))
+
+    def confirmed(self) -> bool:
+        """What a channel would answer: ack once every deferral answered ok (at once
+        if none was deferred)."""
+        return len(self.answers) == self.deferred and all(ok for ok, _ in self.answers)
 
 
 def message(body: bytes, publisher: int = 1) -> Message:
