@@ -138,7 +138,13 @@ def test_a_configuration_is_saved_pushed_and_converges_by_what_brokers_report(
     assert [(r["broker"], r["state"]) for r in version["convergence"]] == [
         (b.name, "pending") for b in brokers
     ]
-    assert {u["key"] for u in version["unset"]} == {"known_hosts", "limits", "vhost_limits", "users", "permissions"}
+    assert {u["key"] for u in version["unset"]} == {
+        "known_hosts",
+        "limits",
+        "vhost_limits",
+        "users",
+        "permissions",
+    }
     assert Command.objects.filter(name="config.apply").count() == 3
 
     # converged is what the brokers report running, not what they acked

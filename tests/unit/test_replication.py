@@ -215,7 +215,7 @@ def test_no_confirmed_message_is_lost_across_root_failures(actions: list[str], r
             held = [(s, m) for s, m in held if s in net.servers]
         elif action == "join" and joined < 3:
             joined += 1
-            spid = "Z%d" % joined
+            spid = f"Z{joined}"
             net.add(spid)
             net.servers[spid].broker.vhosts["/"].declare_queue("q", connection_id=0)
             net.servers[spid].plane.root_changed(None, net.root)
