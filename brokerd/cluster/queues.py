@@ -132,9 +132,9 @@ class SharedQueue(Queue):
         for state in list(self.proxied.values()):
             self.plane.proxy.drain(state)
 
-    def get(self, no_ack: bool, reply: Reply) -> None:
+    def get(self, no_ack: bool, reply: Reply, recipient: Any = None) -> None:
         if self.local:
-            super().get(no_ack, reply)
+            super().get(no_ack, reply, recipient)
         else:
             self.plane.proxy.get(self, no_ack, reply)
 
