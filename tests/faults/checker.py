@@ -12,16 +12,17 @@ DESIGN.md section 5 that a client can observe:
   only: redeliveries are allowed to come out of order);
 - ``unknown``: a delivery of something no publisher sent.
 
-Losses are attributed to the first fault still in force, or applied later,
-when the message was sent (its ``end`` is at or after the send): a confirmed
-message that sits in a queue is destroyed by the next fault that can destroy
-it, and with consumers keeping up that is the next fault. It is a heuristic
-for the soak's per-kind figures, never part of a pass/fail decision.
+Each loss is attributed to a fault, for the soak's per-kind figures (never
+for pass/fail): a queue hands out one publisher's messages in publish order,
+so a lost message was destroyed after it was sent and before the queue
+first delivered a later message of the same publisher (its *skip*). Of the
+faults in force in that window, the one that started last is blamed (a
+harmless fault before it, while the message waited in a backlog, is not);
+a loss with no fault in its window counts under ``none``.
 """
 
 from __future__ import annotations
 
-import bisect
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -48,6 +49,7 @@ class Report:
     unknown: int = 0
     drained: bool = False
     faults: dict[str, int] = field(default_factory=dict)
+    faults_on_root: dict[str, int] = field(default_factory=dict)  # the target was the root
     lost_by_fault: dict[str, int] = field(default_factory=dict)
     recovery: dict[str, dict[str, float]] = field(default_factory=dict)
     per_fault: list[dict[str, Any]] = field(default_factory=list)
@@ -82,15 +84,16 @@ class Report:
             "must be 0: "
             + ", ".join(f"{k} {v}" for k, v in self.must_be_zero().items())
             + ("" if not self.order_violations else f" (per publisher {self.order_violations})"),
-            f"{'fault kind':<22}{'faults':>7}{'lost':>8}{'lost/fault':>11}"
-            f"{'recovery median':>16}{'max':>7}",
+            f"{'fault kind':<22}{'faults':>7}{'on root':>8}{'lost':>8}{'lost/fault':>11}"
+            f"{'settled median':>16}{'max':>7}",
         ]
         for kind in sorted(set(self.faults) | set(self.lost_by_fault)):
             count = self.faults.get(kind, 0)
             lost = self.lost_by_fault.get(kind, 0)
             rec = self.recovery.get(kind, {})
             lines.append(
-                f"{kind:<22}{count:>7}{lost:>8}{(lost / count if count else 0):>11.1f}"
+                f"{kind:<22}{count:>7}{self.faults_on_root.get(kind, 0):>8}{lost:>8}"
+                f"{(lost / count if count else 0):>11.1f}"
                 f"{rec.get('median', float('nan')):>15.2f}s{rec.get('max', float('nan')):>6.2f}s"
             )
         for name, items in self.examples.items():
@@ -113,7 +116,7 @@ def check(history: History) -> Report:
 
     deliveries = sorted(history.deliveries, key=lambda d: d.at)  # stable: per-thread order kept
     report.deliveries = len(deliveries)
-    seen: set[tuple[str, int]] = set()
+    seen: dict[tuple[str, int], float] = {}  # first delivery time
     # per (consumer, session): per publisher, the highest first delivery so far
     highest: dict[tuple[str, int], dict[str, int]] = defaultdict(dict)
     order: Counter[str] = Counter()
@@ -134,7 +137,7 @@ def check(history: History) -> Report:
                     f"{d.publisher}:{d.seq} again to {d.consumer}/{d.session} on [{d.server}]",
                 )
             continue
-        seen.add(key)
+        seen[key] = d.at
         if d.redelivered:
             continue
         top = highest[(d.consumer, d.session)]
@@ -158,7 +161,7 @@ def check(history: History) -> Report:
     )
     report.lost = len(lost)
     examples["lost"] = _runs(published, lost)[:EXAMPLES]
-    _attribute(history, lost, report)
+    _attribute(history, published, seen, lost, report)
     report.examples = dict(examples)
     return report
 
@@ -191,22 +194,48 @@ def _runs(published: dict[tuple[str, int], Publish], lost: list[Publish]) -> lis
     return runs
 
 
-def _attribute(history: History, lost: list[Publish], report: Report) -> None:
+def _skips(
+    published: dict[tuple[str, int], Publish], seen: dict[tuple[str, int], float]
+) -> dict[tuple[str, int], float]:
+    """For every message, the first delivery of a later one of its publisher to its
+    queue (infinity if none came)."""
+    streams: dict[tuple[str, str], list[Publish]] = defaultdict(list)
+    for p in published.values():
+        streams[(p.publisher, p.queue)].append(p)
+    skips: dict[tuple[str, int], float] = {}
+    for stream in streams.values():
+        later = float("inf")
+        for p in sorted(stream, key=lambda p: p.seq, reverse=True):
+            skips[(p.publisher, p.seq)] = later
+            later = min(later, seen.get((p.publisher, p.seq), later))
+    return skips
+
+
+def _attribute(
+    history: History,
+    published: dict[tuple[str, int], Publish],
+    seen: dict[tuple[str, int], float],
+    lost: list[Publish],
+    report: Report,
+) -> None:
     """Per kind: faults, losses (see the module docstring) and time to a settled root."""
     faults = sorted(history.faults, key=lambda f: f.start)
-    ends = [f.end if f.end is not None else float("inf") for f in faults]
-    # a fault's end may come before an earlier-started fault's end: use the running max
-    reach = [max(ends[: i + 1]) for i in range(len(ends))]
+    skips = _skips(published, seen) if lost else {}
     per_fault = [0] * len(faults)
     by_kind: Counter[str] = Counter()
     for p in lost:
-        i = bisect.bisect_left(reach, p.sent)  # the first fault whose own end is >= sent
-        if i < len(faults):
-            per_fault[i] += 1
-            by_kind[faults[i].kind] += 1
+        skip = skips[(p.publisher, p.seq)]
+        window = [
+            i for i, f in enumerate(faults) if f.start < skip and (f.end is None or f.end >= p.sent)
+        ]
+        if window:
+            per_fault[window[-1]] += 1
+            by_kind[faults[window[-1]].kind] += 1
         else:
             by_kind[NO_FAULT] += 1
     report.faults = dict(sorted(Counter(f.kind for f in faults).items()))
+    on_root = Counter(f.kind for f in faults if f.role == "root" or f.peer_role == "root")
+    report.faults_on_root = dict(sorted(on_root.items()))
     report.lost_by_fault = dict(sorted(by_kind.items()))
     took: dict[str, list[float]] = defaultdict(list)
     for f in faults:
@@ -222,6 +251,7 @@ def _attribute(history: History, lost: list[Publish], report: Report) -> None:
             "target": f.target,
             "role": f.role,
             "peer": f.peer,
+            "peer_role": f.peer_role,
             "start": f.start,
             "held": None if f.end is None else round(f.end - f.start, 3),
             "recovered": None if f.recovered is None else round(f.recovered - f.start, 3),

@@ -59,6 +59,7 @@ class Fault:
     end: float | None = None
     recovered: float | None = None
     peer: int | None = None  # the other end of a cut link
+    peer_role: str | None = None
     note: str = ""
 
 

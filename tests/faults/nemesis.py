@@ -151,6 +151,8 @@ class Nemesis:
         target, peer, note = self.target(planned, root)
         cluster = self.cluster
         fault = Fault(planned.kind, target, self.role(target, root), time.time(), peer=peer)
+        if peer is not None:
+            fault.peer_role = self.role(peer, root)
         fault.note = note
         self.recorder.fault(fault)
         if planned.kind.startswith("kill-"):
@@ -176,7 +178,7 @@ class Nemesis:
             fault.note = (fault.note + "; " if fault.note else "") + "no settled root in time"
         self.log(
             f"{planned.kind} [{target}] ({fault.role})"
-            + (f" <-> [{peer}]" if peer is not None else "")
+            + (f" <-> [{peer}] ({fault.peer_role})" if peer is not None else "")
             + f" held {fault.end - fault.start:.1f}s, settled "
             + (f"after {fault.recovered - fault.start:.1f}s" if fault.recovered else "NOT")
         )

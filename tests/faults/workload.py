@@ -13,6 +13,7 @@ delivery before acking it.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections import Counter, deque
@@ -42,6 +43,9 @@ BLOCKED_TIMEOUT = 10.0
 #: connection.open may wait for a root (open_timeout in the cluster file) before 541
 OPEN_WAIT = 8.0
 BACKOFF = 0.1
+
+# pika narrates every reconnect at INFO: thousands of lines per run, hiding the report
+logging.getLogger("pika").setLevel(logging.WARNING)
 
 
 def connect(port: int) -> BlockingConnection:

@@ -147,27 +147,30 @@ def test_an_undrained_run_is_not_ok_even_with_nothing_missing() -> None:
     assert "NO" in check(h).format()
 
 
-def test_losses_go_to_the_first_fault_in_force_or_later_when_sent() -> None:
+def test_a_loss_goes_to_the_last_fault_before_the_queue_moved_past_it() -> None:
     faults = [
-        Fault("kill-root", 0, "root", start=10.0, end=12.0, recovered=13.0),
-        Fault("cut-link", 1, "primary", start=20.0, end=21.0, recovered=22.0, peer=0),
+        Fault("cut-link", 1, "primary", start=10.0, end=12.0, recovered=13.0, peer=2),
+        Fault("kill-root", 0, "root", start=20.0, end=22.0, recovered=23.0),
         Fault("pause-long", 2, "root", start=30.0, end=33.0),  # never settled
     ]
     publishes = [
-        pub("p0", 1, sent=5.0),  # before the kill: the kill
-        pub("p0", 2, sent=11.0),  # during the kill: the kill
-        pub("p0", 3, sent=15.0),  # between: the cut
-        pub("p0", 4, sent=25.0),  # the pause
-        pub("p0", 5, sent=40.0),  # after every fault
-        pub("p0", 6, sent=41.0),  # delivered
+        pub("p0", 1, sent=5.0),  # waits in a backlog through the cut, lost with the root
+        pub("p0", 2, sent=6.0),  # the same
+        pub("p0", 3, sent=24.0),  # delivered at 26: the queue moved past 1 and 2 then
+        pub("p0", 4, sent=25.0),  # lost, and 5 delivered at 28, before the pause: no fault
+        pub("p0", 5, sent=27.0),
+        pub("p0", 6, sent=29.0),  # nothing later delivered: the last fault in force after it
+        pub("p1", 1, sent=40.0),  # after every fault, never delivered: none
     ]
-    report = check(history(publishes, [got("p0", 6)], faults))
+    deliveries = [got("p0", 3, at=26.0), got("p0", 5, at=28.0)]
+    report = check(history(publishes, deliveries, faults))
     assert report.lost == 5
-    assert report.lost_by_fault == {"cut-link": 1, "kill-root": 2, "pause-long": 1, NO_FAULT: 1}
-    assert [f["lost"] for f in report.per_fault] == [2, 1, 1]
+    assert report.lost_by_fault == {"kill-root": 2, "pause-long": 1, NO_FAULT: 2}
+    assert [f["lost"] for f in report.per_fault] == [0, 2, 1]
     assert report.faults == {"cut-link": 1, "kill-root": 1, "pause-long": 1}
+    assert report.faults_on_root == {"kill-root": 1, "pause-long": 1}
     assert report.recovery == {
-        "cut-link": {"median": 2.0, "max": 2.0},
+        "cut-link": {"median": 3.0, "max": 3.0},
         "kill-root": {"median": 3.0, "max": 3.0},
     }
     text = report.format()
