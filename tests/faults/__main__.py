@@ -1,8 +1,9 @@
 """The soak by hand: ``python -m tests.faults --faults 100 --seed 7 --json soak.json``.
 
 Prints one line per fault and the checker's report; exits 1 if a
-must-be-zero count is not 0 or the drain did not finish (2 on a harness
-error). ``--check FILE`` re-checks a saved history without running anything.
+must-be-zero count is not 0, the drain did not finish, a server exited by
+itself or something was not cleaned up (2 on a harness error).
+``--check FILE`` re-checks a saved history without running anything.
 """
 
 from __future__ import annotations
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(outcome.report.format())
     print(f"took {time.monotonic() - started:.0f}s; logs in {base}")
+    if outcome.crashes:
+        print(f"SERVERS EXITED BY THEMSELVES: {outcome.crashes}")
     if outcome.leftover or outcome.stuck_clients:
         print(f"NOT CLEANED UP: brokerd pids {outcome.leftover}, clients {outcome.stuck_clients}")
     if args.json:
@@ -89,9 +92,10 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         print(f"history and report in {args.json}")
-    if not outcome.report.ok():
+    ok = outcome.report.ok() and not (outcome.crashes or outcome.leftover or outcome.stuck_clients)
+    if not ok:
         print(outcome.describe)
-    return 0 if outcome.report.ok() else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

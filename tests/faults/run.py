@@ -57,6 +57,11 @@ class Outcome:
     #: client threads still running after the cleanup (must be none)
     stuck_clients: list[str] = field(default_factory=list)
 
+    @property
+    def crashes(self) -> list[dict[str, float | int | None]]:
+        """Servers that exited without being killed (must be none)."""
+        return list(self.history.meta.get("crashes", []))
+
 
 def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Outcome:
     """One run in ``base`` (data directories and logs stay there)."""
@@ -97,6 +102,7 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
     plan = schedule(config.seed, config.faults, config.kinds, config.timeout)
     history.meta = {"config": config.__dict__ | {"kinds": list(config.kinds)}, "servers": servers}
     describe = ""
+    nemesis: Nemesis | None = None
     try:
         cluster.start_all()
         cluster.wait_until(cluster.settled_root, timeout=30, what="a settled root")
@@ -139,6 +145,7 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
         history.meta["client_errors"] = {c.name: dict(c.errors) for c in clients}
         history.meta["slowest_confirm"] = max((p.slowest for p in publishers), default=0.0)
         history.meta["root_overlaps"] = len(cluster.root_overlaps())
+        history.meta["crashes"] = nemesis.crashes if nemesis is not None else []
         describe = describe or cluster.describe()
         cluster.close()
     return Outcome(

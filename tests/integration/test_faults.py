@@ -54,6 +54,10 @@ def test_every_process_and_client_was_cleaned_up(outcome: Outcome) -> None:
     assert outcome.stuck_clients == [], context(outcome)
 
 
+def test_no_server_exited_by_itself(outcome: Outcome) -> None:
+    assert outcome.crashes == [], context(outcome)
+
+
 def test_every_fault_was_applied_undone_and_settled(outcome: Outcome) -> None:
     faults = outcome.history.faults
     assert sorted(f.kind for f in faults) == sorted(KINDS), context(outcome)
