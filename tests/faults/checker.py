@@ -18,17 +18,21 @@ so a lost message was destroyed after it was sent and before the queue
 first delivered a later message of the same publisher (its *skip*). Of the
 faults in force in that window, the one that started last is blamed (a
 harmless fault before it, while the message waited in a backlog, is not);
-a loss with no fault in its window counts under ``none``.
+a loss with no fault in its window counts under ``none``. Likewise a message
+delivered out of order was held up between its send and the delivery of the
+later message that overtook it, and an unflagged duplicate came back between
+its first delivery and this one.
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.faults.history import ACK, History, Publish
+from tests.faults.history import ACK, Fault, History, Publish
 
 NO_FAULT = "none"
 EXAMPLES = 10
@@ -51,6 +55,8 @@ class Report:
     faults: dict[str, int] = field(default_factory=dict)
     faults_on_root: dict[str, int] = field(default_factory=dict)  # the target was the root
     lost_by_fault: dict[str, int] = field(default_factory=dict)
+    duplicates_by_fault: dict[str, int] = field(default_factory=dict)
+    order_by_fault: dict[str, int] = field(default_factory=dict)
     recovery: dict[str, dict[str, float]] = field(default_factory=dict)
     per_fault: list[dict[str, Any]] = field(default_factory=list)
     examples: dict[str, list[str]] = field(default_factory=dict)
@@ -85,15 +91,17 @@ class Report:
             + ", ".join(f"{k} {v}" for k, v in self.must_be_zero().items())
             + ("" if not self.order_violations else f" (per publisher {self.order_violations})"),
             f"{'fault kind':<22}{'faults':>7}{'on root':>8}{'lost':>8}{'lost/fault':>11}"
-            f"{'settled median':>16}{'max':>7}",
+            f"{'dups':>6}{'order':>7}{'settled median':>16}{'max':>7}",
         ]
-        for kind in sorted(set(self.faults) | set(self.lost_by_fault)):
+        blamed = set(self.lost_by_fault) | set(self.duplicates_by_fault) | set(self.order_by_fault)
+        for kind in sorted(set(self.faults) | blamed):
             count = self.faults.get(kind, 0)
             lost = self.lost_by_fault.get(kind, 0)
             rec = self.recovery.get(kind, {})
             lines.append(
                 f"{kind:<22}{count:>7}{self.faults_on_root.get(kind, 0):>8}{lost:>8}"
                 f"{(lost / count if count else 0):>11.1f}"
+                f"{self.duplicates_by_fault.get(kind, 0):>6}{self.order_by_fault.get(kind, 0):>7}"
                 f"{rec.get('median', float('nan')):>15.2f}s{rec.get('max', float('nan')):>6.2f}s"
             )
         for name, items in self.examples.items():
@@ -114,11 +122,19 @@ def check(history: History) -> Report:
     report.confirmed = outcomes.pop(ACK, 0)
     report.not_confirmed = dict(sorted(outcomes.items()))
 
+    faults = sorted(history.faults, key=lambda f: f.start)
+
+    def blame(since: float, until: float) -> str:
+        i = _culprit(faults, since, until)
+        return NO_FAULT if i is None else faults[i].kind
+
+    duplicates: Counter[str] = Counter()
+    late: Counter[str] = Counter()
     deliveries = sorted(history.deliveries, key=lambda d: d.at)  # stable: per-thread order kept
     report.deliveries = len(deliveries)
     seen: dict[tuple[str, int], float] = {}  # first delivery time
-    # per (consumer, session): per publisher, the highest first delivery so far
-    highest: dict[tuple[str, int], dict[str, int]] = defaultdict(dict)
+    # per (consumer, session): per publisher, the highest first delivery so far, and when
+    highest: dict[tuple[str, int], dict[str, tuple[int, float]]] = defaultdict(dict)
     order: Counter[str] = Counter()
     examples: dict[str, list[str]] = defaultdict(list)
     for d in deliveries:
@@ -131,6 +147,7 @@ def check(history: History) -> Report:
         if key in seen:
             if not d.redelivered:
                 report.unflagged_duplicates += 1
+                duplicates[blame(seen[key], d.at)] += 1
                 _example(
                     examples,
                     "unflagged_duplicates",
@@ -141,17 +158,20 @@ def check(history: History) -> Report:
         if d.redelivered:
             continue
         top = highest[(d.consumer, d.session)]
-        before = top.get(d.publisher)
-        if before is not None and d.seq < before:
+        before, overtaken_at = top.get(d.publisher, (-1, 0.0))
+        if d.seq < before:
             order[d.publisher] += 1
+            late[blame(published[key].sent, overtaken_at)] += 1
             _example(
                 examples,
                 "order_violations",
                 f"{d.consumer}/{d.session} got {d.publisher}:{d.seq} after {d.publisher}:{before}",
             )
         else:
-            top[d.publisher] = d.seq
+            top[d.publisher] = (d.seq, d.at)
     report.order_violations = dict(sorted(order.items()))
+    report.duplicates_by_fault = dict(sorted(duplicates.items()))
+    report.order_by_fault = dict(sorted(late.items()))
     report.received = len(seen)
     report.received_unconfirmed = sum(1 for k in seen if published[k].outcome != ACK)
 
@@ -194,6 +214,17 @@ def _runs(published: dict[tuple[str, int], Publish], lost: list[Publish]) -> lis
     return runs
 
 
+def _culprit(faults: list[Fault], since: float, until: float) -> int | None:
+    """The fault (index into ``faults``, sorted by start) that started last before
+    ``until`` among those still in force at ``since`` or later."""
+    i = bisect.bisect_left([f.start for f in faults], until)
+    while i > 0:
+        i -= 1
+        if faults[i].end is None or faults[i].end >= since:
+            return i
+    return None
+
+
 def _skips(
     published: dict[tuple[str, int], Publish], seen: dict[tuple[str, int], float]
 ) -> dict[tuple[str, int], float]:
@@ -224,15 +255,12 @@ def _attribute(
     per_fault = [0] * len(faults)
     by_kind: Counter[str] = Counter()
     for p in lost:
-        skip = skips[(p.publisher, p.seq)]
-        window = [
-            i for i, f in enumerate(faults) if f.start < skip and (f.end is None or f.end >= p.sent)
-        ]
-        if window:
-            per_fault[window[-1]] += 1
-            by_kind[faults[window[-1]].kind] += 1
-        else:
+        i = _culprit(faults, p.sent, skips[(p.publisher, p.seq)])
+        if i is None:
             by_kind[NO_FAULT] += 1
+        else:
+            per_fault[i] += 1
+            by_kind[faults[i].kind] += 1
     report.faults = dict(sorted(Counter(f.kind for f in faults).items()))
     on_root = Counter(f.kind for f in faults if f.role == "root" or f.peer_role == "root")
     report.faults_on_root = dict(sorted(on_root.items()))

@@ -128,6 +128,25 @@ def test_order_is_per_publisher_and_per_consumer_connection_redeliveries_excepte
     assert report.lost == 0 and report.unflagged_duplicates == 0
 
 
+def test_duplicates_and_order_violations_are_blamed_on_the_fault_that_held_them() -> None:
+    faults = [
+        Fault("pause-long", 0, "root", start=2.0, end=3.0),
+        Fault("kill-primary", 1, "primary", start=5.0, end=6.0),
+    ]
+    publishes = [pub("p0", i, sent=1.0 + i / 10) for i in (1, 2, 3)]
+    deliveries = [
+        got("p0", 1, at=1.2),
+        got("p0", 1, at=1.5),  # a duplicate before any fault
+        got("p0", 3, at=4.0),  # overtakes 2, held up by the pause
+        got("p0", 2, at=5.5),  # delivered after the kill started: still the pause's doing
+        got("p0", 3, at=7.0),  # a duplicate: the last fault since its first delivery
+    ]
+    report = check(history(publishes, deliveries, faults))
+    assert report.duplicates_by_fault == {NO_FAULT: 1, "kill-primary": 1}
+    assert report.order_by_fault == {"pause-long": 1}
+    assert "pause-long" in report.format()
+
+
 def test_a_duplicate_is_not_also_an_order_violation() -> None:
     h = history([pub("p0", 1), pub("p0", 2)], [got("p0", 1), got("p0", 2), got("p0", 1, at=9.0)])
     report = check(h)
