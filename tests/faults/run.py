@@ -141,7 +141,8 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
         for client in clients:
             client.halt()
         for client in clients:
-            client.join(10)
+            if client.ident is not None:  # started
+                client.join(10)
         history.meta["client_errors"] = {c.name: dict(c.errors) for c in clients}
         history.meta["slowest_confirm"] = max((p.slowest for p in publishers), default=0.0)
         history.meta["root_overlaps"] = len(cluster.root_overlaps())
