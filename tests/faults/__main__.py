@@ -1,0 +1,102 @@
+"""The soak by hand: ``python -m tests.faults --faults 100 --seed 7 --json soak.json``.
+
+Prints one line per fault and the checker's report; exits 1 if a
+must-be-zero count is not 0, the drain did not finish, a server exited by
+itself or something was not cleaned up (2 on a harness error).
+``--check FILE`` re-checks a saved history without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.faults.checker import check
+from tests.faults.history import History
+from tests.faults.nemesis import KINDS
+from tests.faults.run import RunConfig, run
+
+
+def main(argv: list[str] | None = None) -> int:
+    defaults = RunConfig()
+    parser = argparse.ArgumentParser(prog="python -m tests.faults", description=__doc__)
+    parser.add_argument("--faults", type=int, default=defaults.faults)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help=f"comma-separated fault kinds (default all: {','.join(KINDS)})",
+    )
+    parser.add_argument("--publishers", type=int, default=defaults.publishers)
+    parser.add_argument("--consumers", type=int, default=defaults.consumers)
+    parser.add_argument("--queues", type=int, default=defaults.queues)
+    parser.add_argument(
+        "--rate", type=float, default=defaults.rate, help="messages/s per publisher"
+    )
+    parser.add_argument(
+        "--consume-rate",
+        type=float,
+        default=defaults.consume_rate,
+        help="messages/s per consumer before the drain (0: unlimited)",
+    )
+    parser.add_argument("--prefetch", type=int, default=defaults.prefetch)
+    parser.add_argument(
+        "--durable", action="store_true", help="durable queues, persistent messages"
+    )
+    parser.add_argument("--dir", type=Path, help="where the servers keep data and logs (kept)")
+    parser.add_argument("--json", type=Path, help="write the history and the report here")
+    parser.add_argument("--check", type=Path, help="only check a history saved with --json")
+    args = parser.parse_args(argv)
+
+    if args.check:
+        saved = json.loads(args.check.read_text())
+        report = check(History.from_dict(saved["history"]))
+        print(report.format())
+        return 0 if report.ok() else 1
+
+    config = RunConfig(
+        seed=args.seed,
+        faults=args.faults,
+        kinds=tuple(k for k in args.kinds.split(",") if k),
+        publishers=args.publishers,
+        consumers=args.consumers,
+        queues=args.queues,
+        rate=args.rate,
+        prefetch=args.prefetch,
+        consume_rate=args.consume_rate or None,
+        durable=args.durable,
+    )
+    base = args.dir or Path(tempfile.mkdtemp(prefix="rookery-faults-"))
+    started = time.monotonic()
+    print(f"seed {config.seed}, {config.faults} faults, servers in {base}", flush=True)
+    try:
+        outcome = run(config, base, log=lambda line: print(line, flush=True))
+    except Exception as exc:
+        print(f"harness error: {exc!r}", file=sys.stderr)
+        return 2
+    print(outcome.report.format())
+    print(f"took {time.monotonic() - started:.0f}s; logs in {base}")
+    if outcome.crashes:
+        print(f"SERVERS EXITED BY THEMSELVES: {outcome.crashes}")
+    if outcome.leftover or outcome.stuck_clients:
+        print(f"NOT CLEANED UP: brokerd pids {outcome.leftover}, clients {outcome.stuck_clients}")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {"report": outcome.report.to_dict(), "history": outcome.history.to_dict()},
+                indent=None,
+            )
+        )
+        print(f"history and report in {args.json}")
+    ok = outcome.report.ok() and not (outcome.crashes or outcome.leftover or outcome.stuck_clients)
+    if not ok:
+        print(outcome.describe)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

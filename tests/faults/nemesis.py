@@ -1,0 +1,233 @@
+"""The nemesis: faults on a seeded schedule, one at a time.
+
+The schedule (kinds, durations, gaps and the random draws that pick targets)
+comes from the seed alone, so a run can be repeated; which server a draw
+lands on depends on who is root, or where a client is connected, when the
+fault comes. Kinds are drawn as shuffled rounds of every kind, so a short
+run still covers them all. Faults never overlap: each is undone (restart,
+SIGCONT, heal) and the cluster given time to settle before the next, since
+the guarantee under test is about losing any *one* server.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tests.cluster_harness import Cluster
+from tests.faults.history import Fault, Recorder
+from tests.faults.workload import Client
+
+KILL_ROOT = "kill-root"
+KILL_PRIMARY = "kill-primary"  # a primary that is not root
+KILL_CONSUMER_SERVER = "kill-consumer-server"
+KILL_PUBLISHER_SERVER = "kill-publisher-server"
+PAUSE_SHORT = "pause-short"  # SIGSTOP shorter than the heartbeat timeout
+PAUSE_LONG = "pause-long"  # SIGSTOP longer than the heartbeat timeout
+CUT_LINK = "cut-link"  # both directions between two linked servers
+KINDS = (
+    KILL_ROOT,
+    KILL_PRIMARY,
+    KILL_CONSUMER_SERVER,
+    KILL_PUBLISHER_SERVER,
+    PAUSE_SHORT,
+    PAUSE_LONG,
+    CUT_LINK,
+)
+
+
+@dataclass(frozen=True)
+class Planned:
+    kind: str
+    hold: float  # seconds the fault stays in force
+    gap: float  # seconds of calm after the cluster settled again
+    pick: float  # draws in [0, 1) that choose the target and the peer
+    pick_peer: float
+
+
+def schedule(
+    seed: int, count: int, kinds: Sequence[str] = KINDS, timeout: float = 1.0
+) -> list[Planned]:
+    """``count`` faults from ``seed``; holds scale with the heartbeat ``timeout``."""
+    unknown = set(kinds) - set(KINDS)
+    if unknown or not kinds:
+        raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+    rng = random.Random(seed)
+    order: list[str] = []
+    while len(order) < count:
+        batch = list(kinds)
+        rng.shuffle(batch)
+        order += batch
+    plan = []
+    for kind in order[:count]:
+        if kind == PAUSE_SHORT:
+            hold = rng.uniform(0.3, 0.7) * timeout
+        elif kind == PAUSE_LONG:
+            hold = rng.uniform(1.5, 3.0) * timeout
+        elif kind == CUT_LINK:
+            hold = rng.uniform(0.5, 3.0) * timeout  # some shorter than the timeout, most longer
+        else:  # kills: down for a while, then restarted
+            hold = rng.uniform(0.5, 3.0)
+        plan.append(Planned(kind, hold, rng.uniform(0.5, 2.0), rng.random(), rng.random()))
+    return plan
+
+
+def _choose(candidates: Sequence[int], draw: float) -> int:
+    return sorted(candidates)[int(draw * len(candidates)) % len(candidates)]
+
+
+class Nemesis:
+    """Applies planned faults to ``cluster`` and records them in ``recorder``."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        recorder: Recorder,
+        publishers: Sequence[Client],
+        consumers: Sequence[Client],
+        *,
+        settle_timeout: float = 20.0,
+        log: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        self.cluster = cluster
+        self.recorder = recorder
+        self.publishers = publishers
+        self.consumers = consumers
+        self.settle_timeout = settle_timeout
+        self.log = log
+        #: servers found dead that the nemesis had not killed (must stay empty)
+        self.crashes: list[dict[str, float | int | None]] = []
+
+    # -- who is where ------------------------------------------------------------
+
+    def root(self) -> int | None:
+        views = self.cluster.sample()
+        roots = [i for i, v in views.items() if v.get("is_root") and v.get("quorum")]
+        return roots[0] if len(roots) == 1 else None
+
+    def role(self, index: int, root: int | None) -> str:
+        if index == root:
+            return "root"
+        return self.cluster.nodes[index].kind
+
+    def primaries(self) -> list[int]:
+        return [n.index for n in self.cluster.nodes if n.kind == "primary"]
+
+    def target(self, planned: Planned, root: int | None) -> tuple[int, int | None, str]:
+        """(target, peer, note) for a planned fault, from the cluster as it is now."""
+        everyone = [n.index for n in self.cluster.nodes]
+        note = ""
+        if planned.kind == KILL_ROOT:
+            if root is not None:
+                return root, None, note
+            return _choose(self.primaries(), planned.pick), None, "no root seen: a primary"
+        if planned.kind == KILL_PRIMARY:
+            return _choose([i for i in self.primaries() if i != root], planned.pick), None, note
+        if planned.kind in (KILL_CONSUMER_SERVER, KILL_PUBLISHER_SERVER):
+            clients = self.consumers if planned.kind == KILL_CONSUMER_SERVER else self.publishers
+            servers = {c.server for c in clients if c.server is not None}
+            if not servers:
+                return _choose(everyone, planned.pick), None, "no client connected: any server"
+            return _choose(list(servers), planned.pick), None, note  # type: ignore[arg-type]
+        # pauses and cuts: the root half of the time, else any other server
+        if root is not None and planned.pick < 0.5:
+            target = root
+        else:
+            target = _choose([i for i in everyone if i != root], planned.pick)
+        if planned.kind != CUT_LINK:
+            return target, None, note
+        # secondaries link to primaries only
+        linked = self.primaries() if self.cluster.nodes[target].kind == "secondary" else everyone
+        peers = [i for i in linked if i != target]
+        if root is not None and root in peers and planned.pick_peer < 0.5:
+            return target, root, note
+        return target, _choose(peers, planned.pick_peer), note
+
+    # -- faults ------------------------------------------------------------------
+
+    def apply(self, planned: Planned) -> Fault:
+        """Apply, hold, undo, then wait for a settled root and the gap."""
+        self.restart_crashed()
+        root = self.root()
+        target, peer, note = self.target(planned, root)
+        cluster = self.cluster
+        fault = Fault(planned.kind, target, self.role(target, root), time.time(), peer=peer)
+        if peer is not None:
+            fault.peer_role = self.role(peer, root)
+        fault.note = note
+        self.recorder.fault(fault)
+        if planned.kind.startswith("kill-"):
+            cluster.kill(target)
+            time.sleep(planned.hold)
+            self.restart(target)
+        elif planned.kind.startswith("pause-"):
+            cluster.pause(target)
+            try:
+                time.sleep(planned.hold)
+            finally:
+                cluster.resume(target)
+        else:
+            assert peer is not None
+            try:
+                cluster.ctl(target, "fault", "cut-link", cluster.spid(peer))
+                cluster.ctl(peer, "fault", "cut-link", cluster.spid(target))
+                time.sleep(planned.hold)
+            except (AssertionError, OSError, ValueError) as exc:  # recorded; the heal still runs
+                fault.note = (fault.note + "; " if fault.note else "") + f"cut failed: {exc}"
+            finally:
+                self.heal([target, peer])
+        fault.end = time.time()
+        try:
+            cluster.wait_until(cluster.settled_root, timeout=self.settle_timeout, what="settled")
+            fault.recovered = time.time()
+        except AssertionError:
+            fault.note = (fault.note + "; " if fault.note else "") + "no settled root in time"
+        self.log(
+            f"{planned.kind} [{target}] ({fault.role})"
+            + (f" <-> [{peer}] ({fault.peer_role})" if peer is not None else "")
+            + f" held {fault.end - fault.start:.1f}s, settled "
+            + (f"after {fault.recovered - fault.start:.1f}s" if fault.recovered else "NOT")
+        )
+        time.sleep(planned.gap)
+        return fault
+
+    def restart(self, index: int, attempts: int = 3) -> None:
+        """Start a dead server again (its data directory, hence its store, kept)."""
+        for attempt in range(attempts):
+            try:
+                self.cluster.start(index)
+                return
+            except (AssertionError, RuntimeError, TimeoutError):
+                if attempt == attempts - 1:
+                    raise
+                self.cluster.stop(index)
+                time.sleep(0.5)
+
+    def restart_crashed(self) -> None:
+        """Servers we did not kill that are gone (a crash: recorded), started again.
+
+        Faults are undone before the next one, so between faults every server
+        the nemesis touched is running."""
+        for node in self.cluster.nodes:
+            if node.process is not None and not node.alive():
+                code = node.process.proc.returncode if node.process.proc else None
+                self.crashes.append({"index": node.index, "returncode": code, "at": time.time()})
+                self.log(f"[{node.index}] exited by itself with {code}: restarting it")
+                self.restart(node.index)
+
+    def heal(self, indexes: Sequence[int]) -> None:
+        for index in indexes:
+            try:
+                self.cluster.ctl(index, "fault", "heal")
+            except (AssertionError, OSError, ValueError) as exc:
+                self.log(f"[{index}] heal failed: {exc}")
+
+    def undo_everything(self) -> None:
+        """Before the drain: every server running, none paused, no link cut."""
+        for node in self.cluster.nodes:
+            if node.paused and node.alive():
+                self.cluster.resume(node.index)
+        self.restart_crashed()
+        self.heal([node.index for node in self.cluster.nodes])

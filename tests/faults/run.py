@@ -1,0 +1,185 @@
+"""One fault-injection run: cluster, workload, nemesis, drain, check.
+
+Phases: start 3 primaries and a secondary (the harness's heartbeat
+settings), declare the shared queues, start the clients spread over every
+server, warm up, apply the planned faults one by one, stop the publishers,
+undo every fault and wait for a settled root, let the consumers empty the
+queues until nothing arrives for ``quiet`` seconds, sweep what is left with
+basic.get, and check the history. Every process is stopped on the way out,
+whatever happened; ``Outcome.leftover`` says if one was not.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.cluster_harness import INTERVAL, TIMEOUT, Cluster
+from tests.faults.checker import Report, check
+from tests.faults.history import History, Recorder
+from tests.faults.nemesis import KINDS, Nemesis, schedule
+from tests.faults.workload import Client, Consumer, Publisher, declare, depths, sweep
+
+
+@dataclass
+class RunConfig:
+    seed: int = 1
+    faults: int = 7
+    kinds: tuple[str, ...] = KINDS
+    publishers: int = 4
+    consumers: int = 4
+    queues: int = 2
+    rate: float = 40.0  # per publisher, messages per second
+    #: per consumer until the drain: below the publishers' total, so the queues hold a backlog
+    consume_rate: float | None = 25.0
+    prefetch: int = 32
+    durable: bool = False  # durable queues and persistent messages
+    pad: int = 64  # body bytes beyond the publisher:seq prefix
+    warmup: float = 2.0
+    quiet: float = 2.0  # the drain ends when nothing arrived for this long
+    drain_timeout: float = 45.0
+    settle_timeout: float = 20.0
+    interval: float = INTERVAL
+    timeout: float = TIMEOUT
+
+
+@dataclass
+class Outcome:
+    history: History
+    report: Report
+    #: the harness's view of every server and the warnings in their logs, at the end
+    describe: str = ""
+    logs: list[str] = field(default_factory=list)
+    #: pids of brokerd processes still running after the cleanup (must be none)
+    leftover: list[int] = field(default_factory=list)
+    #: client threads still running after the cleanup (must be none)
+    stuck_clients: list[str] = field(default_factory=list)
+
+    @property
+    def crashes(self) -> list[dict[str, float | int | None]]:
+        """Servers that exited without being killed (must be none)."""
+        return list(self.history.meta.get("crashes", []))
+
+
+def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Outcome:
+    """One run in ``base`` (data directories and logs stay there)."""
+    cluster = Cluster(
+        base, primaries=3, secondaries=1, interval=config.interval, timeout=config.timeout
+    )
+    recorder = Recorder()
+    history = recorder.history
+    queues = [f"jepsen-{i}" for i in range(config.queues)]
+    servers = len(cluster.nodes)
+    publishers = [
+        Publisher(
+            f"p{i}",
+            cluster.ports,
+            i,
+            recorder,
+            queues,
+            rate=config.rate,
+            durable=config.durable,
+            pad=config.pad,
+        )
+        for i in range(config.publishers)
+    ]
+    # consumers start one server further on than the publishers of the same number
+    consumers = [
+        Consumer(
+            f"c{i}",
+            cluster.ports,
+            i + 1,
+            recorder,
+            queues[i % len(queues)],
+            prefetch=config.prefetch,
+            rate=config.consume_rate,
+        )
+        for i in range(config.consumers)
+    ]
+    clients: list[Client] = [*publishers, *consumers]
+    plan = schedule(config.seed, config.faults, config.kinds, config.timeout)
+    history.meta = {"config": config.__dict__ | {"kinds": list(config.kinds)}, "servers": servers}
+    describe = ""
+    nemesis: Nemesis | None = None
+    try:
+        cluster.start_all()
+        cluster.wait_until(cluster.settled_root, timeout=30, what="a settled root")
+        declare(cluster.ports, queues, durable=config.durable)
+        for client in clients:
+            client.start()
+        time.sleep(config.warmup)
+        nemesis = Nemesis(
+            cluster,
+            recorder,
+            publishers,
+            consumers,
+            settle_timeout=config.settle_timeout,
+            log=lambda line: log(f"[{len(history.faults)}/{len(plan)}] {line}"),
+        )
+        for planned in plan:
+            nemesis.apply(planned)
+        history.drain_start = time.time()
+        for publisher in publishers:
+            publisher.halt()
+        for publisher in publishers:
+            publisher.join(15)
+        for consumer in consumers:
+            consumer.rate = None
+        nemesis.undo_everything()
+        cluster.wait_until(cluster.settled_root, timeout=30, what="a settled root for the drain")
+        history.drained = drain(cluster.ports, queues, consumers, recorder, config)
+        swept = sweep(cluster.ports, queues, recorder)
+        history.drain_end = time.time()
+        history.meta["swept"] = swept
+        log(f"drain {'done' if history.drained else 'TIMED OUT'}, {swept} left for the sweep")
+    except BaseException:
+        describe = cluster.describe()
+        raise
+    finally:
+        for client in clients:
+            client.halt()
+        for client in clients:
+            if client.ident is not None:  # started
+                client.join(10)
+        history.meta["client_errors"] = {c.name: dict(c.errors) for c in clients}
+        history.meta["slowest_confirm"] = max((p.slowest for p in publishers), default=0.0)
+        history.meta["root_overlaps"] = len(cluster.root_overlaps())
+        history.meta["crashes"] = nemesis.crashes if nemesis is not None else []
+        describe = describe or cluster.describe()
+        cluster.close()
+    return Outcome(
+        history,
+        check(history),
+        describe=describe,
+        logs=[str(n.process.log_path) for n in cluster.nodes if n.process is not None],
+        leftover=[
+            n.process.proc.pid
+            for n in cluster.nodes
+            if n.process is not None and n.process.proc is not None and n.alive()
+        ],
+        stuck_clients=[c.name for c in clients if c.is_alive()],
+    )
+
+
+def drain(
+    ports: list[int],
+    queues: list[str],
+    consumers: list[Consumer],
+    recorder: Recorder,
+    config: RunConfig,
+) -> bool:
+    """Consume until every consumer is attached, the queues are empty and nothing
+    arrived for ``quiet`` seconds; False if that did not happen in time."""
+    deadline = time.monotonic() + config.drain_timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        if not all(c.consuming for c in consumers):
+            continue
+        if time.time() - recorder.last_delivery < config.quiet:
+            continue
+        counts = depths(ports, queues)
+        if counts is not None and not any(counts.values()):
+            return True
+    return False
