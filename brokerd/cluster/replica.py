@@ -123,7 +123,7 @@ class ReplicaSide:
         for r in records:
             if r.seq == 0:
                 if r.op == rec.R_RESET and not r.queue:
-                    self.begin()
+                    self.begin(r.mid)
                 elif self.joined:
                     self.apply(r)
                 continue
@@ -147,12 +147,16 @@ class ReplicaSide:
         self._acked = 0
         self._asked = False
 
-    def begin(self) -> None:
-        """The root reset this replica: every copy goes, its snapshot follows."""
+    def begin(self, seq: int) -> None:
+        """The root reset this replica: every copy goes, its snapshot follows, and the
+        live stream goes on after event ``seq``."""
         for name in list(self.queues):
             self.drop(name, write=True)
         self.joined = True
         self._asked = False
+        self.applied = seq
+        self._acked = 0
+        self.pending.clear()
 
     def resync(self) -> None:
         """Ask the root for a reset and a snapshot (once until it comes)."""
@@ -167,9 +171,10 @@ class ReplicaSide:
         if not self.joined or self.source is None:
             return
         upto = (min(self.pending) - 1) if self.pending else self.applied
-        if upto > self._acked:
-            self._acked = upto
-            self.plane.repl_batch(self.plane.out(self.source)).replicated(upto)
+        if upto and (upto > self._acked or not self.pending):  # 0 asks for a resync
+            # once per batch even if unchanged: the root hears it is alive (a sync)
+            self._acked = max(upto, self._acked)
+            self.plane.repl_batch(self.plane.out(self.source)).replicated(self._acked)
 
     # -- events ------------------------------------------------------------------------
 

@@ -89,15 +89,18 @@ class Gate:
 class ReplicaLink:
     """One replica: what it acked, and the snapshots still to send it."""
 
-    __slots__ = ("acked", "joined", "out", "since", "spid", "syncs")
+    __slots__ = ("acked", "joined", "out", "since", "spid", "synced_at", "syncs")
 
-    def __init__(self, out: Outbound, seq: int, now: float) -> None:
+    def __init__(self, out: Outbound, seq: int, acked: int, now: float) -> None:
         self.out = out
         self.spid = out.spid
-        #: everything up to the sequence it joined at is nothing it must ack
-        self.acked = seq
+        #: what it counts as having: what waited before it joined keeps waiting for it
+        #: until its snapshot is in (a replica that joins never releases a confirm)
+        self.acked = acked
         self.joined = seq
-        #: when ``acked`` last moved (or it joined): a replica silent too long is dropped
+        #: the event that follows its snapshot: its acks count from there (None: syncing)
+        self.synced_at: int | None = None
+        #: when it last acked anything (or joined): a replica silent too long is dropped
         self.since = now
         #: (queue name, mids still to send)
         self.syncs: deque[tuple[str, deque[int]]] = deque()
@@ -182,14 +185,15 @@ class ReplicaSet:
         replica = self.replicas.get(spid)
         if replica is None:
             return
+        replica.since = self.plane.members.clock()
         if seq == 0:  # the replica lost track (a gap, a failed write): start it again
-            self.remove(spid, "it asked for a resync")
-            self.add(replica.out, self.plane.shared_queues())
+            log.warning("replica %s asked for a resync at seq=%d", spid, self.seq)
+            del self.replicas[spid]  # nothing it held back is released: it rejoins at once
+            self.add(replica.out, self.plane.shared_queues(), acked=replica.acked)
             return
-        if seq <= replica.acked:
+        if seq <= replica.acked or replica.synced_at is None or seq < replica.synced_at:
             return
         replica.acked = min(seq, self.seq)
-        replica.since = self.plane.members.clock()
         self._advance()
 
     def _advance(self) -> None:
@@ -213,16 +217,21 @@ class ReplicaSet:
 
     # -- membership ------------------------------------------------------------------
 
-    def add(self, out: Outbound, queues: Iterable[SharedQueue]) -> None:
+    def add(self, out: Outbound, queues: Iterable[SharedQueue], acked: int | None = None) -> None:
         """A primary joins the replica set: every queue is reset there and its snapshot
-        follows over the next loop turns, interleaved with the live stream."""
+        follows over the next loop turns, interleaved with the live stream. Until an
+        event after its snapshot is acked, it holds back what waited when it joined
+        (``acked``: where it stood, for one that rejoins)."""
         if out.spid in self.replicas:
             return
         self.dropped.pop(out.spid, None)
-        replica = ReplicaLink(out, self.seq, self.plane.members.clock())
+        if acked is None:
+            acked = self.min_acked()
+        replica = ReplicaLink(out, self.seq, acked, self.plane.members.clock())
         self.replicas[out.spid] = replica
         batch = self.plane.repl_batch(out)
-        batch.replicate(0, rec.R_RESET, "", 0)  # whatever it holds goes: the snapshot follows
+        # whatever it holds goes, the snapshot follows; live events go on after ``seq``
+        batch.replicate(0, rec.R_RESET, "", self.seq)
         count = 0
         for queue in queues:
             store = queue.store
@@ -310,6 +319,7 @@ class ReplicaSet:
         """Send the next chunk of every replica's snapshots; True if more is left."""
         vhost = self.plane.vhost()
         more = False
+        done: list[ReplicaLink] = []
         for replica in self.replicas.values():
             budget = SYNC_CHUNK
             batch = self.plane.repl_batch(replica.out)
@@ -341,7 +351,12 @@ class ReplicaSet:
                 if not mids:
                     batch.replicate(0, rec.R_SYNCED, name, 0)
                     replica.syncs.popleft()
+            if not replica.syncs and replica.synced_at is None:
+                done.append(replica)
             more = more or bool(replica.syncs)
+        for replica in done:
+            # a live event after the snapshot: its ack proves the snapshot is in
+            replica.synced_at = self.emit(rec.R_SYNCED, "", 0)
         return more
 
 

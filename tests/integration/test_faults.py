@@ -2,19 +2,13 @@
 
 One run per module (3 primaries and a secondary, four confirmed publishers
 and four acking consumers over two shared queues, one fault of every kind
-from a fixed seed, then a drain); each test checks one part of the report.
-Until queue contents are replicated (issue 13) a root that dies takes its
-messages with it, so the loss and unflagged-duplicate checks are expected to
-fail today; every other check must pass now.
+from a fixed seed, then a drain); each test checks one part of the report:
+shared queues are replicated, so no confirmed message may be lost and no
+message may come twice without the redelivered flag, whatever the fault.
 
-The seed fixes the schedule and the draws that pick targets: seed 7 pauses
-the root briefly, cuts a link of the root, and pauses a non-root server for
-longer than the timeout. A long pause of the *root* is left to the soak for
-now: it moves root, and the resumed old root hands its backlog over behind
-newer messages, which today breaks publish order (hundreds of order
-violations per such fault; no replicas to make the old copy redundant).
-When replication lands, move to a seed whose long pause hits the root
-(seed 2 pauses and cuts only the root).
+The seed fixes the schedule and the draws that pick targets: seed 2 pauses
+and cuts only the root (a long pause moves root: the new one starts from its
+replica, the resumed old one becomes a replica and is reset).
 """
 
 from __future__ import annotations
@@ -28,8 +22,7 @@ from tests.faults.run import Outcome, RunConfig, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
-CONFIG = RunConfig(seed=7, faults=len(KINDS))
-NOT_REPLICATED = "replicated shared queues not implemented yet (issue 13): a dead root's messages"
+CONFIG = RunConfig(seed=2, faults=len(KINDS))
 
 
 @pytest.fixture(scope="module")
@@ -91,11 +84,9 @@ def test_nothing_delivered_that_was_not_published(outcome: Outcome) -> None:
     assert outcome.report.unknown == 0, context(outcome)
 
 
-@pytest.mark.xfail(strict=False, reason=NOT_REPLICATED + " are lost")
 def test_no_confirmed_message_is_lost(outcome: Outcome) -> None:
     assert outcome.report.lost == 0, context(outcome)
 
 
-@pytest.mark.xfail(strict=False, reason=NOT_REPLICATED + " may come back unflagged")
 def test_no_duplicate_without_the_redelivered_flag(outcome: Outcome) -> None:
     assert outcome.report.unflagged_duplicates == 0, context(outcome)
