@@ -170,6 +170,12 @@ def main(argv: list[str] | None = None) -> int:
         default="classic",
         help="RabbitMQ queue type in the cluster set-up (default classic)",
     )
+    p.add_argument(
+        "--persistent",
+        action="store_true",
+        help="durable queue, persistent messages (brokerd: journalled on the root and on "
+        "every replica; compare with --queue-type quorum)",
+    )
     p.add_argument("--no-rabbitmq", action="store_true", help="brokerd only")
     p.add_argument("--json", metavar="OUT.json", default=None)
     args = p.parse_args(argv)
@@ -178,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         warmup=args.warmup,
         body_size=args.body_size,
         confirm_window=args.confirm_window,
+        persistent=args.persistent,
     )
     base = Path(tempfile.mkdtemp(prefix="rookery-bench-cluster-"))
     single = Node(base / "single", 0, free_port(), None)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -74,6 +75,7 @@ class Outbound:
         "fwd_redelivered",
         "fwd_targets",
         "gate",
+        "held",
         "next_seq",
         "repl",
         "settle_run",
@@ -101,12 +103,8 @@ class Outbound:
         self.repl = rec.Batch()
         #: ``batch`` holds a delivery that waits for the replicas: not sent until open
         self.gate: Gate | None = None
-
-    def hold(self, gate: Gate) -> None:
-        """A delivery to this server waits for ``gate`` (a ``Recipient``): so does
-        everything after it on the batch."""
-        if not gate.opened:
-            self.gate = gate
+        #: earlier records cut off at each new gate: (the gate they wait for, records)
+        self.held: deque[tuple[Gate | None, list[Any]]] = deque()
 
 
 class SettleWaiter:
@@ -226,10 +224,15 @@ class MessagePlane:
         return out.repl
 
     def hold(self, out: Outbound, gate: Gate) -> None:
-        """Hold ``out``'s batch until ``gate`` opens, then send it."""
-        if gate.opened:
+        """A delivery to ``out``'s server waits for ``gate`` (its acquisition must reach
+        the replicas first), and so does everything after it. What was gathered
+        before waits only for the gate before: segments leave in order as their
+        gates open, so a steady stream flows one replica round trip behind."""
+        if gate.opened or out.gate is gate:
             return
-        out.hold(gate)
+        if out.batch:
+            out.held.append((out.gate, out.batch.cut()))
+        out.gate = gate
         gate.on_open(self._schedule)
 
     def _schedule(self) -> None:
@@ -316,6 +319,7 @@ class MessagePlane:
     def flush(self) -> None:
         """Send every peer's batch (once per loop turn)."""
         self._flush_scheduled = False
+        self.replicas.sent()
         for out in list(self.outbound.values()):
             if out.repl:
                 self._post_repl(out)
@@ -325,7 +329,7 @@ class MessagePlane:
                 out.batch.settle(*out.settle_run)
                 out.settle_run = None
             self.proxy.pay_credit(out)
-            if out.batch:
+            if out.batch or out.held:
                 self._post(out)
         self._check_backlog()
 
@@ -341,22 +345,28 @@ class MessagePlane:
         if out.settle_run is not None:
             out.batch.settle(*out.settle_run)
             out.settle_run = None
-        if out.batch:
+        if out.batch or out.held:
             self._post(out)
 
     def _post_repl(self, out: Outbound) -> None:
         data = out.repl.take()
         link = self.members.link_to(out.spid)
-        if link is None or not link.post(DATA, data):
+        # a replica's acks jump the queue (the root's deliveries wait for them); the
+        # root's stream keeps its place after the wiring posted before it
+        if link is None or not link.post(DATA, data, not self.is_root):
             log.debug("replication to %s dropped: link down (%d bytes)", out.spid, len(data))
 
     def _post(self, out: Outbound) -> None:
-        gate = out.gate
-        if gate is not None:
-            if not gate.opened:
-                return  # a delivery in it waits for the replicas
+        parts: list[Any] = []
+        held = out.held
+        while held and (held[0][0] is None or held[0][0].opened):
+            parts += held.popleft()[1]
+        if not held and (out.gate is None or out.gate.opened):
             out.gate = None
-        data = out.batch.take()
+            parts += out.batch.cut()
+        if not parts:
+            return  # deliveries in it wait for the replicas
+        data = rec.joined(parts)
         link = self.members.link_to(out.spid)
         if link is None or not link.post(DATA, data):
             log.debug("batch to %s dropped: link down (%d bytes)", out.spid, len(data))
@@ -476,6 +486,7 @@ class MessagePlane:
         out.batch = rec.Batch()
         out.repl = rec.Batch()
         out.gate = None
+        out.held.clear()
         out.settle_run = None
 
     def _check_root_link(self) -> None:

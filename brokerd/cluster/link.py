@@ -104,11 +104,17 @@ class Link:
             await asyncio.sleep(0.001)
         return self.up
 
-    def post(self, kind: str, body: bytes) -> bool:
-        """Queue one message for the sender task; False (dropped) if the link is not up."""
+    def post(self, kind: str, body: bytes, urgent: bool = False) -> bool:
+        """Queue one message for the sender task; False (dropped) if the link is not up.
+        ``urgent``: ahead of everything waiting (a message no other depends on the order
+        of, such as a replica's cumulative ack, which must not wait behind a backlog
+        of forwards)."""
         if not self.up or self._exchange is None:
             return False
-        self._outbox.append((kind, body))
+        if urgent:
+            self._outbox.appendleft((kind, body))
+        else:
+            self._outbox.append((kind, body))
         self.backlog += len(body)
         self._ready.set()
         return True

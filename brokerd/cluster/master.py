@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("brokerd.cluster.master")
 
 #: deliveries in flight to a consumer that has no prefetch window of its own
-DEFAULT_WINDOW = 512
+DEFAULT_WINDOW = 8192
 
 #: a delivery the root waits to see settled: its queue, the message, the consumer
 #: (None for basic.get)

@@ -290,12 +290,15 @@ class Batch:
         self.size += len(raw) - 8 * len(ids)  # the ids were counted as they came
 
     def take(self) -> bytes:
+        return b"".join([MAGIC, *self.cut()])
+
+    def cut(self) -> list[bytes | Body]:
+        """The records gathered so far, as parts of a later ``joined`` link message."""
         if self._acks:
             self._emit_acks()
-        data = b"".join([MAGIC, *self._parts])
-        self._parts = []
+        parts, self._parts = self._parts, []
         self.size = 0
-        return data
+        return parts
 
     def forward(
         self,
@@ -437,12 +440,11 @@ class Batch:
         props: bytes = b"",
         body: bytes = b"",
     ) -> None:
-        head = _replicate_head(REPLICATE, seq, op, mid, flags) + _s(queue)
-        if op in (R_ENQUEUE, R_SYNC):
-            head += _s(exchange) + _s(routing_key) + _b(props) + _u32.pack(len(body))
-            self._add(head, body)
-        else:
-            self._add(head)
+        self._add(*replicate_parts(seq, op, queue, mid, flags, exchange, routing_key, props, body))
+
+    def add_parts(self, parts: tuple[bytes | Body, ...]) -> None:
+        """A record encoded once for several batches (``replicate_parts``)."""
+        self._add(*parts)
 
     def replicated(self, seq: int) -> None:
         self._add(bytes((REPLICATED,)), _u64.pack(seq))
@@ -626,6 +628,30 @@ def _forward_fast(data: bytes, p: int) -> tuple[Forward, int]:
     record = Forward(seq, cluster_id, targets, exchange, routing_key, props, body)
     record.redelivered = bool(redelivered)
     return record, p
+
+
+def replicate_parts(
+    seq: int,
+    op: int,
+    queue: str,
+    mid: int,
+    flags: int = 0,
+    exchange: str = "",
+    routing_key: str = "",
+    props: bytes = b"",
+    body: bytes | Body = b"",
+) -> tuple[bytes | Body, ...]:
+    """A ``Replicate`` record's encoding, as parts (the body is not copied)."""
+    head = _replicate_head(REPLICATE, seq, op, mid, flags) + _s(queue)
+    if op in (R_ENQUEUE, R_SYNC):
+        head += _s(exchange) + _s(routing_key) + _b(props) + _u32.pack(len(body))
+        return (head, body)
+    return (head,)
+
+
+def joined(parts: list[bytes | Body]) -> bytes:
+    """One link message of records cut from batches, in order."""
+    return b"".join([MAGIC, *parts])
 
 
 def decode(data: bytes) -> list[Record]:

@@ -138,22 +138,21 @@ class ReplicaSet:
         seq = self.seq
         batch = self.plane.repl_batch
         if message is None:
-            for replica in self.replicas.values():
-                batch(replica.out).replicate(seq, op, queue, mid, flags)
+            parts = rec.replicate_parts(seq, op, queue, mid, flags)
         else:
-            body = message.body
-            for replica in self.replicas.values():
-                batch(replica.out).replicate(
-                    seq,
-                    op,
-                    queue,
-                    mid,
-                    flags,
-                    message.exchange,
-                    message.routing_key,
-                    message.props_raw,
-                    body,
-                )
+            parts = rec.replicate_parts(
+                seq,
+                op,
+                queue,
+                mid,
+                flags,
+                message.exchange,
+                message.routing_key,
+                message.props_raw,
+                message.body,
+            )
+        for replica in self.replicas.values():
+            batch(replica.out).add_parts(parts)
         if seq - self.min_acked() > LAG_HIGH and not self.lagging:
             self._set_lagging(True)
         return seq
@@ -171,15 +170,25 @@ class ReplicaSet:
             self._confirms.append((seq, done))
 
     def gate(self) -> Gate | None:
-        """A gate on the latest event (None: nothing to wait for)."""
+        """A gate on the latest event (None: nothing to wait for). Until the stream is
+        next sent (``sent``), the newest gate is moved on rather than a new one
+        made: deliveries of one loop turn share a gate (they leave in the same
+        flush anyway), so a stream costs a gate per flush, not one per delivery,
+        and a gate never moves past what was sent when it was made."""
         seq = self.seq
         if seq <= self.min_acked():
             return None
         gate = self._gate
-        if gate is None or gate.seq != seq:
+        if gate is None or gate.opened:
             gate = self._gate = Gate(seq)
             self._gates.append(gate)
+        else:
+            gate.seq = seq  # the newest in ``_gates``: the order holds
         return gate
+
+    def sent(self) -> None:
+        """The stream so far went out: later events get a gate of their own."""
+        self._gate = None
 
     def acked(self, spid: str, seq: int) -> None:
         replica = self.replicas.get(spid)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -105,9 +106,9 @@ class Connection(Output, Negotiation):
         self._buf = bytearray()
         self._out: list[bytes] = []
         #: output written while a store holds a delivery (``hold_output``), and its gate
-        self._held_out: list[Any] = []
+        #: output held for the replicas: [gate, data...] segments, released in order
+        self._holds: deque[list[Any]] = deque()
         self._held_bytes = 0
-        self._hold_gate: Any = None
         self.server_properties = server_properties or {}
         self.hooks = hooks
         self.on_login = on_login

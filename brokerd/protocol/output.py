@@ -40,43 +40,54 @@ class Output:
 
     def hold_output(self: Connection, gate: Any) -> None:
         """Hold everything written from now on until ``gate`` opens (a delivery whose
-        acquisition a store must make known elsewhere first: replication). Holds
-        chain: output waits for the latest gate, which opens after earlier ones."""
-        if gate.opened or gate is self._hold_gate:
+        acquisition a store must make known elsewhere first: replication). Each
+        gate starts a segment of held output; segments leave in order, each once
+        its own gate and every earlier one has opened, so a steady stream of
+        deliveries flows one replica round trip behind instead of waiting for the
+        latest gate."""
+        if gate.opened:
             return
-        self._hold_gate = gate
-        gate.on_open(lambda: self._gate_opened(gate))
+        holds = self._holds
+        if holds and holds[-1][0] is gate:
+            return
+        holds.append([gate])
+        gate.on_open(self._release_held)
 
-    def _gate_opened(self: Connection, gate: Any) -> None:
-        if gate is not self._hold_gate:
-            return  # a later gate holds the output now
-        self._hold_gate = None
-        if gate.failed:
-            # what was held can never be sent (the acquisitions were not replicated
-            # before this server stopped being root): the client must reconnect
-            self._held_out = []
+    def _release_held(self: Connection) -> None:
+        holds = self._holds
+        while holds and holds[0][0].opened:
+            segment = holds.popleft()
+            if segment[0].failed:
+                # what was held can never be sent (the acquisitions were not replicated
+                # before this server stopped being root): the client must reconnect
+                holds.clear()
+                self._held_bytes = 0
+                self.close(CONNECTION_FORCED, "cluster root moved while deliveries were in flight")
+                return
+            for data in segment[1:]:
+                if type(data) is list:
+                    self._emit_parts(data, sum(map(len, data)))
+                    self._held_bytes -= sum(map(len, data))
+                else:
+                    self._emit(data)
+                    self._held_bytes -= len(data)
+        if not holds:
             self._held_bytes = 0
-            self.close(CONNECTION_FORCED, "cluster root moved while deliveries were in flight")
-            return
-        held, self._held_out = self._held_out, []
-        self._held_bytes = 0
-        for data in held:
-            if type(data) is list:
-                self.write_parts(data)
-            else:
-                self.write(data)
 
     def _hold(self: Connection, data: Any, size: int) -> None:
-        self._held_out.append(data)
+        self._holds[-1].append(data)
         self._held_bytes += size
         if self._held_bytes > OUTPUT_HIGH_WATER and not self._output_full:
             self._output_full = True  # consumers pause while their output waits
             self.writable = False
 
     def write(self: Connection, data: bytes) -> None:
-        if self._hold_gate is not None:
+        if self._holds:
             self._hold(data, len(data))
-            return
+        else:
+            self._emit(data)
+
+    def _emit(self: Connection, data: bytes) -> None:
         out = self._out
         if not out:
             out.append(data)
@@ -95,9 +106,12 @@ class Output:
         """Content frames that share a large body (``Message.content_parts``): they
         leave as separate buffers (``output_buffers``), never joined into a copy."""
         size = sum(map(len, parts))
-        if self._hold_gate is not None:
+        if self._holds:
             self._hold(parts, size)
-            return
+        else:
+            self._emit_parts(parts, size)
+
+    def _emit_parts(self: Connection, parts: list[bytes | memoryview], size: int) -> None:
         out = self._out
         self._parted = True
         if not out:

@@ -36,7 +36,7 @@ class Link:
     def up(self) -> bool:
         return (self.src, self.dst) not in self.net.cut
 
-    def post(self, kind: str, body: bytes) -> bool:
+    def post(self, kind: str, body: bytes, urgent: bool = False) -> bool:
         if not self.up:
             return False
         self.net.wire.append((self.src, self.dst, kind, body))
