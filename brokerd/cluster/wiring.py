@@ -350,6 +350,68 @@ class WiringReplication:
 
     def became_root(self) -> None:
         self.synced_root = self.spid  # a new root's own log is the cluster state
+        if not self.log and self.last_seq == 0:
+            self._seed_from_model()
+
+    def _seed_from_model(self) -> None:
+        """A root that never followed another (the whole cluster restarted) orders
+        the shared wiring it recovered from its disk: its log starts as that state,
+        so the servers that sync from it keep their queues instead of dropping
+        them as unknown to the root."""
+        vhost = self.broker.vhosts.get(self.members.config.vhost) if self.broker else None
+        if vhost is None:
+            return
+        name = vhost.name
+        methods: list[Method] = []
+        for x in vhost.exchanges.values():
+            if x.name and not x.name.startswith("amq."):
+                methods.append(
+                    commands.Exchange.Declare(
+                        exchange=x.name,
+                        exchange_type=x.type_name,
+                        durable=x.durable,
+                        auto_delete=x.auto_delete,
+                        internal=x.internal,
+                        arguments=x.arguments or None,
+                    )
+                )
+        for q in vhost.queues.values():
+            if not q.exclusive:
+                methods.append(
+                    commands.Queue.Declare(
+                        queue=q.name,
+                        durable=q.durable,
+                        auto_delete=q.auto_delete,
+                        arguments=q.arguments or None,
+                    )
+                )
+        for x in vhost.exchanges.values():
+            if not x.name:
+                continue  # the default exchange's bindings are implicit
+            for b in x.bindings.values():
+                dest = b.destination
+                if isinstance(dest, Exchange):
+                    methods.append(
+                        commands.Exchange.Bind(
+                            destination=dest.name,
+                            source=x.name,
+                            routing_key=b.routing_key,
+                            arguments=b.arguments or None,
+                        )
+                    )
+                elif not getattr(dest, "exclusive", True):  # a shared queue (not a meta one)
+                    methods.append(
+                        commands.Queue.Bind(
+                            queue=dest.name,
+                            exchange=x.name,
+                            routing_key=b.routing_key,
+                            arguments=b.arguments or None,
+                        )
+                    )
+        for method in methods:
+            self._order(rep.entry_for(method, name, origin=self.spid), None, applied=True)
+        if methods:
+            log.warning("root seeded its state log with %d recovered wiring entries", len(methods))
 
     def in_sync(self, root: str) -> bool:
         return self.synced_root == root

@@ -250,3 +250,58 @@ def test_root_handover_keeps_messages_and_consumers(cluster: Cluster) -> None:
         assert got == [b"%02d" % i for i in range(20)]
     finally:
         consumer.close()
+
+
+def test_replicas_journal_persistent_messages_a_restart_without_the_old_root_keeps_them(
+    cluster: Cluster,
+) -> None:
+    """Confirmed persistent messages on a durable shared queue; every server is killed
+    (kill -9); the two that were replicas restart without the old root: the one
+    that becomes root serves every message from its own journal."""
+    root, (a, b) = roles(cluster)
+    queue = uid("journal")
+    with connect(cluster, a) as conn:
+        ch = conn.channel()
+        ch.queue_declare(queue, durable=True)
+        ch.confirm_delivery()
+        for i in range(200):
+            ch.basic_publish("", queue, b"%03d" % i, pika.BasicProperties(delivery_mode=2))
+    for index in (3, b, a, root):
+        cluster.kill(index)
+    cluster.start_all([a, b])
+    cluster.wait_until(lambda: cluster.settled_root([a, b]), timeout=30, what="a root of two")
+    got: list[bytes] = []
+    with connect(cluster, b) as conn:
+        ch = conn.channel()
+        while True:
+            method, _props, body = ch.basic_get(queue, auto_ack=True)
+            if method is None:
+                break
+            got.append(body)
+    assert got == [b"%03d" % i for i in range(200)]
+
+
+def test_a_whole_cluster_restart_keeps_durable_shared_wiring_and_messages(
+    cluster: Cluster,
+) -> None:
+    root, (a, b) = roles(cluster)
+    queue = uid("restart")
+    with connect(cluster, a) as conn:
+        ch = conn.channel()
+        ch.exchange_declare("rs-x", "topic", durable=True)
+        ch.queue_declare(queue, durable=True)
+        ch.queue_bind(queue, "rs-x", "k.#")
+        ch.confirm_delivery()
+        ch.basic_publish("rs-x", "k.1", b"kept", pika.BasicProperties(delivery_mode=2))
+    for index in (3, b, a, root):
+        cluster.kill(index)
+    cluster.start_all([root, a, b])
+    cluster.wait_until(cluster.settled_root, timeout=30, what="a root")
+    with connect(cluster, b) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("rs-x", "k.2", b"routed", pika.BasicProperties(delivery_mode=2))
+        got = []
+        while (m := ch.basic_get(queue, auto_ack=True))[0] is not None:
+            got.append(m[2])
+    assert got == [b"kept", b"routed"]
