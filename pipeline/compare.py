@@ -28,7 +28,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-Table = tuple[list[str], list[str], list[tuple]]  # columns, float columns, sorted rows
+# "name type" of each column (non-floats first), the float columns, the sorted rows
+Table = tuple[list[str], list[str], list[tuple]]
 
 
 def _plain(value: Any) -> Any:
@@ -38,13 +39,13 @@ def _plain(value: Any) -> Any:
 def load_table(path: Path) -> Table:
     """A Spark output directory as (columns, float columns, rows sorted by every value)."""
     table = pq.read_table(path)
-    columns = table.column_names
+    types = {f.name: str(f.type) for f in table.schema}
     floats = [f.name for f in table.schema if pa.types.is_floating(f.type)]
-    exact = [c for c in columns if c not in floats]
+    exact = [c for c in table.column_names if c not in floats]
     order = exact + floats  # non-float values first, so float noise never reorders rows
     rows = [tuple(_plain(row[c]) for c in order) for row in table.to_pylist()]
     rows.sort(key=lambda r: json.dumps(r, default=str))
-    return order, floats, rows
+    return [f"{c} {types[c]}" for c in order], floats, rows
 
 
 def load_output(out: Path) -> tuple[dict[str, Table], dict[str, Any]]:
@@ -89,8 +90,9 @@ def diff_outputs(a: Path, b: Path, rel: float = 0.0) -> tuple[list[str], dict[st
         if cols_a != cols_b or len(rows_a) != len(rows_b):
             problems.append(f"{name}: columns or row counts differ")
             continue
+        names = [c.split(" ", 1)[0] for c in cols_a]
         for row_a, row_b in zip(rows_a, rows_b, strict=True):
-            for col, x, y in zip(cols_a, row_a, row_b, strict=True):
+            for col, x, y in zip(names, row_a, row_b, strict=True):
                 counts["values"] += 1
                 if col in floats:
                     counts["floats"] += 1
@@ -108,7 +110,7 @@ def fingerprint(out: Path) -> dict[str, Any]:
         exact = [r[: len(columns) - len(floats)] for r in rows]
         digest = hashlib.sha256(json.dumps(exact, default=str).encode()).hexdigest()
         sums = {}
-        for i, col in enumerate(columns[len(columns) - len(floats) :], len(columns) - len(floats)):
+        for i, col in enumerate(floats, len(columns) - len(floats)):
             values = [r[i] for r in rows if r[i] is not None]
             weighted = [(n + 1) * r[i] for n, r in enumerate(rows) if r[i] is not None]
             sums[col] = [math.fsum(values), math.fsum(weighted), len(values)]

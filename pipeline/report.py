@@ -129,19 +129,28 @@ def run_report(opts: ReportOptions, spark: SparkSession | None = None) -> dict[s
         raise ReportError("--interval must be positive")
 
     broker = series.counter_rates(
-        broker_raw, series.BROKER_KEYS, series.BROKER_COUNTERS, interval, spid=True
+        broker_raw.select(*series.BROKER_KEYS, *series.BROKER_USED, *series.BROKER_COUNTERS),
+        series.BROKER_KEYS,
+        series.BROKER_COUNTERS,
+        interval,
+        spid=True,
     ).persist()
     queue = series.counter_rates(
-        queue_raw, series.QUEUE_KEYS, series.QUEUE_COUNTERS, interval, spid=False
+        queue_raw.select(*series.QUEUE_KEYS, *series.QUEUE_USED, *series.QUEUE_COUNTERS),
+        series.QUEUE_KEYS,
+        series.QUEUE_COUNTERS,
+        interval,
+        spid=False,
     ).persist()
+    # Small results that are both written and read by the summary: computed once.
     broker_minute = series.broker_minute(broker).persist()
     cluster_minute = series.cluster_minute(broker_minute)
-    trends = series.queue_trends(queue, last_t, opts)
-    backlogs = series.backlog_episodes(queue, interval, opts)
-    gaps = series.heartbeat_gaps(broker, interval, last_t, opts)
-    restarts = series.restarts(broker)
-    flaps = series.link_flaps(peer_raw, opts)
-    segments = roots.root_segments(broker_raw, interval)
+    trends = series.queue_trends(queue, last_t, opts).persist()
+    backlogs = series.backlog_episodes(queue, interval, opts).persist()
+    gaps = series.heartbeat_gaps(broker, interval, last_t, opts).persist()
+    restarts = series.restarts(broker).persist()
+    flaps = series.link_flaps(peer_raw.select(*series.LINK_KEYS, *series.LINK_USED), opts).persist()
+    segments = roots.root_segments(broker_raw.select("broker", "spid", "root", "t"), interval)
 
     tables = {
         "broker_minute": _write(broker_minute, out, "broker_minute"),
@@ -168,9 +177,8 @@ def run_report(opts: ReportOptions, spark: SparkSession | None = None) -> dict[s
     )  # fmt: skip
     summary["tables"] = {name: str(out / path) for name, path in tables.items()}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    broker.unpersist()
-    queue.unpersist()
-    broker_minute.unpersist()
+    for df in (broker, queue, broker_minute, trends, backlogs, gaps, restarts, flaps):
+        df.unpersist()
     return summary
 
 

@@ -18,6 +18,11 @@ QUEUE_KEYS = ["broker", "vhost", "queue"]
 LINK_KEYS = ["broker", "peer_address"]
 BROKER_COUNTERS = {"published_total": "in", "routed_total": "isr", "delivered_total": "out"}
 QUEUE_COUNTERS = {"enqueued_total": "in", "delivered_total": "out"}
+# What the stages read of each table besides keys and counters: the rest never goes
+# through a shuffle or into the cache.
+BROKER_USED = ["ts", "t", "spid", "root"]
+QUEUE_USED = ["ts", "t", "messages"]
+LINK_USED = ["ts", "t", "active"]
 
 
 def by_time(keys: list[str]) -> Window:
@@ -30,7 +35,11 @@ def by_time(keys: list[str]) -> Window:
 def counter_rates(
     df: DataFrame, keys: list[str], counters: dict[str, str], interval: float, spid: bool
 ) -> DataFrame:
-    """Per-sample counts and rates from monotonic counters, restarts handled."""
+    """Per-sample counts and rates from monotonic counters, restarts handled.
+
+    Keeps ``prev_t`` (null: a series' first sample, which has no rate) and, with ``spid``,
+    ``prev_spid``; the previous counter values are dropped once used.
+    """
     w = by_time(keys)
     df = df.withColumn("prev_t", F.lag("t").over(w))
     restart = F.lit(False)
@@ -55,7 +64,7 @@ def counter_rates(
                 F.col(f"n_{name}") / dt
             ),
         )
-    return df
+    return df.drop(*(f"prev_{counter}" for counter in counters))
 
 
 def infer_interval(broker: DataFrame) -> float:
@@ -72,12 +81,22 @@ def infer_interval(broker: DataFrame) -> float:
 
 
 def _stats(prefix: str, rate: str) -> list[Column]:
+    """avg, both percentiles from one ``percentile`` (one value map per group, not two), max."""
     col = F.col(rate)
     return [
         F.avg(col).alias(f"{prefix}_avg"),
-        F.expr(f"percentile({rate}, 0.5)").alias(f"{prefix}_p50"),
-        F.expr(f"percentile({rate}, 0.95)").alias(f"{prefix}_p95"),
+        F.expr(f"percentile({rate}, array(0.5, 0.95))").alias(f"{prefix}_pct"),
         F.max(col).alias(f"{prefix}_max"),
+    ]
+
+
+def _stat_columns(prefix: str) -> list[Column]:
+    """The columns of ``_stats`` as the tables have them: avg, p50, p95, max."""
+    return [
+        F.col(f"{prefix}_avg"),
+        F.col(f"{prefix}_pct")[0].alias(f"{prefix}_p50"),
+        F.col(f"{prefix}_pct")[1].alias(f"{prefix}_p95"),
+        F.col(f"{prefix}_max"),
     ]
 
 
@@ -96,6 +115,14 @@ def broker_minute(broker: DataFrame) -> DataFrame:
             *_stats("out", "r_out"),
             *_stats("isr", "r_isr"),
         )
+        .select(
+            *BROKER_KEYS,
+            "minute",
+            "samples",
+            *_stat_columns("in"),
+            *_stat_columns("out"),
+            *_stat_columns("isr"),
+        )
     )
 
 
@@ -110,6 +137,15 @@ def queue_minute(queue: DataFrame) -> DataFrame:
             *_stats("out", "r_out"),
             F.max("messages").alias("messages_max"),
             F.max_by("messages", "t").alias("messages_last"),
+        )
+        .select(
+            *QUEUE_KEYS,
+            "minute",
+            "samples",
+            *_stat_columns("in"),
+            *_stat_columns("out"),
+            "messages_max",
+            "messages_last",
         )
     )
 
