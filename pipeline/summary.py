@@ -1,0 +1,244 @@
+"""summary.json: period, brokers, totals, peaks, capacity, root changes and incidents.
+
+Built on the driver from aggregated rows only (a few per broker, queue or incident), so
+its size does not grow with the history.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from pipeline.options import ReportOptions
+
+CAPACITY_FORMULA = (
+    "Seed 000: a broker switching each message into Q queues has an internal switching rate "
+    "(ISR) of Q x C, C being what one broker can take in (messages/s); B brokers fanning out "
+    "from the root give B x Q x C.  Here B = brokers seen, Q = median queues per broker, "
+    "C = the highest one-minute average publish rate any broker sustained (a measured lower "
+    "bound of its capacity).  Deliveries to clients (XSR) can never exceed the ISR and are "
+    "capped per broker by its client bandwidth: XSR <= B x min(Q x C, link_bytes_per_s / "
+    "message_bytes).  Utilisation = measured peak / estimate."
+)
+
+
+def iso(value: datetime | None) -> str | None:
+    """ISO 8601 in UTC with a ``Z``; a naive time is UTC."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def epoch_iso(seconds: float | None) -> str | None:
+    return None if seconds is None else iso(datetime.fromtimestamp(seconds, tz=UTC))
+
+
+def _rows(df: DataFrame) -> list[dict[str, Any]]:
+    return [row.asDict() for row in df.collect()]
+
+
+def _first(df: DataFrame, order: Any) -> dict[str, Any] | None:
+    row = df.orderBy(order).first()
+    return None if row is None else row.asDict()
+
+
+def _incident(
+    kind: str, row: dict[str, Any], start: datetime | None, end: datetime | None, **details: Any
+) -> dict[str, Any]:
+    """One entry of summary.json's ``incidents`` from a row of a report table."""
+    return {
+        "kind": kind,
+        "broker": row["broker"],
+        "start": iso(start),
+        "end": iso(end),
+        "details": details,
+    }
+
+
+def build_summary(
+    *,
+    opts: ReportOptions,
+    broker: DataFrame,
+    queue: DataFrame,
+    broker_minute: DataFrame,
+    cluster_minute: DataFrame,
+    trends: DataFrame,
+    backlogs: DataFrame,
+    gaps: DataFrame,
+    restarts: DataFrame,
+    flaps: DataFrame,
+    timeline: dict[str, Any],
+    peer_raw: DataFrame,
+    queue_raw: DataFrame,
+    first_t: float,
+    last_t: float,
+    broker_count: int,
+    interval: float,
+) -> dict[str, Any]:
+    """summary.json: period, brokers, totals, peaks, capacity, incidents."""
+    counted = ("published", "routed", "delivered")
+    per_broker = {
+        r["broker"]: {k: int(r[k] or 0) for k in counted}
+        for r in broker.groupBy("broker")
+        .agg(
+            F.sum("n_in").alias("published"),
+            F.sum("n_isr").alias("routed"),
+            F.sum("n_out").alias("delivered"),
+        )
+        .collect()
+    }
+    # The cluster's totals add up the brokers' (one Spark job, not two).
+    totals = {k: sum(counts[k] for counts in per_broker.values()) for k in counted}
+    brokers = sorted(per_broker)
+    isr_peak = _first(cluster_minute, F.desc("isr"))
+    xsr_peak = _first(cluster_minute, F.desc("xsr"))
+    in_peak = _first(broker_minute.select("broker", "minute", "in_avg"), F.desc("in_avg"))
+    backlog_peak = _first(
+        queue.select("broker", "vhost", "queue", "ts", "messages"), F.desc("messages")
+    )
+    queues_per_broker = (
+        queue.groupBy("broker")
+        .agg(F.countDistinct("vhost", "queue").alias("q"))
+        .agg(F.percentile_approx("q", 0.5))
+        .first()[0]
+    )
+
+    b = len(brokers)
+    q = int(queues_per_broker or 0)
+    c = float(in_peak["in_avg"]) if in_peak else 0.0
+    link_mps = opts.link_gbps * 1e9 / 8 / opts.message_bytes
+    isr_est = b * q * c
+    xsr_est = b * min(q * c, link_mps)
+    capacity = {
+        "formula": CAPACITY_FORMULA,
+        "B": b,
+        "Q": q,
+        "C_messages_per_s": c,
+        "C_broker": in_peak["broker"] if in_peak else None,
+        "fanout_measured": (totals["routed"] / totals["published"])
+        if totals["published"]
+        else None,
+        "link_messages_per_s": link_mps,
+        "isr_estimate": isr_est,
+        "xsr_estimate": xsr_est,
+        "isr_seed_reference": b * q * 10_000,
+        "isr_peak_measured": isr_peak["isr"] if isr_peak else None,
+        "xsr_peak_measured": xsr_peak["xsr"] if xsr_peak else None,
+        "isr_utilisation": (isr_peak["isr"] / isr_est) if isr_peak and isr_est else None,
+        "xsr_utilisation": (xsr_peak["xsr"] / xsr_est) if xsr_peak and xsr_est else None,
+    }
+
+    incidents: list[dict[str, Any]] = list(timeline["failovers"])
+    for row in _rows(gaps):
+        incidents.append(
+            _incident("broker_outage", row, row["start"], row["end"], missed_samples=row["missed"])
+        )
+    for row in _rows(restarts):
+        incidents.append(
+            _incident(
+                "restart", row, row["ts"], row["ts"], spid=row["new_spid"], old_spid=row["old_spid"]
+            )
+        )
+    for row in _rows(backlogs):
+        incidents.append(
+            _incident(
+                "backlog",
+                row,
+                row["start"],
+                row["end"],
+                vhost=row["vhost"],
+                queue=row["queue"],
+                growth=int(row["growth"]),
+                growth_per_s=row["growth_per_s"],
+            )
+        )
+    for row in _rows(flaps):
+        incidents.append(
+            _incident(
+                "link_flap",
+                row,
+                row["start"],
+                row["end"],
+                peer_address=row["peer_address"],
+                transitions=row["transitions"],
+            )
+        )
+    incidents.sort(key=lambda i: (i["start"] or "", i["kind"], i["broker"]))
+
+    growing = [
+        {k: r[k] for k in ("broker", "vhost", "queue", "messages_last", "recent_slope_per_s")}
+        for r in _rows(trends.where(F.col("growing")))
+    ]
+    return {
+        "period": {
+            "from": iso(opts.start) or epoch_iso(first_t),
+            "to": iso(opts.end) or epoch_iso(last_t),
+            "first_sample": epoch_iso(first_t),
+            "last_sample": epoch_iso(last_t),
+            "seconds": round(last_t - first_t, 6),
+        },
+        "interval_s": interval,
+        "brokers": brokers,
+        "samples": {
+            "broker_samples": broker_count,
+            "queue_samples": queue_raw.count(),
+            "peer_samples": peer_raw.count(),
+        },
+        "totals": {**totals, "per_broker": per_broker},
+        "peaks": {
+            "cluster_isr": {"value": isr_peak["isr"], "minute": iso(isr_peak["minute"])}
+            if isr_peak
+            else None,
+            "cluster_xsr": {"value": xsr_peak["xsr"], "minute": iso(xsr_peak["minute"])}
+            if xsr_peak
+            else None,
+            "broker_in": {
+                "value": in_peak["in_avg"],
+                "broker": in_peak["broker"],
+                "minute": iso(in_peak["minute"]),
+            }
+            if in_peak
+            else None,
+            "queue_backlog": {
+                "messages": backlog_peak["messages"],
+                "broker": backlog_peak["broker"],
+                "vhost": backlog_peak["vhost"],
+                "queue": backlog_peak["queue"],
+                "ts": iso(backlog_peak["ts"]),
+            }
+            if backlog_peak
+            else None,
+        },
+        "capacity": capacity,
+        "root": {
+            "timeline": [
+                {"root": s["root"], "start": epoch_iso(s["start"]), "end": epoch_iso(s["end"])}
+                for s in timeline["segments"]
+            ],
+            "changes": timeline["changes"],
+            "no_root": timeline["no_root"],
+            "no_root_seconds": timeline["no_root_seconds"],
+        },
+        "queues_growing": growing,
+        "incidents": incidents,
+        "definitions": {
+            "rates": "counter difference / time since the previous sample; "
+            "after a restart: counter / interval",
+            "isr": "messages routed into queues per second (routed_total)",
+            "xsr": "messages delivered to clients per second (delivered_total)",
+            "heartbeat_gap": f"at least {opts.gap_intervals} consecutive samples missing",
+            "link_flap": (
+                f">= {opts.flap_min_transitions} active changes, each <= {opts.flap_window} s "
+                "after the previous one"
+            ),
+            "backlog": (
+                f"ready count rising at every sample for >= {opts.backlog_min_seconds} s "
+                f"and >= {opts.backlog_min_growth} messages"
+            ),
+        },
+    }
