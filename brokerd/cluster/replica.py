@@ -22,6 +22,7 @@ stream from a root it has not been reset by, asks for a resync
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +81,7 @@ class _Write:
         if not ok:
             log.error("replica write of event %d failed: resync asked", self.seq)
             side.resync()
-        side.ack()
+        side.ack_soon()
 
 
 class ReplicaSide:
@@ -98,6 +99,7 @@ class ReplicaSide:
         self.pending: dict[int, int] = {}
         self._acked = 0
         self._asked = False
+        self._ack_scheduled = False
         #: servers whose stream was refused (not root yet here)
         self.refused: set[str] = set()
 
@@ -167,10 +169,28 @@ class ReplicaSide:
         out = self.plane.out(self.source)
         self.plane.repl_batch(out).replicated(0)
 
+    def ack_soon(self) -> None:
+        """Writes completed: one ack at the end of the loop turn, whatever their number."""
+        if self._ack_scheduled:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (unit tests): now
+            self.ack()
+            return
+        self._ack_scheduled = True
+        loop.call_soon(self._ack_now)
+
+    def _ack_now(self) -> None:
+        self._ack_scheduled = False
+        self.ack()
+
     def ack(self) -> None:
         if not self.joined or self.source is None:
             return
-        upto = (min(self.pending) - 1) if self.pending else self.applied
+        # ``pending`` keys are added in increasing order (events are applied in order):
+        # the first is the lowest
+        upto = (next(iter(self.pending)) - 1) if self.pending else self.applied
         if upto and (upto > self._acked or not self.pending):  # 0 asks for a resync
             # once per batch even if unchanged: the root hears it is alive (a sync)
             self._acked = max(upto, self._acked)

@@ -118,6 +118,8 @@ class ReplicaSet:
         self._gate: Gate | None = None
         self._syncing = False
         self.lagging = False
+        #: the lowest ack among the replicas
+        self._floor = 0
         #: replicas dropped for not acking, and when: taken back after a pause
         self.dropped: dict[str, float] = {}
         self.patience = 6.0
@@ -153,14 +155,14 @@ class ReplicaSet:
             )
         for replica in self.replicas.values():
             batch(replica.out).add_parts(parts)
-        if seq - self.min_acked() > LAG_HIGH and not self.lagging:
+        if not seq & 255 and seq - self.min_acked() > LAG_HIGH and not self.lagging:
             self._set_lagging(True)
         return seq
 
     def min_acked(self) -> int:
-        if not self.replicas:
-            return self.seq
-        return min(r.acked for r in self.replicas.values())
+        """The lowest ack among the replicas (kept by ``_advance``: it is asked per
+        publish and per delivery)."""
+        return self._floor if self.replicas else self.seq
 
     def wait(self, seq: int, done: Done) -> None:
         """Call ``done`` once every replica has event ``seq``."""
@@ -206,6 +208,8 @@ class ReplicaSet:
         self._advance()
 
     def _advance(self) -> None:
+        if self.replicas:
+            self._floor = min(r.acked for r in self.replicas.values())
         done_to = self.min_acked()
         confirms = self._confirms
         while confirms and confirms[0][0] <= done_to:
@@ -238,6 +242,7 @@ class ReplicaSet:
             acked = self.min_acked()
         replica = ReplicaLink(out, self.seq, acked, self.plane.members.clock())
         self.replicas[out.spid] = replica
+        self._floor = min(r.acked for r in self.replicas.values())
         batch = self.plane.repl_batch(out)
         # whatever it holds goes, the snapshot follows; live events go on after ``seq``
         batch.replicate(0, rec.R_RESET, "", self.seq)
