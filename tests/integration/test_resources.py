@@ -209,8 +209,13 @@ def test_a_flood_is_blocked_unread_and_unconfirmed_until_a_consumer_drains(tmp_p
                 if drained >= acked:  # more arrive once unblocked; what was confirmed is in
                     pub.read()
         assert drained >= acked
-        pub.pump(b"", 10, until=lambda: "Unblocked" in pub.events)
-        assert pub.events == ["Blocked", "Unblocked"]
+        pub.pump(b"", 10, until=lambda: pub.events[-1] == "Unblocked")
+        # the data the publisher's socket still held may cross the watermark once more
+        # as it is read (a loaded machine frees memory slowly): the alarm may flap, but
+        # it alternates and ends cleared
+        events = pub.events
+        assert events[-1] == "Unblocked", events
+        assert events == ["Blocked", "Unblocked"] * (len(events) // 2), events
         pub.pump(b"", 3, until=lambda: pub.acked > acked)
         assert pub.acked > acked  # what waited unread is read and confirmed now
     assert "memory alarm cleared" in broker.log_text()
