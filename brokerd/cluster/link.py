@@ -11,12 +11,18 @@ Everything sent on a link goes through one queue and one sender task
 never overtaken by the ack of a later one, nor a wiring entry by the next.
 A message posted while the link is down is dropped (the planes above treat a
 link that went down as a lost session).
+
+``refused`` records whether the latest attempt to connect was refused
+(ECONNREFUSED: nothing listens on the peer's port). Membership uses it, with
+the links' own state, to tell a peer whose process is gone from one that is
+merely silent (see ``Membership.check_gone``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import random
 from collections import deque
@@ -63,6 +69,8 @@ class Link:
         self.server_properties: dict[str, Any] = {}
         self.state = "connecting"
         self.last_error = ""
+        #: the latest connection attempt was refused: nothing listens at ``address``
+        self.refused = False
         self._connection: aio_pika.abc.AbstractConnection | None = None
         self._exchange: aio_pika.abc.AbstractExchange | None = None
         self._amqp: aiormq.abc.AbstractChannel | None = None
@@ -95,6 +103,11 @@ class Link:
     @property
     def up(self) -> bool:
         return self.state == "up"
+
+    @property
+    def pending(self) -> bool:
+        """Posted messages wait to be written."""
+        return bool(self._outbox) and self.up
 
     async def send(self, kind: str, body: bytes) -> bool:
         """Post one message and wait until it is written; False if the link is not up."""
@@ -138,6 +151,7 @@ class Link:
             try:
                 await self._connect()
             except Exception as exc:
+                self.refused = is_refused(exc)
                 reason = describe_error(exc)
                 if reason != self.last_error or self.state != "retrying":
                     log.info("link down address=%s reason=%s", self.address, reason)
@@ -152,6 +166,7 @@ class Link:
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
             backoff = BACKOFF_MIN
+            self.refused = False
             self.state = "up"
             self.last_error = ""
             assert self._amqp is not None
@@ -213,6 +228,21 @@ class Link:
         if connection is not None and not connection.is_closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), timeout=2.0)
+
+
+def is_refused(exc: BaseException) -> bool:
+    """The connection attempt met ECONNREFUSED (aiormq wraps the OSError; a host
+    name with several addresses that failed differently is not counted)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionRefusedError):
+            return True
+        if isinstance(current, OSError) and current.errno == errno.ECONNREFUSED:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def describe_error(exc: BaseException) -> str:
