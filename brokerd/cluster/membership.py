@@ -129,6 +129,7 @@ class Membership(Standing):
         self.elected = False
         self.suspended_since: float | None = None
         self.detached: str | None = None
+        self._unreached: tuple[str, float] | None = None
         self.stopping = False
         self._sent: dict[float, float] = {}
         self._stance: tuple[str | None, bool] = (None, self.root_enabled)
@@ -174,6 +175,23 @@ class Membership(Standing):
             self.stopping = True
             log.warning("stepping down spid=%s: stopping", self.spid)
             self.evaluate()
+
+    async def hand_over(self, limit: float | None = None) -> None:
+        """Step down, and if this server was root wait (at most ``limit``, default the
+        heartbeat timeout) until another is: the clients a stopping server sends
+        away then find a root wherever they reconnect, with no gap to wait out."""
+        was_root = self.role_root
+        self.step_down()
+        if not was_root:
+            return
+        deadline = self.clock() + (self.config.heartbeat_timeout if limit is None else limit)
+        while self.clock() < deadline:
+            await asyncio.sleep(0.005)
+            self.evaluate()
+            if self.current_root not in (None, self.spid):
+                log.warning("handed over spid=%s root=%s", self.spid, self.current_root)
+                return
+        log.warning("stepping down spid=%s: no successor within the limit", self.spid)
 
     async def stop(self) -> None:
         self.step_down()

@@ -74,6 +74,8 @@ class Standing:
     suspended_since: float | None
     #: the root this server cannot reach while others can (None: not detached)
     detached: str | None
+    #: the root ``unreachable_root`` names, and since when (detached after a grace)
+    _unreached: tuple[str, float] | None
     #: the root recognised at the last evaluation (root_changed fires on a change)
     current_root: str | None
     _last_eval: float
@@ -239,8 +241,14 @@ class Standing:
             self.want_sync(root)
         self._settle_readiness(view, root, now)
         # answers are asked for here only when needed at once: elected without the
-        # lease (taking root, or suspended), or the root fell silent for us
-        self.tell(now, ask=(self.elected and not decision.is_root) or self._suspect(now))
+        # lease (taking root, or suspended), the root fell silent for us, or a peer
+        # says it hears a root we do not (that root answers at once if it can)
+        self.tell(
+            now,
+            ask=(self.elected and not decision.is_root)
+            or self._suspect(now)
+            or (self._unreached is not None and self.detached is None),
+        )
         return decision
 
     def _settle_role(self, now: float) -> None:
@@ -281,7 +289,9 @@ class Standing:
 
     def _settle_readiness(self, view: View, root: str | None, now: float) -> None:
         in_sync = root is not None and (root == self.spid or self.in_sync(root))
-        detached = None if root == self.spid else self.unreachable_root(now)
+        detached = self._detach_check(
+            None if root == self.spid else self.unreachable_root(now), now
+        )
         if detached != self.detached:
             self.detached = detached
             if detached is not None:
@@ -369,6 +379,22 @@ class Standing:
             echo = status.echo.get(peer.spid)
             if echo is not None and echo[0] - peer.status.sent_at >= interval:
                 return peer.spid
+        return None
+
+    def _detach_check(self, unreached: str | None, now: float) -> str | None:
+        """The root to detach from: ``unreachable_root`` must name it for half an
+        interval, during which we ask everyone for a status. Right after a cut
+        heals, a witness's status may arrive before the root's own (links come
+        back one by one); the root, if we can reach it, answers the ask at once."""
+        if unreached is None:
+            self._unreached = None
+            return None
+        if self.detached == unreached:
+            return unreached
+        if self._unreached is None or self._unreached[0] != unreached:
+            self._unreached = (unreached, now)
+        if now - self._unreached[1] >= self.config.heartbeat_interval / 2:
+            return unreached
         return None
 
     def _suspect(self, now: float) -> bool:

@@ -142,3 +142,34 @@ def test_answers_never_ask_back_and_are_rate_limited() -> None:
         root._send_status_all(net.clock.now, ask=True)
         net.run(0.05)
     assert sent.count(False) == 1 and True not in sent
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_healed_server_hearing_a_witness_before_the_root_does_not_detach(seed: int) -> None:
+    """Cut off from both others past the timeout (no root, no witness: it waits), then
+    healed: the other follower's status may arrive first, naming a root not heard
+    for long. The detach waits half an interval and asks; the root answers at once."""
+    net = formed(seed)
+    net.cut(2, 0)
+    net.cut(2, 1)
+    net.run(2 * TIMEOUT)
+    lonely = net.nodes[2]
+    assert lonely.current_root is None and not lonely.ready and lonely.detached is None
+    net.heal()
+    net.nodes[1]._send_status_all(net.clock.now, ask=False)  # the witness speaks first
+    net.run_until(lambda: lonely.ready, limit=TIMEOUT)
+    assert lonely.current_root == "s0" and lonely.detaches == []
+
+
+def test_a_server_healed_towards_the_others_only_detaches() -> None:
+    """Healed towards the follower but still cut from the root: it cannot reach the
+    root the follower reaches, so it sends its clients away."""
+    net = formed()
+    net.cut(2, 0)
+    net.cut(2, 1)
+    net.run(2 * TIMEOUT)
+    net.nodes[1].cut.discard("s2")
+    net.nodes[2].cut.discard("s1")
+    took = net.run_until(lambda: net.nodes[2].detached == "s0", limit=2 * TIMEOUT)
+    assert took < 2 * INTERVAL, took
+    assert len(net.nodes[2].detaches) == 1
