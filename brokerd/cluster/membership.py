@@ -167,32 +167,6 @@ class Membership(Standing):
             self.checksum,
         )
 
-    def step_down(self) -> None:
-        """Leave the election before this server stops listening: release root (the
-        successor is elected in a few round trips, statuses being sent on change)
-        and abstain, so that no peer sees the port refused while this is root."""
-        if not self.stopping:
-            self.stopping = True
-            log.warning("stepping down spid=%s: stopping", self.spid)
-            self.evaluate()
-
-    async def hand_over(self, limit: float | None = None) -> None:
-        """Step down, and if this server was root wait (at most ``limit``, default the
-        heartbeat timeout) until another is: the clients a stopping server sends
-        away then find a root wherever they reconnect, with no gap to wait out."""
-        was_root = self.role_root
-        self.step_down()
-        if not was_root:
-            return
-        deadline = self.clock() + (self.config.heartbeat_timeout if limit is None else limit)
-        while self.clock() < deadline:
-            await asyncio.sleep(0.005)
-            self.evaluate()
-            if self.current_root not in (None, self.spid):
-                log.warning("handed over spid=%s root=%s", self.spid, self.current_root)
-                return
-        log.warning("stepping down spid=%s: no successor within the limit", self.spid)
-
     async def stop(self) -> None:
         self.step_down()
         # let the release and the last status reach the peers before the links close

@@ -24,6 +24,11 @@ completes in a few link round trips once a peer is known to be gone.
 A server that cannot reach a root the others reach (a cut link) is *detached*:
 it tells its clients to go elsewhere (320) and refuses new ones at once,
 instead of holding them for the whole cut. See ``unreachable_root``.
+
+A stopping server leaves the election while it still listens (``hand_over``):
+a root releases and waits for its successor, so the clients it then closes
+find a root wherever they reconnect, and no peer ever finds the port of a
+sitting root refused.
 """
 
 from __future__ import annotations
@@ -346,6 +351,43 @@ class Standing:
             if peer.status is not None and peer.status.is_root and self.active(peer, now):
                 return peer.spid
         return None
+
+    # -- leaving ----------------------------------------------------------------------
+
+    def step_down(self) -> None:
+        """Leave the election before this server stops listening: release root (the
+        successor is elected in a few round trips, statuses being sent on change)
+        and abstain, so that no peer sees the port refused while this is root."""
+        if not self.stopping:
+            self.stopping = True
+            log.warning("stepping down spid=%s: stopping", self.spid)
+            self.evaluate()
+
+    async def hand_over(self, limit: float | None = None) -> None:
+        """Step down, and if this server was root wait (at most ``limit``, default the
+        heartbeat timeout) until another is: the clients a stopping server sends
+        away then find a root wherever they reconnect, with no gap to wait out."""
+        was_root = self.role_root
+        self.step_down()
+        if not was_root:
+            return
+        deadline = self.clock() + (self.config.heartbeat_timeout if limit is None else limit)
+        while self.clock() < deadline and self._successor_possible():
+            await asyncio.sleep(0.005)
+            self.evaluate()
+            if self.current_root not in (None, self.spid):
+                log.warning("handed over spid=%s root=%s", self.spid, self.current_root)
+                return
+        log.warning("stepping down spid=%s: no successor", self.spid)
+
+    def _successor_possible(self) -> bool:
+        """The primaries we hear, without us, can elect a root: a quorum of them, and
+        one is a candidate (otherwise waiting for a successor is waiting in vain)."""
+        view = self.view(self.clock())
+        voters = [m for m in view.peers if m.voter and m.active]
+        return 2 * len(voters) > view.known_primaries and any(
+            m.root_enabled and m.checksum == self.checksum for m in voters
+        )
 
     # -- a root others reach and this server does not -----------------------------------
 
