@@ -26,7 +26,7 @@ import errno
 import logging
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -39,6 +39,11 @@ log = logging.getLogger("brokerd.cluster.link")
 
 BACKOFF_MIN = 0.2
 BACKOFF_MAX = 5.0
+#: after a connection attempt was reset or cut short: ask again this soon, a few times
+#: (a process being killed still holds its listening socket for a moment; asked again
+#: a little later, its port refuses, which is what tells the peer is gone)
+QUICK_RETRY = 0.02
+QUICK_RETRIES = 5
 #: every link message carries the same properties (a message id saves aiormq making one)
 _PROPERTIES = aiormq.spec.Basic.Properties(delivery_mode=1, message_id="rookery-link")
 
@@ -146,6 +151,7 @@ class Link:
 
     async def _run(self) -> None:
         backoff = BACKOFF_MIN
+        quick = 0
         while not self._stopped:
             self._closed.clear()
             try:
@@ -159,13 +165,19 @@ class Link:
                 self.state = "retrying"
                 self.on_down(self, reason)
                 self._wake.clear()
+                if is_reset(exc) and quick < QUICK_RETRIES:
+                    quick += 1
+                    pause = QUICK_RETRY
+                else:
+                    pause = backoff
+                    backoff = min(backoff * 2, BACKOFF_MAX)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
-                        self._wake.wait(), timeout=backoff * random.uniform(0.8, 1.2)
+                        self._wake.wait(), timeout=pause * random.uniform(0.8, 1.2)
                     )
-                backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
             backoff = BACKOFF_MIN
+            quick = 0
             self.refused = False
             self.state = "up"
             self.last_error = ""
@@ -230,19 +242,33 @@ class Link:
                 await asyncio.wait_for(connection.close(), timeout=2.0)
 
 
-def is_refused(exc: BaseException) -> bool:
-    """The connection attempt met ECONNREFUSED (aiormq wraps the OSError; a host
-    name with several addresses that failed differently is not counted)."""
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and its causes (aiormq and aio-pika wrap the OSError)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, ConnectionRefusedError):
-            return True
-        if isinstance(current, OSError) and current.errno == errno.ECONNREFUSED:
-            return True
+        yield current
         current = current.__cause__ or current.__context__
-    return False
+
+
+def is_refused(exc: BaseException) -> bool:
+    """The connection attempt met ECONNREFUSED (a host name with several addresses
+    that failed differently is not counted)."""
+    return any(
+        isinstance(e, ConnectionRefusedError)
+        or (isinstance(e, OSError) and e.errno == errno.ECONNREFUSED)
+        for e in _chain(exc)
+    )
+
+
+def is_reset(exc: BaseException) -> bool:
+    """The connection was accepted, then reset or closed during the handshake: what
+    a process being killed does while its listening socket lingers."""
+    return any(
+        isinstance(e, ConnectionResetError | BrokenPipeError | asyncio.IncompleteReadError)
+        for e in _chain(exc)
+    )
 
 
 def describe_error(exc: BaseException) -> str:
