@@ -42,10 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
 def _print_status(status: dict[str, Any]) -> None:
     print(f"spid       {status.get('spid')}")
     print(f"type       {status.get('type')}")
-    print(
-        f"root       {status.get('root') or '-'}{' (this server)' if status.get('is_root') else ''}"
-    )
+    if status.get("is_root"):
+        mine = " (this server)"
+    elif status.get("suspended"):
+        mine = " (this server, suspended: waiting for its followers' echoes)"
+    else:
+        mine = ""
+    print(f"root       {status.get('root') or '-'}{mine}")
     print(f"ready      {status.get('ready')}")
+    if status.get("detached"):
+        print(f"detached   cannot reach root {status['detached']}: clients sent elsewhere")
     print(f"root ok    {status.get('root_enabled')}")
     print(f"checksum   {status.get('checksum') or '-'}")
     for peer in status.get("peers", []):

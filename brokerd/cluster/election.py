@@ -19,10 +19,15 @@ one vote, two servers can never both satisfy the root condition with
 current votes; tests/unit/test_election.py checks this with hypothesis.
 
 Votes travel in heartbeats, so they are never quite current. The root
-therefore also holds a *lease* (``holds_lease``): it keeps root only while
-more than half of the known primaries voted for it within a window shorter
-than the followers' timeout. A root cut off from its followers so steps
-down before any of them can see it inactive and elect another.
+therefore also holds a *lease* (``holds_lease``): it acts as root only while
+more than half of the known primaries, itself included, back it with a
+status that votes for it and echoes one of the root's own statuses sent less
+than a window ago (the window is shorter than the followers' timeout). The
+echo proves that the follower heard the root at that send time, so it sees
+the root active, and keeps voting for it, until at least that send time plus
+its timeout: no other server can gather a majority before the lease runs
+out, however late the root itself reads its input (a paused root reads old
+votes as new; their echoes are as old as they are).
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ class Member:
     vote: str | None = None
     #: a primary counts only if it is one of the cluster file's known hosts
     listed: bool = True
+    #: seconds since the viewing server sent the status of its own that this member's
+    #: latest status echoes (None: none it remembers, or the link to it is down)
+    echo_age: float | None = None
 
     @property
     def voter(self) -> bool:
@@ -98,11 +106,21 @@ def has_quorum(view: View) -> bool:
     return 2 * len(view.active_primaries()) > view.known_primaries
 
 
-def holds_lease(view: View) -> bool:
-    """Recent votes for this server (itself included) are more than half of the
-    known primaries; ``view`` marks active only members heard within the lease."""
-    backing = [m for m in view.active_primaries() if m is view.me or m.vote == view.me.spid]
-    return 2 * len(backing) > view.known_primaries
+def holds_lease(view: View, window: float) -> bool:
+    """More than half of the known primaries back this server: itself, and active
+    peers whose latest status votes for it and echoes one of its statuses sent
+    less than ``window`` seconds ago (see the module docstring)."""
+    me = view.me
+    backing = 1 + sum(
+        1
+        for m in view.peers
+        if m.voter
+        and m.active
+        and m.vote == me.spid
+        and m.echo_age is not None
+        and m.echo_age < window
+    )
+    return 2 * backing > view.known_primaries
 
 
 def choose(view: View) -> str | None:

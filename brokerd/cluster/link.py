@@ -11,16 +11,22 @@ Everything sent on a link goes through one queue and one sender task
 never overtaken by the ack of a later one, nor a wiring entry by the next.
 A message posted while the link is down is dropped (the planes above treat a
 link that went down as a lost session).
+
+``refused`` records whether the latest attempt to connect was refused
+(ECONNREFUSED: nothing listens on the peer's port). Membership uses it, with
+the links' own state, to tell a peer whose process is gone from one that is
+merely silent (see ``Membership.check_gone``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import random
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -33,6 +39,11 @@ log = logging.getLogger("brokerd.cluster.link")
 
 BACKOFF_MIN = 0.2
 BACKOFF_MAX = 5.0
+#: after a connection attempt was reset or cut short: ask again this soon, a few times
+#: (a process being killed still holds its listening socket for a moment; asked again
+#: a little later, its port refuses, which is what tells the peer is gone)
+QUICK_RETRY = 0.02
+QUICK_RETRIES = 5
 #: every link message carries the same properties (a message id saves aiormq making one)
 _PROPERTIES = aiormq.spec.Basic.Properties(delivery_mode=1, message_id="rookery-link")
 
@@ -63,6 +74,8 @@ class Link:
         self.server_properties: dict[str, Any] = {}
         self.state = "connecting"
         self.last_error = ""
+        #: the latest connection attempt was refused: nothing listens at ``address``
+        self.refused = False
         self._connection: aio_pika.abc.AbstractConnection | None = None
         self._exchange: aio_pika.abc.AbstractExchange | None = None
         self._amqp: aiormq.abc.AbstractChannel | None = None
@@ -95,6 +108,11 @@ class Link:
     @property
     def up(self) -> bool:
         return self.state == "up"
+
+    @property
+    def pending(self) -> bool:
+        """Posted messages wait to be written."""
+        return bool(self._outbox) and self.up
 
     async def send(self, kind: str, body: bytes) -> bool:
         """Post one message and wait until it is written; False if the link is not up."""
@@ -139,11 +157,13 @@ class Link:
 
     async def _run(self) -> None:
         backoff = BACKOFF_MIN
+        quick = 0
         while not self._stopped:
             self._closed.clear()
             try:
                 await self._connect()
             except Exception as exc:
+                self.refused = is_refused(exc)
                 reason = describe_error(exc)
                 if reason != self.last_error or self.state != "retrying":
                     log.info("link down address=%s reason=%s", self.address, reason)
@@ -151,13 +171,20 @@ class Link:
                 self.state = "retrying"
                 self.on_down(self, reason)
                 self._wake.clear()
+                if is_reset(exc) and quick < QUICK_RETRIES:
+                    quick += 1
+                    pause = QUICK_RETRY
+                else:
+                    pause = backoff
+                    backoff = min(backoff * 2, BACKOFF_MAX)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(
-                        self._wake.wait(), timeout=backoff * random.uniform(0.8, 1.2)
+                        self._wake.wait(), timeout=pause * random.uniform(0.8, 1.2)
                     )
-                backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
             backoff = BACKOFF_MIN
+            quick = 0
+            self.refused = False
             self.state = "up"
             self.last_error = ""
             assert self._amqp is not None
@@ -219,6 +246,35 @@ class Link:
         if connection is not None and not connection.is_closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(connection.close(), timeout=2.0)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and its causes (aiormq and aio-pika wrap the OSError)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def is_refused(exc: BaseException) -> bool:
+    """The connection attempt met ECONNREFUSED (a host name with several addresses
+    that failed differently is not counted)."""
+    return any(
+        isinstance(e, ConnectionRefusedError)
+        or (isinstance(e, OSError) and e.errno == errno.ECONNREFUSED)
+        for e in _chain(exc)
+    )
+
+
+def is_reset(exc: BaseException) -> bool:
+    """The connection was accepted, then reset or closed during the handshake: what
+    a process being killed does while its listening socket lingers."""
+    return any(
+        isinstance(e, ConnectionResetError | BrokenPipeError | asyncio.IncompleteReadError)
+        for e in _chain(exc)
+    )
 
 
 def describe_error(exc: BaseException) -> str:

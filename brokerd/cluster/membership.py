@@ -1,14 +1,24 @@
-"""Cluster membership: links, peers, heartbeats, admission and the root election.
+"""Cluster membership: links, peers, heartbeats, statuses and admission.
 
 ``Membership`` owns the outgoing links, learns peers from link handshakes and
-Cluster.Status messages, runs the pure election (``election.decide``) over
-its own view, and answers the admission hooks: links are checked (cluster
-user, vhost, known-hosts checksum) and client connections wait in
-connection.open while the cluster has no root. The wiring and message planes
-(``wiring``, ``forwarding``) build on it through a few methods: ``root()``,
-``link_to(spid)``, ``post(spid, kind, body)`` and the events it calls on
-itself (``peer_lost``, ``link_ready``, ``root_changed``), which the
+Cluster.Status messages, and answers the admission hooks: links are checked
+(cluster user, vhost, known-hosts checksum) and client connections wait in
+connection.open while the cluster has no root. Its base ``standing.Standing``
+runs the election loop over the view this builds. The wiring and message
+planes (``wiring``, ``forwarding``) build on it through a few methods:
+``root()``, ``link_to(spid)``, ``post(spid, kind, body)`` and the events it
+calls on itself (``peer_lost``, ``link_ready``, ``root_changed``), which the
 controller overrides.
+
+A peer is known to be *gone* at once, without waiting for the heartbeat
+timeout, when every connection with it has closed and its port refuses a new
+one (``check_gone``): nothing listens there, so its process has ended. A live
+brokerd listens from before it links until after it has stepped down
+(``step_down``), and a stopped (SIGSTOP) or busy one still accepts into its
+backlog, so a pause never looks like this; neither does a silent network
+partition (connections time out, they are not refused). What would is a
+firewall that rejects with a reset between two primaries: partition clusters
+by dropping packets, never by rejecting them (deploy/runbooks/cluster-root.md).
 """
 
 from __future__ import annotations
@@ -16,26 +26,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster import messages
 from brokerd.cluster.config import ClusterConfig
-from brokerd.cluster.election import (
-    PRIMARY,
-    SECONDARY,
-    Decision,
-    Member,
-    View,
-    decide,
-    holds_lease,
-)
+from brokerd.cluster.election import PRIMARY, SECONDARY, Decision
 from brokerd.cluster.link import Link
 from brokerd.cluster.messages import LINK_PROPERTY, MessageError, Root, Status
+from brokerd.cluster.standing import Standing
 from brokerd.model.broker import Broker
 from brokerd.model.errors import (
+    CONNECTION_FORCED,
     NOT_ALLOWED,
     ConnectionError_,
     access_refused,
@@ -65,6 +68,10 @@ class Peer:
     received_at: float = 0.0
     #: link round-trip time from the echo of our own status, in milliseconds
     rtt_ms: float | None = None
+    #: its connections closed and its port refused a new one: its process has ended
+    gone: bool = False
+    #: when we last answered a status of its that asked for one
+    answered_at: float = float("-inf")
 
 
 @dataclass
@@ -74,7 +81,7 @@ class Alarm:
     since: float
 
 
-class Membership:
+class Membership(Standing):
     """One server's view of the cluster and its part in the election."""
 
     def __init__(
@@ -88,8 +95,10 @@ class Membership:
         fault_injection: bool = False,
         on_ready_change: Callable[[bool, str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         load: Callable[[], dict[str, Any]] | None = None,
         broker: Broker | None = None,
+        on_detach: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
         self.spid = spid
@@ -98,7 +107,11 @@ class Membership:
         self.address = address
         self.fault_injection = fault_injection
         self.on_ready_change = on_ready_change
+        #: close client connections with this reason (this server cannot reach the root)
+        self.on_detach = on_detach
         self.clock = clock
+        #: wall-clock time for ``sent_at`` (peers compare only values from one clock)
+        self.wall = wall
         self.load = load or dict
         self.checksum = config.checksum
         self.known = {str(h) for h in config.known_hosts}
@@ -112,6 +125,19 @@ class Membership:
         #: known-host addresses that turned out to be this server
         self.own_addresses: set[str] = set()
         self.decision = Decision(None, False, False, "starting")
+        self.role_root = False
+        self.elected = False
+        self.suspended_since: float | None = None
+        self.detached: str | None = None
+        self._unreached: tuple[str, float] | None = None
+        self.stopping = False
+        self._sent: dict[float, float] = {}
+        self._stance: tuple[str | None, bool] = (None, self.root_enabled)
+        self.stance_at = float("-inf")
+        #: what our last broadcast status said (vote, role, candidacy, root, checksum)
+        self._told: tuple[Any, ...] = ()
+        self._asked_at = float("-inf")
+        self._last_tick = float("-inf")
         self.ready = False
         self.not_ready_reason = "no root elected yet"
         self.started = clock()
@@ -142,6 +168,11 @@ class Membership:
         )
 
     async def stop(self) -> None:
+        self.step_down()
+        # let the release and the last status reach the peers before the links close
+        deadline = self.clock() + 0.5
+        while any(link.pending for link in self.links.values()) and self.clock() < deadline:
+            await asyncio.sleep(0.005)
         if self._task is not None:
             self._task.cancel()
         await asyncio.gather(*(link.stop() for link in self.links.values()), return_exceptions=True)
@@ -187,6 +218,7 @@ class Membership:
             return
         peer = self._peer(spid)
         peer.aliases.add(link.address)
+        peer.gone = False
         if peer.link is not None and peer.link is not link and peer.link.up:
             log.info(
                 "link duplicate address=%s peer=%s kept=%s", link.address, spid, peer.link.address
@@ -212,10 +244,30 @@ class Membership:
         spid = link.peer_spid
         if spid is not None and spid in self.peers and self.peers[spid].link is link:
             self.peer_lost(spid, f"link down: {reason}")
+            self.check_gone(spid)
         if "checksum" in reason:
             self.raise_alarm("config-mismatch", f"link to {link.address} refused: {reason}")
         elif "authentication" in reason or "ACCESS_REFUSED" in reason:
             self.raise_alarm(f"link:{link.address}", f"link to {link.address}: {reason}")
+
+    def check_gone(self, spid: str) -> None:
+        """Take a peer out of the view at once when its process has ended: our link to
+        it is down and its port refused the reconnection, and no connection of its
+        to us is open (see the module docstring for why only an ended process does
+        this). Anything it says later comes on a new connection, which brings it back."""
+        peer = self.peers.get(spid)
+        if peer is None or peer.gone or peer.status is None or peer.inbound:
+            return
+        link = peer.link
+        if link is None or link.up or not link.refused:
+            return
+        peer.gone = True
+        log.warning(
+            "peer gone spid=%s address=%s: its connections closed and its port refuses new ones",
+            spid,
+            link.address,
+        )
+        self.evaluate()
 
     def _peer(self, spid: str) -> Peer:
         peer = self.peers.get(spid)
@@ -238,6 +290,9 @@ class Membership:
                 NOT_ALLOWED, f"this cluster serves vhost '{self.config.vhost}' only"
             )
         self.evaluate()
+        if self.detached is not None:
+            # waiting here would last as long as the cut: send the client elsewhere now
+            raise ConnectionError_(CONNECTION_FORCED, f"cluster: {self.not_ready_reason}")
         if not self.ready:
             return Wait(f"cluster not ready: {self.not_ready_reason}", self.config.open_timeout)
         return None
@@ -263,6 +318,7 @@ class Membership:
             return None
         peer = self._peer(spid)
         peer.inbound.add(conn.id)
+        peer.gone = False
         peer.type = SECONDARY if props.get("type") == SECONDARY else PRIMARY
         start_time = props.get("start_time")
         if isinstance(start_time, int | float) and not isinstance(start_time, bool):
@@ -295,6 +351,7 @@ class Membership:
                 # the link that carried its messages (not a duplicate being retired)
                 self._carrier.pop(spid, None)
                 self.peer_lost(spid, "its link to this server closed")
+            self.check_gone(spid)
 
     # -- messages ---------------------------------------------------------------
 
@@ -322,7 +379,7 @@ class Membership:
             peer.type = message.type
             peer.start_time = message.start_time
             peer.last_seen = now
-            peer.received_at = time.time()
+            peer.received_at = self.wall()
             echo = message.echo.get(self.spid)
             if echo is not None:
                 sent_at, held = echo
@@ -335,6 +392,11 @@ class Membership:
             # status is never revived by an announcement
             peer.status.is_root = message.is_root
         self.evaluate()
+        if isinstance(message, Status) and message.reply:
+            self._answer(peer)
+
+    def link_ready(self, spid: str) -> None:
+        """The outgoing link to a peer came up."""
 
     def status_received(self, spid: str, status: Status) -> None:
         """A peer's Cluster.Status arrived (the wiring compares its state sequence)."""
@@ -343,238 +405,62 @@ class Membership:
         """A message for the wiring or message plane (overridden by the controller)."""
         log.warning("cluster message refused from=%s: unknown kind %r", spid, kind)
 
-    # -- election ---------------------------------------------------------------
-
-    def active(self, peer: Peer, now: float, window: float | None = None) -> bool:
-        """Heard within ``window`` (default: the heartbeat timeout). A cut link ages
-        out like a real one: its statuses are dropped, what was heard stays valid."""
-        window = self.config.heartbeat_timeout if window is None else window
-        return peer.status is not None and now - peer.last_seen < window
-
-    @property
-    def lease(self) -> float:
-        """How recent the votes keeping this server root must be: short enough that
-        a cut-off root steps down before its followers' timeout runs out (they may
-        have heard it last an interval before the cut), long enough to span more
-        than one heartbeat."""
-        interval = self.config.heartbeat_interval
-        return max(1.2 * interval, self.config.heartbeat_timeout - 1.5 * interval)
-
-    def view(self, now: float, window: float | None = None) -> View:
-        members = []
-        sitting = None
-        for peer in self.peers.values():
-            status = peer.status
-            if status is None:
-                continue
-            active = self.active(peer, now, window)
-            # a peer heard again only just now voted before it could know the
-            # sitting root: count it as abstaining for one timeout
-            settled = now - peer.active_since >= self.config.heartbeat_timeout
-            if active and status.is_root and (sitting is None or peer.spid < sitting):
-                sitting = peer.spid
-            members.append(
-                Member(
-                    spid=peer.spid,
-                    type=status.type,
-                    start_time=status.start_time,
-                    root_enabled=status.root_enabled,
-                    checksum=status.checksum,
-                    active=active,
-                    vote=status.vote if settled else None,
-                    listed=status.listed,
-                )
-            )
-        if self.decision.is_root:
-            sitting = self.spid
-        me = Member(
-            spid=self.spid,
-            type=self.type,
-            start_time=self.start_time,
-            root_enabled=self.root_enabled,
-            checksum=self.checksum,
-            active=True,
-            vote=self.decision.vote,
-            listed=self.listed,
-        )
-        return View(me, tuple(members), self.known_primaries(now), sitting)
-
-    def known_primaries(self, now: float) -> int:
-        """Distinct servers among the known hosts, the quorum's denominator.
-
-        Names that led to the same server count once: this server's own names,
-        and an *active* peer's aliases. Only live evidence merges names (an
-        address may since belong to another server), so a listed name that no
-        link has resolved yet still counts on its own: never fewer servers than
-        there are, only sometimes more, which errs on the safe side."""
-        groups = [self.own_addresses & self.known]
-        groups += [p.aliases & self.known for p in self.peers.values() if self.active(p, now)]
-        # a name claimed by two servers is ambiguous (moved, or a stale record): it merges nothing
-        claims = Counter(name for group in groups for name in group)
-        merged = (sum(claims[name] == 1 for name in group) for group in groups)
-        return len(self.known) - sum(n - 1 for n in merged if n > 1)
-
-    def evaluate(self) -> Decision:
-        """Re-run the election on the current view; announce and log changes."""
-        now = self.clock()
-        if self._last_eval and now - self._last_eval > self.config.heartbeat_timeout:
-            # we were frozen (SIGSTOP, a long pause): our view is stale, so abstain
-            # until peers have been heard again rather than vote from it
-            log.warning(
-                "stalled for %.1fs spid=%s: abstaining for a while",
-                now - self._last_eval,
-                self.spid,
-            )
-            self.started = now
-        self._last_eval = now
-        view = self.view(now)
-        decision = decide(view)
-        if decision.is_root and not holds_lease(self.view(now, self.lease)):
-            decision = Decision(
-                decision.vote,
-                False,
-                decision.quorum,
-                f"lease: fewer than a quorum of primaries voted for it within {self.lease:.2f}s",
-            )
-        heard = [m for m in view.members() if m.voter and m.active]
-        if self.type == PRIMARY and 2 * len(heard) <= view.known_primaries:
-            # hearing too few primaries (just restarted, links still backing off,
-            # the minority side of a partition): a vote from this view would only
-            # unseat a root we cannot see, so abstain
-            decision = Decision(None, False, False, decision.reason)
-        if now - self.started < self.config.heartbeat_timeout:
-            # give every known host a chance to link before the first vote,
-            # so the cluster forms around its most senior primary
-            decision = Decision(None, False, decision.quorum, "starting")
-        was_root = self.decision.is_root
-        self.decision = decision
-        if decision.is_root and not was_root:
-            self.became_root()
-        if decision.is_root != was_root:
-            log.warning(
-                "root %s spid=%s reason=%s",
-                "taken" if decision.is_root else "released",
-                self.spid,
-                decision.reason,
-            )
-            self._broadcast(Root(self.spid, decision.is_root, decision.reason))
-        root = self.root(view, now)
-        active = {p.spid for p in self.peers.values() if self.active(p, now)}
-        for spid in self._was_active - active:
-            self.peer_lost(spid, "inactive")
-        self._was_active = active
-        if root != self.current_root:
-            old, self.current_root = self.current_root, root
-            log.warning("root changed spid=%s from=%s to=%s", self.spid, old, root)
-            self.root_changed(old, root)
-        if root is not None and root != self.spid and not self.in_sync(root):
-            self.want_sync(root)
-        in_sync = root is not None and (root == self.spid or self.in_sync(root))
-        ready = in_sync
-        if root is None:
-            reason = self.no_root_reason(view, decision)
-        elif not in_sync:
-            reason = f"synchronising wiring from root {root}"
-        else:
-            reason = ""
-        if ready != self.ready:
-            log.warning(
-                "cluster %s spid=%s root=%s %s",
-                "ready" if ready else "not ready",
-                self.spid,
-                root,
-                reason,
-            )
-            self.ready = ready
-            self.not_ready_reason = reason
-            if self.on_ready_change is not None:
-                self.on_ready_change(ready, reason)
-        self.not_ready_reason = reason
-        return decision
-
-    def no_root_reason(self, view: View, decision: Decision) -> str:
-        """Why there is no root, in words that name the cause (the 541 text)."""
-        voters = [m for m in view.members() if m.voter and m.active]
-        if 2 * len(voters) <= view.known_primaries:
-            return (
-                f"no root: quorum lost, {len(voters)} of {view.known_primaries} "
-                "known primaries reachable"
-            )
-        if not any(m.root_enabled and m.checksum == self.checksum for m in voters):
-            return "no root: root is disabled on every reachable primary"
-        if self.type != PRIMARY:
-            return "no root: the primaries are electing one"
-        return f"no root: {decision.reason}"
-
-    # -- events for the planes built on membership (the controller overrides them) -----
-
-    def became_root(self) -> None:
-        """This server has just taken root."""
-
-    def root_changed(self, old: str | None, new: str | None) -> None:
-        """The root this server recognises changed (None: there is none)."""
-
-    def peer_lost(self, spid: str, why: str) -> None:
-        """A peer went inactive, or a link with it dropped: what was in flight with it
-        is void."""
-
-    def link_ready(self, spid: str) -> None:
-        """The outgoing link to a peer came up."""
-
-    def synced(self, root: str) -> None:
-        """This server has just taken the root's wiring."""
-
-    def in_sync(self, root: str) -> bool:
-        """Does this server hold the root's wiring (it may serve clients)?"""
-        return True
-
-    def want_sync(self, root: str) -> None:
-        """Ask the root for its wiring."""
-
-    def root(self, view: View | None = None, now: float | None = None) -> str | None:
-        """The root this server recognises: itself, or an active peer that says it is."""
-        if self.decision.is_root:
-            return self.spid
-        now = self.clock() if now is None else now
-        for peer in self.peers.values():
-            if peer.status is not None and peer.status.is_root and self.active(peer, now):
-                return peer.spid
-        return None
-
     # -- heartbeats ------------------------------------------------------------------
 
-    def status_message(self) -> Status:
+    def status_message(self, *, ask: bool = False) -> Status:
+        """Our status now; ``ask`` asks every receiver to answer with theirs at once."""
         now = self.clock()
+        wall = self.wall()
+        self._sent.setdefault(wall, now)  # the earlier send, if the clock did not move
+        if len(self._sent) > 8:  # forget sends too old to back a lease
+            horizon = now - self.config.heartbeat_timeout
+            self._sent = {w: t for w, t in self._sent.items() if t >= horizon}
         return Status(
             spid=self.spid,
             type=self.type,
             start_time=self.start_time,
             checksum=self.checksum,
-            root_enabled=self.root_enabled,
+            root_enabled=self.candidate,
             vote=self.decision.vote,
-            is_root=self.decision.is_root,
+            is_root=self.role_root,
             listed=self.listed,
             address=self.address,
             peers=[p.spid for p in self.peers.values() if self.active(p, now)],
             load=self.load(),
             state_seq=self.state_seq(),
-            sent_at=(wall := time.time()),
+            sent_at=wall,
             echo={
                 p.spid: (p.status.sent_at, round(wall - p.received_at, 6))
                 for p in self.peers.values()
                 if p.status is not None and self.active(p, now)
             },
+            root=self.current_root,
+            reply=ask,
         )
 
     async def _heartbeat(self) -> None:
         while True:
             try:
-                self.evaluate()
-                self.tick()
-                self._broadcast(self.status_message())
+                pause = self.beat()
             except Exception:  # the heartbeat must outlive any single bad peer
                 log.exception("heartbeat failed")
-            await asyncio.sleep(self.config.heartbeat_interval)
+                pause = self.config.heartbeat_interval
+            await asyncio.sleep(pause)
+
+    def beat(self) -> float:
+        """One heartbeat; returns the seconds until the next. Statuses go out every
+        interval, the root's every half interval, so that its followers never miss
+        it for more than half an interval: a root paused for less than the timeout
+        minus half an interval is still active for them when it resumes. The root
+        asks for answers, which keeps its lease's echoes fresh."""
+        self.evaluate()
+        now = self.clock()
+        interval = self.config.heartbeat_interval
+        if now - self._last_tick >= 0.9 * interval:
+            self._last_tick = now
+            self.tick()
+        self._send_status_all(now, ask=self.elected or self._suspect(now))
+        return interval / 2 if self.role_root else interval
 
     def tick(self) -> None:
         """Once a heartbeat: retries and timeouts of the planes (overridden)."""
@@ -582,6 +468,46 @@ class Membership:
     def state_seq(self) -> int:
         """The last wiring entry this server applied (carried in its statuses)."""
         return 0
+
+    def tell(self, now: float, *, ask: bool) -> None:
+        """Send our status at once when what peers elect on changed (vote, role,
+        candidacy, the root we recognise), or, at most every quarter interval,
+        when we need answers (a root renewing its lease, a suspected cut)."""
+        told = (
+            self.decision.vote,
+            self.role_root,
+            self.candidate,
+            self.current_root,
+            self.checksum,
+        )
+        if told != self._told or (
+            ask and now - self._asked_at >= self.config.heartbeat_interval / 4
+        ):
+            self._send_status_all(now, ask=ask)
+
+    def _send_status_all(self, now: float, *, ask: bool) -> None:
+        self._told = (
+            self.decision.vote,
+            self.role_root,
+            self.candidate,
+            self.current_root,
+            self.checksum,
+        )
+        if ask:
+            self._asked_at = now
+        self._broadcast(self.status_message(ask=ask))
+
+    def _answer(self, peer: Peer) -> None:
+        """A peer asked for our status: send it to that peer only (an answer never
+        asks back, so two askers cannot echo each other forever)."""
+        now = self.clock()
+        if now - peer.answered_at < self.config.heartbeat_interval / 8:
+            return
+        link = self.link_to(peer.spid)
+        if link is not None:
+            peer.answered_at = now
+            self.before_send(peer.spid)
+            link.post(*messages.encode(self.status_message()))
 
     def _send_status(self, link: Link) -> None:
         kind, body = messages.encode(self.status_message())

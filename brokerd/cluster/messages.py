@@ -25,7 +25,9 @@ class MessageError(ValueError):
 
 @dataclass
 class Status:
-    """Cluster.Status, sent to every linked peer each heartbeat interval."""
+    """Cluster.Status, sent to every linked peer each heartbeat interval (the root:
+    twice an interval), at once when the sender's vote, role or root changes, and
+    in answer to a status that asks for one."""
 
     spid: str
     type: str
@@ -43,7 +45,13 @@ class Status:
     state_seq: int = 0
     sent_at: float = 0.0
     #: per peer spid: (that peer's latest ``sent_at``, seconds we held it) for round trips
+    #: and for the root's lease (a follower's echo proves it heard the root then)
     echo: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: the root the sender recognises (None: none)
+    root: str | None = None
+    #: answer with a status at once (a root renewing its lease, a server checking
+    #: whether others still hear the root); an answer never asks back
+    reply: bool = False
 
 
 @dataclass
@@ -80,6 +88,10 @@ def decode(kind: str, body: bytes) -> Status | Root:
         raise MessageError(f"{kind}: {exc}") from None
     if isinstance(message, Status):
         message.echo = _echo(kind, message.echo)
+        if message.root is not None and not isinstance(message.root, str):
+            raise MessageError(f"{kind}: root must be a spid or null")
+        if not isinstance(message.reply, bool):
+            raise MessageError(f"{kind}: reply must be a boolean")
     return message
 
 

@@ -32,8 +32,10 @@ class OperatorCommands(_Base):
         if self.root_enabled != enabled:
             self.root_enabled = enabled
             log.warning("root %s spid=%s", "enabled" if enabled else "disabled", self.spid)
+            # a disabled root releases here and says so with its status at once; the
+            # others vote for its successor at once too (statuses go out on change),
+            # so the hand-over takes a few link round trips
             self.evaluate()
-            self._broadcast(self.status_message())
         return {"root_enabled": self.root_enabled, "is_root": self.decision.is_root}
 
     def reconfigure(self, config: ClusterConfig) -> dict[str, Any]:
@@ -75,8 +77,7 @@ class OperatorCommands(_Base):
                 ",".join(sorted(removed)) or "-",
             )
         if applied:
-            self.evaluate()
-            self._broadcast(self.status_message())
+            self.evaluate()  # a new checksum goes out with a status at once
         return {"applied": applied, "checksum": self.checksum}
 
     def cut_link(self, spid: str) -> dict[str, Any]:
@@ -108,6 +109,10 @@ class OperatorCommands(_Base):
             "type": self.type,
             "is_root": decision.is_root,
             "root": self.root(),
+            # root announced but not acting: its lease ran out (a pause), being renewed
+            "suspended": self.suspended_since is not None,
+            # the root this server cannot reach while others do (clients sent elsewhere)
+            "detached": self.detached,
             "ready": self.ready,
             "root_enabled": self.root_enabled,
             "checksum": self.checksum,

@@ -15,13 +15,14 @@ from typing import Any
 from brokerd.cluster.config import ClusterConfig, ClusterConfigError, load_cluster_config
 from brokerd.cluster.controller import ClusterController, ClusterSink
 from brokerd.cluster.identity import make_spid
-from brokerd.cluster.messages import CLUSTER_EXCHANGE
+from brokerd.cluster.messages import CLUSTER_EXCHANGE, LINK_PROPERTY
 from brokerd.config import BrokerConfig, ConfigError, load_config
 from brokerd.consolelink.link import ConsoleLink
 from brokerd.model.auth import Permission, User, hash_password
 from brokerd.model.broker import Broker
 from brokerd.model.errors import CONNECTION_FORCED
 from brokerd.model.exchange import Exchange
+from brokerd.protocol import ConnectionState
 from brokerd.server import dump
 from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError, serve_control
@@ -313,6 +314,7 @@ class Server:
             load=self.broker.totals,
             broker=self.broker,
             on_block=self.block_publishers,
+            on_detach=self._cluster_detached,
         )
         vhost = self.broker.vhosts[config.vhost]
         vhost.exchanges[CLUSTER_EXCHANGE] = Exchange(
@@ -327,6 +329,25 @@ class Server:
                     proto.machine.readmit()
                     proto.flush()
         self.block_publishers("cluster", None if ready else f"cluster not ready: {reason}")
+
+    def _cluster_detached(self, reason: str) -> None:
+        """This server cannot reach the root the others reach: send its clients to
+        another server now (320) instead of holding them for as long as the cut lasts.
+        Those waiting in connection.open are refused by admission, with the reason."""
+        closed = 0
+        for proto in list(self.connections.values()):
+            conn = proto.machine
+            if conn is None or isinstance(conn.client_properties.get(LINK_PROPERTY), dict):
+                continue
+            if conn.state is ConnectionState.AWAIT_ADMISSION:
+                conn.readmit()  # admission now refuses it with 320 and the reason
+            elif conn.state is ConnectionState.OPEN:
+                conn.close(CONNECTION_FORCED, reason)
+            else:
+                continue
+            proto.flush()
+            closed += 1
+        log.warning("detached: %d client connections sent elsewhere (%s)", closed, reason)
 
     def block_publishers(self, cause: str, reason: str | None) -> None:
         """Set or clear one cause of blocking; client connections are blocked while
@@ -367,7 +388,12 @@ class Server:
             self._stopping.set()
 
     async def shutdown(self) -> None:
-        """Stop accepting, close every client with 320, wait briefly for close-ok."""
+        """Hand root over, stop accepting, close every client with 320, wait briefly
+        for close-ok. Root goes first, while this server still listens: a peer that
+        found the port refused with the links closed would take it for dead, and the
+        clients sent away find a root where they reconnect."""
+        if self.cluster is not None:
+            await self.cluster.hand_over()
         if self._listener is not None:
             self._listener.close()
         self.resources.stop()

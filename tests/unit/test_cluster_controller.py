@@ -79,7 +79,10 @@ def link_from(ctl: ClusterController, conn_id: int, spid: str, start: float, **e
 
 def status(ctl: ClusterController, conn_id: int, spid: str, start: float, **kw: Any) -> None:
     """Deliver a status; a peer heard for the first time counts as settled (as if it
-    had been heard for a while), so tests can focus on votes."""
+    had been heard for a while), so tests can focus on votes. Unless ``echo`` is
+    given, the peer echoes a status the controller sends just now (it heard us)."""
+    if "echo" not in kw:
+        kw["echo"] = {ctl.spid: (ctl.status_message().sent_at, 0.0)}
     fields = {
         "type": "primary",
         "checksum": ctl.checksum,
@@ -209,25 +212,28 @@ def test_fault_injection_is_refused_unless_enabled() -> None:
 
 
 def test_a_cut_off_root_steps_down_before_its_followers_time_it_out() -> None:
-    """The lease: the root needs votes fresher than the followers' timeout, so a
-    follower cut off from it an interval after its last status still sees the old
-    root when the old root has already stepped down."""
+    """The lease: a follower that echoed the root's status sent at t0 heard it then,
+    so it cannot time the root out before t0 + timeout; the root stops acting at
+    t0 + lease, an interval earlier, and gives the role up an interval after that."""
     root, clock = make()
     link_from(root, 11, "s2", 2.0)
     link_from(root, 12, "s3", 3.0)
     status(root, 11, "s2", 2.0, vote="s1")
-    status(root, 12, "s3", 3.0, vote="s1")
-    assert root.decision.is_root
+    status(root, 12, "s3", 3.0, vote="s1")  # both echo a status the root sent at t0
+    t0 = clock.now
+    assert root.decision.is_root and root.role_root
     interval, timeout = CONFIG.heartbeat_interval, CONFIG.heartbeat_timeout
-    assert interval < root.lease <= timeout - 1.5 * interval
-    # nothing arrives any more; a follower last heard the root up to an interval
-    # before that, so it may elect another at (silence + timeout - interval)
-    clock.now += root.lease
+    assert root.lease == timeout - interval
+    # nothing arrives any more (a cut): the root keeps acting until the lease runs out
+    clock.now = t0 + root.lease - 0.01
+    assert root.evaluate().is_root
+    clock.now = t0 + root.lease
+    assert not root.evaluate().is_root and "lease" in root.decision.reason
+    assert root.role_root and root.status()["suspended"]  # announced still, acting no more
+    assert clock.now < t0 + timeout  # the followers still see it: no other root yet
+    clock.now += interval
     root.evaluate()
-    assert not root.decision.is_root
-    assert "lease" in root.decision.reason
-    assert clock.now < 100.0 + timeout - interval
-    assert all(root.active(p, clock.now) for p in root.peers.values())  # not timed out yet
+    assert not root.role_root and root.root() is None
 
 
 def test_round_trip_time_comes_from_the_echo_of_our_status() -> None:

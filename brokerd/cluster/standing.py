@@ -1,0 +1,491 @@
+"""Where this server stands: the election loop over its view, the root's lease,
+readiness, and whether it can reach the root at all.
+
+``Standing`` is the base of ``membership.Membership`` and works on its state
+(peers, links, the decision). ``evaluate`` runs on every status received, every
+heartbeat and every admission; it re-runs the pure election
+(``election.decide``) and turns its outcome into the server's *role*:
+
+- **acting** (``decision.is_root``): elected and holding the lease, so it may
+  order wiring and answer as root;
+- **announced** (``role_root``): what its statuses and ``cluster.root`` say,
+  what the planes follow. A root that is still elected but whose lease has run
+  out (it was paused, or its followers' echoes are late) is *suspended*: it
+  stops acting at once but keeps the announced role for up to one interval
+  while it asks its followers for fresh echoes (statuses with ``reply``), so a
+  pause shorter than the followers' timeout is invisible to them. If the lease
+  does not come back in that interval, or the election no longer makes it
+  root, it gives the role up and says so.
+
+Every change a peer should know of (vote, role, root enabled, the root it
+recognises) is sent at once rather than at the next heartbeat, so an election
+completes in a few link round trips once a peer is known to be gone.
+
+A server that cannot reach a root the others reach (a cut link) is *detached*:
+it tells its clients to go elsewhere (320) and refuses new ones at once,
+instead of holding them for the whole cut. See ``unreachable_root``.
+
+A stopping server leaves the election while it still listens (``hand_over``):
+a root releases and waits for its successor, so the clients it then closes
+find a root wherever they reconnect, and no peer ever finds the port of a
+sitting root refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from brokerd.cluster.election import PRIMARY, Decision, Member, View, decide, holds_lease
+from brokerd.cluster.messages import Root
+
+if TYPE_CHECKING:
+    from brokerd.cluster.config import ClusterConfig
+    from brokerd.cluster.link import Link
+    from brokerd.cluster.membership import Peer
+
+log = logging.getLogger("brokerd.cluster")
+
+
+class Standing:
+    """The election loop of ``Membership`` (which provides the state below)."""
+
+    config: ClusterConfig
+    spid: str
+    type: str
+    start_time: float
+    checksum: str
+    known: set[str]
+    own_addresses: set[str]
+    listed: bool
+    root_enabled: bool
+    peers: dict[str, Peer]
+    clock: Callable[[], float]
+    on_ready_change: Callable[[bool, str], None] | None
+    on_detach: Callable[[str], None] | None
+    decision: Decision
+    ready: bool
+    not_ready_reason: str
+    started: float
+    stopping: bool
+    #: the role announced to peers (see the module docstring)
+    role_root: bool
+    #: the election alone made this server root at the last evaluation
+    elected: bool
+    #: when the lease ran out while still elected (None: not suspended)
+    suspended_since: float | None
+    #: the root this server cannot reach while others can (None: not detached)
+    detached: str | None
+    #: the root ``unreachable_root`` names, and since when (detached after a grace)
+    _unreached: tuple[str, float] | None
+    #: the root recognised at the last evaluation (root_changed fires on a change)
+    current_root: str | None
+    _last_eval: float
+    _was_active: set[str]
+    #: our own statuses: wall-clock ``sent_at`` -> our clock at sending (for echoes)
+    _sent: dict[float, float]
+    #: our vote and candidacy, and when they last changed (our clock)
+    _stance: tuple[str | None, bool]
+    stance_at: float
+
+    # provided by Membership
+    def link_to(self, spid: str | None) -> Link | None: ...
+    def tell(self, now: float, *, ask: bool) -> None: ...
+    def _broadcast(self, message: Any) -> None: ...
+
+    # -- the view ---------------------------------------------------------------------
+
+    def active(self, peer: Peer, now: float, window: float | None = None) -> bool:
+        """Heard within ``window`` (default: the heartbeat timeout), and not known to
+        be gone. A cut link ages out like a real one: its statuses are dropped,
+        what was heard stays valid."""
+        window = self.config.heartbeat_timeout if window is None else window
+        return peer.status is not None and not peer.gone and now - peer.last_seen < window
+
+    @property
+    def lease(self) -> float:
+        """How recent the status of ours that a follower echoes must be for it to back
+        this server as root: one interval short of the followers' timeout, so a
+        clock running slow by up to interval/timeout still errs on the safe side.
+        The root beats every half interval and its followers answer at once, so in
+        steady state the echoes are half an interval old."""
+        return self.config.heartbeat_timeout - self.config.heartbeat_interval
+
+    def echo_age(self, peer: Peer, now: float) -> float | None:
+        """Seconds since we sent the status of ours that the peer's latest echoes;
+        None if we sent it before our vote or candidacy last changed: a vote cast
+        without knowing our present stance is not a vote for it (it may be counted
+        by the server we voted for meanwhile)."""
+        echo = peer.status.echo.get(self.spid) if peer.status is not None else None
+        sent = self._sent.get(echo[0]) if echo is not None else None
+        return None if sent is None or sent < self.stance_at else now - sent
+
+    def view(self, now: float) -> View:
+        members = []
+        sitting = None
+        for peer in self.peers.values():
+            status = peer.status
+            if status is None:
+                continue
+            active = self.active(peer, now)
+            # a peer heard again only just now voted before it could know the
+            # sitting root: count it as abstaining for one timeout
+            settled = now - peer.active_since >= self.config.heartbeat_timeout
+            if active and status.is_root and (sitting is None or peer.spid < sitting):
+                sitting = peer.spid
+            members.append(
+                Member(
+                    spid=peer.spid,
+                    type=status.type,
+                    start_time=status.start_time,
+                    root_enabled=status.root_enabled,
+                    checksum=status.checksum,
+                    active=active,
+                    vote=status.vote if settled else None,
+                    listed=status.listed,
+                    echo_age=self.echo_age(peer, now),
+                )
+            )
+        if self.role_root:
+            sitting = self.spid
+        me = Member(
+            spid=self.spid,
+            type=self.type,
+            start_time=self.start_time,
+            root_enabled=self.candidate,
+            checksum=self.checksum,
+            active=True,
+            vote=self.decision.vote,
+            listed=self.listed,
+        )
+        return View(me, tuple(members), self.known_primaries(now), sitting)
+
+    @property
+    def candidate(self) -> bool:
+        """Root enabled, and not on its way out (a stopping server leaves the race)."""
+        return self.root_enabled and not self.stopping
+
+    def known_primaries(self, now: float) -> int:
+        """Distinct servers among the known hosts, the quorum's denominator.
+
+        Names that led to the same server count once: this server's own names,
+        and an *active* peer's aliases. Only live evidence merges names (an
+        address may since belong to another server), so a listed name that no
+        link has resolved yet still counts on its own: never fewer servers than
+        there are, only sometimes more, which errs on the safe side."""
+        groups = [self.own_addresses & self.known]
+        groups += [p.aliases & self.known for p in self.peers.values() if self.active(p, now)]
+        # a name claimed by two servers is ambiguous (moved, or a stale record): it merges nothing
+        claims = Counter(name for group in groups for name in group)
+        merged = (sum(claims[name] == 1 for name in group) for group in groups)
+        return len(self.known) - sum(n - 1 for n in merged if n > 1)
+
+    # -- the election loop ------------------------------------------------------------
+
+    def elect(self, view: View, now: float) -> Decision:
+        """The election over ``view``, with this server's reasons to abstain."""
+        if self._last_eval and now - self._last_eval > self.config.heartbeat_timeout:
+            # we were frozen past the timeout (SIGSTOP, a long pause): peers may have
+            # elected another root meanwhile, so abstain until they are heard again
+            log.warning(
+                "stalled for %.1fs spid=%s: abstaining for a while",
+                now - self._last_eval,
+                self.spid,
+            )
+            self.started = now
+        self._last_eval = now
+        decision = decide(view)
+        heard = [m for m in view.members() if m.voter and m.active]
+        if self.type == PRIMARY and 2 * len(heard) <= view.known_primaries:
+            # hearing too few primaries (just restarted, links still backing off,
+            # the minority side of a partition): a vote from this view would only
+            # unseat a root we cannot see, so abstain
+            decision = Decision(None, False, False, decision.reason)
+        if now - self.started < self.config.heartbeat_timeout:
+            # give every known host a chance to link before the first vote,
+            # so the cluster forms around its most senior primary
+            decision = Decision(None, False, decision.quorum, "starting")
+        if self.stopping:
+            decision = Decision(None, False, decision.quorum, "stopping")
+        return decision
+
+    def evaluate(self) -> Decision:
+        """Re-run the election on the current view; act, announce and log changes."""
+        now = self.clock()
+        view = self.view(now)
+        decision = self.elect(view, now)
+        stance = (decision.vote, self.candidate)
+        if stance != self._stance:
+            # votes for us from before this change no longer count (see echo_age)
+            self._stance, self.stance_at = stance, now
+            view = self.view(now)
+        self.elected = decision.is_root
+        if decision.is_root and not holds_lease(view, self.lease):
+            decision = Decision(
+                decision.vote,
+                False,
+                decision.quorum,
+                f"lease: fewer than a quorum of primaries echoed a status of this "
+                f"server sent within {self.lease:.2f}s",
+            )
+        self.decision = decision
+        self._settle_role(now)
+        root = self.root(now=now)
+        active = {p.spid for p in self.peers.values() if self.active(p, now)}
+        for spid in self._was_active - active:
+            self.peer_lost(spid, "inactive")
+        self._was_active = active
+        if root != self.current_root:
+            old, self.current_root = self.current_root, root
+            log.warning("root changed spid=%s from=%s to=%s", self.spid, old, root)
+            self.root_changed(old, root)
+        if root is not None and root != self.spid and not self.in_sync(root):
+            self.want_sync(root)
+        self._settle_readiness(view, root, now)
+        # answers are asked for here only when needed at once: elected without the
+        # lease (taking root, or suspended), the root fell silent for us, or a peer
+        # says it hears a root we do not (that root answers at once if it can)
+        self.tell(
+            now,
+            ask=(self.elected and not decision.is_root)
+            or self._suspect(now)
+            or (self._unreached is not None and self.detached is None),
+        )
+        return decision
+
+    def _settle_role(self, now: float) -> None:
+        """Turn the decision into the announced role (see the module docstring)."""
+        decision = self.decision
+        if decision.is_root:
+            if self.suspended_since is not None:
+                self.suspended_since = None
+                log.warning("root taken spid=%s reason=lease renewed", self.spid)
+            if not self.role_root:
+                self.role_root = True
+                self.became_root()
+                log.warning("root taken spid=%s reason=%s", self.spid, decision.reason)
+                self._broadcast(Root(self.spid, True, decision.reason))
+            return
+        if not self.role_root:
+            return
+        if self.elected and (
+            self.suspended_since is None
+            or now - self.suspended_since < self.config.heartbeat_interval
+        ):
+            if self.suspended_since is None:
+                self.suspended_since = now
+                # logged as a release: it acts as root no more until the lease is back
+                log.warning(
+                    "root released spid=%s reason=%s (suspended: asking for fresh echoes)",
+                    self.spid,
+                    decision.reason,
+                )
+            return
+        self.role_root = False
+        if self.suspended_since is None:
+            log.warning("root released spid=%s reason=%s", self.spid, decision.reason)
+        else:
+            log.warning("root given up spid=%s reason=%s", self.spid, decision.reason)
+        self.suspended_since = None
+        self._broadcast(Root(self.spid, False, decision.reason))
+
+    def _settle_readiness(self, view: View, root: str | None, now: float) -> None:
+        in_sync = root is not None and (root == self.spid or self.in_sync(root))
+        detached = self._detach_check(
+            None if root == self.spid else self.unreachable_root(now), now
+        )
+        if detached != self.detached:
+            self.detached = detached
+            if detached is not None:
+                log.warning("detached spid=%s: %s", self.spid, self.detached_reason())
+                if self.on_detach is not None:
+                    _soon(self.on_detach, f"cluster: {self.detached_reason()}")
+            else:
+                log.warning("reattached spid=%s root=%s", self.spid, root)
+        ready = in_sync and detached is None
+        if detached is not None:
+            reason = self.detached_reason()
+        elif root is None:
+            reason = self.no_root_reason(view, self.decision)
+        elif not in_sync:
+            reason = f"synchronising wiring from root {root}"
+        else:
+            reason = ""
+        if ready != self.ready:
+            log.warning(
+                "cluster %s spid=%s root=%s %s",
+                "ready" if ready else "not ready",
+                self.spid,
+                root,
+                reason,
+            )
+            self.ready = ready
+            self.not_ready_reason = reason
+            if self.on_ready_change is not None:
+                self.on_ready_change(ready, reason)
+        self.not_ready_reason = reason
+
+    def no_root_reason(self, view: View, decision: Decision) -> str:
+        """Why there is no root, in words that name the cause (the 541 text)."""
+        voters = [m for m in view.members() if m.voter and m.active]
+        if 2 * len(voters) <= view.known_primaries:
+            return (
+                f"no root: quorum lost, {len(voters)} of {view.known_primaries} "
+                "known primaries reachable"
+            )
+        if not any(m.root_enabled and m.checksum == self.checksum for m in voters):
+            return "no root: root is disabled on every reachable primary"
+        if self.type != PRIMARY:
+            return "no root: the primaries are electing one"
+        return f"no root: {decision.reason}"
+
+    def root(self, view: View | None = None, now: float | None = None) -> str | None:
+        """The root this server recognises: itself, or an active peer that says it is."""
+        if self.role_root:
+            return self.spid
+        now = self.clock() if now is None else now
+        for peer in self.peers.values():
+            if peer.status is not None and peer.status.is_root and self.active(peer, now):
+                return peer.spid
+        return None
+
+    # -- leaving ----------------------------------------------------------------------
+
+    def step_down(self) -> None:
+        """Leave the election before this server stops listening: release root (the
+        successor is elected in a few round trips, statuses being sent on change)
+        and abstain, so that no peer sees the port refused while this is root."""
+        if not self.stopping:
+            self.stopping = True
+            log.warning("stepping down spid=%s: stopping", self.spid)
+            self.evaluate()
+
+    async def hand_over(self, limit: float | None = None) -> None:
+        """Step down, and if this server was root wait (at most ``limit``, default the
+        heartbeat timeout) until another is: the clients a stopping server sends
+        away then find a root wherever they reconnect, with no gap to wait out."""
+        was_root = self.role_root
+        self.step_down()
+        if not was_root:
+            return
+        deadline = self.clock() + (self.config.heartbeat_timeout if limit is None else limit)
+        while self.clock() < deadline and self._successor_possible():
+            await asyncio.sleep(0.005)
+            self.evaluate()
+            if self.current_root not in (None, self.spid):
+                log.warning("handed over spid=%s root=%s", self.spid, self.current_root)
+                return
+        log.warning("stepping down spid=%s: no successor", self.spid)
+
+    def _successor_possible(self) -> bool:
+        """The primaries we hear, without us, can elect a root: a quorum of them, and
+        one is a candidate (otherwise waiting for a successor is waiting in vain)."""
+        view = self.view(self.clock())
+        voters = [m for m in view.peers if m.voter and m.active]
+        return 2 * len(voters) > view.known_primaries and any(
+            m.root_enabled and m.checksum == self.checksum for m in voters
+        )
+
+    # -- a root others reach and this server does not -----------------------------------
+
+    def unreachable_root(self, now: float) -> str | None:
+        """The root this server cannot reach while another server demonstrably does.
+
+        We have not heard root X for more than an interval (two of its half-interval
+        beats) with our link to it down, or for more than two intervals with the
+        link nominally up (a silent partition); and an active peer P, heard within
+        two intervals, recognises X as root and echoes a status of X sent at least
+        an interval (two beats) after the newest one we have. Both ``sent_at``
+        values are X's own clock, so the comparison needs no clock agreement. A
+        root that died is heard by nobody (its very last status may reach some
+        servers and not others: one beat, not two), so this never fires on a
+        failover; a server cut off from everyone has no witness, and waits (not
+        ready) instead."""
+        interval = self.config.heartbeat_interval
+        for witness in self.peers.values():
+            status = witness.status
+            root = status.root if status is not None else None
+            if status is None or root in (None, self.spid, witness.spid):
+                continue
+            if not self.active(witness, now) or now - witness.last_seen > 2 * interval:
+                continue
+            peer = self.peers.get(root) if root is not None else None
+            if peer is None or peer.status is None or peer.gone:
+                continue
+            silent = now - peer.last_seen
+            if silent <= (interval if self.link_to(root) is None else 2 * interval):
+                continue
+            echo = status.echo.get(peer.spid)
+            if echo is not None and echo[0] - peer.status.sent_at >= interval:
+                return peer.spid
+        return None
+
+    def _detach_check(self, unreached: str | None, now: float) -> str | None:
+        """The root to detach from: ``unreachable_root`` must name it for half an
+        interval, during which we ask everyone for a status. Right after a cut
+        heals, a witness's status may arrive before the root's own (links come
+        back one by one); the root, if we can reach it, answers the ask at once."""
+        if unreached is None:
+            self._unreached = None
+            return None
+        if self.detached == unreached:
+            return unreached
+        if self._unreached is None or self._unreached[0] != unreached:
+            self._unreached = (unreached, now)
+        if now - self._unreached[1] >= self.config.heartbeat_interval / 2:
+            return unreached
+        return None
+
+    def _suspect(self, now: float) -> bool:
+        """We have not heard our root for over an interval: ask peers for statuses, so
+        that ``unreachable_root`` learns at once whether they still hear it."""
+        root = self.current_root
+        peer = self.peers.get(root) if root is not None and root != self.spid else None
+        if peer is None or peer.status is None:
+            return False
+        return now - peer.last_seen > self.config.heartbeat_interval
+
+    def detached_reason(self) -> str:
+        witnesses = [
+            p.spid
+            for p in self.peers.values()
+            if p.status is not None and p.status.root == self.detached and p.spid != self.detached
+        ]
+        return (
+            f"this server cannot reach root {self.detached} (reached by "
+            f"{', '.join(sorted(witnesses)) or 'others'}): connect to another server"
+        )
+
+    # -- events for the planes built on membership (the controller overrides them) -----
+
+    def became_root(self) -> None:
+        """This server has just taken root."""
+
+    def root_changed(self, old: str | None, new: str | None) -> None:
+        """The root this server recognises changed (None: there is none)."""
+
+    def peer_lost(self, spid: str, why: str) -> None:
+        """A peer went inactive, or a link with it dropped: what was in flight with it
+        is void."""
+
+    def synced(self, root: str) -> None:
+        """This server has just taken the root's wiring."""
+
+    def in_sync(self, root: str) -> bool:
+        """Does this server hold the root's wiring (it may serve clients)?"""
+        return True
+
+    def want_sync(self, root: str) -> None:
+        """Ask the root for its wiring."""
+
+
+def _soon(callback: Callable[[str], None], arg: str) -> None:
+    """Call after the current step (closing connections from inside one of them is
+    not safe); at once when no loop runs (unit tests)."""
+    try:
+        asyncio.get_running_loop().call_soon(callback, arg)
+    except RuntimeError:
+        callback(arg)

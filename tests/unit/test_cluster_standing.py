@@ -1,0 +1,175 @@
+"""Election timing with real Membership objects on a simulated network
+(``membership_net``): failover in round trips once a peer is gone, pauses the
+followers never notice, hand-over without a gap, detachment on a cut link.
+Heartbeat interval 1 s, timeout 3 s (the defaults); link delays up to 20 ms.
+Every test also checks, after every event, that at most one server would act
+as root."""
+
+from __future__ import annotations
+
+import pytest
+
+from brokerd.model.errors import AMQPError
+from tests.unit.membership_net import Conn, Net, User, conn_id
+
+INTERVAL, TIMEOUT = 1.0, 3.0
+
+
+def formed(seed: int = 1) -> Net:
+    net = Net(3, seed=seed)
+    net.run(6)
+    assert net.root() == 0 and all(n.current_root == "s0" for n in net.nodes)
+    for node in net.nodes:
+        node.root_changes.clear()
+    return net
+
+
+def test_kill_9_of_the_root_elects_the_next_in_a_few_round_trips() -> None:
+    net = formed()
+    net.run(0.37)  # somewhere between beats
+    net.kill(0)
+    took = net.run_until(lambda: net.root() == 1, limit=1.0)
+    assert took < 0.2, took  # gone at once, votes sent on change: round trips, not a timeout
+    net.run_until(lambda: net.nodes[2].current_root == "s1", limit=0.2)
+    assert [new for _, _, new in net.nodes[2].root_changes] == [None, "s1"]
+
+
+def test_a_refused_port_alone_is_not_enough_while_a_connection_is_open() -> None:
+    net = formed()
+    follower = net.nodes[1]
+    link = follower.peers["s0"].link
+    assert link is not None
+    link.state, link.refused = "retrying", True  # our link dropped, reconnecting refused...
+    follower._link_down(link, "unreachable")
+    assert not follower.peers["s0"].gone  # ...but s0's own link to us is still open
+    follower.closed(Conn(conn_id(0, 1), User("cluster")))  # type: ignore[arg-type]
+    assert follower.peers["s0"].gone
+    # anything it says later comes on a new connection, which brings it back
+    follower.admit(net._link_conn(0, 1))  # type: ignore[arg-type]
+    assert not follower.peers["s0"].gone
+
+
+@pytest.mark.parametrize("phase", [0.0, 0.2, 0.45])
+@pytest.mark.parametrize("pause", [2.0, 2.4])
+def test_a_root_paused_for_less_than_timeout_minus_half_an_interval_is_invisible(
+    phase: float, pause: float
+) -> None:
+    """The root beats every half interval, so its followers hear it less than
+    timeout ago when it resumes; it reads their old votes, whose echoes are old,
+    so it acts again only once they have answered its fresh status."""
+    net = formed()
+    net.run(phase)
+    net.pause(0)
+    net.run(pause)
+    net.resume(0, stale_first=True)  # a client or a timer first, from the stale view
+    took = net.run_until(lambda: net.root() == 0, limit=0.5)
+    assert took < 0.2
+    net.run(5)
+    assert net.root() == 0
+    assert [n.root_changes for n in net.nodes] == [[], [], []], "followers saw a change"
+    assert all(n.current_root == "s0" for n in net.nodes) and net.nodes[0].role_root
+
+
+def test_a_root_paused_past_the_timeout_is_replaced_and_does_not_come_back() -> None:
+    net = formed()
+    net.pause(0)
+    took = net.run_until(lambda: net.root() == 1, limit=TIMEOUT + 1)
+    assert TIMEOUT - INTERVAL / 2 <= took < TIMEOUT + 0.3
+    net.run(2)
+    net.resume(0, stale_first=True)
+    net.run(3 * TIMEOUT)
+    assert net.root() == 1 and all(n.current_root == "s1" for n in net.nodes)
+    # nobody heard the frozen root, so nobody was told to leave
+    assert [n.detaches for n in net.nodes] == [[], [], []]
+
+
+def test_disabling_root_hands_over_in_a_few_round_trips() -> None:
+    net = formed()
+    net.run(0.3)
+    root = net.nodes[0]
+    root.root_enabled = False  # what ``root disable`` does, then it evaluates
+    root.evaluate()
+    assert not root.role_root
+    took = net.run_until(lambda: net.root() == 1, limit=1.0)
+    assert took < 0.15, took
+    gap = net.run_until(lambda: all(n.current_root == "s1" for n in net.nodes), limit=0.2)
+    assert took + gap < 0.2
+    net.run(5)
+    assert net.root() == 1
+
+
+def test_a_stopping_root_steps_down_and_its_successor_takes_over_at_once() -> None:
+    net = formed()
+    net.nodes[0].step_down()
+    assert not net.nodes[0].role_root and net.nodes[0].decision.vote is None
+    assert net.run_until(lambda: net.root() == 1, limit=1.0) < 0.15
+
+
+def test_a_server_cut_from_the_root_moves_its_clients_while_the_others_carry_on() -> None:
+    net = formed()
+    net.cut(0, 2)
+    took = net.run_until(lambda: net.nodes[2].detached == "s0", limit=3.0)
+    # silent for an interval (counted from its last status, before the cut), and a
+    # peer that heard it two beats later
+    assert INTERVAL / 2 <= took < 2 * INTERVAL + 0.2, took
+    cut_off = net.nodes[2]
+    assert len(cut_off.detaches) == 1 and "cannot reach root s0" in cut_off.detaches[0][1]
+    assert not cut_off.ready
+    with pytest.raises(AMQPError) as info:
+        cut_off.admit(Conn(1, User("guest")))  # type: ignore[arg-type]
+    assert info.value.reply_code == 320 and "another server" in info.value.text
+    net.run(2 * TIMEOUT)
+    assert net.root() == 0 and net.nodes[1].ready and net.nodes[1].detached is None
+    assert cut_off.detached == "s0"  # for as long as the cut lasts
+    net.heal()
+    net.run_until(lambda: cut_off.ready and cut_off.detached is None, limit=2 * TIMEOUT)
+    assert net.root() == 0 and cut_off.admit(Conn(2, User("guest"))) is None  # type: ignore[arg-type]
+
+
+def test_answers_never_ask_back_and_are_rate_limited() -> None:
+    net = formed()
+    root = net.nodes[0]
+    sent: list[bool] = []
+    original = net.send
+
+    def spy(src: int, dst: int, kind: str, body: bytes) -> None:
+        if src == 1 and dst == 0 and kind == "cluster.status":
+            sent.append(b'"reply": true' in body)
+        original(src, dst, kind, body)
+
+    net.send = spy  # type: ignore[method-assign]
+    for _ in range(3):  # three asks in one instant: one answer
+        root._send_status_all(net.clock.now, ask=True)
+        net.run(0.05)
+    assert sent.count(False) == 1 and True not in sent
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_healed_server_hearing_a_witness_before_the_root_does_not_detach(seed: int) -> None:
+    """Cut off from both others past the timeout (no root, no witness: it waits), then
+    healed: the other follower's status may arrive first, naming a root not heard
+    for long. The detach waits half an interval and asks; the root answers at once."""
+    net = formed(seed)
+    net.cut(2, 0)
+    net.cut(2, 1)
+    net.run(2 * TIMEOUT)
+    lonely = net.nodes[2]
+    assert lonely.current_root is None and not lonely.ready and lonely.detached is None
+    net.heal()
+    net.nodes[1]._send_status_all(net.clock.now, ask=False)  # the witness speaks first
+    net.run_until(lambda: lonely.ready, limit=TIMEOUT)
+    assert lonely.current_root == "s0" and lonely.detaches == []
+
+
+def test_a_server_healed_towards_the_others_only_detaches() -> None:
+    """Healed towards the follower but still cut from the root: it cannot reach the
+    root the follower reaches, so it sends its clients away."""
+    net = formed()
+    net.cut(2, 0)
+    net.cut(2, 1)
+    net.run(2 * TIMEOUT)
+    net.nodes[1].cut.discard("s2")
+    net.nodes[2].cut.discard("s1")
+    took = net.run_until(lambda: net.nodes[2].detached == "s0", limit=2 * TIMEOUT)
+    assert took < 2 * INTERVAL, took
+    assert len(net.nodes[2].detaches) == 1
