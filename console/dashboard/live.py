@@ -35,11 +35,11 @@ CLOSE_UNAUTHENTICATED = 4401
 CLOSE_UNKNOWN_PAGE = 4404
 
 
-def render_fragments(page: Page, params: QueryDict, can_operate: bool) -> str:
-    """The page's fragments, concatenated: what one live message carries."""
+def render_fragments(page: Page, params: QueryDict, can_operate: bool) -> list[str]:
+    """The page's fragments, rendered: a live message carries those that changed."""
     context = page.context(params)
     context.update(can_operate=can_operate, live=True)
-    return "".join(render_to_string(name, context) for name in page.fragments)
+    return [render_to_string(name, context) for name in page.fragments]
 
 
 class DashboardConsumer(AsyncWebsocketConsumer):
@@ -50,6 +50,9 @@ class DashboardConsumer(AsyncWebsocketConsumer):
     can_operate = False
     dirty = False
     last_sent = 0.0
+    #: what each fragment last looked like on the page: an unchanged one is not sent
+    #: again (swapping it would replace the elements a user is about to click)
+    shown: list[str] | None = None
     flusher: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
@@ -97,12 +100,15 @@ class DashboardConsumer(AsyncWebsocketConsumer):
                 await asyncio.sleep(wait)
             self.dirty = False
             try:
-                html = await database_sync_to_async(render_fragments)(
+                fragments = await database_sync_to_async(render_fragments)(
                     self.page, self.params, self.can_operate
                 )
             except Exception:
                 log.exception("live page %s: render failed", self.page.name)
-                html = ""
-            self.last_sent = time.monotonic()
+                continue
+            shown = self.shown or [""] * len(fragments)
+            html = "".join(new for new, old in zip(fragments, shown, strict=True) if new != old)
+            self.shown = fragments
             if html:
+                self.last_sent = time.monotonic()
                 await self.send(text_data=html)
