@@ -73,6 +73,8 @@ _LAYOUT = (
 def split_properties(raw: bytes) -> dict[int, bytes]:
     """The properties present, by flag, each as its raw encoded bytes (a short
     string with its length byte, a table with its length word)."""
+    if len(raw) < 2:
+        return {}
     flags, pos = _property_flags(raw)
     fields: dict[int, bytes] = {}
     for flag, kind in _LAYOUT:
