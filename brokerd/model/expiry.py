@@ -120,6 +120,16 @@ class QueueExpiry:
     its master); removals go through the store (``dequeued``), so a replicated
     store carries them to the replicas as settlements."""
 
+    __slots__ = (
+        "_deadlines",
+        "_expiry_due",
+        "_expiry_timer",
+        "_last_used",
+        "_unused_timer",
+        "expires",
+        "message_ttl",
+    )
+
     timers: Timers = TIMERS
     local: bool
     deleted: bool

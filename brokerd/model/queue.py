@@ -24,6 +24,7 @@ dead-lettering is ``deadletter``'s.
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
@@ -115,12 +116,54 @@ Got = tuple[Message, bool, int]
 Reply = Callable[[Any], None]
 
 
+#: orders requeued messages of equal position (unknown ones): first requeued, first out
+_TIEBREAK = itertools.count()
+
+
 class Queue(QueueExpiry):
     """The local queue type: a FIFO of messages and a round-robin set of consumers.
 
     Standalone every queue is one; in a cluster the private (exclusive) queues
     are, and the root's master copy of each shared queue is kept in one.
     """
+
+    # slots, not a __dict__: past 29 instance attributes CPython stops specialising
+    # attribute access (shared-key dicts), and push/dispatch read a dozen per message
+    __slots__ = (
+        "_checked",
+        "_dead_letter_refused",
+        "_head_pos",
+        "_positions",
+        "_redelivered",
+        "_returned",
+        "_rr",
+        "arguments",
+        "auto_delete",
+        "bindings",
+        "bytes",
+        "consumers",
+        "dead_letter_exchange",
+        "dead_letter_routing_key",
+        "dead_letters",
+        "deleted",
+        "durable",
+        "exclusive_owner",
+        "had_consumers",
+        "max_length",
+        "messages",
+        "name",
+        "on_unused",
+        "page_limit",
+        "reject_publish",
+        "stats_dead_lettered",
+        "stats_dropped",
+        "stats_expired",
+        "stats_in",
+        "stats_out",
+        "store",
+        "unacked",
+        "vhost",
+    )
 
     #: its contents live on this server (False for a queue proxied to another)
     local = True
@@ -148,11 +191,11 @@ class Queue(QueueExpiry):
         #: requeued messages, a heap of (position, tiebreak, message): they go out
         #: before ``messages``, each where it was
         self._returned: list[tuple[int, int, Message]] = []
-        self._tiebreak = 0
         #: the position of ``messages[0]`` (of the next message when it is empty)
         self._head_pos = 0
-        #: id(message) -> position of each delivered message not yet settled
-        self._positions: dict[int, int] = {}
+        #: the position of each delivered message not yet settled (keyed by the
+        #: message itself: identity hash, no id() call)
+        self._positions: dict[Message, int] = {}
         #: ids of FIFO entries that were delivered before (handed over, recovered)
         self._redelivered: set[int] = set()
         self.consumers: list[ConsumerSink] = []
@@ -189,6 +232,8 @@ class Queue(QueueExpiry):
         self.bytes = 0
         self.page_limit = PAGE_LIMIT
         self._init_expiry()
+        #: a TTL or a length limit applies to every message: push checks each
+        self._checked = self.message_ttl is not None or self.max_length is not None
 
     @property
     def exclusive(self) -> bool:
@@ -211,33 +256,45 @@ class Queue(QueueExpiry):
         publish (``waiter``) until the store has a persistent message on disk."""
         self.stats_in += 1
         store = self.store
-        raw = message.props_raw
-        deadline = None
-        if self.message_ttl is not None or (len(raw) > 1 and raw[0] & 0x01):
-            deadline = self._deadline(message)
-        if not self.messages and not self._returned:
-            if self.consumers:
-                consumer = self._next_ready(message)
-                if consumer is not None:
+        if self.consumers and not self.messages and not self._returned:
+            consumer = self._next_ready(message)
+            if consumer is not None:
+                if not consumer.no_ack:  # a position for a requeue (none can come back)
                     position = self._head_pos
                     self._head_pos = position + 1
-                    if not consumer.no_ack:
-                        self._positions[id(message)] = position
-                        if deadline is not None:
-                            self._deadlines[position] = deadline
-                    self.stats_out += 1
-                    if store is not None:
-                        store.enqueued(message, waiter)
-                        store.delivered(message, consumer, consumer.no_ack)
-                    consumer.deliver(self, message, False)
-                    return True
-            if deadline is not None and deadline <= self.timers.now():
-                # it would be the head and is due already (a TTL of 0): it goes at
-                # once, never stored, as RabbitMQ discards (or dead-letters) it
-                self._expired([message], stored=False)
+                    self._positions[message] = position
+                    raw = message.props_raw
+                    if self.message_ttl is not None or (raw and raw[0] & 0x01):
+                        self._keep_deadline(position, message)
+                self.stats_out += 1
+                if store is not None:
+                    store.enqueued(message, waiter)
+                    store.delivered(message, consumer, consumer.no_ack)
+                consumer.deliver(self, message, False)
                 return True
+        raw = message.props_raw
+        if self._checked or (raw and raw[0] & 0x01):  # a TTL or a length limit
+            return self._push_checked(message, waiter)
+        if store is not None:
+            store.enqueued(message, waiter)
+            if self.bytes > self.page_limit and (stub := store.page_out(message)) is not None:
+                self.messages.append(stub)  # flow to disk: the body leaves memory
+                return True
+        self.messages.append(message)
+        self.bytes += len(message.body)
+        return True
+
+    def _push_checked(self, message: Message, waiter: PublishWaiter | None) -> bool:
+        """``push`` past the consumers when a TTL or x-max-length applies: off the
+        plain path, so a queue without them pays one flag test per message."""
+        deadline = self._deadline(message)
+        if deadline is not None and not self.message_count and deadline <= self.timers.now():
+            # it would be the head and is due already (a TTL of 0): it goes at
+            # once, never stored, as RabbitMQ discards (or dead-letters) it
+            self._expired([message], stored=False)
+            return True
         max_length = self.max_length
-        dropped: list[Message] = []
+        dropped = None
         if max_length is not None and self.message_count >= max_length:
             if self.reject_publish:
                 self.stats_in -= 1
@@ -245,61 +302,68 @@ class Queue(QueueExpiry):
                 if self._dead_letter_refused:
                     self._dead_letter([message], MAXLEN)
                 return False
-            while self.message_count and self.message_count >= max_length:
-                head, _, position = self._pop()
-                if self._deadlines:
-                    self._deadlines.pop(position, None)
-                dropped.append(head)
-            self.stats_dropped += len(dropped)
-            if store is not None and dropped:
-                store.dequeued(dropped)
+            dropped = self._drop_head(max_length)
             if max_length == 0:  # enqueued and dropped at once, as the head
                 self.stats_dropped += 1
                 dropped.append(message)
                 self._dead_letter(dropped, MAXLEN)
                 return True
-        self._enqueue(message, deadline, waiter)
+        if deadline is not None:
+            self._deadlines[self._head_pos + len(self.messages)] = deadline
+        store = self.store
+        if store is not None:
+            store.enqueued(message, waiter)
+            if self.bytes > self.page_limit and (stub := store.page_out(message)) is not None:
+                message = stub  # flow to disk: the body leaves memory
+            else:
+                self.bytes += len(message.body)
+        else:
+            self.bytes += len(message.body)
+        self.messages.append(message)
         if dropped:
             self._dead_letter(dropped, MAXLEN)
         if self._deadlines:
             self._arm_expiry()
         return True
 
-    def _enqueue(
-        self, message: Message, deadline: float | None, waiter: PublishWaiter | None
-    ) -> None:
-        """Append at the tail, through the store (which may page the body out)."""
+    def _drop_head(self, max_length: int) -> list[Message]:
+        """Drop-head overflow: take heads until there is room for one more."""
+        dropped = []
+        while self.message_count and self.message_count >= max_length:
+            head, _, position = self._pop()
+            if self._deadlines:
+                self._deadlines.pop(position, None)
+            dropped.append(head)
+        self.stats_dropped += len(dropped)
+        if self.store is not None and dropped:
+            self.store.dequeued(dropped)
+        return dropped
+
+    def _keep_deadline(self, position: int, message: Message) -> None:
+        deadline = self._deadline(message)
         if deadline is not None:
-            self._deadlines[self._head_pos + len(self.messages)] = deadline
-        store = self.store
-        if store is not None:
-            store.enqueued(message, waiter)
-            if self.bytes > self.page_limit:
-                stub = store.page_out(message)
-                if stub is not None:  # flow to disk: the body leaves memory
-                    self.messages.append(stub)
-                    return
-        self.messages.append(message)
-        self.bytes += len(message.body)
+            self._deadlines[position] = deadline
 
     # -- settling deliveries -------------------------------------------------
 
     def _settled(self, messages: Sequence[Message]) -> None:
         """Delivered messages are settled for good: their positions (and deadlines) go."""
         positions = self._positions
-        if not positions:
-            return
         deadlines = self._deadlines
         for message in messages:
-            position = positions.pop(id(message), None)
+            position = positions.pop(message, None)
             if deadlines and position is not None:
                 deadlines.pop(position, None)
 
-    def ack(self, messages: Iterable[Message]) -> None:
+    def ack(self, messages: Sequence[Message]) -> None:
         """Delivered messages were acked: forget them, and use the freed credit."""
-        if not isinstance(messages, list | tuple):
-            messages = list(messages)
-        self._settled(messages)
+        positions = self._positions
+        if positions:
+            if self._deadlines:
+                self._settled(messages)
+            else:
+                for message in messages:
+                    positions.pop(message, None)
         if self.store is not None:
             self.store.dequeued(messages)
         if self.messages or self._returned:
@@ -308,7 +372,8 @@ class Queue(QueueExpiry):
     def reject(self, messages: Iterable[Message]) -> None:
         """Delivered messages were rejected without requeue: dropped, or dead-lettered."""
         messages = list(messages)
-        self._settled(messages)
+        if self._positions:
+            self._settled(messages)
         if self.store is not None:
             self.store.dequeued(messages)
         if not self.deleted:
@@ -325,8 +390,7 @@ class Queue(QueueExpiry):
         positions = self._positions
         returned = self._returned
         for message in messages:
-            self._tiebreak += 1
-            heapq.heappush(returned, (positions.pop(id(message), -1), self._tiebreak, message))
+            heapq.heappush(returned, (positions.pop(message, -1), next(_TIEBREAK), message))
             if not message.paged:
                 self.bytes += len(message.body)
         if self.store is not None:
@@ -350,7 +414,7 @@ class Queue(QueueExpiry):
                 position = self._head_pos
                 self._head_pos = position + 1
                 if not consumer.no_ack:
-                    self._positions[id(message)] = position
+                    self._positions[message] = position
                     if deadline is not None:
                         self._deadlines[position] = deadline
                 self.stats_out += 1
@@ -446,7 +510,7 @@ class Queue(QueueExpiry):
                 if deadlines:
                     deadlines.pop(position, None)
             else:
-                self._positions[id(message)] = position
+                self._positions[message] = position
             self.stats_out += 1
             if self.store is not None:
                 self.store.delivered(message, consumer, consumer.no_ack)
@@ -468,7 +532,7 @@ class Queue(QueueExpiry):
             if deadlines:
                 deadlines.pop(position, None)
         else:
-            self._positions[id(message)] = position
+            self._positions[message] = position
         if self.store is not None:
             self.store.delivered(message, recipient, no_ack)
         if deadlines:
