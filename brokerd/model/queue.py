@@ -497,6 +497,9 @@ class Queue(QueueExpiry):
         messages = self.messages
         returned = self._returned
         deadlines = self._deadlines
+        if not returned and not deadlines:
+            self._dispatch_fifo()
+            return
         while (messages or returned) and self.consumers:
             if deadlines:
                 self._expire_head()  # a message past its deadline is never delivered
@@ -517,6 +520,37 @@ class Queue(QueueExpiry):
             consumer.deliver(self, message, redelivered)
         if deadlines:
             self._arm_expiry()
+
+    def _dispatch_fifo(self) -> None:
+        """``dispatch`` when nothing was requeued and nothing has a deadline: the
+        FIFO alone, ``_pop`` inlined (the path every throughput benchmark takes)."""
+        messages = self.messages
+        returned = self._returned
+        positions = self._positions
+        seen = self._redelivered
+        store = self.store
+        while messages and self.consumers and not returned:
+            consumer = self._next_ready(messages[0])
+            if consumer is None:
+                return
+            message = messages.popleft()
+            position = self._head_pos
+            self._head_pos = position + 1
+            redelivered = False
+            if seen and id(message) in seen:
+                seen.discard(id(message))
+                redelivered = True
+            if message.paged:
+                assert store is not None
+                message = store.load(message)  # type: ignore[arg-type]
+            else:
+                self.bytes -= len(message.body)
+            if not consumer.no_ack:
+                positions[message] = position
+            self.stats_out += 1
+            if store is not None:
+                store.delivered(message, consumer, consumer.no_ack)
+            consumer.deliver(self, message, redelivered)
 
     def take(self, no_ack: bool = False, recipient: Any = None) -> Got | None:
         """Take the head message, if any, with its redelivered flag and what is left."""
