@@ -214,12 +214,17 @@ class DeadLetters:
     def __init__(self, vhost: VirtualHost) -> None:
         self.vhost = vhost
         self._logged: set[tuple[str, ...]] = set()
+        #: (reason, strategy) -> messages, as RabbitMQ's global counters split them:
+        #: "at_most_once" copied to a DLX, "disabled" dropped (no DLX to go to)
+        self.counts: dict[tuple[str, str], int] = {}
 
-    def publish(self, queue: Queue, messages: Iterable[Message], reason: str) -> int:
+    def publish(self, queue: Queue, messages: Sequence[Message], reason: str) -> int:
         """Route each message's dead-lettered copy from the queue's DLX; returns how
-        many copies were made (0 if the exchange does not exist)."""
+        many copies were made (0 without a DLX, or if the exchange does not exist)."""
         name = queue.dead_letter_exchange
         exchange = self.vhost.exchanges.get(name) if name is not None else None
+        key = (reason, "disabled" if exchange is None else "at_most_once")
+        self.counts[key] = self.counts.get(key, 0) + len(messages)
         if exchange is None:
             return 0
         now = int(time.time())

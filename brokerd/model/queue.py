@@ -27,7 +27,7 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from brokerd.model.arguments import (
     OVERFLOW_MODES,
@@ -38,6 +38,7 @@ from brokerd.model.arguments import (
 from brokerd.model.deadletter import MAXLEN, REJECTED
 from brokerd.model.errors import ACCESS_REFUSED, ChannelError
 from brokerd.model.expiry import QueueExpiry
+from brokerd.model.interfaces import ConsumerSink, Destination, Got, Origin, PublishWaiter, Reply
 from brokerd.model.message import Message
 from brokerd.model.storage import QueueStore
 
@@ -50,6 +51,7 @@ __all__ = [
     "ConsumerSink",
     "Destination",
     "Got",
+    "Origin",
     "PublishWaiter",
     "Queue",
     "Reply",
@@ -60,60 +62,6 @@ __all__ = [
 #: bytes of message bodies a queue keeps in memory before it pages new ones out to
 #: its store (the store's setting replaces it)
 PAGE_LIMIT = 64 * 1024 * 1024
-
-
-#: who published a message or owns a consumer, for no-local: a local connection id,
-#: or ``"spid/connection"`` for a connection on another server of the cluster
-Origin = int | str
-
-
-class ConsumerSink(Protocol):
-    """What a queue needs from a consumer; the channel layer implements it (and the
-    cluster, for a consumer connected to another server)."""
-
-    tag: str
-    exclusive: bool
-    no_local: bool
-    #: its deliveries are settled as they are sent (the store forgets them at once)
-    no_ack: bool
-    connection_id: Origin
-
-    def ready(self) -> bool:
-        """Can it take one more message now (prefetch, flow, socket)?"""
-
-    def deliver(self, queue: Queue, message: Message, redelivered: bool) -> None:
-        """Send the message; the consumer now owns it until ack/reject."""
-
-    def cancelled(self, queue: Queue) -> None:
-        """The queue went away under the consumer (server-side cancel)."""
-
-
-class PublishWaiter(Protocol):
-    """The publisher side of a push that completes later (a queue on another
-    server, a disk write): ``defer()`` hands the queue a callback that it calls
-    once with ``(accepted, routed)`` when the message is safe (or refused);
-    ``routed`` counts the queues that took it, for mandatory returns."""
-
-    def defer(self) -> Callable[[bool, int], None]: ...
-
-
-class Destination(Protocol):
-    """What a binding leads to when it is not an exchange: a queue of any type, or
-    the cluster's stand-in for a private queue on another server. The routing
-    walk only pushes to it."""
-
-    name: str
-    #: its bindings, keyed as the vhost keys them
-    bindings: dict[tuple[Any, ...], Any]
-
-    def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool: ...
-
-
-#: a basic.get answer: the message, its redelivered flag, the messages left
-Got = tuple[Message, bool, int]
-#: the callback an operation that may complete later answers through: a result,
-#: or an AMQPError for the caller to raise
-Reply = Callable[[Any], None]
 
 
 #: orders requeued messages of equal position (unknown ones): first requeued, first out
@@ -129,41 +77,16 @@ class Queue(QueueExpiry):
 
     # slots, not a __dict__: past 29 instance attributes CPython stops specialising
     # attribute access (shared-key dicts), and push/dispatch read a dozen per message
+    # fmt: off
     __slots__ = (
-        "_checked",
-        "_dead_letter_refused",
-        "_head_pos",
-        "_positions",
-        "_redelivered",
-        "_returned",
-        "_rr",
-        "arguments",
-        "auto_delete",
-        "bindings",
-        "bytes",
-        "consumers",
-        "dead_letter_exchange",
-        "dead_letter_routing_key",
-        "dead_letters",
-        "deleted",
-        "durable",
-        "exclusive_owner",
-        "had_consumers",
-        "max_length",
-        "messages",
-        "name",
-        "on_unused",
-        "page_limit",
-        "reject_publish",
-        "stats_dead_lettered",
-        "stats_dropped",
-        "stats_expired",
-        "stats_in",
-        "stats_out",
-        "store",
-        "unacked",
-        "vhost",
+        "_checked", "_dead_letter_refused", "_head_pos", "_positions", "_redelivered",
+        "_returned", "_rr", "arguments", "auto_delete", "bindings", "bytes", "consumers",
+        "dead_letter_exchange", "dead_letter_routing_key", "dead_letters", "deleted", "durable",
+        "exclusive_owner", "had_consumers", "max_length", "messages", "name", "on_unused",
+        "page_limit", "reject_publish", "stats_dead_lettered", "stats_dropped", "stats_expired",
+        "stats_in", "stats_out", "store", "unacked", "vhost",
     )
+    # fmt: on
 
     #: its contents live on this server (False for a queue proxied to another)
     local = True
@@ -431,9 +354,9 @@ class Queue(QueueExpiry):
             self._arm_expiry()
 
     def _dead_letter(self, messages: list[Message], reason: str) -> None:
-        if self.dead_letter_exchange is None or self.dead_letters is None or not messages:
-            return
-        self.stats_dead_lettered += self.dead_letters.publish(self, messages, reason)
+        """Messages leave for ``reason``: to the DLX if there is one (counted either way)."""
+        if self.dead_letters is not None and messages:
+            self.stats_dead_lettered += self.dead_letters.publish(self, messages, reason)
 
     # -- the head ------------------------------------------------------------
 
@@ -621,9 +544,9 @@ class Queue(QueueExpiry):
                 entry = store.page_out(message) or message
             if entry is message:
                 self.bytes += len(message.body)
-            deadline = self._deadline(message)
-            if deadline is not None:
-                self._deadlines[self._head_pos + len(self.messages)] = deadline
+            raw = message.props_raw
+            if self.message_ttl is not None or (raw and raw[0] & 0x01):
+                self._keep_deadline(self._head_pos + len(self.messages), message)
             self.messages.append(entry)
             if redelivered:
                 self._redelivered.add(id(entry))
@@ -639,9 +562,9 @@ class Queue(QueueExpiry):
         from now: a replica keeps no enqueue time."""
         self._clear()
         for message, redelivered in messages:
-            deadline = self._deadline(message)
-            if deadline is not None:
-                self._deadlines[self._head_pos + len(self.messages)] = deadline
+            raw = message.props_raw
+            if self.message_ttl is not None or (raw and raw[0] & 0x01):
+                self._keep_deadline(self._head_pos + len(self.messages), message)
             self.messages.append(message)
             if redelivered:
                 self._redelivered.add(id(message))
