@@ -68,6 +68,17 @@ def dead_letter_copy(
 
     ``routing_key`` is the queue's ``x-dead-letter-routing-key`` (None: the
     message keeps its own). ``now``: seconds since the epoch (tests fix it)."""
+    props, deaths = dead_letter_properties(
+        message, reason, queue, routing_key, int(time.time()) if now is None else now
+    )
+    key = message.routing_key if routing_key is None else routing_key
+    return Message(exchange, key, props, message.body), deaths
+
+
+def dead_letter_properties(
+    message: Message, reason: str, queue: str, routing_key: str | None, now: int
+) -> tuple[bytes, list[bytes]]:
+    """The dead-lettered copy's encoded properties, and its ``x-death`` elements."""
     fields = t.split_properties(message.props_raw)
     raw_headers = fields.get(t.HEADERS)
     headers = t.parse_table(raw_headers) if raw_headers is not None else []
@@ -76,7 +87,7 @@ def dead_letter_copy(
     info: list[t.Entry] = [
         (b"reason", t.longstr(reason.encode())),
         (b"queue", t.longstr(queue.encode())),
-        (b"time", t.timestamp(int(time.time()) if now is None else now)),
+        (b"time", t.timestamp(now)),
         (b"exchange", t.longstr(message.exchange.encode())),
         (b"routing-keys", t.array([t.longstr(key) for key in routing_keys])),
     ]
@@ -86,14 +97,8 @@ def dead_letter_copy(
     if routing_key is not None:
         headers = t.delete_first(headers, b"CC")
     fields[t.HEADERS] = t.encode_table(headers)
-    copy = Message(
-        exchange,
-        message.routing_key if routing_key is None else routing_key,
-        t.join_properties(fields),
-        message.body,
-    )
     deaths = t.lookup(headers, X_DEATH)
-    return copy, t.parse_array(deaths) if deaths is not None else []
+    return t.join_properties(fields), t.parse_array(deaths) if deaths is not None else []
 
 
 def _header_routes(headers: list[t.Entry]) -> list[bytes]:
@@ -228,24 +233,41 @@ class DeadLetters:
         if exchange is None:
             return 0
         now = int(time.time())
-        made = 0
+        routing_key = queue.dead_letter_routing_key
+        # a batch (what expired together) mostly shares its properties: the copy's
+        # are made once per distinct original, and each cycle check once per queue
+        last: tuple[bytes, str, str] | None = None
+        props, deaths = b"", []
+        cycles: dict[str, bool] = {}
         for message in messages:
-            copy, deaths = dead_letter_copy(
-                message, reason, queue.name, exchange.name, queue.dead_letter_routing_key, now
+            same = (message.props_raw, message.exchange, message.routing_key)
+            if same != last:
+                last = same
+                props, deaths = dead_letter_properties(
+                    message, reason, queue.name, routing_key, now
+                )
+                cycles = {}
+            copy = Message(
+                exchange.name,
+                message.routing_key if routing_key is None else routing_key,
+                props,
+                message.body,
             )
-            made += 1
             destinations: Iterable[Any] = self.vhost.route(exchange, copy)
-            if reason != REJECTED and deaths:
+            if reason != REJECTED:
                 kept = []
                 for destination in destinations:
-                    if is_cycle(destination.name, deaths):
-                        self._log_cycle(destination.name, deaths)
-                    else:
+                    cycle = cycles.get(destination.name)
+                    if cycle is None:
+                        cycle = cycles[destination.name] = is_cycle(destination.name, deaths)
+                        if cycle:
+                            self._log_cycle(destination.name, deaths)
+                    if not cycle:
                         kept.append(destination)
                 destinations = kept
             for destination in destinations:
                 destination.push(copy)
-        return made
+        return len(messages)
 
     def _log_cycle(self, queue: str, deaths: Sequence[bytes]) -> None:
         names = [queue]
