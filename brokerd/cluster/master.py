@@ -321,5 +321,4 @@ def _stat(queue: Queue) -> tuple[int, int]:
 
 
 def _maybe_unused(queue: Queue) -> None:
-    if queue.unused_auto_delete and not queue.deleted and queue.on_unused is not None:
-        queue.on_unused(queue)
+    queue.check_unused()

@@ -615,6 +615,11 @@ class Queue(QueueExpiry):
         if consumer not in self.consumers:
             return
         self.consumers.remove(consumer)
+        self.check_unused()
+
+    def check_unused(self) -> None:
+        """The queue may have lost its last consumer (also to a session the cluster
+        released): an auto-delete queue goes, an x-expires one starts counting."""
         if self.consumers or self.deleted:
             return
         if self.unused_auto_delete and self.on_unused is not None:

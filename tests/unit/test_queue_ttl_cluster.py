@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from brokerd.model.queue import Queue
-from tests.unit.cluster_net import Net, Waiter, message
+from tests.unit.cluster_net import Net, Sink, Waiter, message
 from tests.unit.queue_support import FakeTimers
 
 
@@ -102,3 +102,22 @@ def test_a_reject_through_a_proxy_dead_letters_on_the_master(timers: FakeTimers)
     assert [m.body for m, _ in net.queue("A", "dead").ready()] == [b"m"]
     assert replica_bodies(net, "B", "dead") == [b"m"]
     assert replica_bodies(net, "B", "q") == []
+
+
+def test_x_expires_counts_again_when_a_servers_consumers_are_released(
+    timers: FakeTimers,
+) -> None:
+    net = cluster()
+    declare(net, "q", **{"x-expires": 1000})
+    ordered: list[str] = []
+    net.queue("A", "q").on_unused = lambda q: ordered.append(q.name)
+    net.queue("B", "q").add_consumer(Sink("c"))  # attached at the root as a remote one
+    net.pump()
+    assert net.queue("A", "q").consumers
+    timers.advance(5)
+    assert ordered == []  # in use
+    net.kill("B")  # the root releases B's consumers: the count starts
+    timers.advance(0.9)
+    assert ordered == []
+    timers.advance(0.2)
+    assert ordered == ["q"]
