@@ -102,11 +102,6 @@ def message_ttl(props_raw: bytes, queue_ttl: int | None) -> int | None:
     return own if queue_ttl is None or own < queue_ttl else queue_ttl
 
 
-def has_expiration(props_raw: bytes) -> bool:
-    """The expiration flag (bit 8 of the first flag word): a byte test per message."""
-    return len(props_raw) > 1 and bool(props_raw[0] & 0x01)
-
-
 #: how early a deadline counts as reached: the loop may run a timer up to its clock
 #: resolution early, and RabbitMQ's TTLs are whole milliseconds anyway
 SLACK = 0.0005

@@ -186,8 +186,7 @@ class Queue(QueueExpiry):
                     position = self._head_pos
                     self._head_pos = position + 1
                     self._positions[message] = position
-                    raw = message.props_raw
-                    if self.message_ttl is not None or (raw and raw[0] & 0x01):
+                    if self.message_ttl is not None or message.expiring:
                         self._keep_deadline(position, message)
                 self.stats_out += 1
                 if store is not None:
@@ -195,8 +194,7 @@ class Queue(QueueExpiry):
                     store.delivered(message, consumer, consumer.no_ack)
                 consumer.deliver(self, message, False)
                 return True
-        raw = message.props_raw
-        if self._checked or (raw and raw[0] & 0x01):  # a TTL or a length limit
+        if self._checked or message.expiring:  # a TTL or a length limit
             return self._push_checked(message, waiter)
         if store is not None:
             store.enqueued(message, waiter)
@@ -544,8 +542,7 @@ class Queue(QueueExpiry):
                 entry = store.page_out(message) or message
             if entry is message:
                 self.bytes += len(message.body)
-            raw = message.props_raw
-            if self.message_ttl is not None or (raw and raw[0] & 0x01):
+            if self.message_ttl is not None or message.expiring:
                 self._keep_deadline(self._head_pos + len(self.messages), message)
             self.messages.append(entry)
             if redelivered:
@@ -562,8 +559,7 @@ class Queue(QueueExpiry):
         from now: a replica keeps no enqueue time."""
         self._clear()
         for message, redelivered in messages:
-            raw = message.props_raw
-            if self.message_ttl is not None or (raw and raw[0] & 0x01):
+            if self.message_ttl is not None or message.expiring:
                 self._keep_deadline(self._head_pos + len(self.messages), message)
             self.messages.append(message)
             if redelivered:

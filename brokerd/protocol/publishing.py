@@ -145,9 +145,8 @@ class Publishing:
     def _route(self, message: Message, mandatory: bool) -> None:
         conn = self.connection
         exchange = self._check_publish(message.exchange)
-        raw = message.props_raw
-        if len(raw) > 1 and raw[0] & 0x01:  # the expiration flag: a TTL or a 406
-            check_expiration(raw)
+        if message.expiring:  # a TTL, or a 406
+            check_expiration(message.props_raw)
         if exchange.muxer.client_traffic:
             conn.messages_in += 1
             conn.broker.messages_in += 1
