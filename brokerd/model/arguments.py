@@ -14,6 +14,7 @@ from brokerd.model.expiry import MAX_EXPIRY
 #: the queue arguments this broker understands, with the types they accept
 QUEUE_ARGUMENTS: dict[str, tuple[type, ...]] = {
     "x-max-length": (int,),
+    "x-max-length-bytes": (int,),
     "x-overflow": (str,),
     "x-message-ttl": (int,),
     "x-expires": (int,),

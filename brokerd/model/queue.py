@@ -79,12 +79,12 @@ class Queue(QueueExpiry):
     # attribute access (shared-key dicts), and push/dispatch read a dozen per message
     # fmt: off
     __slots__ = (
-        "_checked", "_dead_letter_refused", "_head_pos", "_positions", "_redelivered",
-        "_returned", "_rr", "arguments", "auto_delete", "bindings", "bytes", "consumers",
-        "dead_letter_exchange", "dead_letter_routing_key", "dead_letters", "deleted", "durable",
-        "exclusive_owner", "had_consumers", "max_length", "messages", "name", "on_unused",
-        "page_limit", "reject_publish", "stats_dead_lettered", "stats_dropped", "stats_expired",
-        "stats_in", "stats_out", "store", "unacked", "vhost",
+        "_checked", "_dead_letter_refused", "_head_pos", "_paged_bytes", "_positions",
+        "_redelivered", "_returned", "_rr", "arguments", "auto_delete", "bindings", "bytes",
+        "consumers", "dead_letter_exchange", "dead_letter_routing_key", "dead_letters", "deleted",
+        "durable", "exclusive_owner", "had_consumers", "max_length", "max_length_bytes",
+        "messages", "name", "on_unused", "page_limit", "reject_publish", "stats_dead_lettered",
+        "stats_dropped", "stats_expired", "stats_in", "stats_out", "store", "unacked", "vhost",
     )
     # fmt: on
 
@@ -127,6 +127,7 @@ class Queue(QueueExpiry):
         self.deleted = False
         self._rr = 0
         self.max_length: int | None = self.arguments.get("x-max-length")
+        self.max_length_bytes: int | None = self.arguments.get("x-max-length-bytes")
         overflow = self.arguments.get("x-overflow")
         self.reject_publish = overflow in ("reject-publish", "reject-publish-dlx")
         self._dead_letter_refused = overflow == "reject-publish-dlx"
@@ -153,10 +154,17 @@ class Queue(QueueExpiry):
         #: bytes of the bodies of queued messages held in memory; past ``page_limit``
         #: new arrivals are paged out to the store (flow to disk)
         self.bytes = 0
+        #: bytes of the bodies of queued messages paged out (with ``bytes``: the
+        #: ready bytes x-max-length-bytes bounds)
+        self._paged_bytes = 0
         self.page_limit = PAGE_LIMIT
         self._init_expiry()
         #: a TTL or a length limit applies to every message: push checks each
-        self._checked = self.message_ttl is not None or self.max_length is not None
+        self._checked = (
+            self.message_ttl is not None
+            or self.max_length is not None
+            or self.max_length_bytes is not None
+        )
 
     @property
     def exclusive(self) -> bool:
@@ -200,6 +208,7 @@ class Queue(QueueExpiry):
             store.enqueued(message, waiter)
             if self.bytes > self.page_limit and (stub := store.page_out(message)) is not None:
                 self.messages.append(stub)  # flow to disk: the body leaves memory
+                self._paged_bytes += stub.length
                 return True
         self.messages.append(message)
         self.bytes += len(message.body)
@@ -215,16 +224,19 @@ class Queue(QueueExpiry):
             self._expired([message], stored=False)
             return True
         max_length = self.max_length
+        max_bytes = self.max_length_bytes
+        size = len(message.body)
         dropped = None
-        if max_length is not None and self.message_count >= max_length:
+        if self._over(max_length, max_bytes, size):
             if self.reject_publish:
                 self.stats_in -= 1
                 self.stats_dropped += 1
                 if self._dead_letter_refused:
                     self._dead_letter([message], MAXLEN)
                 return False
-            dropped = self._drop_head(max_length)
-            if max_length == 0:  # enqueued and dropped at once, as the head
+            dropped = self._drop_head(max_length, max_bytes, size)
+            if max_length == 0 or (max_bytes is not None and size > max_bytes):
+                # no room even alone: enqueued and dropped at once, as the head
                 self.stats_dropped += 1
                 dropped.append(message)
                 self._dead_letter(dropped, MAXLEN)
@@ -236,6 +248,7 @@ class Queue(QueueExpiry):
             store.enqueued(message, waiter)
             if self.bytes > self.page_limit and (stub := store.page_out(message)) is not None:
                 message = stub  # flow to disk: the body leaves memory
+                self._paged_bytes += stub.length
             else:
                 self.bytes += len(message.body)
         else:
@@ -247,10 +260,17 @@ class Queue(QueueExpiry):
             self._arm_expiry()
         return True
 
-    def _drop_head(self, max_length: int) -> list[Message]:
-        """Drop-head overflow: take heads until there is room for one more."""
+    def _over(self, max_length: int | None, max_bytes: int | None, size: int) -> bool:
+        """Would one more message of ``size`` bytes put the queue over its limits?"""
+        return (max_length is not None and self.message_count >= max_length) or (
+            max_bytes is not None and self.bytes + self._paged_bytes + size > max_bytes
+        )
+
+    def _drop_head(self, max_length: int | None, max_bytes: int | None, size: int) -> list[Message]:
+        """Drop-head overflow: take heads until there is room for one more (RabbitMQ
+        enqueues, then drops heads while over: the same messages go)."""
         dropped = []
-        while self.message_count and self.message_count >= max_length:
+        while self.message_count and self._over(max_length, max_bytes, size):
             head, _, position = self._pop()
             if self._deadlines:
                 self._deadlines.pop(position, None)
@@ -312,7 +332,9 @@ class Queue(QueueExpiry):
         returned = self._returned
         for message in messages:
             heapq.heappush(returned, (positions.pop(message, -1), next(_TIEBREAK), message))
-            if not message.paged:
+            if message.paged:
+                self._paged_bytes += message.length  # type: ignore[attr-defined]
+            else:
                 self.bytes += len(message.body)
         if self.store is not None:
             self.store.requeued(messages)
@@ -374,6 +396,7 @@ class Queue(QueueExpiry):
                 redelivered = True
         if message.paged:
             assert self.store is not None
+            self._paged_bytes -= message.length  # type: ignore[attr-defined]
             message = self.store.load(message)  # type: ignore[arg-type]
         else:
             self.bytes -= len(message.body)
@@ -463,6 +486,7 @@ class Queue(QueueExpiry):
                 redelivered = True
             if message.paged:
                 assert store is not None
+                self._paged_bytes -= message.length  # type: ignore[attr-defined]
                 message = store.load(message)  # type: ignore[arg-type]
             else:
                 self.bytes -= len(message.body)
@@ -515,7 +539,7 @@ class Queue(QueueExpiry):
         self.messages.clear()
         self._returned.clear()
         self._redelivered.clear()
-        self.bytes = 0
+        self.bytes = self._paged_bytes = 0
         return count
 
     def _clear(self) -> None:
@@ -527,7 +551,7 @@ class Queue(QueueExpiry):
         self._redelivered.clear()
         self._positions.clear()
         self._deadlines.clear()
-        self.bytes = 0
+        self.bytes = self._paged_bytes = 0
         self.stop_timers()
 
     def load_recovered(self, messages: Iterable[tuple[Message, bool]]) -> int:
@@ -542,6 +566,8 @@ class Queue(QueueExpiry):
                 entry = store.page_out(message) or message
             if entry is message:
                 self.bytes += len(message.body)
+            else:
+                self._paged_bytes += len(message.body)
             if self.message_ttl is not None or message.expiring:
                 self._keep_deadline(self._head_pos + len(self.messages), message)
             self.messages.append(entry)
@@ -564,7 +590,9 @@ class Queue(QueueExpiry):
             self.messages.append(message)
             if redelivered:
                 self._redelivered.add(id(message))
-            if not message.paged:
+            if message.paged:
+                self._paged_bytes += message.length  # type: ignore[attr-defined]
+            else:
                 self.bytes += len(message.body)
 
     def purge(self, reply: Reply) -> None:

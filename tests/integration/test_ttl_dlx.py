@@ -278,6 +278,20 @@ def test_drop_head_overflow_dead_letters_maxlen(ch: BlockingChannel) -> None:
     assert depth(ch, queue) == 1
 
 
+def test_max_length_bytes_drops_heads_until_the_bodies_fit(ch: BlockingChannel) -> None:
+    exchange, dead = dead_letter_queue(ch)
+    queue = declare(ch, **{"x-max-length-bytes": 10, "x-dead-letter-exchange": exchange})
+    for body in (b"aaaa", b"bbbb", b"cccc"):
+        publish(ch, queue, body)
+    assert depth(ch, queue) == 2
+    publish(ch, queue, b"0123456789A")  # more than the limit alone: nothing fits
+    assert depth(ch, queue) == 0
+    wait_until(lambda: depth(ch, dead) == 4)
+    got = [get(ch, dead) for _ in range(4)]
+    assert [body for _m, _p, body in got] == [b"aaaa", b"bbbb", b"cccc", b"0123456789A"]
+    assert {props.headers["x-death"][0]["reason"] for _m, props, _b in got} == {"maxlen"}
+
+
 def test_a_missing_dead_letter_exchange_drops_the_message(ch: BlockingChannel) -> None:
     queue = declare(ch, **{"x-dead-letter-exchange": uid("absent")})
     publish(ch, queue, b"gone")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from brokerd.model.deadletter import dead_letter_copy, is_cycle
 from brokerd.model.message import Message
 from brokerd.model.queue import Queue
 from brokerd.model.vhost import VirtualHost
+from brokerd.store.disk import DiskStore
 from brokerd.wire import codec
 from brokerd.wire import tables as t
 from tests.unit.queue_support import FakeTimers, Sink, bodies, declare, msg
@@ -310,3 +312,53 @@ def test_a_rejection_in_the_cycle_lets_it_through(vhost: VirtualHost, timers: Fa
         ("a", "expired", 2),
         ("b", "rejected", 1),
     ]
+
+
+def test_max_length_bytes_drops_heads_until_the_bodies_fit(vhost: VirtualHost) -> None:
+    args = {"x-max-length-bytes": 10, "x-dead-letter-exchange": "dlx"}
+    queue = declare(vhost, "q", **args)
+    for body in ("aaaa", "bbbb", "cccc"):  # 12 bytes: "aaaa" goes
+        queue.push(msg(body))
+    assert bodies(queue) == [b"bbbb", b"cccc"]
+    queue.push(msg("0123456789"))  # exactly the limit alone: all the others go
+    assert bodies(queue) == [b"0123456789"]
+    queue.push(msg("0123456789A"))  # larger than the limit: dropped as soon as enqueued
+    assert bodies(queue) == []
+    dead = vhost.queues["dead"]
+    assert bodies(dead) == [b"aaaa", b"bbbb", b"cccc", b"0123456789", b"0123456789A"]
+    assert {d["reason"] for m, _ in dead.ready() for d in deaths(m)} == {"maxlen"}
+
+
+def test_max_length_bytes_counts_requeued_messages(vhost: VirtualHost) -> None:
+    queue = declare(vhost, "q", **{"x-max-length-bytes": 8, "x-overflow": "reject-publish"})
+    assert queue.push(msg("aaaa"))
+    got = queue.take()
+    assert got is not None
+    assert queue.push(msg("bbbb"))
+    queue.requeue([got[0]])
+    assert not queue.push(msg("c"))  # 8 bytes ready again
+    assert bodies(queue) == [b"aaaa", b"bbbb"]
+
+
+def test_paged_messages_count_and_keep_their_bodies(tmp_path: Path, timers: FakeTimers) -> None:
+    """Flow to disk: bodies paged out still count against x-max-length-bytes, and
+    what is dropped or expired goes to the DLX with its body read back."""
+    store = DiskStore(tmp_path, page_limit=10)
+    vhost = VirtualHost("/", store)
+    dead = declare(vhost, "dead")
+    args = {
+        "x-max-length-bytes": 40,
+        "x-message-ttl": 1000,
+        "x-dead-letter-exchange": "",
+        "x-dead-letter-routing-key": "dead",
+    }
+    queue = declare(vhost, "q", **args)
+    for i in range(8):
+        queue.push(msg(f"body-{i:03d}"))  # 8 bytes each; from the third on paged out
+    assert any(m.paged for m in queue.messages)
+    assert queue.message_count == 5 and queue.bytes + queue._paged_bytes == 40
+    timers.advance(1.1)
+    assert queue.message_count == 0 and queue.bytes + queue._paged_bytes == 0
+    got = [dead.take(no_ack=True) for _ in range(8)]
+    assert [bytes(g[0].body) for g in got if g] == [b"body-%03d" % i for i in range(8)]
+    assert [d["reason"] for g in got if g for d in deaths(g[0])] == ["maxlen"] * 3 + ["expired"] * 5
