@@ -215,8 +215,9 @@ class Queue(QueueExpiry):
         return True
 
     def _push_checked(self, message: Message, waiter: PublishWaiter | None) -> bool:
-        """``push`` past the consumers when a TTL or x-max-length applies: off the
-        plain path, so a queue without them pays one flag test per message."""
+        """``push`` past the consumers when a TTL or a length limit (x-max-length,
+        x-max-length-bytes) applies: off the plain path, so a queue without them
+        pays one flag test per message."""
         deadline = self._deadline(message)
         if deadline is not None and not self.message_count and deadline <= self.timers.now():
             # it would be the head and is due already (a TTL of 0): it goes at
