@@ -54,7 +54,8 @@ measurement:
   Each run: declare, start consumers, start the publisher, --warmup seconds,
   then --duration seconds sampled once a second; then everything is stopped
   and the queues/exchange are deleted. queue-* and fanout-consumers report
-  deliveries counted by the consumers. fanout-isr reports what the broker
+  deliveries counted by the consumers (ttl-dlx: of the dead-letter queue, fed
+  only by messages expiring in the TTL queue). fanout-isr reports what the broker
   routed: the coordinator polls every queue's depth (passive queue.declare
   message_count) at the start and end of the window (and once a second in
   between, purging the queues when one holds more than --max-depth messages,
@@ -296,6 +297,8 @@ def _row_metric(scenario: str, queues: int) -> str:
         return f"deliveries/s (total, Q={queues})"
     if s.fanout:
         return f"routed into queues/s (Q={queues})"
+    if s.dead_letter_ttl is not None:
+        return "dead-lettered deliveries/s"
     return "deliveries/s"
 
 

@@ -48,6 +48,10 @@ class Scenario:
     description: str
     #: durable queue, persistent messages (the store's disk path)
     persistent: bool = False
+    #: publish into a queue with this x-message-ttl (ms) and no consumer, whose
+    #: dead-letter exchange routes every expired message to a second queue; the
+    #: consumer reads that one (the expiry and dead-letter path under load)
+    dead_letter_ttl: int | None = None
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -106,6 +110,17 @@ SCENARIOS: dict[str, Scenario] = {
             description="one durable queue, persistent 4 KiB messages, no consumer: "
             "messages confirmed (on disk) per second",
             persistent=True,
+        ),
+        Scenario(
+            "ttl-dlx",
+            250,
+            fanout=False,
+            consumers=True,
+            metric="dead-lettered/s",
+            description="one queue with x-message-ttl 100 ms and a dead-letter exchange, no "
+            "consumer; a no-ack consumer on the dead-letter queue: deliveries of expired, "
+            "dead-lettered messages per second",
+            dead_letter_ttl=100,
         ),
     )
 }
@@ -167,6 +182,8 @@ class Run:
         self.nqueues = options.queues if scenario.fanout else 1
         tag = f"rookery-bench-{os.getpid()}-{int(time.time() * 1000) % 100000}-{scenario.name}"
         self.queue_names = [f"{tag}-q{i}" for i in range(self.nqueues)]
+        #: ttl-dlx: the TTL queue published to (the consumer reads queue_names[0])
+        self.expiring = f"{tag}-ttl" if scenario.dead_letter_ttl is not None else None
         self.exchange = f"{tag}-fanout" if scenario.fanout else ""
         self.persistent = options.persistent or scenario.persistent
         self.control: Client | None = None
@@ -196,6 +213,16 @@ class Run:
             self.declared_queues.append(name)
             if self.scenario.fanout:
                 c.queue_bind(ch, name, self.exchange)
+        if self.expiring is not None:
+            # expired messages go through the default exchange to the consumed queue
+            arguments = {
+                **(self.opts.queue_arguments or {}),
+                "x-message-ttl": self.scenario.dead_letter_ttl,
+                "x-dead-letter-exchange": "",
+                "x-dead-letter-routing-key": self.queue_names[0],
+            }
+            c.queue_declare(ch, self.expiring, arguments=arguments, durable=self.persistent)
+            self.declared_queues.insert(0, self.expiring)  # deleted first: no more expiries
 
     def _cleanup(self) -> None:
         if not self.declared_queues and not self.declared_exchange:
@@ -252,7 +279,7 @@ class Run:
         pcfg = PublisherConfig(
             url=self.opts.publish_url or self.url.url,
             exchange=self.exchange,
-            routing_key="" if self.scenario.fanout else self.queue_names[0],
+            routing_key="" if self.scenario.fanout else self.expiring or self.queue_names[0],
             body_size=body_size,
             batch=self.opts.batch,
             window=self.opts.confirm_window,

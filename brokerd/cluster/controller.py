@@ -103,8 +103,9 @@ class ClusterController(OperatorCommands, Membership):
         return queue
 
     def _shared_unused(self, queue: Queue) -> None:
-        """An auto-delete shared queue lost its last consumer, anywhere: the root
-        removes it for the whole cluster."""
+        """An auto-delete shared queue lost its last consumer, anywhere, or an
+        x-expires one went unused (its timer runs on the master): the root removes
+        it for the whole cluster, ordered like any deletion."""
         if self.root_now():
             self.wiring.order_delete(queue)
 

@@ -133,7 +133,7 @@ class MasterSide:
         elif isinstance(r, rec.Purge):
             self._with_queue(out, r.req, r.queue, lambda q: (q.drop_all(), 0))
         elif isinstance(r, rec.Stat):
-            self._with_queue(out, r.req, r.queue, lambda q: (q.message_count, q.consumer_count))
+            self._with_queue(out, r.req, r.queue, _stat)
         elif isinstance(r, rec.Session):
             log.info("session from=%s epoch=%d: releasing what it held", out.spid, r.epoch)
             self.release(out, gone=False)
@@ -314,6 +314,11 @@ class MasterSide:
             consumer.queue.dispatch()
 
 
+def _stat(queue: Queue) -> tuple[int, int]:
+    """A declare's counts for another server: a use of the queue (x-expires)."""
+    queue.touch()
+    return queue.message_count, queue.consumer_count
+
+
 def _maybe_unused(queue: Queue) -> None:
-    if queue.unused_auto_delete and not queue.deleted and queue.on_unused is not None:
-        queue.on_unused(queue)
+    queue.check_unused()

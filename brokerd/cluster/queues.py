@@ -190,6 +190,7 @@ class SharedQueue(Queue):
         self.replicated.next_mid = max(self.replicated.next_mid, replica.top + 1)
         self.replace_messages(ready)
         self.plane.proxy.forget(self)
+        self.start_timers()  # TTL and x-expires act on the master only
         self.dispatch()
 
     def become_proxy(self) -> None:
@@ -209,15 +210,13 @@ class SharedQueue(Queue):
                     replica.bytes += len(entry[0].body)
             replica.top = replicated.next_mid - 1
         self.plane.replica.hand(self.name, replica)
-        self.messages.clear()
-        self._redelivered.clear()
-        self.bytes = 0
+        self._clear()  # and its timers stop: the new root's copy expires
         self.consumers = [c for c in self.consumers if not getattr(c, "remote", False)]
         self.plane.proxy.adopt(self)
 
     def __repr__(self) -> str:
         role = "master" if self.local else "proxy"
-        return f"<SharedQueue {self.vhost}:{self.name} {role} {len(self.messages)} ready>"
+        return f"<SharedQueue {self.vhost}:{self.name} {role} {self.message_count} ready>"
 
 
 class MetaQueue:

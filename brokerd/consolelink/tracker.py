@@ -73,7 +73,7 @@ def queue_entry(queue: Queue, shared: bool, spid: str = "") -> Entry:
         "auto_delete": queue.auto_delete,
         "shared": shared,
         "master": master,
-        "messages": len(queue.messages),
+        "messages": queue.message_count,
         "unacked": queue.unacked,
         "consumers": len(queue.consumers),
         "enqueued": queue.stats_in,

@@ -73,5 +73,5 @@ class Broker(LimitChecks):
             "queues": len(queues),
             "bindings": sum(len(v.binding_list()) for v in self.vhosts.values()),
             "consumers": sum(len(q.consumers) for q in queues),
-            "messages_ready": sum(len(q.messages) for q in queues),
+            "messages_ready": sum(q.message_count for q in queues),
         }

@@ -58,6 +58,7 @@ class Message:
         "body",
         "channel",
         "exchange",
+        "expiring",
         "props_raw",
         "publisher",
         "ref",
@@ -76,6 +77,9 @@ class Message:
         self.exchange = exchange
         self.routing_key = routing_key
         self.props_raw = props_raw
+        #: the expiration property's flag (bit 8 of the first flag word), read once
+        #: here: every queue the message reaches asks it (a per-message TTL)
+        self.expiring: int = props_raw[0] & 0x01 if props_raw else 0
         self.body = body
         #: who published it, for no-local: a local connection id (0 = the broker),
         #: or "spid/connection" when it came from another server of the cluster

@@ -11,6 +11,8 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
+from brokerd.model.arguments import amqp_type_name, validate_queue_arguments
+from brokerd.model.deadletter import DeadLetters
 from brokerd.model.errors import (
     ACCESS_REFUSED,
     ChannelError,
@@ -22,7 +24,7 @@ from brokerd.model.errors import (
 from brokerd.model.exchange import DefaultMuxer, Exchange
 from brokerd.model.message import Message
 from brokerd.model.muxers import Binding, lookup
-from brokerd.model.queue import Destination, Queue, amqp_type_name, validate_queue_arguments
+from brokerd.model.queue import Destination, Queue
 from brokerd.model.storage import MessageStore
 
 PREDECLARED = (
@@ -81,6 +83,8 @@ class VirtualHost:
         #: makes the queue object for a declare: the local queue type, unless the
         #: cluster installs its own (shared queues) for the clustered vhost
         self.queue_factory: Callable[..., Queue] = Queue
+        #: republishes what its queues dead-letter, through this vhost's routing
+        self.dead_letters = DeadLetters(self)
 
     # -- lookups -------------------------------------------------------------
 
@@ -199,7 +203,9 @@ class VirtualHost:
         so its ``amq.`` prefix is not a client's trespass."""
         arguments = arguments or {}
         if passive:
-            return self.queue(name, connection_id), False
+            queue = self.queue(name, connection_id)
+            queue.touch()  # a declare is a use (x-expires)
+            return queue, False
         if not name:
             name = self.server_named_queue()
         elif name.startswith("amq.") and not reserved_ok:
@@ -226,6 +232,7 @@ class VirtualHost:
                     ),
                 ),
             )
+            existing.touch()
             return existing, False
         validate_queue_arguments(name, self.name, arguments)
         queue = self.queue_factory(
@@ -238,6 +245,7 @@ class VirtualHost:
         )
         if queue.on_unused is None:
             queue.on_unused = self.remove_queue
+        queue.dead_letters = self.dead_letters
         store = self.store
         if store is not None:
             queue.store = store.queue_store(self.name, queue)
@@ -278,6 +286,7 @@ class VirtualHost:
         count = queue.message_count
         del self.queues[queue.name]
         queue.deleted = True
+        queue.stop_timers()
         for hook in self.on_queue_deleted:  # before the bindings go: hooks may need them
             hook(queue)
         for binding in list(queue.bindings.values()):

@@ -18,6 +18,7 @@ from pamqp import commands
 
 from brokerd.model.errors import NO_ROUTE, ChannelError, access_refused, precondition_failed
 from brokerd.model.exchange import Exchange
+from brokerd.model.expiry import check_expiration
 from brokerd.model.message import Body, Message
 from brokerd.wire import codec
 from brokerd.wire.codec import INLINE_BODY
@@ -101,6 +102,8 @@ class Publishing:
         message = Message(exchange_name, routing_key, props, body, conn.id, self.number)
         if self.tx:
             self._check_publish(exchange_name)
+            if len(props) > 1 and props[0] & 0x01:  # the expiration flag
+                check_expiration(props)
             self._tx_ops.append(lambda: self._route(message, mandatory))
             return
         try:
@@ -142,6 +145,8 @@ class Publishing:
     def _route(self, message: Message, mandatory: bool) -> None:
         conn = self.connection
         exchange = self._check_publish(message.exchange)
+        if message.expiring:  # a TTL, or a 406
+            check_expiration(message.props_raw)
         if exchange.muxer.client_traffic:
             conn.messages_in += 1
             conn.broker.messages_in += 1

@@ -86,7 +86,8 @@ def full(server: Server) -> str:
             lines.append(
                 f"  queue {q.name} ready={q.message_count} consumers={q.consumer_count} "
                 f"durable={q.durable} exclusive={q.exclusive} auto_delete={q.auto_delete} "
-                f"in={q.stats_in} out={q.stats_out} dropped={q.stats_dropped}"
+                f"in={q.stats_in} out={q.stats_out} dropped={q.stats_dropped} "
+                f"expired={q.stats_expired} dead_lettered={q.stats_dead_lettered}"
             )
         for b in vhost.binding_list():
             kind = "queue" if hasattr(b.destination, "messages") else "exchange"

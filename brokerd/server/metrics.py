@@ -11,8 +11,9 @@ another thread; it answers ``GET /metrics`` and nothing else.
 Memory and disk come from the resource monitor's latest reading (ten a
 second), not from a new one per scrape.
 
-Not exported yet: dead-lettered and expired message counters (queue TTL and
-dead-lettering are not implemented).
+Dead-lettering follows RabbitMQ 3.10's global counters: one family per
+reason (expired, rejected, maxlen), labelled with the queue type and the
+dead-letter strategy (``at_most_once`` with a DLX, ``disabled`` without).
 """
 
 from __future__ import annotations
@@ -137,6 +138,14 @@ class BrokerCollector(Collector):
         delivered = CounterMetricFamily(
             "rookery_queue_messages_delivered", "Deliveries and get-oks", labels=labels
         )
+        expired = CounterMetricFamily(
+            "rookery_queue_messages_expired", "Messages expired (message TTL)", labels=labels
+        )
+        dead_lettered = CounterMetricFamily(
+            "rookery_queue_messages_dead_lettered",
+            "Copies dead-lettered to the queue's dead-letter exchange",
+            labels=labels,
+        )
         for vhost in self.server.broker.vhosts.values():
             for queue in vhost.queues.values():
                 key = [vhost.name, queue.name]
@@ -146,7 +155,27 @@ class BrokerCollector(Collector):
                 consumers.add_metric(key, queue.consumer_count)
                 published.add_metric(key, queue.stats_in)
                 delivered.add_metric(key, queue.stats_out)
-        yield from (ready, unacked, total, consumers, published, delivered)
+                expired.add_metric(key, queue.stats_expired)
+                dead_lettered.add_metric(key, queue.stats_dead_lettered)
+        yield from (ready, unacked, total, consumers, published, delivered, expired, dead_lettered)
+        yield from self._dead_lettered()
+
+    def _dead_lettered(self) -> Iterator[Metric]:
+        counts: dict[tuple[str, str], int] = {}
+        for vhost in self.server.broker.vhosts.values():
+            for key, count in vhost.dead_letters.counts.items():
+                counts[key] = counts.get(key, 0) + count
+        for reason in ("expired", "rejected", "maxlen"):
+            family = CounterMetricFamily(
+                f"rabbitmq_global_messages_dead_lettered_{reason}",
+                f"Messages dead-lettered for the reason {reason}",
+                labels=["queue_type", "dead_letter_strategy"],
+            )
+            for strategy in ("at_most_once", "disabled"):
+                family.add_metric(
+                    ["rabbit_classic_queue", strategy], counts.get((reason, strategy), 0)
+                )
+            yield family
 
     def _exchanges(self) -> Iterator[Metric]:
         dropped = CounterMetricFamily(

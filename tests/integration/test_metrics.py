@@ -4,6 +4,7 @@ values read from the model at scrape time."""
 from __future__ import annotations
 
 import socket
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -83,8 +84,34 @@ def test_metrics_follow_the_model(metered):
         assert m[("rookery_cluster_role", (("role", "standalone"),))] == 1
         assert m[("rookery_cluster_is_root", ())] == 0
         assert m[("rookery_cluster_peers_active", ())] == 0
-    # not exported until queue TTL and dead-lettering exist: no fake zeros
-    assert not any("dead_letter" in name or "expired" in name for name, _ in m)
+        # a requeue is not a death: nothing expired or dead-lettered
+        assert m[("rookery_queue_messages_expired_total", labels)] == 0
+        assert m[("rookery_queue_messages_dead_lettered_total", labels)] == 0
+
+
+def test_metrics_count_expiry_and_dead_letters(metered):
+    broker, port = metered
+    strategy = (("dead_letter_strategy", "at_most_once"), ("queue_type", "rabbit_classic_queue"))
+    before = scrape(port)
+    with pika.BlockingConnection(pika.URLParameters(broker.url)) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        dead, q = uid("dead"), uid("ttl")
+        ch.queue_declare(dead)
+        args = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead}
+        ch.queue_declare(q, arguments={"x-message-ttl": 50, **args})
+        for i in range(3):
+            ch.basic_publish("", q, str(i).encode())
+        deadline = time.monotonic() + 10
+        while ch.queue_declare(dead, passive=True).method.message_count < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        m = scrape(port)
+    labels = (("queue", q), ("vhost", "/"))
+    assert m[("rookery_queue_messages_expired_total", labels)] == 3
+    assert m[("rookery_queue_messages_dead_lettered_total", labels)] == 3
+    name = "rabbitmq_global_messages_dead_lettered_expired_total"
+    assert m[(name, strategy)] - before[(name, strategy)] == 3
 
 
 def test_metrics_lossy_drops_and_logins(metered):

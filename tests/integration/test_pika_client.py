@@ -810,14 +810,6 @@ def test_auto_delete_queue_goes_with_last_consumer(conn: BlockingConnection) -> 
 
 # -- expiry and dead-lettering ------------------------------------------------------------
 
-# Required by DESIGN section 2 but not implemented by brokerd yet: these pass on RabbitMQ
-# and will start failing (XPASS, strict) the day brokerd implements them: drop the marker then.
-not_yet = pytest.mark.xfail(
-    not os.environ.get("ROOKERY_REFERENCE_AMQP_PORT"),
-    reason="brokerd does not implement TTL, dead-lettering or x-expires yet",
-    strict=True,
-)
-
 
 def death_summary(headers: dict) -> list[tuple[str, str, int, list[str]]]:
     return [
@@ -825,7 +817,6 @@ def death_summary(headers: dict) -> list[tuple[str, str, int, list[str]]]:
     ]
 
 
-@not_yet
 def test_queue_message_ttl_expires_messages(ch: BlockingChannel) -> None:
     ch.confirm_delivery()
     queue = declare_queue(ch, arguments={"x-message-ttl": 100})
@@ -834,7 +825,6 @@ def test_queue_message_ttl_expires_messages(ch: BlockingChannel) -> None:
     assert ch.basic_get(queue) == (None, None, None)
 
 
-@not_yet
 def test_per_message_expiration(ch: BlockingChannel) -> None:
     ch.confirm_delivery()
     queue = declare_queue(ch)
@@ -844,7 +834,6 @@ def test_per_message_expiration(ch: BlockingChannel) -> None:
     assert drain(ch, queue) == [b"forever"]
 
 
-@not_yet
 def test_dead_letter_on_reject(ch: BlockingChannel) -> None:
     ch.confirm_delivery()
     dlx = uid("dlx")
@@ -869,7 +858,6 @@ def test_dead_letter_on_reject(ch: BlockingChannel) -> None:
     assert props.headers["x-first-death-queue"] == queue
 
 
-@not_yet
 def test_dead_letter_on_expiry_with_routing_key(ch: BlockingChannel) -> None:
     ch.confirm_delivery()
     dlx = uid("dlx")
@@ -892,7 +880,6 @@ def test_dead_letter_on_expiry_with_routing_key(ch: BlockingChannel) -> None:
     assert death_summary(props.headers) == [("expired", queue, 1, [queue])]
 
 
-@not_yet
 def test_dead_letter_on_max_length(ch: BlockingChannel) -> None:
     ch.confirm_delivery()
     dlx = uid("dlx")
@@ -909,7 +896,6 @@ def test_dead_letter_on_max_length(ch: BlockingChannel) -> None:
     assert drain(ch, queue) == [b"kept"]
 
 
-@not_yet
 def test_unused_queue_expires(conn: BlockingConnection) -> None:
     ch = conn.channel()
     queue = declare_queue(ch, arguments={"x-expires": 200})

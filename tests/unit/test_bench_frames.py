@@ -222,7 +222,7 @@ def test_bench_runs_against_brokerd(broker) -> None:
     from brokerd.bench.scenarios import SCENARIOS, Options, Run
 
     opts = Options(duration=1.0, warmup=0.3, queues=3, batch=50, confirm_window=1000)
-    for name in ("queue-250", "fanout-isr", "fanout-consumers"):
+    for name in ("queue-250", "fanout-isr", "fanout-consumers", "ttl-dlx"):
         run = Run(broker.url, SCENARIOS[name], opts)
         result = run.run()
         assert result["value"] > 0, result
@@ -231,7 +231,7 @@ def test_bench_runs_against_brokerd(broker) -> None:
         # everything it declared is gone again
         client = Client(AMQPURL(broker.url)).connect()
         try:
-            for queue in run.queue_names:
+            for queue in [*run.queue_names, *([run.expiring] if run.expiring else [])]:
                 ch = client.open_channel()
                 with pytest.raises(ServerClosed, match="404"):
                     client.queue_declare(ch, queue, passive=True)

@@ -182,7 +182,7 @@ def test_nothing_is_lost_or_duplicated_without_a_redelivered_flag(actions: list[
         else:
             net.pump()
     assert waiter.answers == []
-    in_queue = [m.body for m in net.queue("A", "q").messages]
+    in_queue = [m.body for m, _ in net.queue("A", "q").ready()]
     outstanding = [
         m.body
         for m, _q in (

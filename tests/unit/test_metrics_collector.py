@@ -99,3 +99,29 @@ def test_dashboard_uses_only_exported_names():
     }
     assert used, "the dashboard queries nothing"
     assert used <= exported, used - exported
+
+
+def test_dead_lettering_is_counted_per_reason_and_strategy():
+    server = fake_server()
+    vhost = server.broker.vhosts["/"]
+    vhost.declare_queue("dead", connection_id=1)
+    args = {"x-max-length": 1, "x-dead-letter-exchange": "", "x-dead-letter-routing-key": "dead"}
+    bounded = vhost.declare_queue("bounded", connection_id=1, arguments=args)[0]
+    for body in (b"1", b"2", b"3"):
+        bounded.push(Message.build("", "bounded", body))  # 1 and 2 go: maxlen
+    got = vhost.queues["jobs"].take()  # no DLX: a rejection is dropped
+    assert got is not None
+    vhost.queues["jobs"].reject([got[0]])
+    m = scrape(server)
+    strategies = {
+        (labels["dead_letter_strategy"], value)
+        for labels, value in m["rabbitmq_global_messages_dead_lettered_maxlen_total"]
+    }
+    assert strategies == {("at_most_once", 2.0), ("disabled", 0.0)}
+    assert ({"queue_type": "rabbit_classic_queue", "dead_letter_strategy": "disabled"}, 1.0) in m[
+        "rabbitmq_global_messages_dead_lettered_rejected_total"
+    ]
+    assert ({"vhost": "/", "queue": "bounded"}, 2.0) in m[
+        "rookery_queue_messages_dead_lettered_total"
+    ]
+    assert ({"vhost": "/", "queue": "bounded"}, 0.0) in m["rookery_queue_messages_expired_total"]

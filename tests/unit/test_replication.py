@@ -23,7 +23,7 @@ def net() -> Net:
 
 def bodies(net: Net, spid: str) -> list[tuple[bytes, bool]]:
     queue = net.queue(spid, "q")
-    return [(m.body, id(m) in queue._redelivered) for m in queue.messages]
+    return [(m.body, redelivered) for m, redelivered in queue.ready()]
 
 
 def test_a_confirm_waits_until_every_replica_has_the_message(net: Net) -> None:
