@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from typing import Any
 
@@ -33,6 +34,15 @@ MIN_INTERVAL = 0.3
 #: close codes: not logged in; no such page
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_UNKNOWN_PAGE = 4404
+
+
+#: a relative time's text ("3 s ago"): the page's script keeps it current by itself
+_AGO_TEXT = re.compile(r'(<time [^>]*class="ago"[^>]*>)[^<]*(</time>)')
+
+
+def _steady(fragment: str) -> str:
+    """What a fragment shows apart from the passing of time (compared, not sent)."""
+    return _AGO_TEXT.sub(r"\1\2", fragment)
 
 
 def render_fragments(page: Page, params: QueryDict, can_operate: bool) -> list[str]:
@@ -106,9 +116,12 @@ class DashboardConsumer(AsyncWebsocketConsumer):
             except Exception:
                 log.exception("live page %s: render failed", self.page.name)
                 continue
+            seen = [_steady(f) for f in fragments]
             shown = self.shown or [""] * len(fragments)
-            html = "".join(new for new, old in zip(fragments, shown, strict=True) if new != old)
-            self.shown = fragments
+            html = "".join(
+                new for new, now, was in zip(fragments, seen, shown, strict=True) if now != was
+            )
+            self.shown = seen
             if html:
                 self.last_sent = time.monotonic()
                 await self.send(text_data=html)
