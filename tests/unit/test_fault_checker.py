@@ -105,6 +105,24 @@ def test_the_first_delivery_decides_even_when_recorded_out_of_list_order() -> No
     assert check(h).unflagged_duplicates == 0
 
 
+def test_a_copy_recorded_late_from_a_client_buffer_is_the_one_unflagged_delivery() -> None:
+    # c1's client held the first (unflagged) copy in its buffer while its server lost
+    # the root; the new root redelivered it, flagged, to c0, recorded first
+    h = history(
+        [pub("p0", 1), pub("p0", 2)],
+        [
+            got("p0", 1, consumer="c0", redelivered=True, at=2.0),
+            got("p0", 1, consumer="c1", at=3.0),
+            got("p0", 2, consumer="c0", redelivered=True, at=4.0),
+            got("p0", 2, consumer="c1", at=5.0),
+            got("p0", 2, consumer="c2", at=6.0),  # a second unflagged copy: not fine
+        ],
+    )
+    report = check(h)
+    assert report.unflagged_duplicates == 1
+    assert "p0:2 again to c2/1" in report.examples["unflagged_duplicates"][0]
+
+
 def test_order_is_per_publisher_and_per_consumer_connection_redeliveries_excepted() -> None:
     publishes = [pub(p, i) for p in ("p0", "p1") for i in range(1, 7)]
     deliveries = [
