@@ -137,7 +137,17 @@ class RabbitCluster:
                 timeout=60,
             )
         for i in range(len(self.nodes)):
-            self._ctl(i, "await_startup")
+            # a detached node registers with epmd a moment after the command returns:
+            # until then rabbitmqctl cannot reach it at all (exit 69) and does not wait
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    self._ctl(i, "await_startup")
+                    break
+                except subprocess.CalledProcessError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(1.0)
         for i in range(1, len(self.nodes)):
             self._ctl(i, "stop_app")
             self._ctl(i, "join_cluster", self.nodes[0])
