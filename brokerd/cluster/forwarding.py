@@ -26,7 +26,13 @@ A *session* with a peer lasts while both links with it are up and it is
 active; when it ends, what was in flight with it is void: unsettled forwards
 are nacked (never confirmed without the receiver having taken them), and
 the proxy re-attaches its consumers under a new session (``records.Session``)
-so the root requeues what it had delivered to the old one.
+so the root requeues what it had delivered to the old one. Either side may
+see the session end alone (a link cut one way, a peer seen inactive from one
+side only), while the other goes on counting on records that were dropped:
+the side that ended it requeues at once what the peer held, ignores the
+peer's consumer records until a new session, and tells it with a
+``records.Void`` as soon as a link is back, so the peer nacks its unsettled
+forwards and opens a new session.
 """
 
 from __future__ import annotations
@@ -414,6 +420,8 @@ class MessagePlane:
                 self._on_settle(out, r)
             elif isinstance(r, rec.Deliver | rec.Got | rec.Reply):
                 proxy.receive(out, r)
+            elif isinstance(r, rec.Void):
+                self._on_void(out, r)
             elif isinstance(r, rec.Replicate):
                 stream.append(r)
             elif isinstance(r, rec.Replicated):
@@ -473,9 +481,16 @@ class MessagePlane:
                 for i, callback in enumerate(done):
                     callback(r.ok, r.routed if i == 0 else 0)
 
+    def _on_void(self, out: Outbound, r: rec.Void) -> None:
+        """The peer ended our session on its own: what we sent it may have been dropped.
+        Forwards it did take were settled before this record (one ordered link)."""
+        log.warning("session voided by %s (epoch %d): forwards nacked", out.spid, r.epoch)
+        self.nack_forwards(out)
+        self.proxy.voided(out.spid)
+
     # -- events from membership --------------------------------------------------------
 
-    def fail_forwards(self, out: Outbound) -> None:
+    def nack_forwards(self, out: Outbound) -> None:
         """Nack every forward the peer has not settled: it may never."""
         if out.fwd_message is not None:
             self._finish_forward(out)
@@ -483,6 +498,10 @@ class MessagePlane:
         for done in unsettled.values():
             for callback in done or ():
                 callback(False, 0)
+
+    def fail_forwards(self, out: Outbound) -> None:
+        """The link with the peer is gone: nack its forwards, drop what waited for it."""
+        self.nack_forwards(out)
         out.batch = rec.Batch()
         out.repl = rec.Batch()
         out.gate = None
@@ -523,9 +542,10 @@ class MessagePlane:
         self.fail_forwards(out)
         self.replicas.remove(spid, why)
         self.proxy.session_lost(spid)
+        # what it held is requeued now, and what it still sends in this session ignored
+        self.master.void(out, gone=why == "inactive")
         if why == "inactive":
             self.replicas.forget(spid)
-            self.master.release(out, gone=True)
             self.outbound.pop(spid, None)
         if spid == self.root_spid():
             self._check_root_link()
@@ -569,6 +589,7 @@ class MessagePlane:
 
     def tick(self) -> None:
         self.proxy.tick()
+        self.master.tick()
         if self.is_root:
             patience = 2 * self.members.config.heartbeat_timeout
             for spid in self.replicas.check(self.members.clock(), patience):

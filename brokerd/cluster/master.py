@@ -86,6 +86,19 @@ class RemoteConsumer:
         self.side.plane.hold(self.out, gate)
 
 
+class Voided:
+    """A server whose session was ended here: the queues its consumers left (their
+    auto-delete waits for its next session), and whether it was told."""
+
+    __slots__ = ("link_at", "told", "touched")
+
+    def __init__(self, touched: set[Queue]) -> None:
+        self.touched = touched
+        self.told = False
+        #: when a link to it was (last) seen up since the void
+        self.link_at: float | None = None
+
+
 class _GetFor:
     """The server a basic.get answers (a ``Recipient``: its batch waits for the gate)."""
 
@@ -114,10 +127,23 @@ class MasterSide:
         self.deliveries: dict[str, dict[int, Held]] = {}
         #: queues that lost consumers to a session reset in the batch being read
         self._reset: set[Queue] = set()
+        #: per server: the epoch of the last session it opened here
+        self.epochs: dict[str, int] = {}
+        #: servers whose session this side ended on its own (see ``void``)
+        self.voided: dict[str, Voided] = {}
 
     # -- records from a proxy ------------------------------------------------------
 
     def receive(self, out: Outbound, r: rec.Record) -> None:
+        if isinstance(r, rec.Session):
+            self._session(out, r)
+            return
+        voided = self.voided.get(out.spid)
+        if voided is not None:
+            # sent within a session this side ended: its deliveries are requeued
+            # already; it hears so and comes back with a new one
+            self._tell_void(out, voided)
+            return
         if isinstance(r, rec.Ack):
             self._settle(out, r.ids, "ack")
         elif isinstance(r, rec.Reject):
@@ -134,9 +160,46 @@ class MasterSide:
             self._with_queue(out, r.req, r.queue, lambda q: (q.drop_all(), 0))
         elif isinstance(r, rec.Stat):
             self._with_queue(out, r.req, r.queue, _stat)
-        elif isinstance(r, rec.Session):
-            log.info("session from=%s epoch=%d: releasing what it held", out.spid, r.epoch)
-            self.release(out, gone=False)
+
+    def _session(self, out: Outbound, r: rec.Session) -> None:
+        log.info("session from=%s epoch=%d: releasing what it held", out.spid, r.epoch)
+        self.epochs[out.spid] = r.epoch
+        voided = self.voided.pop(out.spid, None)
+        self.release(out, gone=False)
+        if voided is not None:
+            self._reset |= voided.touched  # auto-delete is decided once it re-attached
+
+    def void(self, out: Outbound, *, gone: bool) -> None:
+        """This side ended the session with ``out``'s server on its own (a link cut or
+        dropped, the server seen inactive): records either way may have been dropped
+        while the other side still counts on them. What it held is requeued
+        (redelivered) and its consumers detached now; whatever it sends is ignored
+        until it opens a new session, which a ``Void`` record asks it to do."""
+        if out.spid in self.voided:
+            return
+        reset, self._reset = self._reset, set()
+        self.release(out, gone=gone)
+        touched, self._reset = self._reset, reset
+        self.voided[out.spid] = Voided(touched)
+
+    def _tell_void(self, out: Outbound, voided: Voided) -> None:
+        """Send the ``Void`` once per link, after a grace: a server that saw the
+        session end too opens a new one as its link comes back, and its ``Session``
+        clears the void without a second round of requeues."""
+        members = self.plane.members
+        if voided.told or members.link_to(out.spid) is None:
+            return
+        now = members.clock()
+        if voided.link_at is None:
+            voided.link_at = now
+        if now - voided.link_at < members.config.heartbeat_interval / 2:
+            return  # asked again at the next tick
+        voided.told = True
+        self.plane.batch(out).void(self.epochs.get(out.spid, 0))
+
+    def tick(self) -> None:
+        for spid, voided in list(self.voided.items()):
+            self._tell_void(self.plane.out(spid), voided)
 
     def after_batch(self, out: Outbound) -> None:
         """A batch is read: a queue a session reset left without consumers, and that
@@ -310,6 +373,10 @@ class MasterSide:
         self._reset.clear()
 
     def link_ready(self, out: Outbound) -> None:
+        voided = self.voided.get(out.spid)
+        if voided is not None:  # a new link: told (again) after the grace
+            voided.link_at = self.plane.members.clock()
+            voided.told = False
         for consumer in list(self.consumers.get(out.spid, {}).values()):
             consumer.queue.dispatch()
 

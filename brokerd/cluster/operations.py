@@ -87,6 +87,9 @@ class OperatorCommands(_Base):
         # the peer turns inactive when its last status ages past the timeout
         self.cut.add(spid)
         log.warning("fault cut-link spid=%s", spid)
+        # a link that drops what it carries ends the session on this side, as a link
+        # that goes down does (the peer hears of it by a Void once the link is back)
+        self.peer_lost(spid, "link cut (fault injection)")
         self.evaluate()
         return {"cut": sorted(self.cut)}
 

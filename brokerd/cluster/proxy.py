@@ -146,6 +146,12 @@ class ProxySide:
             state.owed = 0
         self._owing.clear()
 
+    def voided(self, spid: str) -> None:
+        """The root ended our session on its own (``records.Void``): open a new one."""
+        if self.session is not None and self.session.root == spid:
+            self.session_lost(spid)
+            self.session_check()
+
     def tick(self) -> None:
         """Open a session if one is due; give up on what waited too long for a root."""
         self.session_check()

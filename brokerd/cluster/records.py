@@ -38,6 +38,7 @@ GOT = 13
 SESSION = 14
 REPLICATE = 15
 REPLICATED = 16
+VOID = 17
 
 #: replication operations (``Replicate.op``), root -> every other primary
 R_ENQUEUE = 1
@@ -205,6 +206,16 @@ class Session:
 
 
 @dataclass(slots=True)
+class Void:
+    """The sender ended its session with the receiver on its own (a cut link, the
+    receiver seen inactive): what the receiver sent it may have been dropped. The
+    root sends it to a proxy with the last session epoch it had from it; the proxy
+    nacks its unsettled forwards and opens a new session."""
+
+    epoch: int
+
+
+@dataclass(slots=True)
 class Replicate:
     """One event of a shared queue's master, for its replicas (seq: the root's
     replication sequence, across every queue)."""
@@ -242,6 +253,7 @@ Record = (
     | Deliver
     | Got
     | Session
+    | Void
     | Replicate
     | Replicated
 )
@@ -427,6 +439,9 @@ class Batch:
 
     def session(self, epoch: int) -> None:
         self._add(bytes((SESSION,)), _u64.pack(epoch))
+
+    def void(self, epoch: int) -> None:
+        self._add(bytes((VOID,)), _u64.pack(epoch))
 
     def replicate(
         self,
@@ -719,6 +734,8 @@ def _decode(data: bytes) -> list[Record]:
             out.append(Got(r.u64(), r.u64(), bool(r.u8()), r.u32(), r.s(), r.s(), r.b(), r.b()))
         elif kind == SESSION:
             out.append(Session(r.u64()))
+        elif kind == VOID:
+            out.append(Void(r.u64()))
         elif kind == REPLICATE:
             seq, op, mid, flags = r.u64(), r.u8(), r.u64(), r.u8()
             queue = r.s()

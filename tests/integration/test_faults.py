@@ -4,11 +4,9 @@ One run per module (3 primaries and a secondary, four confirmed publishers
 and four acking consumers over two shared queues, one fault of every kind
 from a fixed seed, then a drain); each test checks one part of the report:
 shared queues are replicated, so no confirmed message may be lost and no
-message may come twice without the redelivered flag. Those two are marked
-xfail (not strict) while one defect is open: a cut link drops the records
-on it without ending the session (see ``CUT_LINK``); a run whose cut lands
-on the root's link to a consumer's server can lose what was in the dropped
-batch.
+message may come twice without the redelivered flag. A cut link drops what
+it carries: each side ends the session, and a side that saw the end alone
+tells the other with a ``void`` record (docs/protocol.md, "Void").
 
 The seed fixes the schedule and the draws that pick targets: seed 2 pauses
 and cuts only the root (a long pause moves root: the new one starts from its
@@ -88,18 +86,9 @@ def test_nothing_delivered_that_was_not_published(outcome: Outcome) -> None:
     assert outcome.report.unknown == 0, context(outcome)
 
 
-CUT_LINK = (
-    "open (issue 13): a cut link drops the records on it without ending the session, so "
-    "deliveries in a dropped batch stay held at the root (lost after the drain) and a "
-    "replica's resync can race them; kills and pauses alone pass"
-)
-
-
-@pytest.mark.xfail(strict=False, reason=CUT_LINK)
 def test_no_confirmed_message_is_lost(outcome: Outcome) -> None:
     assert outcome.report.lost == 0, context(outcome)
 
 
-@pytest.mark.xfail(strict=False, reason=CUT_LINK)
 def test_no_duplicate_without_the_redelivered_flag(outcome: Outcome) -> None:
     assert outcome.report.unflagged_duplicates == 0, context(outcome)

@@ -179,7 +179,14 @@ def flood_messages(count: int, size: int = 64 * 1024) -> bytes:
 
 
 def test_a_flood_is_blocked_unread_and_unconfirmed_until_a_consumer_drains(tmp_path, brokers):
-    broker = start(tmp_path, f'[limits]\nvm_memory_high_watermark = "{WATERMARK}"\n')
+    # the queue keeps its bodies in memory (no flow to disk below 1 GiB): paging out
+    # would free memory and lift the alarm while the publisher is blocked, a legal
+    # unblock that this test would read as confirms given to a blocked publisher
+    broker = start(
+        tmp_path,
+        f'[limits]\nvm_memory_high_watermark = "{WATERMARK}"\n'
+        '[store]\nqueue_memory_limit = "1GiB"\n',
+    )
     brokers.append(broker)
     with pika.BlockingConnection(pika.URLParameters(broker.url)) as setup:
         setup.channel().queue_declare("flood")
@@ -190,6 +197,7 @@ def test_a_flood_is_blocked_unread_and_unconfirmed_until_a_consumer_drains(tmp_p
         pub.pump(flood_messages(16), 0.5)  # acks of publishes read before the block
         acked = pub.acked
         sent = pub.pump(flood_messages(16), 1.5)
+        assert pub.events == ["Blocked"], pub.events
         assert pub.acked == acked, "a blocked publisher's messages were confirmed"
         assert sent < 16 * MiB  # only what the socket buffers hold: the broker is not reading
         peak = memory(broker)["VmHWM"]

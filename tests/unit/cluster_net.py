@@ -23,6 +23,7 @@ class Config:
     vhost: str = "/"
     open_timeout: float = 10.0
     heartbeat_timeout: float = 3.0
+    heartbeat_interval: float = 1.0
 
 
 class Link:
@@ -172,6 +173,21 @@ class Net:
         self.wire = deque(m for m in self.wire if {m[0], m[1]} != {a, b})
         for x, y in ((a, b), (b, a)):
             self.servers[x].plane.peer_lost(y, "link down")
+
+    def lose(self, a: str, b: str) -> None:
+        """What is in flight between a and b vanishes and only a sees the session end
+        (a link cut one way, b seen inactive by a alone); b goes on as if nothing
+        happened, and the links stay up."""
+        self.wire = deque(m for m in self.wire if {m[0], m[1]} != {a, b})
+        self.servers[a].plane.peer_lost(b, "link cut")
+        self.servers[a].plane.link_ready(b)
+
+    def tick(self, seconds: float = 1.0) -> None:
+        """Time passes; every plane's heartbeat tick runs, then the network settles."""
+        for server in self.servers.values():
+            server.members.now += seconds
+            server.plane.tick()
+        self.pump()
 
 
 class Sink:

@@ -96,6 +96,49 @@ def test_a_dropped_link_ends_the_session_the_root_requeues_and_consumers_reattac
     assert set(net.servers["A"].plane.master.deliveries["B"]) == {3, 4}  # new ids
 
 
+def test_a_session_the_root_ended_alone_is_voided_and_the_proxy_reattaches(net: Net) -> None:
+    for i in range(4):
+        net.queue("A", "q").push(message(b"%d" % i))
+    sink = Sink("c", prefetch=2)
+    net.queue("B", "q").add_consumer(sink, lambda error: None)
+    net.pump()
+    assert sink.bodies() == [b"0", b"1"]
+    waiter = Waiter()
+    net.queue("B", "q").push(message(b"4"), waiter)
+    net.flush()  # the forward is in flight ...
+    net.lose("A", "B")  # ... and dropped; A ended the session, B does not know
+    root = net.servers["A"].plane.master
+    assert not root.deliveries.get("B")  # what B held is requeued at once
+    assert net.queue("A", "q").message_count == 4
+    held, sink.unacked = sink.unacked, []
+    net.queue("B", "q").ack(held)  # within the voided session: ignored
+    net.pump()
+    assert net.queue("A", "q").message_count == 4 and waiter.answers == []
+    net.tick(0.1)  # a grace: B may open a new session by itself
+    assert waiter.answers == [] and "B" in root.voided
+    net.tick(1.0)  # B hears of the void: its forward is nacked, it re-attaches
+    assert waiter.answers == [(False, 0)]
+    assert "B" not in root.voided
+    assert [(m.body, r) for m, r in sink.got[2:]] == [(b"0", True), (b"1", True)]
+
+
+def test_a_proxy_that_opens_a_new_session_by_itself_is_not_voided_twice(net: Net) -> None:
+    net.queue("A", "q").push(message(b"0"))
+    sink = Sink("c", prefetch=1)
+    net.queue("B", "q").add_consumer(sink, lambda error: None)
+    net.pump()
+    net.drop_link("A", "B")  # both sides see it
+    net.servers["B"].plane.link_ready("A")  # B's link is back: a new session at once
+    net.servers["A"].plane.link_ready("B")
+    net.pump()
+    assert "B" not in net.servers["A"].plane.master.voided
+    sessions = net.servers["B"].plane.proxy.session.epoch  # type: ignore[union-attr]
+    net.tick(1.0)
+    assert net.servers["B"].plane.proxy.session.epoch == sessions  # type: ignore[union-attr]
+    root = net.servers["A"].plane.master
+    assert list(root.consumers["B"]) == ["B/1/c"] and len(root.deliveries["B"]) == 1
+
+
 def test_forwards_in_flight_when_the_root_changes_are_nacked(net: Net) -> None:
     waiter = Waiter()
     net.queue("B", "q").push(message(b"lost?"), waiter)
@@ -130,10 +173,16 @@ def test_hand_over_moves_ready_and_held_messages_to_the_new_root(net: Net) -> No
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.sampled_from(["pub", "get", "ack", "nack", "drop", "pump"]), max_size=60))
+@given(
+    st.lists(
+        st.sampled_from(["pub", "get", "ack", "nack", "drop", "loseA", "loseC", "tick", "pump"]),
+        max_size=60,
+    )
+)
 def test_nothing_is_lost_or_duplicated_without_a_redelivered_flag(actions: list[str]) -> None:
     """Any interleaving of publishes through B, gets and settlements through C, and link
-    drops between the root and C: every message that was settled as taken is, at the
+    drops between the root and C (both sides see them, or one side alone while records
+    in flight vanish): every message that was settled as taken is, at the
     end, either acked exactly once or still in the root's queue or held by C; a
     message seen twice was flagged redelivered the second time."""
     net = Net()
@@ -169,7 +218,8 @@ def test_nothing_is_lost_or_duplicated_without_a_redelivered_flag(actions: list[
             m = held.pop(0)
             if action == "ack":
                 net.queue("C", "q").ack([m])
-                if m.ref is not None and m.ref[0] is net.servers["C"].plane.proxy.session:
+                current = m.ref is not None and m.ref[0] is net.servers["C"].plane.proxy.session
+                if current and "C" not in net.servers["A"].plane.master.voided:
                     acked.append(m.body)
             else:
                 net.queue("C", "q").requeue([m])
@@ -179,6 +229,11 @@ def test_nothing_is_lost_or_duplicated_without_a_redelivered_flag(actions: list[
             net.servers["C"].plane.proxy.session_check()
             held.clear()  # what C held was released with the session
             net.pump()
+        elif action in ("loseA", "loseC"):
+            net.lose(*(("A", "C") if action == "loseA" else ("C", "A")))
+            net.pump()
+        elif action == "tick":
+            net.tick(1.0)
         else:
             net.pump()
     assert waiter.answers == []
