@@ -189,6 +189,9 @@ class ClusterController(OperatorCommands, Membership):
     def state_seq(self) -> int:
         return self.wiring.last_seq
 
+    def copy_complete(self) -> bool:
+        return self.plane.is_root or self.plane.replica.complete
+
     def before_send(self, spid: str) -> None:
         self.plane.flush_peer(spid)
 

@@ -5,7 +5,9 @@ Every server runs the same election over its own view:
 - candidates are the active primaries with root enabled and a matching
   checksum; a server that is root stays the choice while it remains a
   candidate (enabling a more senior server does not steal root), otherwise
-  the most senior candidate (earliest start, then lowest spid) is chosen;
+  the most senior candidate (earliest start, then lowest spid) whose copy of
+  the shared queues is whole is chosen (one still taking a snapshot only if
+  no other is left: it would start from part of the queues);
 - a server is root when it is its own choice, every active primary votes
   for it (unanimity), and the active primaries are more than half of the
   known primaries (quorum).
@@ -56,6 +58,8 @@ class Member:
     #: seconds since the viewing server sent the status of its own that this member's
     #: latest status echoes (None: none it remembers, or the link to it is down)
     echo_age: float | None = None
+    #: its copy of the shared queues is not whole (a snapshot under way)
+    syncing: bool = False
 
     @property
     def voter(self) -> bool:
@@ -124,7 +128,8 @@ def holds_lease(view: View, window: float) -> bool:
 
 
 def choose(view: View) -> str | None:
-    """The spid this server votes for: the sitting root if still eligible, else the eldest."""
+    """The spid this server votes for: the sitting root if still eligible, else the
+    eldest with a whole copy."""
     checksum = view.me.checksum
     candidates = [m for m in view.members() if is_candidate(m, checksum)]
     if not candidates:
@@ -133,7 +138,7 @@ def choose(view: View) -> str | None:
         for member in candidates:
             if member.spid == view.current_root:
                 return member.spid
-    return min(candidates, key=lambda m: m.seniority).spid
+    return min(candidates, key=lambda m: (m.syncing, m.seniority)).spid
 
 
 def decide(view: View) -> Decision:

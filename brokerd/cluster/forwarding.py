@@ -62,9 +62,13 @@ log = logging.getLogger("brokerd.cluster.forwarding")
 DATA = "cluster.data"
 #: a batch this large leaves at once instead of at the end of the loop turn
 FLUSH_BYTES = 256 * 1024
-#: bytes waiting on the links above which this server stops reading from publishers
-BACKLOG_HIGH = 32 * 1024 * 1024
-BACKLOG_LOW = 8 * 1024 * 1024
+#: bytes waiting on the links above which this server stops reading from publishers.
+#: A link is one ordered stream: statuses wait behind what is queued on it, so the
+#: bound is also how late a root's heartbeat can be. 4 MiB leaves at the link's tens
+#: of MB/s in well under the lease window; 32 MiB did not (a flood of publishes on the
+#: root cost it its lease, over and over)
+BACKLOG_HIGH = 4 * 1024 * 1024
+BACKLOG_LOW = 1024 * 1024
 #: unsettled forwards to one peer above which publishers are paused as well
 UNSETTLED_HIGH = 50_000
 

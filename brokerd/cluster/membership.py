@@ -435,6 +435,7 @@ class Membership(Standing):
                 if p.status is not None and self.active(p, now)
             },
             root=self.current_root,
+            syncing=not self.copy_complete(),
             reply=ask,
         )
 
@@ -464,6 +465,10 @@ class Membership(Standing):
 
     def tick(self) -> None:
         """Once a heartbeat: retries and timeouts of the planes (overridden)."""
+
+    def copy_complete(self) -> bool:
+        """This server's copy of the shared queues is whole (overridden by the controller)."""
+        return True
 
     def state_seq(self) -> int:
         """The last wiring entry this server applied (carried in its statuses)."""

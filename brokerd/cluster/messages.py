@@ -49,6 +49,9 @@ class Status:
     echo: dict[str, tuple[float, float]] = field(default_factory=dict)
     #: the root the sender recognises (None: none)
     root: str | None = None
+    #: the sender's copy of the shared queues is not known whole (a snapshot under
+    #: way, an event missed, none taken yet): the election prefers one whose copy is
+    syncing: bool = True
     #: answer with a status at once (a root renewing its lease, a server checking
     #: whether others still hear the root); an answer never asks back
     reply: bool = False
@@ -92,6 +95,8 @@ def decode(kind: str, body: bytes) -> Status | Root:
             raise MessageError(f"{kind}: root must be a spid or null")
         if not isinstance(message.reply, bool):
             raise MessageError(f"{kind}: reply must be a boolean")
+        if not isinstance(message.syncing, bool):
+            raise MessageError(f"{kind}: syncing must be a boolean")
     return message
 
 

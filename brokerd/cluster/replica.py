@@ -95,6 +95,9 @@ class ReplicaSide:
         self.applied = 0
         #: reset by ``source`` since following it: its stream is complete here
         self.joined = False
+        #: this server's copy is whole: the last snapshot it took finished and no event
+        #: was missed since (the election prefers such a primary, see ``election``)
+        self.complete = False
         #: events whose journal write is on its way: seq -> writes
         self.pending: dict[int, int] = {}
         self._acked = 0
@@ -155,6 +158,7 @@ class ReplicaSide:
         for name in list(self.queues):
             self.drop(name, write=True)
         self.joined = True
+        self.complete = False  # until the snapshot's last record
         self._asked = False
         self.applied = seq
         self._acked = 0
@@ -163,6 +167,7 @@ class ReplicaSide:
     def resync(self) -> None:
         """Ask the root for a reset and a snapshot (once until it comes)."""
         self.joined = False
+        self.complete = False
         if self._asked or self.source is None:
             return
         self._asked = True
@@ -216,6 +221,8 @@ class ReplicaSide:
         elif op == rec.R_RESET:
             self.drop(r.queue, write=True)
         elif op == rec.R_SYNCED:
+            if not r.queue:  # the live event after every queue's snapshot
+                self.complete = True
             replica = self.queues.get(r.queue)
             if replica is not None:
                 replica.synced = True
@@ -311,9 +318,10 @@ class ReplicaSide:
         self.queues[name] = replica
 
     def forget_source(self) -> None:
-        """This server is root now: it applies no stream."""
+        """This server is root now: it applies no stream (and its copy is the master)."""
         self.source = None
         self.joined = False
+        self.complete = True
         self.pending.clear()
 
     def describe(self) -> dict[str, Any]:
@@ -322,6 +330,7 @@ class ReplicaSide:
             "applied": self.applied,
             "acked": self._acked,
             "pending_writes": len(self.pending),
+            "complete": self.complete,
             "queues": {
                 name: {"messages": len(r.entries), "synced": r.synced}
                 for name, r in sorted(self.queues.items())

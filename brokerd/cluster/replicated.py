@@ -94,11 +94,11 @@ class ReplicaLink:
     def __init__(self, out: Outbound, seq: int, acked: int, now: float) -> None:
         self.out = out
         self.spid = out.spid
-        #: what it counts as having: what waited before it joined keeps waiting for it
-        #: until its snapshot is in (a replica that joins never releases a confirm)
+        #: the last event it acked (it counts as having what came before it joined:
+        #: that is the snapshot's, and waits for the replicas that were there)
         self.acked = acked
         self.joined = seq
-        #: the event that follows its snapshot: its acks count from there (None: syncing)
+        #: the live event that follows its snapshot (None: still syncing)
         self.synced_at: int | None = None
         #: when it last acked anything (or joined): a replica silent too long is dropped
         self.since = now
@@ -199,10 +199,10 @@ class ReplicaSet:
         replica.since = self.plane.members.clock()
         if seq == 0:  # the replica lost track (a gap, a failed write): start it again
             log.warning("replica %s asked for a resync at seq=%d", spid, self.seq)
-            del self.replicas[spid]  # nothing it held back is released: it rejoins at once
-            self.add(replica.out, self.plane.shared_queues(), acked=replica.acked)
+            del self.replicas[spid]
+            self.add(replica.out, self.plane.shared_queues())
             return
-        if seq <= replica.acked or replica.synced_at is None or seq < replica.synced_at:
+        if seq <= replica.acked:
             return
         replica.acked = min(seq, self.seq)
         self._advance()
@@ -230,17 +230,18 @@ class ReplicaSet:
 
     # -- membership ------------------------------------------------------------------
 
-    def add(self, out: Outbound, queues: Iterable[SharedQueue], acked: int | None = None) -> None:
+    def add(self, out: Outbound, queues: Iterable[SharedQueue]) -> None:
         """A primary joins the replica set: every queue is reset there and its snapshot
-        follows over the next loop turns, interleaved with the live stream. Until an
-        event after its snapshot is acked, it holds back what waited when it joined
-        (``acked``: where it stood, for one that rejoins)."""
+        follows over the next loop turns, interleaved with the live stream (seed 001's
+        live updates). It counts from the live stream on: what it acks of that holds
+        confirms and deliveries at once, and what came before its join waits only
+        for the replicas that were there, so a deep queue's snapshot never stalls
+        publishers. Until its snapshot is in, its status says its copy is not whole,
+        and the election prefers a primary whose copy is (``election.choose``)."""
         if out.spid in self.replicas:
             return
         self.dropped.pop(out.spid, None)
-        if acked is None:
-            acked = self.min_acked()
-        replica = ReplicaLink(out, self.seq, acked, self.plane.members.clock())
+        replica = ReplicaLink(out, self.seq, self.seq, self.plane.members.clock())
         self.replicas[out.spid] = replica
         self._floor = min(r.acked for r in self.replicas.values())
         batch = self.plane.repl_batch(out)

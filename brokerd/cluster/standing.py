@@ -95,6 +95,7 @@ class Standing:
     def link_to(self, spid: str | None) -> Link | None: ...
     def tell(self, now: float, *, ask: bool) -> None: ...
     def _broadcast(self, message: Any) -> None: ...
+    def copy_complete(self) -> bool: ...
 
     # -- the view ---------------------------------------------------------------------
 
@@ -147,6 +148,7 @@ class Standing:
                     vote=status.vote if settled else None,
                     listed=status.listed,
                     echo_age=self.echo_age(peer, now),
+                    syncing=status.syncing,
                 )
             )
         if self.role_root:
@@ -160,6 +162,7 @@ class Standing:
             active=True,
             vote=self.decision.vote,
             listed=self.listed,
+            syncing=not self.copy_complete(),
         )
         return View(me, tuple(members), self.known_primaries(now), sitting)
 

@@ -305,3 +305,61 @@ def test_a_whole_cluster_restart_keeps_durable_shared_wiring_and_messages(
         while (m := ch.basic_get(queue, auto_ack=True))[0] is not None:
             got.append(m[2])
     assert got == [b"kept", b"routed"]
+
+
+def test_a_restarted_primary_syncs_a_deep_queue_while_publishers_go_on(
+    cluster: Cluster,
+) -> None:
+    """Seed 001's live updates: a primary restarted (kill -9) behind a deep queue takes
+    its snapshot from the back while following the live stream, so confirms go on
+    meanwhile (its status says its copy is not whole until the snapshot is in);
+    then it holds everything."""
+    root, (a, b) = roles(cluster)
+    queue = uid("deep")
+    body = b"x" * 1024
+    with connect(cluster, root) as conn:
+        ch = conn.channel()
+        ch.queue_declare(queue)
+        for _ in range(100_000):  # 100 MiB, some 200 snapshot chunks, partly paged out
+            ch.basic_publish("", queue, body)
+        assert ch.queue_declare(queue, passive=True).method.message_count == 100_000
+    confirmed: list[float] = []
+    stop = threading.Event()
+
+    def publish() -> None:
+        with connect(cluster, a) as conn:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            while not stop.is_set():
+                ch.basic_publish("", queue, b"live")  # returns once confirmed
+                confirmed.append(time.monotonic())
+
+    publisher = threading.Thread(target=publish, daemon=True)
+    cluster.kill(b)
+    publisher.start()
+    cluster.start(b)
+    syncing = complete = None
+    deadline = time.monotonic() + 60
+    try:
+        while complete is None and time.monotonic() < deadline:
+            replication = (cluster.status(b, timeout=2.0) or {}).get("replication") or {}
+            now = time.monotonic()
+            if replication.get("source") == cluster.spid(root):
+                if not replication["complete"]:
+                    syncing = syncing or now
+                else:
+                    complete = now
+            time.sleep(0.005)
+    finally:
+        stop.set()
+        publisher.join(10)
+    assert syncing is not None and complete is not None, (syncing, complete)
+    during = [t for t in confirmed if syncing < t < complete]
+    assert during, f"no confirm in the {complete - syncing:.3f} s of the snapshot"
+
+    def copies() -> bool:
+        view = cluster.status(b, timeout=2.0) or {}
+        held = view["replication"]["queues"].get(queue, {}).get("messages", -1)
+        return held == 100_000 + len(confirmed)
+
+    cluster.wait_until(copies, timeout=10, what="the whole copy")

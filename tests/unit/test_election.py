@@ -51,6 +51,19 @@ def test_disabled_root_hands_over_and_enabling_does_not_steal() -> None:
     assert not decide(enabled).is_root
 
 
+def test_a_primary_whose_copy_is_whole_is_preferred_to_a_more_senior_one_syncing() -> None:
+    # s1 is the eldest but still takes its snapshot: it would start from part of the queues
+    me = _member("s1", syncing=True)
+    peers = (_member("s2"), _member("s3", syncing=True))
+    assert choose(View(me=me, peers=peers, known_primaries=3)) == "s2"
+    # only syncing ones left: seniority decides, as without replication
+    alone = View(me=me, peers=(_member("s3", syncing=True),), known_primaries=3)
+    assert choose(alone) == "s1"
+    # a sitting root stays root while it takes a snapshot of nothing (it is the master)
+    sitting = View(me=me, peers=peers, known_primaries=3, current_root="s3")
+    assert choose(sitting) == "s3"
+
+
 def test_a_primary_missing_from_known_hosts_never_counts() -> None:
     stray = _member("s0", listed=False, vote="s0")
     view = View(me=stray, peers=(_member("s1", vote="s1"),), known_primaries=1)

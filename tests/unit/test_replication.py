@@ -116,6 +116,41 @@ def test_a_replica_that_joins_late_gets_a_snapshot(net: Net) -> None:
     assert bodies(net, "D") == [(b"0", True), (b"1", False), (b"2", False)]
 
 
+def test_a_joining_replica_follows_the_live_stream_and_never_stalls_confirms(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = net.queue("A", "q")
+    for i in range(5):
+        root.push(message(b"%d" % i))
+    net.pump()
+    replicas = net.servers["A"].plane.replicas
+    monkeypatch.setattr(replicas, "_schedule_sync", lambda: None)  # the snapshot waits
+    net.add("D")
+    net.servers["D"].broker.vhosts["/"].declare_queue("q", connection_id=0)
+    net.servers["D"].plane.root_changed(None, "A")
+    net.servers["A"].plane.link_ready("D")
+    net.pump()
+    side = net.servers["D"].plane.replica
+    assert side.joined and not side.complete and replicas.replicas["D"].syncs
+    waiter = Waiter()
+    net.queue("B", "q").push(message(b"new"), waiter)
+    net.pump()
+    assert waiter.answers == [(True, 1)]  # confirmed while D's snapshot is still due
+    assert [e[0].body for _, e in side.queues["q"].ordered()] == [b"new"]
+    while replicas.sync_step():  # the snapshot, chunk by chunk, behind the live stream
+        net.pump()
+    net.pump()
+    assert side.complete
+    assert [e[0].body for _, e in side.queues["q"].ordered()] == [
+        b"0",
+        b"1",
+        b"2",
+        b"3",
+        b"4",
+        b"new",
+    ]
+
+
 def test_a_purge_and_a_delete_reach_the_replicas(net: Net) -> None:
     root = net.queue("A", "q")
     root.push(message(b"x"))
