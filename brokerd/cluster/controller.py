@@ -189,6 +189,9 @@ class ClusterController(OperatorCommands, Membership):
     def state_seq(self) -> int:
         return self.wiring.last_seq
 
+    def lease_renewed(self) -> None:
+        self.plane.replicas.resume()
+
     def copy_complete(self) -> bool:
         return self.plane.is_root or self.plane.replica.complete
 

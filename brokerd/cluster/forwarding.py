@@ -594,7 +594,8 @@ class MessagePlane:
     def tick(self) -> None:
         self.proxy.tick()
         self.master.tick()
-        if self.is_root:
+        if self.is_root and self.members.acting:  # never while suspended (see released_to)
+            self.replicas.resume()
             patience = 2 * self.members.config.heartbeat_timeout
             for spid in self.replicas.check(self.members.clock(), patience):
                 self.members.raise_alarm(

@@ -466,6 +466,9 @@ class Membership(Standing):
     def tick(self) -> None:
         """Once a heartbeat: retries and timeouts of the planes (overridden)."""
 
+    def lease_renewed(self) -> None:
+        """A suspended root holds its lease again (overridden by the controller)."""
+
     def copy_complete(self) -> bool:
         """This server's copy of the shared queues is whole (overridden by the controller)."""
         return True
@@ -529,9 +532,14 @@ class Membership(Standing):
                 peer.link.post(kind, body)
 
     def link_to(self, spid: str | None) -> Link | None:
-        """The peer's outgoing link if it is up (and not cut by fault injection)."""
+        """The peer's outgoing link if it is up (and not cut by fault injection). A
+        link goes to an address: once a restarted server answers there under a new
+        spid, the link is no longer the old spid's (what was meant for the old
+        process must not reach the new one)."""
         peer = self.peers.get(spid) if spid else None
         if peer is None or peer.link is None or not peer.link.up or spid in self.cut:
+            return None
+        if peer.link.peer_spid != spid:
             return None
         return peer.link
 

@@ -164,9 +164,17 @@ class ReplicaSet:
         publish and per delivery)."""
         return self._floor if self.replicas else self.seq
 
+    def released_to(self) -> int:
+        """The last event whose confirms and deliveries may go: the replicas' floor,
+        and nothing while this server does not act as root. A root resumed after a
+        pause is suspended until its lease is renewed; its replicas may have followed
+        a new root meanwhile, and dropping them (silent, then inactive) must not
+        release what only this server holds."""
+        return self.min_acked() if self.plane.members.acting else 0
+
     def wait(self, seq: int, done: Done) -> None:
         """Call ``done`` once every replica has event ``seq``."""
-        if seq <= self.min_acked():
+        if seq <= self.released_to():
             done(True, 1)
         else:
             self._confirms.append((seq, done))
@@ -178,7 +186,7 @@ class ReplicaSet:
         flush anyway), so a stream costs a gate per flush, not one per delivery,
         and a gate never moves past what was sent when it was made."""
         seq = self.seq
-        if seq <= self.min_acked():
+        if seq <= self.released_to():
             return None
         gate = self._gate
         if gate is None or gate.opened:
@@ -210,15 +218,19 @@ class ReplicaSet:
     def _advance(self) -> None:
         if self.replicas:
             self._floor = min(r.acked for r in self.replicas.values())
-        done_to = self.min_acked()
+        done_to = self.released_to()
         confirms = self._confirms
         while confirms and confirms[0][0] <= done_to:
             confirms.popleft()[1](True, 1)
         gates = self._gates
         while gates and gates[0].seq <= done_to:
             gates.popleft().open()
-        if self.lagging and self.seq - done_to < LAG_LOW:
+        if self.lagging and self.seq - self.min_acked() < LAG_LOW:
             self._set_lagging(False)
+
+    def resume(self) -> None:
+        """This server acts as root again (its lease renewed): release what waited."""
+        self._advance()
 
     def _set_lagging(self, lagging: bool) -> None:
         """Seed 001 flow control: publishers wait while a replica is far behind."""

@@ -96,6 +96,12 @@ class Standing:
     def tell(self, now: float, *, ask: bool) -> None: ...
     def _broadcast(self, message: Any) -> None: ...
     def copy_complete(self) -> bool: ...
+    def lease_renewed(self) -> None: ...
+
+    @property
+    def acting(self) -> bool:
+        """Elected and holding the lease: it may order wiring, confirm and deliver."""
+        return self.decision.is_root
 
     # -- the view ---------------------------------------------------------------------
 
@@ -266,6 +272,7 @@ class Standing:
             if self.suspended_since is not None:
                 self.suspended_since = None
                 log.warning("root taken spid=%s reason=lease renewed", self.spid)
+                self.lease_renewed()
             if not self.role_root:
                 self.role_root = True
                 self.became_root()

@@ -316,13 +316,16 @@ def test_a_restarted_primary_syncs_a_deep_queue_while_publishers_go_on(
     then it holds everything."""
     root, (a, b) = roles(cluster)
     queue = uid("deep")
-    body = b"x" * 1024
+    body = b"x" * 4096
+    deep = 20_000  # 80 MiB, 40 snapshot chunks, partly paged out
     with connect(cluster, root) as conn:
         ch = conn.channel()
         ch.queue_declare(queue)
-        for _ in range(100_000):  # 100 MiB, some 200 snapshot chunks, partly paged out
+        for i in range(deep):
             ch.basic_publish("", queue, body)
-        assert ch.queue_declare(queue, passive=True).method.message_count == 100_000
+            if i % 2000 == 1999:  # a round trip now and then: a steady fill, not a flood
+                ch.queue_declare(queue, passive=True)
+        assert ch.queue_declare(queue, passive=True).method.message_count == deep
     confirmed: list[float] = []
     stop = threading.Event()
 
@@ -360,6 +363,6 @@ def test_a_restarted_primary_syncs_a_deep_queue_while_publishers_go_on(
     def copies() -> bool:
         view = cluster.status(b, timeout=2.0) or {}
         held = view["replication"]["queues"].get(queue, {}).get("messages", -1)
-        return held == 100_000 + len(confirmed)
+        return held == deep + len(confirmed)
 
     cluster.wait_until(copies, timeout=10, what="the whole copy")

@@ -54,6 +54,8 @@ class Members:
         self.now = 100.0
         self.not_ready_reason = ""
         self.alarms: dict[str, str] = {}
+        #: elected and holding the lease (a suspended root does not act)
+        self.acting = True
 
     def clock(self) -> float:
         return self.now

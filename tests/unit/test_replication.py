@@ -151,6 +151,33 @@ def test_a_joining_replica_follows_the_live_stream_and_never_stalls_confirms(
     ]
 
 
+def test_a_suspended_root_releases_nothing_when_its_replicas_go(net: Net) -> None:
+    root = net.servers["A"]
+    root.members.acting = False  # resumed after a pause: its lease is not renewed yet
+    waiter = Waiter()
+    net.queue("A", "q").push(message(b"m"), waiter)
+    net.flush()
+    net.wire.clear()  # the replicas never answer: they follow another root now
+    for spid in ("B", "C"):
+        root.plane.peer_lost(spid, "inactive")
+    root.plane.tick()
+    assert waiter.answers == []  # only this server has it: no confirm
+    root.plane.root_changed("A", "B")  # it gives the role up
+    assert waiter.answers == [(False, 0)]
+
+
+def test_a_root_whose_lease_is_renewed_releases_what_waited(net: Net) -> None:
+    root = net.servers["A"]
+    root.members.acting = False
+    waiter = Waiter()
+    net.queue("A", "q").push(message(b"m"), waiter)
+    net.pump()  # both replicas ack meanwhile
+    assert waiter.answers == []
+    root.members.acting = True
+    root.plane.replicas.resume()
+    assert waiter.answers == [(True, 1)]
+
+
 def test_a_purge_and_a_delete_reach_the_replicas(net: Net) -> None:
     root = net.queue("A", "q")
     root.push(message(b"x"))
