@@ -222,10 +222,15 @@ def test_consumers_on_two_brokers_show_as_one_queue_and_private_queues_per_serve
             stack.broker_name(second): 2,
         }
         for index in (first, second):
-            # with the name too: the stack's other tests' queues may push it off page 1
+            # with the name too: the stack's other tests' queues may push it off page 1;
+            # waited for: this filter reads each broker's own status, which may come
+            # after the root's (where the spread above comes from)
             found = f"/api/v1/queues/?consumers_on={stack.broker_name(index)}&name={name}"
-            on = api.ok(found)["results"]
-            assert [q["name"] for q in on] == [name], on
+
+            def listed(found: str = found) -> bool:
+                return [q["name"] for q in api.ok(found)["results"]] == [name]
+
+            stack.wait(listed, 10, f"the queue listed with consumers on broker {index}")
         assert api.ok(f"/api/v1/queues/?consumers_on={root}&name={name}")["count"] == 0
 
         def per_server() -> list[dict] | None:
