@@ -193,7 +193,7 @@ class ClusterController(OperatorCommands, Membership):
         self.plane.replicas.resume()
 
     def copy_complete(self) -> bool:
-        return self.plane.is_root or self.plane.replica.complete
+        return self.plane.replica.complete  # a root's is: it became root with forget_source
 
     def before_send(self, spid: str) -> None:
         self.plane.flush_peer(spid)

@@ -198,8 +198,10 @@ class MasterSide:
         self.plane.batch(out).void(self.epochs.get(out.spid, 0))
 
     def tick(self) -> None:
+        links = self.plane.members
         for spid, voided in list(self.voided.items()):
-            self._tell_void(self.plane.out(spid), voided)
+            if not voided.told and links.link_to(spid) is not None:  # not a gone server's
+                self._tell_void(self.plane.out(spid), voided)
 
     def after_batch(self, out: Outbound) -> None:
         """A batch is read: a queue a session reset left without consumers, and that

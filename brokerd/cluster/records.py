@@ -208,9 +208,10 @@ class Session:
 @dataclass(slots=True)
 class Void:
     """The sender ended its session with the receiver on its own (a cut link, the
-    receiver seen inactive): what the receiver sent it may have been dropped. The
-    root sends it to a proxy with the last session epoch it had from it; the proxy
-    nacks its unsettled forwards and opens a new session."""
+    receiver seen inactive): what the receiver sent it may have been dropped. It
+    carries the last session epoch the sender had from the receiver (0: none, as
+    from a proxy to its root); the receiver nacks its unsettled forwards, and a
+    proxy whose session is with the sender opens a new one."""
 
     epoch: int
 

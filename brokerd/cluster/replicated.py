@@ -89,15 +89,14 @@ class Gate:
 class ReplicaLink:
     """One replica: what it acked, and the snapshots still to send it."""
 
-    __slots__ = ("acked", "joined", "out", "since", "spid", "synced_at", "syncs")
+    __slots__ = ("acked", "out", "since", "spid", "synced_at", "syncs")
 
-    def __init__(self, out: Outbound, seq: int, acked: int, now: float) -> None:
+    def __init__(self, out: Outbound, seq: int, now: float) -> None:
         self.out = out
         self.spid = out.spid
-        #: the last event it acked (it counts as having what came before it joined:
-        #: that is the snapshot's, and waits for the replicas that were there)
-        self.acked = acked
-        self.joined = seq
+        #: the last event it acked; it joins at ``seq`` and counts as having what came
+        #: before (that is the snapshot's, and waits for the replicas that were there)
+        self.acked = seq
         #: the live event that follows its snapshot (None: still syncing)
         self.synced_at: int | None = None
         #: when it last acked anything (or joined): a replica silent too long is dropped
@@ -253,7 +252,7 @@ class ReplicaSet:
         if out.spid in self.replicas:
             return
         self.dropped.pop(out.spid, None)
-        replica = ReplicaLink(out, self.seq, self.seq, self.plane.members.clock())
+        replica = ReplicaLink(out, self.seq, self.plane.members.clock())
         self.replicas[out.spid] = replica
         self._floor = min(r.acked for r in self.replicas.values())
         batch = self.plane.repl_batch(out)

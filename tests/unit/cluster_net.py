@@ -117,6 +117,15 @@ class Net:
         server = self.servers[spid] = Server(spid, broker, members, plane)
         return server
 
+    def join(self, spid: str, queue: str = "q") -> Server:
+        """A new primary: it holds the queue's wiring, follows the root, and the root's
+        link to it comes up (it joins the replica set and is sent its snapshot)."""
+        server = self.add(spid)
+        server.broker.vhosts["/"].declare_queue(queue, connection_id=0)
+        server.plane.root_changed(None, self.root)
+        self.servers[self.root].plane.link_ready(spid)  # type: ignore[index]
+        return server
+
     def declare(self, name: str) -> None:
         """Wiring is global: the queue exists on every server (as wiring replication does)."""
         for server in self.servers.values():

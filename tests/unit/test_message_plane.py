@@ -20,6 +20,16 @@ def net() -> Net:
     return net
 
 
+def consuming_on_b(net: Net, count: int, prefetch: int) -> Sink:
+    """``count`` messages in the root's queue and a consumer on B, fed up to its prefetch."""
+    for i in range(count):
+        net.queue("A", "q").push(message(b"%d" % i))
+    sink = Sink("c", prefetch=prefetch)
+    net.queue("B", "q").add_consumer(sink, lambda error: None)
+    net.pump()
+    return sink
+
+
 def test_a_forward_is_settled_and_lands_on_the_root(net: Net) -> None:
     waiter = Waiter()
     assert net.queue("B", "q").push(message(b"m1"), waiter)
@@ -76,11 +86,7 @@ def test_requeue_goes_back_to_the_root_flagged_redelivered(net: Net) -> None:
 def test_a_dropped_link_ends_the_session_the_root_requeues_and_consumers_reattach(
     net: Net,
 ) -> None:
-    for i in range(4):
-        net.queue("A", "q").push(message(b"%d" % i))
-    sink = Sink("c", prefetch=2)
-    net.queue("B", "q").add_consumer(sink, lambda error: None)
-    net.pump()
+    sink = consuming_on_b(net, 4, prefetch=2)
     assert sink.bodies() == [b"0", b"1"]
     held = list(sink.unacked)
     net.drop_link("A", "B")
@@ -97,11 +103,7 @@ def test_a_dropped_link_ends_the_session_the_root_requeues_and_consumers_reattac
 
 
 def test_a_session_the_root_ended_alone_is_voided_and_the_proxy_reattaches(net: Net) -> None:
-    for i in range(4):
-        net.queue("A", "q").push(message(b"%d" % i))
-    sink = Sink("c", prefetch=2)
-    net.queue("B", "q").add_consumer(sink, lambda error: None)
-    net.pump()
+    sink = consuming_on_b(net, 4, prefetch=2)
     assert sink.bodies() == [b"0", b"1"]
     waiter = Waiter()
     net.queue("B", "q").push(message(b"4"), waiter)
@@ -123,10 +125,7 @@ def test_a_session_the_root_ended_alone_is_voided_and_the_proxy_reattaches(net: 
 
 
 def test_a_proxy_that_opens_a_new_session_by_itself_is_not_voided_twice(net: Net) -> None:
-    net.queue("A", "q").push(message(b"0"))
-    sink = Sink("c", prefetch=1)
-    net.queue("B", "q").add_consumer(sink, lambda error: None)
-    net.pump()
+    consuming_on_b(net, 1, prefetch=1)
     net.drop_link("A", "B")  # both sides see it
     net.servers["B"].plane.link_ready("A")  # B's link is back: a new session at once
     net.servers["A"].plane.link_ready("B")
@@ -153,11 +152,7 @@ def test_forwards_in_flight_when_the_root_changes_are_nacked(net: Net) -> None:
 
 
 def test_hand_over_moves_ready_and_held_messages_to_the_new_root(net: Net) -> None:
-    for i in range(3):
-        net.queue("A", "q").push(message(b"%d" % i))
-    sink = Sink("c", prefetch=1)
-    net.queue("B", "q").add_consumer(sink, lambda error: None)
-    net.pump()
+    sink = consuming_on_b(net, 3, prefetch=1)
     assert sink.bodies() == [b"0"]
     net.elect("C")  # A hands over: 0 was delivered and not acked, 1 and 2 were ready
     queue = net.queue("C", "q")

@@ -98,10 +98,7 @@ def test_a_replica_that_joins_late_gets_a_snapshot(net: Net) -> None:
     sink = Sink("c", prefetch=1)
     net.queue("B", "q").add_consumer(sink, lambda error: None)
     net.pump()
-    net.add("D")
-    net.servers["D"].broker.vhosts["/"].declare_queue("q", connection_id=0)
-    net.servers["D"].plane.root_changed(None, "A")
-    net.servers["A"].plane.link_ready("D")
+    net.join("D")
     net.pump()
     replica = net.servers["D"].plane.replica.queues["q"]
     assert replica.synced
@@ -125,10 +122,7 @@ def test_a_joining_replica_follows_the_live_stream_and_never_stalls_confirms(
     net.pump()
     replicas = net.servers["A"].plane.replicas
     monkeypatch.setattr(replicas, "_schedule_sync", lambda: None)  # the snapshot waits
-    net.add("D")
-    net.servers["D"].broker.vhosts["/"].declare_queue("q", connection_id=0)
-    net.servers["D"].plane.root_changed(None, "A")
-    net.servers["A"].plane.link_ready("D")
+    net.join("D")
     net.pump()
     side = net.servers["D"].plane.replica
     assert side.joined and not side.complete and replicas.replicas["D"].syncs
@@ -295,10 +289,7 @@ def test_no_confirmed_message_is_lost_across_root_failures(actions: list[str], r
         elif action == "join" and joined < 3:
             joined += 1
             spid = f"Z{joined}"
-            net.add(spid)
-            net.servers[spid].broker.vhosts["/"].declare_queue("q", connection_id=0)
-            net.servers[spid].plane.root_changed(None, net.root)
-            net.servers[net.root].plane.link_ready(spid)  # type: ignore[index]
+            net.join(spid)
         else:
             net.pump()
     net.pump()
