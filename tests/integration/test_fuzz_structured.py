@@ -54,10 +54,15 @@ def method(channel: int, class_id: int, method_id: int, args: bytes) -> bytes:
     return struct.pack("!BHI", 1, channel, len(payload)) + payload + b"\xce"
 
 
+def utf8(text: str) -> bytes:
+    """UTF-8, with lone surrogates passed through as the invalid bytes a client could send."""
+    return text.encode("utf-8", "surrogatepass")
+
+
 # field values: (type tag, encoded body)
 scalars = st.one_of(
     st.binary(max_size=20).map(lambda b: b"S" + longstr(b)),
-    st.text(max_size=10).map(lambda t: b"S" + longstr(t.encode())),
+    st.text(max_size=10).map(lambda t: b"S" + longstr(utf8(t))),
     st.integers(-(2**31), 2**31 - 1).map(lambda i: b"I" + struct.pack("!i", i)),
     st.integers(-(2**63), 2**63 - 1).map(lambda i: b"l" + struct.pack("!q", i)),
     st.booleans().map(lambda v: b"t" + bytes((v,))),
@@ -69,7 +74,7 @@ scalars = st.one_of(
     st.binary(max_size=10).map(lambda b: b"x" + longstr(b)),
     st.sampled_from([b"?", b"Z\x00", b"\xff"]),  # unknown type tags
 )
-keys = st.one_of(st.text(max_size=12).map(str.encode), st.binary(max_size=12))
+keys = st.one_of(st.text(max_size=12).map(utf8), st.binary(max_size=12))
 
 
 def table_body(items: list[tuple[bytes, bytes]]) -> bytes:
@@ -98,8 +103,8 @@ def nested(depth: int, kind: str) -> bytes:
 
 
 names = st.one_of(
-    st.text(min_size=1, max_size=60).map(str.encode),
-    st.text(alphabet=st.characters(min_codepoint=0x80), min_size=1, max_size=85).map(str.encode),
+    st.text(min_size=1, max_size=60).map(utf8),
+    st.text(alphabet=st.characters(min_codepoint=0x80), min_size=1, max_size=85).map(utf8),
     st.binary(min_size=1, max_size=40),  # often invalid UTF-8
 )
 

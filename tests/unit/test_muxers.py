@@ -412,3 +412,17 @@ def test_e2e_routing_equals_reachability(edges, start, key):
     result = vhost.route(exchanges[start], msg(key))
     assert len(result) == len(set(result))
     assert set(result) == expected
+
+
+def test_binding_identity_takes_any_decoded_argument_value():
+    """Byte arrays, nested tables and arrays are legal binding arguments (the fuzz found a 541)."""
+    q = Dest("q")
+    args = {"x": bytearray(b"\x00\xff"), "t": {"a": [bytearray(b"1"), {"b": 2}]}, "n": None}
+    same = {"n": None, "t": {"a": [bytearray(b"1"), {"b": 2}]}, "x": bytearray(b"\x00\xff")}
+    assert Binding(SOURCE, q, "k", args).key == Binding(SOURCE, q, "k", same).key
+    assert hash(Binding(SOURCE, q, "k", args).key)
+    other = dict(args, x=bytearray(b"\x00"))
+    assert Binding(SOURCE, q, "k", args).key != Binding(SOURCE, q, "k", other).key
+    ex = Exchange("h", "headers")
+    assert ex.add_binding(Binding(ex, q, "", args))
+    assert not ex.add_binding(Binding(ex, q, "", same)), "an identical binding is not added twice"

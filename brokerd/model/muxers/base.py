@@ -31,10 +31,17 @@ class Binding:
 
 
 def _freeze(value: Any) -> Any:
+    """A hashable equal-when-equal form of a decoded field value (tables, arrays, byte arrays)."""
     if isinstance(value, dict):
         return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return tuple(_freeze(v) for v in value)
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
     return value
 
 
