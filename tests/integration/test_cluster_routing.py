@@ -520,3 +520,118 @@ def test_celery_worker_on_one_server_client_on_another(roles: Roles, tmp_path: P
         assert "OK" in client.stdout
     finally:
         worker.stop()
+
+
+# -- TTL and dead-lettering hold on the root's shared queues -----------------------------------
+
+
+def dead_letter_target(ch: BlockingChannel, name: str) -> tuple[str, str]:
+    """A direct exchange and a shared queue bound to it with the queue's own name."""
+    exchange, queue = f"{name}-dlx", f"{name}-dead"
+    ch.exchange_declare(exchange, "direct")
+    ch.queue_declare(queue)
+    ch.queue_bind(queue, exchange, queue)
+    return exchange, queue
+
+
+def get_on(roles: Roles, index: int, queue: str, timeout: float = 10.0) -> tuple:
+    """basic.get with auto-ack on ``index``, waiting until the queue has a message there."""
+    with roles.connect(index) as conn:
+        ch = conn.channel()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            method, props, body = ch.basic_get(queue, auto_ack=True)
+            if method is not None:
+                return method, props, body
+            time.sleep(0.05)
+    raise AssertionError(f"nothing in {queue} on server {index} within {timeout}s")
+
+
+def test_expired_messages_of_a_shared_queue_are_dead_lettered_once(roles: Roles) -> None:
+    """x-message-ttl and expiration run on the root; each expiry dead-letters once, in order."""
+    name = uid("ttl")
+    with roles.connect(roles.a) as conn:
+        ch = conn.channel()
+        exchange, dead = dead_letter_target(ch, name)
+        ch.queue_declare(
+            name,
+            arguments={
+                "x-message-ttl": 300,
+                "x-dead-letter-exchange": exchange,
+                "x-dead-letter-routing-key": dead,
+            },
+        )
+    with roles.connect(roles.b) as conn:  # published through a server that is not root
+        ch = conn.channel()
+        publish_confirmed(ch, name, [b"t%d" % i for i in range(5)])
+        ch.basic_publish("", name, b"short", pika.BasicProperties(expiration="50"))
+    wait_for(lambda: roles.all_depths(dead) == {(6, 0)}, what="six dead letters everywhere")
+    assert roles.all_depths(name) == {(0, 0)}
+    got = [get_on(roles, roles.s, dead) for _ in range(6)]
+    assert [body for _m, _p, body in got] == [b"t%d" % i for i in range(5)] + [b"short"]
+    for method, props, _body in got:
+        assert method.exchange == exchange and method.routing_key == dead
+        (death,) = props.headers["x-death"]
+        assert (death["count"], death["reason"], death["queue"]) == (1, "expired", name)
+        assert death["exchange"] == "" and death["routing-keys"] == [name]
+    assert got[-1][1].headers["x-death"][0]["original-expiration"] == "50"
+    assert roles.all_depths(dead) == {(0, 0)}
+
+
+def test_a_reject_through_a_proxy_dead_letters_on_the_root(roles: Roles) -> None:
+    name = uid("rej")
+    with roles.connect(roles.root) as conn:
+        ch = conn.channel()
+        exchange, dead = dead_letter_target(ch, name)
+        ch.queue_declare(name, arguments={"x-dead-letter-exchange": exchange})
+        ch.queue_unbind(dead, exchange, dead)
+        ch.queue_bind(dead, exchange, name)  # no dead-letter key: the original key is kept
+        publish_confirmed(ch, name, [b"no", b"yes"])
+    with roles.connect(roles.s) as conn:
+        ch = conn.channel()
+        first, _p, body = ch.basic_get(name)
+        assert body == b"no"
+        ch.basic_reject(first.delivery_tag, requeue=False)
+        second, _p, body = ch.basic_get(name)
+        assert body == b"yes"
+        ch.basic_nack(second.delivery_tag, requeue=True)  # requeued, not dead-lettered
+    method, props, body = get_on(roles, roles.b, dead)
+    assert body == b"no" and method.routing_key == name
+    (death,) = props.headers["x-death"]
+    assert (death["reason"], death["queue"], death["count"]) == ("rejected", name, 1)
+    assert props.headers["x-first-death-reason"] == "rejected"
+    assert roles.all_depths(name) == {(1, 0)} and roles.all_depths(dead) == {(0, 0)}
+
+
+def test_x_expires_deletes_an_unused_shared_queue_cluster_wide(roles: Roles) -> None:
+    used, unused = uid("exp-used"), uid("exp-unused")
+    with roles.connect(roles.a) as conn:
+        ch = conn.channel()
+        ch.queue_declare(unused, arguments={"x-expires": 600})
+        ch.queue_declare(used, arguments={"x-expires": 600})
+
+    def gone_after_a_quiet_spell(queue: str, tries: int = 6) -> bool:
+        """A passive declare is a use (it renews the lease, as in RabbitMQ): look only
+        after a spell longer than x-expires with nothing touching the queue."""
+        for _ in range(tries):
+            time.sleep(1.5)
+            present = []
+            for index in (roles.root, roles.a, roles.b, roles.s):
+                with roles.connect(index) as conn:
+                    try:
+                        conn.channel().queue_declare(queue, passive=True)
+                        present.append(index)
+                    except ChannelClosedByBroker as exc:
+                        assert exc.reply_code == 404
+            if not present:
+                return True
+        return False
+
+    holder = roles.connect(roles.s)  # a consumer on another server keeps ``used`` in use
+    try:
+        holder.channel().basic_consume(used, lambda *a: None)
+        assert gone_after_a_quiet_spell(unused), "the unused queue deleted everywhere"
+        assert roles.all_depths(used) == {(0, 1)}
+    finally:
+        holder.close()
+    assert gone_after_a_quiet_spell(used), "deleted once its consumer went"
