@@ -394,6 +394,9 @@ class ReplicatedQueueStore:
     """The ``QueueStore`` of a master shared queue: numbers its messages, replicates
     every event, and delegates writing to the local journal store."""
 
+    #: every message is numbered and replicated, durable queue or not
+    tracks_enqueues = True
+
     def __init__(
         self,
         name: str,

@@ -198,14 +198,16 @@ class Queue(QueueExpiry):
                         self._keep_deadline(position, message)
                 self.stats_out += 1
                 if store is not None:
-                    store.enqueued(message, waiter)
+                    if store.tracks_enqueues:
+                        store.enqueued(message, waiter)
                     store.delivered(message, consumer, consumer.no_ack)
                 consumer.deliver(self, message, False)
                 return True
         if self._checked or message.expiring:  # a TTL or a length limit
             return self._push_checked(message, waiter)
         if store is not None:
-            store.enqueued(message, waiter)
+            if store.tracks_enqueues:
+                store.enqueued(message, waiter)
             if self.bytes > self.page_limit and (stub := store.page_out(message)) is not None:
                 self.messages.append(stub)  # flow to disk: the body leaves memory
                 self._paged_bytes += stub.length
@@ -246,7 +248,8 @@ class Queue(QueueExpiry):
             self._deadlines[self._head_pos + len(self.messages)] = deadline
         store = self.store
         if store is not None:
-            store.enqueued(message, waiter)
+            if store.tracks_enqueues:
+                store.enqueued(message, waiter)
             if self.bytes > self.page_limit and (stub := store.page_out(message)) is not None:
                 message = stub  # flow to disk: the body leaves memory
                 self._paged_bytes += stub.length

@@ -70,6 +70,11 @@ class Recipient(Protocol):
 class QueueStore(Protocol):
     """One queue's part of the store."""
 
+    #: False while ``enqueued`` would do nothing (a transient queue's store keeps no
+    #: record of a message until it pages): the queue then skips the call, per copy
+    #: routed, which fanout to many queues feels
+    tracks_enqueues: bool
+
     def enqueued(self, message: Message, waiter: PublishWaiter | None) -> None:
         """A message entered the queue; a store that must write it first defers the
         publish (``waiter.defer()``) and answers when it is safe."""

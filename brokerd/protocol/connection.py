@@ -47,6 +47,8 @@ from brokerd.wire.codec import (
 __all__ = ["OUTPUT_HIGH_WATER", "Connection", "ConnectionState", "next_connection_id"]
 
 log = logging.getLogger("brokerd.connection")
+_OPEN = ConnectionState.OPEN
+_CLOSED = ConnectionState.CLOSED
 
 _PUBLISH_ID = bytes((0, 60, 0, 40))
 
@@ -235,10 +237,18 @@ class Connection(Output, Negotiation):
                     "internal error conn=%d peer=%s channel=%d", self.id, self.name, channel
                 )
                 self.internal_error()
-            if self.state is ConnectionState.CLOSED:
-                break
-            if self._holding:
-                # the answer comes later: the rest of this read waits for it
+            # what can make the rest of this read wait: a login or the cluster's
+            # admission (only before the connection is open) or an update-secret
+            # (on channel 0); an open channel's frames never do, so they skip the test
+            state = self.state
+            if state is not _OPEN:
+                if state is _CLOSED:
+                    break
+                if self._holding:
+                    self._pending = frames[index + 1 :]
+                    self._pending_error = error
+                    return
+            elif not channel and self._holding:
                 self._pending = frames[index + 1 :]
                 self._pending_error = error
                 return

@@ -63,6 +63,8 @@ class JournalQueueStore:
         self.journal = journal
         self.committer = committer
         self.durable = durable
+        #: a transient queue journals nothing on enqueue (``enqueued`` returns at once)
+        self.tracks_enqueues = durable
         self._open_journal = open_journal
         self._on_deleted = on_deleted
         #: id(message) -> journal id, for messages this queue holds that are journalled
