@@ -237,18 +237,13 @@ class Connection(Output, Negotiation):
                     "internal error conn=%d peer=%s channel=%d", self.id, self.name, channel
                 )
                 self.internal_error()
-            # what can make the rest of this read wait: a login or the cluster's
-            # admission (only before the connection is open) or an update-secret
-            # (on channel 0); an open channel's frames never do, so they skip the test
             state = self.state
-            if state is not _OPEN:
-                if state is _CLOSED:
-                    break
-                if self._holding:
-                    self._pending = frames[index + 1 :]
-                    self._pending_error = error
-                    return
-            elif not channel and self._holding:
+            if state is _CLOSED:
+                break
+            # a login or the cluster's admission (before the connection is open) or an
+            # update-secret (channel 0) makes the rest of this read wait for its answer;
+            # an open connection's channel frames never do, so they skip the test
+            if (state is not _OPEN or not channel) and self._holding:
                 self._pending = frames[index + 1 :]
                 self._pending_error = error
                 return

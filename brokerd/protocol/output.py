@@ -84,19 +84,8 @@ class Output:
     def write(self: Connection, data: bytes) -> None:
         if self._holds:
             self._hold(data, len(data))
-            return
-        # ``_emit``, inlined: two writes per delivery make this the hottest call
-        out = self._out
-        out.append(data)
-        if len(out) == 1:
-            self._out_bytes = len(data)
-            if self.on_output is not None:
-                self.on_output()
         else:
-            self._out_bytes += len(data)
-            if self._out_bytes > OUTPUT_HIGH_WATER and not self._output_full:
-                self._output_full = True
-                self.writable = False
+            self._emit(data)
 
     def _emit(self: Connection, data: bytes) -> None:
         out = self._out

@@ -64,6 +64,16 @@ class Roles:
     def all_depths(self, queue: str) -> set[tuple[int, int]]:
         return {self.depth(i, queue) for i in (self.root, self.a, self.b, self.s)}
 
+    def exists(self, index: int, queue: str) -> bool:
+        """Does a passive declare on ``index`` find the queue (else a 404)?"""
+        with self.connect(index) as conn:
+            try:
+                conn.channel().queue_declare(queue, passive=True)
+            except ChannelClosedByBroker as exc:
+                assert exc.reply_code == 404
+                return False
+            return True
+
 
 @pytest.fixture(scope="module")
 def roles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Roles]:
@@ -384,16 +394,7 @@ def test_auto_delete_waits_for_the_last_consumer_anywhere(roles: Roles) -> None:
     finally:
         one.close()
         two.close()
-    with roles.connect(roles.b) as conn:
-
-        def gone() -> bool:
-            try:
-                conn.channel().queue_declare(queue, passive=True)
-            except ChannelClosedByBroker as exc:
-                return exc.reply_code == 404
-            return False
-
-        assert wait_for(gone, what="auto-deleted queue")
+    assert wait_for(lambda: not roles.exists(roles.b, queue), what="auto-deleted queue")
 
 
 def test_wiring_errors_come_from_the_root_with_their_codes(roles: Roles) -> None:
@@ -615,15 +616,7 @@ def test_x_expires_deletes_an_unused_shared_queue_cluster_wide(roles: Roles) -> 
         after a spell longer than x-expires with nothing touching the queue."""
         for _ in range(tries):
             time.sleep(1.5)
-            present = []
-            for index in (roles.root, roles.a, roles.b, roles.s):
-                with roles.connect(index) as conn:
-                    try:
-                        conn.channel().queue_declare(queue, passive=True)
-                        present.append(index)
-                    except ChannelClosedByBroker as exc:
-                        assert exc.reply_code == 404
-            if not present:
+            if not any(roles.exists(i, queue) for i in (roles.root, roles.a, roles.b, roles.s)):
                 return True
         return False
 
