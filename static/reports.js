@@ -19,9 +19,12 @@
     var chart = new uPlot({
       width: width(box),
       height: 240,
-      // one minute alone would make uPlot span years: show it with a minute either side
+      // one minute alone: uPlot widens a single x value by 86400 / ms before asking
+      // (1,000 days for times in seconds), so look at the data, not min/max, and
+      // show it with a minute either side
       scales: { x: { time: true, range: function (u, min, max) {
-        return min === max ? [min - 60, max + 60] : [min, max];
+        var xs = u.data[0];
+        return xs.length && xs[0] === xs[xs.length - 1] ? [xs[0] - 60, xs[0] + 60] : [min, max];
       } }, y: { range: function (u, min, max) { return [0, Math.max(1, max)]; } } },
       series: [{}].concat(series),
       axes: [{}, { label: "messages/s" }],
@@ -29,6 +32,7 @@
         ? { ready: [RookeryCharts.latestLegend], setLegend: [RookeryCharts.latestLegend] }
         : {}
     }, data, box);
+    box.uplot = chart;  // for the browser tests (and a console): its scales and data
     if (window.ResizeObserver) {
       new ResizeObserver(function () { chart.setSize({ width: width(box), height: 240 }); }).observe(box);
     }
