@@ -43,7 +43,15 @@
     u._rookeryLatest = true;
     try { u.setLegend({ idx: xs.length - 1 }); } finally { u._rookeryLatest = false; }
   }
-  window.RookeryCharts = { latestLegend: latestLegend };
+
+  /* A time axis for x values in seconds. A single x value (the first live sample, a
+     one-minute report) is widened by uPlot by 86400 / ms before the range hook (1,000
+     days for seconds), so look at the data: one value gets a minute either side. */
+  function timeRange(u, min, max) {
+    var xs = u.data[0];
+    return xs.length && xs[0] === xs[xs.length - 1] ? [xs[0] - 60, xs[0] + 60] : [min, max];
+  }
+  window.RookeryCharts = { latestLegend: latestLegend, timeRange: timeRange };
 
   function rateSeries() {
     var el = document.getElementById("rate-series");
@@ -72,7 +80,7 @@
     chart = new uPlot({
       width: chartWidth(box),
       height: 220,
-      scales: { x: { time: true }, y: { range: function (u, min, max) { return [0, Math.max(1, max)]; } } },
+      scales: { x: { time: true, range: timeRange }, y: { range: function (u, min, max) { return [0, Math.max(1, max)]; } } },
       series: [
         {},
         { label: "published/s", stroke: "#2f5d9f", width: 2 },

@@ -19,13 +19,11 @@
     var chart = new uPlot({
       width: width(box),
       height: 240,
-      // one minute alone: uPlot widens a single x value by 86400 / ms before asking
-      // (1,000 days for times in seconds), so look at the data, not min/max, and
-      // show it with a minute either side
-      scales: { x: { time: true, range: function (u, min, max) {
-        var xs = u.data[0];
-        return xs.length && xs[0] === xs[xs.length - 1] ? [xs[0] - 60, xs[0] + 60] : [min, max];
-      } }, y: { range: function (u, min, max) { return [0, Math.max(1, max)]; } } },
+      // one minute alone is shown with a minute either side (dashboard.js's timeRange)
+      scales: {
+        x: { time: true, range: window.RookeryCharts ? RookeryCharts.timeRange : null },
+        y: { range: function (u, min, max) { return [0, Math.max(1, max)]; } }
+      },
       series: [{}].concat(series),
       axes: [{}, { label: "messages/s" }],
       hooks: window.RookeryCharts
