@@ -69,7 +69,8 @@ def test_a_report_runs_in_the_first_minutes_of_a_fresh_install(
     expect(page.locator("#report-isr-xsr .u-legend .u-series").nth(1)).not_to_contain_text("--")
     # a run of a few seconds is one minute of data: the time axis spans minutes, not years
     for chart in ("#report-isr-xsr", "#report-brokers"):
-        span = page.locator(chart).evaluate("box => box.uplot.scales.x.max - box.uplot.scales.x.min")
+        x_span = "box => box.uplot.scales.x.max - box.uplot.scales.x.min"
+        span = page.locator(chart).evaluate(x_span)
         assert 0 < span <= 3600, (chart, span)
     screenshot(page, "report-first-hour")
     page.close()
