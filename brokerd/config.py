@@ -66,6 +66,8 @@ class StoreSettings:
     queue_memory_limit: int = 64 * 1024 * 1024
     #: size of a journal segment file
     segment_size: int = 16 * 1024 * 1024
+    #: seconds between journal compaction passes
+    compact_interval: float = 5.0
 
 
 @dataclass
@@ -308,7 +310,7 @@ def parse_vhost_name(value: object, key: str) -> str:
 def parse_store(raw: object, key: str) -> StoreSettings:
     if not isinstance(raw, dict):
         raise ConfigError(f"{key}: must be a table")
-    _check_keys(raw, frozenset({"queue_memory_limit", "segment_size"}), key)
+    _check_keys(raw, frozenset({"queue_memory_limit", "segment_size", "compact_interval"}), key)
     settings = StoreSettings()
     if "queue_memory_limit" in raw:
         settings.queue_memory_limit = parse_size(
@@ -318,6 +320,12 @@ def parse_store(raw: object, key: str) -> StoreSettings:
         settings.segment_size = parse_size(
             raw["segment_size"], f"{key}.segment_size", minimum=64 * 1024
         )
+    if "compact_interval" in raw:
+        value = raw["compact_interval"]
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not 0.1 <= value <= 3600:
+            raise ConfigError(f"{key}.compact_interval: seconds from 0.1 to 3600, not {value!r}")
+        settings.compact_interval = float(value)
     return settings
 
 

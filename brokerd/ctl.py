@@ -71,6 +71,12 @@ def _print_status(status: dict[str, Any]) -> None:
             f"disk free  {free} (limit {format_bytes(disk['limit'])}) on {disk['path']}"
             f"{'  ALARM' if disk['alarm'] else ''}"
         )
+    store = status.get("store")
+    if store:
+        print(
+            f"store      {store.get('segments')} segments, {store.get('commits')} commits, "
+            f"{store.get('write_failures')} write failures, {store.get('corrupt', 0)} corrupt"
+        )
     blocked = status.get("blocked") or {}
     print(f"blocked    {'; '.join(blocked.values()) if blocked else '-'}")
     for alarm in status.get("alarms", []):

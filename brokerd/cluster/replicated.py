@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster import records as rec
 from brokerd.model.message import Message
-from brokerd.model.storage import Paged
+from brokerd.model.storage import CorruptMessage, Paged
 from brokerd.wire.codec import delivery_mode
 
 if TYPE_CHECKING:
@@ -361,7 +361,11 @@ class ReplicaSet:
                     entry = store.entries.get(mid)
                     if entry is None:
                         continue  # settled since the snapshot began: nothing to send
-                    message, body = entry[0], store.body(entry[0])
+                    try:
+                        message, body = entry[0], store.body(entry[0])
+                    except CorruptMessage:
+                        continue  # corrupt here (logged, quarantined): the queue drops it
+
                     batch.replicate(
                         0,
                         rec.R_SYNC,
@@ -423,12 +427,7 @@ class ReplicatedQueueStore:
     def body(self, message: Message) -> bytes:
         """A message's body, read back from the journal if it is paged out."""
         if message.paged and self.local is not None:
-            held = getattr(message, "held", None)
-            if held is not None:
-                return held
-            journal = self.local.journal
-            assert journal is not None
-            return journal.read_body(message.jid)  # type: ignore[attr-defined]
+            return self.local.read_body(message.jid)  # type: ignore[attr-defined]
         return message.body
 
     # -- QueueStore ------------------------------------------------------------------
@@ -514,7 +513,15 @@ class ReplicatedQueueStore:
 
     def load(self, paged: Paged) -> Message:
         assert self.local is not None
-        message = self.local.load(paged)
+        try:
+            message = self.local.load(paged)
+        except CorruptMessage:
+            # gone here: the replicas settle it too, so every copy agrees
+            mid = self.mids.pop(id(paged), None)
+            if mid is not None:
+                self.entries.pop(mid, None)
+                self.replicas.emit(rec.R_SETTLE, self.name, mid)
+            raise
         mid = self.mids.pop(id(paged), None)
         if mid is not None:
             self.mids[id(message)] = mid

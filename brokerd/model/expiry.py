@@ -139,7 +139,7 @@ class QueueExpiry:
 
         @property
         def message_count(self) -> int: ...
-        def _pop(self) -> tuple[Message, bool, int]: ...
+        def _pop(self, past_corrupt: bool = True) -> tuple[Message, bool, int] | None: ...
         def _head_position(self) -> int: ...
         def _dead_letter(self, messages: list[Message], reason: str) -> None: ...
         def dispatch(self) -> None: ...
@@ -176,7 +176,9 @@ class QueueExpiry:
             if deadline is None or deadline > now:
                 break
             del deadlines[position]
-            expired.append(self._pop()[0])
+            popped = self._pop(past_corrupt=False)
+            if popped is not None:  # None: it was found corrupt (dropped, counted)
+                expired.append(popped[0])
         if expired:
             self._expired(expired)
 

@@ -40,7 +40,7 @@ from brokerd.model.errors import ACCESS_REFUSED, ChannelError
 from brokerd.model.expiry import QueueExpiry
 from brokerd.model.interfaces import ConsumerSink, Destination, Got, Origin, PublishWaiter, Reply
 from brokerd.model.message import Message
-from brokerd.model.storage import QueueStore
+from brokerd.model.storage import CorruptMessage, QueueStore
 
 if TYPE_CHECKING:
     from brokerd.model.deadletter import DeadLetters
@@ -83,8 +83,9 @@ class Queue(QueueExpiry):
         "_redelivered", "_returned", "_rr", "arguments", "auto_delete", "bindings", "bytes",
         "consumers", "dead_letter_exchange", "dead_letter_routing_key", "dead_letters", "deleted",
         "durable", "exclusive_owner", "had_consumers", "max_length", "max_length_bytes",
-        "messages", "name", "on_unused", "page_limit", "reject_publish", "stats_dead_lettered",
-        "stats_dropped", "stats_expired", "stats_in", "stats_out", "store", "unacked", "vhost",
+        "messages", "name", "on_unused", "page_limit", "reject_publish", "stats_corrupt",
+        "stats_dead_lettered", "stats_dropped", "stats_expired", "stats_in", "stats_out", "store",
+        "unacked", "vhost",
     )
     # fmt: on
 
@@ -147,6 +148,8 @@ class Queue(QueueExpiry):
         self.stats_dropped = 0
         self.stats_expired = 0
         self.stats_dead_lettered = 0
+        #: paged messages whose record the store found damaged: skipped, never delivered
+        self.stats_corrupt = 0
         #: delivered copies not yet acked; the channel layer keeps it (it holds the tags)
         self.unacked = 0
         #: this queue's part of the message store (journal, flow to disk); None: none
@@ -275,7 +278,10 @@ class Queue(QueueExpiry):
         enqueues, then drops heads while over: the same messages go)."""
         dropped = []
         while self.message_count and self._over(max_length, max_bytes, size):
-            head, _, position = self._pop()
+            popped = self._pop(past_corrupt=False)
+            if popped is None:
+                continue  # the head was corrupt (dropped, so not counted as dropped)
+            head, _, position = popped
             if self._deadlines:
                 self._deadlines.pop(position, None)
             dropped.append(head)
@@ -384,27 +390,45 @@ class Queue(QueueExpiry):
 
     # -- the head ------------------------------------------------------------
 
-    def _pop(self) -> tuple[Message, bool, int]:
-        """Take the head: the message (loaded if paged), its redelivered flag, its position."""
+    def _pop(self, past_corrupt: bool = True) -> tuple[Message, bool, int] | None:
+        """Take the head: the message (loaded if paged), its redelivered flag, its
+        position. A paged one the store finds corrupt is dropped (``_lost``) and the
+        next one taken, or None returned if ``past_corrupt`` is False (the caller
+        chose by the head) or nothing else was left."""
         returned = self._returned
-        if returned:
-            position, _, message = heapq.heappop(returned)
-            redelivered = True
-        else:
-            message = self.messages.popleft()
-            position = self._head_pos
-            self._head_pos = position + 1
-            redelivered = False
-            if self._redelivered and id(message) in self._redelivered:
-                self._redelivered.discard(id(message))
+        while self.messages or returned:
+            if returned:
+                position, _, message = heapq.heappop(returned)
                 redelivered = True
-        if message.paged:
-            assert self.store is not None
-            self._paged_bytes -= message.length  # type: ignore[attr-defined]
-            message = self.store.load(message)  # type: ignore[arg-type]
-        else:
-            self.bytes -= len(message.body)
-        return message, redelivered, position
+            else:
+                message = self.messages.popleft()
+                position = self._head_pos
+                self._head_pos = position + 1
+                redelivered = False
+                if self._redelivered and id(message) in self._redelivered:
+                    self._redelivered.discard(id(message))
+                    redelivered = True
+            if message.paged:
+                assert self.store is not None
+                self._paged_bytes -= message.length  # type: ignore[attr-defined]
+                try:
+                    message = self.store.load(message)  # type: ignore[arg-type]
+                except CorruptMessage:
+                    self._lost(position)
+                    if past_corrupt:
+                        continue
+                    return None
+            else:
+                self.bytes -= len(message.body)
+            return message, redelivered, position
+        return None
+
+    def _lost(self, position: int) -> None:
+        """A paged message at ``position`` could not be read back intact: the store
+        has logged it and set it aside; here it is counted and forgotten."""
+        self.stats_corrupt += 1
+        if self._deadlines:
+            self._deadlines.pop(position, None)
 
     def _head_position(self) -> int:
         returned = self._returned
@@ -456,7 +480,10 @@ class Queue(QueueExpiry):
             consumer = self._next_ready(returned[0][2] if returned else messages[0])
             if consumer is None:
                 break
-            message, redelivered, position = self._pop()
+            popped = self._pop(past_corrupt=False)
+            if popped is None:
+                continue  # the head was corrupt (dropped): choose for the next one
+            message, redelivered, position = popped
             if consumer.no_ack:
                 if deadlines:
                     deadlines.pop(position, None)
@@ -491,7 +518,11 @@ class Queue(QueueExpiry):
             if message.paged:
                 assert store is not None
                 self._paged_bytes -= message.length  # type: ignore[attr-defined]
-                message = store.load(message)  # type: ignore[arg-type]
+                try:
+                    message = store.load(message)  # type: ignore[arg-type]
+                except CorruptMessage:
+                    self._lost(position)
+                    continue
             else:
                 self.bytes -= len(message.body)
             if not consumer.no_ack:
@@ -505,12 +536,15 @@ class Queue(QueueExpiry):
         """Take the head message, if any, with its redelivered flag and what is left."""
         self.touch()
         deadlines = self._deadlines
-        if deadlines:
-            self._expire_head()
-        if not self.messages and not self._returned:
+        popped = None
+        while popped is None and (self.messages or self._returned):
+            if deadlines:
+                self._expire_head()
+            popped = self._pop(past_corrupt=False)  # None: corrupt, dropped; the next
+        if popped is None:
             return None
         self.stats_out += 1
-        message, redelivered, position = self._pop()
+        message, redelivered, position = popped
         if no_ack:
             if deadlines:
                 deadlines.pop(position, None)

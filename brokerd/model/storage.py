@@ -47,6 +47,17 @@ class Paged(Message):
         return self.length
 
 
+class CorruptMessage(Exception):
+    """``QueueStore.load`` found a paged message's record damaged: the message is
+    gone (the store has logged, counted and set its bytes aside), and the queue
+    skips it rather than deliver something that is not the message."""
+
+    def __init__(self, jid: int, detail: str) -> None:
+        super().__init__(detail)
+        #: the message's id in the store
+        self.jid = jid
+
+
 class Gate(Protocol):
     """Output held back until the gate opens: a store that must make an acquisition
     known elsewhere (the cluster's replicas) before the delivery leaves gives its
@@ -98,7 +109,8 @@ class QueueStore(Protocol):
         """Write the message's body out and return its stand-in (None: cannot now)."""
 
     def load(self, paged: Paged) -> Message:
-        """The message a stand-in stands for, its body read back."""
+        """The message a stand-in stands for, its body read back and checked; raises
+        ``CorruptMessage`` (the message is gone) if its record is damaged."""
 
     def deleted(self) -> None:
         """The queue is gone: its records may go."""

@@ -68,6 +68,7 @@ class Server:
         self.store = DiskStore(
             options.data_dir / "store",
             segment_size=config.store.segment_size,
+            compact_every=config.store.compact_interval,
             page_limit=config.store.queue_memory_limit,
         )
         self.broker = Broker(config.user_database(), config.vhosts, config.limits, self.store)
@@ -97,6 +98,7 @@ class Server:
         self.resources = ResourceMonitor(
             lambda: self.broker.limits, options.data_dir, self.block_publishers
         )
+        self.resources.other_alarms.append(self.store.alarm)
 
     def _install_cluster_user(self, config: BrokerConfig) -> None:
         """The cluster vhost exists and the cluster user (password = secret) may use it."""

@@ -51,6 +51,11 @@ def full(server: Server) -> str:
     lines.append(
         f"disk: path={disk['path']} free={disk['free']} limit={disk['limit']} alarm={disk['alarm']}"
     )
+    store = server.store.describe()
+    lines.append(
+        f"store: segments={store['segments']} commits={store['commits']} "
+        f"write_failures={store['write_failures']} corrupt={store['corrupt']}"
+    )
     if server.blocked_reason is not None:
         lines.append(f"publishers blocked: {server.blocked_reason}")
     lines.append(f"connections: {len(server.connections)}")
@@ -87,7 +92,8 @@ def full(server: Server) -> str:
                 f"  queue {q.name} ready={q.message_count} consumers={q.consumer_count} "
                 f"durable={q.durable} exclusive={q.exclusive} auto_delete={q.auto_delete} "
                 f"in={q.stats_in} out={q.stats_out} dropped={q.stats_dropped} "
-                f"expired={q.stats_expired} dead_lettered={q.stats_dead_lettered}"
+                f"expired={q.stats_expired} dead_lettered={q.stats_dead_lettered} "
+                f"corrupt={q.stats_corrupt}"
             )
         for b in vhost.binding_list():
             kind = "queue" if hasattr(b.destination, "messages") else "exchange"

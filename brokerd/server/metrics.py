@@ -115,6 +115,17 @@ class BrokerCollector(Collector):
             "1 if the free disk space alarm is in effect (publishers blocked)",
             value=int(disk["alarm"]),
         )
+        store = self.server.store
+        yield CounterMetricFamily(
+            "rookery_store_corrupt_records",
+            "Journal records that failed their CRC or framing check when read back",
+            value=store.corrupt,
+        )
+        yield GaugeMetricFamily(
+            "rookery_alarms_store_integrity",
+            "1 if a message was found corrupt on disk since the broker started",
+            value=int(store.corrupt > 0),
+        )
 
     def _queues(self) -> Iterator[Metric]:
         labels = ["vhost", "queue"]
@@ -146,6 +157,11 @@ class BrokerCollector(Collector):
             "Copies dead-lettered to the queue's dead-letter exchange",
             labels=labels,
         )
+        corrupt = CounterMetricFamily(
+            "rookery_queue_messages_corrupt",
+            "Messages whose record failed its check when read back from disk (not delivered)",
+            labels=labels,
+        )
         for vhost in self.server.broker.vhosts.values():
             for queue in vhost.queues.values():
                 key = [vhost.name, queue.name]
@@ -157,7 +173,9 @@ class BrokerCollector(Collector):
                 delivered.add_metric(key, queue.stats_out)
                 expired.add_metric(key, queue.stats_expired)
                 dead_lettered.add_metric(key, queue.stats_dead_lettered)
+                corrupt.add_metric(key, queue.stats_corrupt)
         yield from (ready, unacked, total, consumers, published, delivered, expired, dead_lettered)
+        yield corrupt
         yield from self._dead_lettered()
 
     def _dead_lettered(self) -> Iterator[Metric]:

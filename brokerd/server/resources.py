@@ -155,6 +155,9 @@ class ResourceMonitor:
         self.received = 0
         self.disk_free: int | None = None
         self.alarms: dict[str, ResourceAlarm] = {}
+        #: alarms raised elsewhere that block nothing (the store's integrity alarm):
+        #: each returns ``alarm_list``'s entry, or None while all is well
+        self.other_alarms: list[Callable[[], dict[str, Any] | None]] = []
         self._last_trim = 0.0
         self._task: asyncio.Task[None] | None = None
 
@@ -243,9 +246,14 @@ class ResourceMonitor:
 
     def alarm_list(self) -> list[dict[str, Any]]:
         """The active alarms as the console link's ``view.alarms`` lists them."""
-        return [
+        alarms = [
             {"kind": a.kind, "message": a.message, "since": a.since} for a in self.alarms.values()
         ]
+        for other in self.other_alarms:
+            alarm = other()
+            if alarm is not None:
+                alarms.append(alarm)
+        return alarms
 
     # -- the timer --------------------------------------------------------------------
 

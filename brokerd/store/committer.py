@@ -22,6 +22,9 @@ from brokerd.store.journal import Pending, QueueJournal
 
 log = logging.getLogger("brokerd.store.committer")
 
+#: seconds before records whose write failed are written again
+RETRY_AFTER = 1.0
+
 #: called once a commit is on disk (True) or failed (False); a publisher confirm's
 #: (accepted, routed) callback fits
 Done = Callable[[bool, int], None]
@@ -68,8 +71,22 @@ class Committer:
                     await loop.run_in_executor(self._executor, _write_all, batch)
                 except OSError as exc:
                     self.failures += 1
-                    log.error("journal write failed: %s; %d journals affected", exc, len(batch))
+                    log.error(
+                        "journal write failed: %s; %d journals affected; their publishers are "
+                        "nacked and the records written again in %.0fs",
+                        exc,
+                        len(batch),
+                        RETRY_AFTER,
+                    )
                     _finish(batch, ok=False)
+                    for journal, pending, _waiting in batch:
+                        # what did not reach the disk stays unwritten (reads come from
+                        # memory) and is written again: a later round must not mark
+                        # the segment durable past a hole
+                        if not journal.closed:
+                            journal.put_back(pending)
+                            self._dirty.setdefault(journal, [])
+                    await asyncio.sleep(RETRY_AFTER)
                 else:
                     self._done(batch, started)
         finally:
@@ -95,14 +112,19 @@ class Committer:
             _write_all(batch)
             self._done(batch, started)
 
-    async def drain(self) -> None:
-        """Wait until nothing is left to commit (a clean shutdown)."""
+    async def drain(self, attempts: int = 3) -> None:
+        """Wait until nothing is left to commit (a clean shutdown); a disk that keeps
+        failing is given up on after ``attempts`` failed rounds."""
+        failures = self.failures
         while self._task is not None or self._dirty:
+            if self.failures - failures >= attempts:
+                log.error("journal writes keep failing: shutting down with records unwritten")
+                return
             if self._task is None:
                 self.register(next(iter(self._dirty)))
             task = self._task
             if task is not None:
-                await task
+                await asyncio.wait({task}, timeout=RETRY_AFTER * 2)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

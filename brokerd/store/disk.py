@@ -7,6 +7,8 @@ Layout under ``DATA_DIR/store``:
     paging/<n>/NNN.seg       journals of non-durable queues that paged out
                              (wiped at every start: transient messages do not
                              survive a restart)
+    quarantine/*.rec         records that failed their check when read back,
+                             kept as found for recovery tooling
 
 At start, ``recover`` rebuilds the durable wiring and every durable queue's
 messages into the model (before the broker listens). A background task
@@ -29,7 +31,7 @@ from brokerd.model.exchange import Exchange
 from brokerd.model.message import Message
 from brokerd.model.queue import PAGE_LIMIT, Queue
 from brokerd.store.committer import Committer
-from brokerd.store.journal import SEGMENT_SIZE, QueueJournal
+from brokerd.store.journal import SEGMENT_SIZE, CorruptRecord, QueueJournal
 from brokerd.store.queues import JournalQueueStore
 from brokerd.store.wiring import StoredBinding, StoredExchange, StoredQueue, WiringStore
 
@@ -59,15 +61,21 @@ class DiskStore:
         *,
         segment_size: int = SEGMENT_SIZE,
         page_limit: int = PAGE_LIMIT,
+        compact_every: float = COMPACT_EVERY,
     ) -> None:
         self.dir = directory
         self.segment_size = segment_size
+        self.compact_every = compact_every
         self.page_limit = page_limit
         directory.mkdir(parents=True, exist_ok=True)
         self.wiring = WiringStore(directory / "wiring.sqlite3")
         self.committer = Committer()
         self.journals_dir = directory / "queues"
         self.paging_dir = directory / "paging"
+        self.quarantine_dir = directory / "quarantine"
+        #: messages found corrupt on disk since start, and the last one (the alarm)
+        self.corrupt = 0
+        self.last_corrupt: dict[str, Any] | None = None
         shutil.rmtree(self.paging_dir, ignore_errors=True)
         self._paging_ids = itertools.count(1)
         self.stores: dict[tuple[str, str], JournalQueueStore] = {}
@@ -86,19 +94,28 @@ class DiskStore:
             def open_paging() -> QueueJournal:
                 path = self.paging_dir / str(next(self._paging_ids))
                 path.mkdir(parents=True, exist_ok=True)
-                return QueueJournal(path, self.segment_size)
+                return QueueJournal(path, self.segment_size, self.quarantine_dir)
 
-            return JournalQueueStore(None, self.committer, durable=False, open_journal=open_paging)
+            return JournalQueueStore(
+                None,
+                self.committer,
+                durable=False,
+                open_journal=open_paging,
+                label=f"'{queue.name}' in vhost '{vhost}'",
+                on_corrupt=self._corrupted,
+            )
         path = self.journals_dir / queue_key(vhost, queue.name)
         if key not in self._recovering and path.exists():
             shutil.rmtree(path, ignore_errors=True)  # a queue of that name that went
-        journal = QueueJournal(path, self.segment_size)
+        journal = QueueJournal(path, self.segment_size, self.quarantine_dir)
         path.mkdir(parents=True, exist_ok=True)
         store = JournalQueueStore(
             journal,
             self.committer,
             durable=True,
             on_deleted=lambda s, key=key: self.stores.pop(key, None),  # type: ignore[misc]
+            label=f"'{queue.name}' in vhost '{vhost}'",
+            on_corrupt=self._corrupted,
         )
         self.stores[key] = store
         return store
@@ -218,6 +235,17 @@ class DiskStore:
         if not isinstance(store, JournalQueueStore) or store.journal is None:
             return 0
         recovered = store.journal.recover()
+        for error in store.journal.damaged:
+            log.error(
+                "recovery: queue %s/%s: a record damaged in place (%s; it claims message "
+                "%d) was skipped and kept in %s",
+                queue.vhost,
+                queue.name,
+                error,
+                error.jid,
+                self.quarantine_dir,
+            )
+            self._corrupted(store, error)
         loaded = []
         for r in recovered:
             message = Message(r.exchange, r.routing_key, r.props, r.body)
@@ -259,7 +287,7 @@ class DiskStore:
 
     async def _compact_loop(self) -> None:
         while True:
-            await asyncio.sleep(COMPACT_EVERY)
+            await asyncio.sleep(self.compact_every)
             try:
                 self.compact()
             except Exception:  # a bad segment must not stop the store
@@ -277,15 +305,48 @@ class DiskStore:
                 segment = journal.oldest()
                 if segment is None:
                     break
-                if segment.live <= 0:
+                if journal.removable(segment):
                     journal.remove(segment)
                     freed += 1
                     continue
-                if journal.sparse(segment):
-                    journal.copy_live(segment)
+                if segment.live > 0 and journal.sparse(segment):
+                    _moved, corrupt = journal.copy_live(segment)
+                    for error in corrupt:
+                        store.corrupted(error)
                     self.committer.register(journal)
                 break
         return freed
+
+    # -- integrity ---------------------------------------------------------------------
+
+    def _corrupted(self, store: JournalQueueStore, error: CorruptRecord) -> None:
+        """A queue found a message corrupt on disk: counted, and the ``store`` alarm
+        (``alarm``) stands until the broker restarts."""
+        self.corrupt += 1
+        self.last_corrupt = {
+            "queue": store.label,
+            "jid": error.jid,
+            "segment": error.segment,
+            "offset": error.offset,
+            "reason": error.reason,
+            "since": time.time(),
+        }
+
+    def alarm(self) -> dict[str, Any] | None:
+        """The store alarm, as ``view.alarms`` lists alarms (None while all is well):
+        it does not block publishers, it tells the operator data was lost."""
+        last = self.last_corrupt
+        if last is None:
+            return None
+        return {
+            "kind": "store",
+            "message": (
+                f"store integrity: {self.corrupt} message(s) found corrupt on disk and not "
+                f"delivered (last: queue {last['queue']}, journal id {last['jid']}: "
+                f"{last['reason']}); records kept in {self.quarantine_dir}"
+            ),
+            "since": last["since"],
+        }
 
     async def close(self) -> None:
         if self._task is not None:
@@ -310,6 +371,7 @@ class DiskStore:
             "commits": self.committer.rounds,
             "last_commit_ms": round(self.committer.last_round_ms, 3),
             "write_failures": self.committer.failures,
+            "corrupt": self.corrupt,
             "recovery": self.recovery,
         }
 

@@ -5,8 +5,11 @@ also decides where each will land (segment and offset), and written and
 made durable by the committer (``committer.py``) in a worker thread: it
 takes everything appended so far (``take``), writes it with ``pwrite`` and
 ``fdatasync``s each touched segment, then the loop marks it written
-(``written``). Reads of paged-out bodies (``read_body``) only touch records
-already written.
+(``written``). A body is read back (``read_body``) from memory while its
+record is not yet on disk (``unwritten``), and from disk only once it is,
+checked against the record's CRC: a preallocated segment reads as zeros
+where the committer has not written yet, so a read that ran ahead of the
+committer would hand out zeros of the right length (issue 20).
 
 Segments are preallocated to the segment size (zeros after the last
 record, so a reader knows where the records end) and named
@@ -85,11 +88,27 @@ class Recovered:
     redelivered: bool
 
 
+class CorruptRecord(rec.JournalError):
+    """A live message's record on disk is not what was written (its CRC, framing or id
+    does not match): its body must not be delivered."""
+
+    def __init__(self, jid: int, segment: int, offset: int, reason: str, raw: bytes) -> None:
+        super().__init__(f"message {jid}: record at {segment:08d}.seg+{offset} {reason}")
+        self.jid = jid
+        self.segment = segment
+        self.offset = offset
+        self.reason = reason
+        #: the bytes found there, kept for recovery tooling (``quarantine``)
+        self.raw = raw
+
+
 @dataclass
 class Pending:
     """Writes taken for one commit: (segment, offset, parts) in order."""
 
     writes: list[tuple[Segment, int, list[bytes]]] = field(default_factory=list)
+    #: journal ids of the enqueue records among them (their bodies are ``unwritten``)
+    jids: list[int] = field(default_factory=list)
     #: each segment's tail once these writes are done
     tails: dict[int, int] = field(default_factory=dict)
     #: the segment and end offset of the last write (appends to it extend it)
@@ -103,15 +122,33 @@ class Pending:
 class QueueJournal:
     """The journal of one queue (one directory of segments)."""
 
-    def __init__(self, directory: Path, segment_size: int = SEGMENT_SIZE) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        segment_size: int = SEGMENT_SIZE,
+        quarantine_dir: Path | None = None,
+    ) -> None:
         self.dir = directory
         self.segment_size = segment_size
+        #: where records that fail their check are copied for recovery tooling
+        self.quarantine_dir = quarantine_dir or directory.parent.parent / "quarantine"
         self.segments: dict[int, Segment] = {}
         self.current: Segment | None = None
         self.next_id = 1
         self.where: dict[int, Where] = {}
         #: live messages delivered and not settled (recovery flags them redelivered)
         self.acquired: set[int] = set()
+        #: jid -> body of live enqueue records whose bytes are not yet known to be on
+        #: disk at ``where[jid]`` (appended, or in a commit that has not finished or
+        #: failed): reads are served from here
+        self.unwritten: dict[int, bytes] = {}
+        #: jid -> why, for live messages whose record was found corrupt (quarantined)
+        self.corrupt: dict[int, str] = {}
+        #: records recovery found damaged in place and skipped (set aside)
+        self.damaged: list[CorruptRecord] = []
+        #: old segment -> {segment: tail}: the copies compaction made of its live
+        #: records, which must be on disk before it may be deleted
+        self.moved: dict[int, dict[int, int]] = {}
         self._pending = Pending()
         self.closed = False
 
@@ -161,6 +198,8 @@ class QueueJournal:
         head, body = rec.enqueue_parts(jid, flags, exchange, routing_key, props, body)
         segment, offset = self._segment_for(len(head) + len(body))
         self._queue_write(segment, offset, [head, body])
+        self._pending.jids.append(jid)
+        self.unwritten[jid] = body
         previous = self.where.get(jid)
         if previous is not None:  # written again by compaction: the old copy is dead
             self.segments[previous.segment].live -= 1
@@ -183,6 +222,7 @@ class QueueJournal:
         self._queue_write(segment, offset, [data])
         if kind == rec.DEQUEUE:
             self.acquired.discard(jid)
+            self.unwritten.pop(jid, None)
             where = self.where.pop(jid, None)
             if where is not None:
                 self.segments[where.segment].live -= 1
@@ -199,6 +239,17 @@ class QueueJournal:
         """Everything appended since the last take, for one commit (event loop)."""
         pending, self._pending = self._pending, Pending()
         return pending
+
+    def put_back(self, pending: Pending) -> None:
+        """A commit failed: its writes go ahead of what was appended since, for the
+        next round (pwrite at fixed offsets: writing again is harmless)."""
+        later = self._pending
+        pending.writes += later.writes
+        pending.jids += later.jids
+        pending.tails.update(later.tails)
+        if later.writes:
+            pending.last, pending.end = later.last, later.end
+        self._pending = pending
 
     @staticmethod
     def write(pending: Pending) -> None:
@@ -228,6 +279,13 @@ class QueueJournal:
             segment = self.segments.get(number)
             if segment is not None:
                 segment.durable = max(segment.durable, tail)
+        unwritten = self.unwritten
+        if unwritten:
+            for jid in pending.jids:
+                # only if the record on disk is the latest one: compaction may have
+                # appended the message again since this commit was taken
+                if jid in unwritten and self.is_durable(jid):
+                    del unwritten[jid]
 
     def is_durable(self, jid: int) -> bool:
         where = self.where.get(jid)
@@ -239,21 +297,61 @@ class QueueJournal:
     # -- reading ----------------------------------------------------------------------------
 
     def read_body(self, jid: int) -> bytes:
-        """A live message's body, from disk (it must be durable)."""
-        where = self.where[jid]
-        fd = self.segments[where.segment].open()
-        data = os.pread(fd, where.body_length, where.body_offset)
-        if len(data) != where.body_length:
-            raise rec.JournalError(f"short read of message {jid} in {self.dir}")
-        return data
+        """A live message's body: from memory while its record is not on disk, else
+        from disk, its whole record checked (length, CRC, type and id) first.
+
+        Raises ``CorruptRecord`` when the check fails (or the message was found
+        corrupt before), never returning bytes that are not the message's."""
+        body = self.unwritten.get(jid)
+        if body is not None:
+            return body
+        reason = self.corrupt.get(jid)
+        where = self.where.get(jid)
+        if reason is not None or where is None:
+            raise CorruptRecord(jid, 0, 0, reason or "is not in the journal", b"")
+        segment = self.segments[where.segment]
+        if where.record_offset + where.record_length > segment.durable:
+            # cannot happen while ``unwritten`` holds every such body; a read past
+            # the committer would be zeros, so it is refused rather than trusted
+            raise CorruptRecord(jid, where.segment, where.record_offset, "is not on disk yet", b"")
+        data = os.pread(segment.open(), where.record_length, where.record_offset)
+        problem = rec.check_enqueue(data, jid, where.record_length)
+        if problem is not None:
+            raise CorruptRecord(jid, where.segment, where.record_offset, problem, data)
+        return data[where.body_offset - where.record_offset :]
+
+    def quarantine(self, error: CorruptRecord) -> Path | None:
+        """Set a corrupt message aside: its bytes go to the quarantine directory for
+        recovery tooling, and it stops being live (a DEQUEUE record, so neither a
+        restart nor compaction trips over it again). Returns the copy's path."""
+        jid = error.jid
+        if jid in self.corrupt:
+            return None
+        self.corrupt[jid] = error.reason
+        path = None
+        if error.raw:
+            self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+            path = self.quarantine_dir / (
+                f"{self.dir.name}-{error.segment:08d}-{error.offset}-{jid}.rec"
+            )
+            try:
+                path.write_bytes(error.raw)
+            except OSError as exc:
+                log.error("cannot keep corrupt record %s: %s", path, exc)
+                path = None
+        if jid in self.where:
+            self.mark(rec.DEQUEUE, jid)
+        return path
 
     # -- recovery -------------------------------------------------------------------------
 
     def recover(self) -> list[Recovered]:
         """Rebuild the queue from its segments: live persistent messages in journal-id
         order (transient ones were only paged out: dropped), redelivered if they had
-        been delivered. A torn or corrupt record ends its segment's reading, with a
-        log line; appends continue in a new segment."""
+        been delivered. A torn record (the last one written, cut by a crash) ends its
+        segment's reading, with a log line; a record damaged in place (an intact one
+        follows it) is set aside (``quarantine_dir``, listed in ``damaged``) and
+        reading goes on past it. Appends continue in a new segment."""
         self.dir.mkdir(parents=True, exist_ok=True)
         found: dict[int, tuple[rec.Raw, int]] = {}
         acquired: set[int] = set()
@@ -265,6 +363,10 @@ class QueueJournal:
             path = self.dir / f"{number:08d}.seg"
             data = path.read_bytes()
             records, end, problem = rec.scan_fast(data)
+            while problem is not None and (following := rec.damaged_end(data, end)) is not None:
+                self._set_aside(number, end, data[end:following], problem)
+                more, end, problem = rec.scan_fast(data, following)
+                records += more
             del data  # the records keep only their strings and blobs
             if problem is not None:
                 log.warning(
@@ -309,6 +411,17 @@ class QueueJournal:
         self.current = None  # appends start a segment of their own
         return out
 
+    def _set_aside(self, number: int, offset: int, raw: bytes, problem: str) -> None:
+        """A record damaged in place, met by recovery: kept for recovery tooling."""
+        jid = rec.record_id(raw)
+        path = self.quarantine_dir / f"{self.dir.name}-{number:08d}-{offset}-recovery.rec"
+        try:
+            self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(raw)
+        except OSError as exc:
+            log.error("cannot keep damaged record %s: %s", path, exc)
+        self.damaged.append(CorruptRecord(jid or 0, number, offset, problem, raw))
+
     # -- compaction and removal -------------------------------------------------------------------
 
     def oldest(self) -> Segment | None:
@@ -324,25 +437,47 @@ class QueueJournal:
             return None
         return segment
 
+    def removable(self, segment: Segment) -> bool:
+        """No live message left in it, and the copies compaction made of its live
+        ones are on disk (deleting it before would lose them to a crash)."""
+        if segment.live > 0:
+            return False
+        for number, tail in self.moved.get(segment.number, {}).items():
+            target = self.segments.get(number)
+            if target is not None and target.durable < tail:
+                return False
+        return True
+
     def sparse(self, segment: Segment) -> bool:
         """Mostly dead: worth copying its live records to the head to free it."""
         return segment.total > 0 and segment.live / segment.total < COMPACT_BELOW
 
-    def copy_live(self, segment: Segment) -> int:
+    def copy_live(self, segment: Segment) -> tuple[int, list[CorruptRecord]]:
         """Append the segment's live enqueue records again (same ids; those delivered
-        and unsettled flagged redelivered, their ACQUIRE being in the old segment);
-        the segment is dead once they are on disk. Returns how many."""
+        and unsettled flagged redelivered, their ACQUIRE being in the old segment).
+        The old place stays readable, and the segment is deleted only once the
+        copies are on disk (``removable``); reads go to the new place, served from
+        ``unwritten`` until the copy is written. A record that fails its check is
+        not copied: it is returned, for the store to quarantine. Returns how many
+        were copied, and the corrupt ones."""
         moved = 0
+        corrupt: list[CorruptRecord] = []
         fd = segment.open()
         for jid, where in list(self.where.items()):
             if where.segment != segment.number:
                 continue
             raw = os.pread(fd, where.record_length, where.record_offset)
             records, _end, problem = rec.scan(raw)
-            if problem is not None or len(records) != 1:
-                raise rec.JournalError(f"message {jid} unreadable in {segment.path}: {problem}")
-            record = records[0]
-            assert isinstance(record, rec.Enqueue)
+            if problem is None and len(records) != 1:
+                problem = f"holds {len(records)} records"
+            record = records[0] if records else None
+            if problem is None and not (isinstance(record, rec.Enqueue) and record.id == jid):
+                problem = "is not this message's enqueue record"
+            if problem is not None or not isinstance(record, rec.Enqueue):
+                corrupt.append(
+                    CorruptRecord(jid, segment.number, where.record_offset, str(problem), raw)
+                )
+                continue
             self.enqueue(
                 record.exchange,
                 record.routing_key,
@@ -353,11 +488,14 @@ class QueueJournal:
                 id=jid,
             )
             moved += 1
-        return moved
+        if moved:
+            self.moved[segment.number] = dict(self._pending.tails)
+        return moved, corrupt
 
     def remove(self, segment: Segment) -> None:
         segment.close()
         self.segments.pop(segment.number, None)
+        self.moved.pop(segment.number, None)
         with contextlib.suppress(FileNotFoundError):
             segment.path.unlink()
 

@@ -19,32 +19,22 @@ and paged ones by their stand-in's journal id.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from brokerd.model.message import Message
-from brokerd.model.storage import Paged
+from brokerd.model.storage import CorruptMessage, Paged
 from brokerd.store import records as rec
 from brokerd.store.committer import Committer
-from brokerd.store.journal import QueueJournal
+from brokerd.store.journal import CorruptRecord, QueueJournal
 from brokerd.wire.codec import delivery_mode
 
 if TYPE_CHECKING:
     from brokerd.model.queue import ConsumerSink, PublishWaiter
 
 
-class HeldPaged(Paged):
-    """A stand-in whose body stays in memory until its record is on disk."""
-
-    __slots__ = ("held",)
-
-    def __init__(self, source: Message, jid: int) -> None:
-        super().__init__(source, jid)
-        self.held: bytes | None = source.body
-
-    def release(self, ok: bool, _routed: int) -> None:
-        if ok:
-            self.held = None
+log = logging.getLogger("brokerd.store")
 
 
 class JournalQueueStore:
@@ -58,6 +48,8 @@ class JournalQueueStore:
         durable: bool,
         open_journal: Callable[[], QueueJournal] | None = None,
         on_deleted: Callable[[JournalQueueStore], None] | None = None,
+        label: str = "",
+        on_corrupt: Callable[[JournalQueueStore, CorruptRecord], None] | None = None,
     ) -> None:
         #: None for a queue that has not paged yet (opened on first use)
         self.journal = journal
@@ -67,6 +59,11 @@ class JournalQueueStore:
         self.tracks_enqueues = durable
         self._open_journal = open_journal
         self._on_deleted = on_deleted
+        #: the queue, for log lines ("vhost/name")
+        self.label = label
+        self._on_corrupt = on_corrupt
+        #: messages of this queue found corrupt on disk (never delivered)
+        self.corrupt = 0
         #: id(message) -> journal id, for messages this queue holds that are journalled
         self.ids: dict[int, int] = {}
         #: stand-ins handed out and not yet loaded or dropped
@@ -168,18 +165,45 @@ class JournalQueueStore:
                 persistent=False,
                 id=jid,
             )
-        jid = written
-        stub = HeldPaged(message, jid)
-        if journal.is_durable(jid):
-            stub.held = None
-        else:
-            self.committer.register(journal, stub.release)
+            self.committer.register(journal)
         self.paged += 1
-        return stub
+        return Paged(message, written)
+
+    def read_body(self, jid: int) -> bytes:
+        """A journalled message's body, checked; a damaged record is quarantined
+        (``corrupted``) and raises the model's ``CorruptMessage``."""
+        journal = self._journal()
+        try:
+            return journal.read_body(jid)
+        except CorruptRecord as error:
+            self.corrupted(error)
+            raise CorruptMessage(jid, str(error)) from error
+
+    def corrupted(self, error: CorruptRecord) -> None:
+        """A live message's record failed its check: log it with the queue and
+        journal id, set its bytes aside, count it, and tell the store (the alarm)."""
+        journal = self.journal
+        if journal is None or error.jid in journal.corrupt:
+            return
+        kept = journal.quarantine(error)
+        self.committer.register(journal)  # its DEQUEUE: a restart does not bring it back
+        self.corrupt += 1
+        log.error(
+            "queue %s: message %d is corrupt on disk (%s); not delivered, record kept in %s",
+            self.label or journal.dir.name,
+            error.jid,
+            error,
+            kept or "(nothing readable to keep)",
+        )
+        if self._on_corrupt is not None:
+            self._on_corrupt(self, error)
 
     def load(self, paged: Paged) -> Message:
-        held = getattr(paged, "held", None)
-        body = held if held is not None else self._journal().read_body(paged.jid)
+        try:
+            body = self.read_body(paged.jid)
+        except CorruptMessage:
+            self.paged -= 1
+            raise
         message = Message(
             paged.exchange,
             paged.routing_key,
@@ -207,4 +231,5 @@ class JournalQueueStore:
         return {
             "journalled": len(self.ids),
             "segments": 0 if journal is None else len(journal.segments),
+            "corrupt": self.corrupt,
         }

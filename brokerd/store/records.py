@@ -99,6 +99,26 @@ def enqueue_head_size(exchange: str, routing_key: str, props: bytes) -> int:
     )
 
 
+def check_enqueue(data: bytes, id: int, length: int) -> str | None:
+    """Why ``data`` (read back from where message ``id``'s ENQUEUE record of
+    ``length`` bytes was written) is not that record, or None if it is: the read
+    is whole, the framing's length and CRC match, and the type and id are right.
+    Zeros (a region the committer has not reached) fail the length test."""
+    if len(data) != length:
+        return f"short read ({len(data)} of {length} bytes)"
+    if length < HEADER.size + _enqueue_head.size:
+        return "too short for an enqueue record"
+    size, crc = HEADER.unpack_from(data)
+    if size != length - HEADER.size:
+        return f"has length {size}, not {length - HEADER.size}"
+    if zlib.crc32(memoryview(data)[HEADER.size :]) != crc:
+        return "fails its CRC"
+    kind, found, *_ = _enqueue_head.unpack_from(data, HEADER.size)
+    if kind != ENQUEUE or found != id:
+        return f"is a type {kind} record of message {found}"
+    return None
+
+
 def ref(kind: int, id: int) -> bytes:
     return frame(_ref.pack(kind, id))
 
@@ -134,7 +154,7 @@ def decode_payload(payload: bytes, offset: int = 0) -> Record:
 Raw = tuple[int, int, int, int, int, str, str, bytes, bytes, int]
 
 
-def scan_fast(data: bytes) -> tuple[list[Raw], int, str | None]:
+def scan_fast(data: bytes, start: int = 0) -> tuple[list[Raw], int, str | None]:
     """``scan`` for recovery: tuples straight from the segment buffer, no objects per
     field and no copy but the strings and blobs a message keeps."""
     out: list[Raw] = []
@@ -144,7 +164,7 @@ def scan_fast(data: bytes) -> tuple[list[Raw], int, str | None]:
     enq_unpack = _enqueue_head.unpack_from
     ref_unpack = _ref.unpack_from
     crc32 = zlib.crc32
-    pos = 0
+    pos = start
     end = len(data)
     while pos < end:
         if end - pos < HEADER.size:
@@ -181,6 +201,38 @@ def scan_fast(data: bytes) -> tuple[list[Raw], int, str | None]:
             return out, pos, f"record at {pos} is unreadable: type {kind}, length {length}"
         pos = stop
     return out, pos, None
+
+
+def damaged_end(data: bytes, pos: int) -> int | None:
+    """Where a record at ``pos`` that failed its check ends, if an intact record
+    follows it (so it was damaged in place, not torn by a crash: a torn record is
+    the last one written, followed by the segment's zeros); None otherwise."""
+    if len(data) - pos < HEADER.size:
+        return None
+    length, _crc = HEADER.unpack_from(data, pos)
+    following = pos + HEADER.size + length
+    if length > MAX_RECORD or following + HEADER.size > len(data):
+        return None
+    size, crc = HEADER.unpack_from(data, following)
+    stop = following + HEADER.size + size
+    if size == 0 or size > MAX_RECORD or stop > len(data):
+        return None
+    if zlib.crc32(memoryview(data)[following + HEADER.size : stop]) != crc:
+        return None
+    return following
+
+
+def record_id(data: bytes) -> int | None:
+    """The message id a (possibly damaged) record claims, for the log; None if it
+    does not even look like one."""
+    if len(data) < HEADER.size + _ref.size or data[HEADER.size] not in (
+        ENQUEUE,
+        ACQUIRE,
+        DEQUEUE,
+        REQUEUE,
+    ):
+        return None
+    return int(_ref.unpack_from(data, HEADER.size)[1])
 
 
 def starts(data: bytes | memoryview, count: int, start: int = 0) -> list[int]:

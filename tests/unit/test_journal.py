@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from brokerd.store import records as rec
 from brokerd.store.committer import Committer
+from brokerd.store.journal import CorruptRecord as QueueJournalCorrupt
 from brokerd.store.journal import QueueJournal
 
 
@@ -237,3 +238,47 @@ def test_crc_is_over_the_payload() -> None:
     payload = struct.pack("!BQ", rec.ACQUIRE, 5)
     length, crc = rec.HEADER.unpack_from(rec.ref(rec.ACQUIRE, 5))
     assert length == len(payload) and crc == zlib.crc32(payload)
+
+
+# -- reads never run ahead of the committer (issue 20) ----------------------------------
+
+
+def test_a_body_compaction_moved_reads_back_before_the_copy_is_written(tmp_path: Path) -> None:
+    """Compaction appends a sparse segment's live records at the head and points the
+    message there at once; a read before the committer writes the copy used to
+    ``pread`` the preallocated zeros (issue 20's zero-filled bodies)."""
+    j = journal(tmp_path, segment_size=1024)
+    ids = [j.enqueue("", "q", b"", bytes([i]) * 100, persistent=True) for i in range(40)]
+    keep = ids[2]
+    for jid in ids:
+        if jid != keep:
+            j.mark(rec.DEQUEUE, jid)
+    commit(j)
+    first = j.oldest()
+    assert first is not None and j.sparse(first)
+    moved, corrupt = j.copy_live(first)
+    assert (moved, corrupt) == (1, [])
+    assert j.where[keep].segment != first.number  # points at the copy, not yet written
+    assert j.read_body(keep) == bytes([2]) * 100
+    assert not j.removable(first)  # the copy is not on disk: the old one stays
+    commit(j)
+    assert j.removable(first)
+    assert j.read_body(keep) == bytes([2]) * 100  # now from disk, CRC-checked
+
+
+def test_a_damaged_record_is_refused_and_quarantined(tmp_path: Path) -> None:
+    j = journal(tmp_path)
+    jid = j.enqueue("ex", "rk", b"", b"A" * 200, persistent=True)
+    commit(j)
+    where = j.where[jid]
+    fd = j.segments[where.segment].open()
+    os.pwrite(fd, b"B", where.body_offset + 17)  # one byte of the body rots
+    with pytest.raises(QueueJournalCorrupt) as caught:
+        j.read_body(jid)
+    error = caught.value
+    assert error.jid == jid and "CRC" in error.reason
+    path = j.quarantine(error)
+    assert path is not None and path.read_bytes() == error.raw
+    assert jid not in j.where  # no longer live: a restart does not bring it back
+    with pytest.raises(QueueJournalCorrupt):
+        j.read_body(jid)  # asked again, still refused

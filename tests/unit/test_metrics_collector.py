@@ -45,6 +45,7 @@ def fake_server() -> SimpleNamespace:
         spid="s1",
         cluster_config=None,
         logins=SimpleNamespace(checks=3, refused=2),
+        store=SimpleNamespace(corrupt=0),
         counts=lambda: {
             "connections": 2,
             "channels": 3,
