@@ -61,6 +61,8 @@ class Tally:
     published: int = 0
     republished: int = 0
     confirmed: set[int] = field(default_factory=set)
+    #: confirmed and not yet delivered intact (the soak ends when it is empty)
+    waiting: set[int] = field(default_factory=set)
     nacked: int = 0
     delivered: dict[int, int] = field(default_factory=dict)
     redelivered_flags: int = 0
@@ -137,6 +139,8 @@ class Soak:
                 return
             self.unconfirmed.discard(seq)
             self.tally.confirmed.add(seq)
+            if seq not in self.tally.delivered:  # (a copy may arrive before its confirm)
+                self.tally.waiting.add(seq)
 
         self.tally.published += len(batch)
         self.tally.republished += again
@@ -151,9 +155,7 @@ class Soak:
     # -- the consumer --------------------------------------------------------------
 
     def finished(self) -> bool:
-        return self.done_publishing and all(
-            seq in self.tally.delivered for seq in self.tally.confirmed
-        )
+        return self.done_publishing and not self.tally.waiting
 
     async def consumer(self) -> None:
         while not self.finished():
@@ -196,6 +198,7 @@ class Soak:
                 )
             else:
                 tally.delivered[seq] = tally.delivered.get(seq, 0) + 1
+                tally.waiting.discard(seq)
         if message.redelivered:
             tally.redelivered_flags += 1
         await message.ack()
