@@ -24,12 +24,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from brokerd.store import records as rec
 
 log = logging.getLogger("brokerd.store.journal")
+
+_RECORD_START = rec.RECORD_START
+HEADER_SIZE = rec.HEADER.size
+#: bodies read back from records longer than this are returned as views, not copies
+LARGE = 64 * 1024
 
 SEGMENT_SIZE = 16 * 1024 * 1024
 #: a segment with less than this share of live records is rewritten by compaction
@@ -314,11 +320,21 @@ class QueueJournal:
             # cannot happen while ``unwritten`` holds every such body; a read past
             # the committer would be zeros, so it is refused rather than trusted
             raise CorruptRecord(jid, where.segment, where.record_offset, "is not on disk yet", b"")
-        data = os.pread(segment.open(), where.record_length, where.record_offset)
-        problem = rec.check_enqueue(data, jid, where.record_length)
-        if problem is not None:
-            raise CorruptRecord(jid, where.segment, where.record_offset, problem, data)
-        return data[where.body_offset - where.record_offset :]
+        length = where.record_length
+        data = os.pread(segment.open(), length, where.record_offset)
+        if len(data) == length and length >= _RECORD_START.size:  # the fast path: intact
+            size, crc, kind, found = _RECORD_START.unpack_from(data)
+            if (
+                size == length - HEADER_SIZE
+                and kind == rec.ENQUEUE
+                and found == jid
+                and zlib.crc32(memoryview(data)[HEADER_SIZE:]) == crc
+            ):
+                skip = where.body_offset - where.record_offset
+                # a large body is not copied again (deliveries send it as views)
+                return memoryview(data)[skip:] if length > LARGE else data[skip:]
+        problem = rec.check_enqueue(data, jid, length) or "fails its check"
+        raise CorruptRecord(jid, where.segment, where.record_offset, problem, data)
 
     def quarantine(self, error: CorruptRecord) -> Path | None:
         """Set a corrupt message aside: its bytes go to the quarantine directory for

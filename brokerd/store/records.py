@@ -37,6 +37,8 @@ REDELIVERED = 2
 HEADER = struct.Struct("!II")
 _enqueue_head = struct.Struct("!BQBHHII")
 _ref = struct.Struct("!BQ")
+#: a record's framing, type and id at once: the fast test of a body read back
+RECORD_START = struct.Struct("!IIBQ")
 #: a record longer than this is corruption, not a message (bodies are capped far lower)
 MAX_RECORD = 1 << 31
 
