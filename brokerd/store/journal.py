@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from brokerd.store import records as rec
 log = logging.getLogger("brokerd.store.journal")
 
 _RECORD_START = rec.RECORD_START
+_crc32 = rec.crc32
 HEADER_SIZE = rec.HEADER.size
 #: bodies read back from records longer than this are returned as views, not copies
 LARGE = 64 * 1024
@@ -328,7 +328,7 @@ class QueueJournal:
                 size == length - HEADER_SIZE
                 and kind == rec.ENQUEUE
                 and found == jid
-                and zlib.crc32(memoryview(data)[HEADER_SIZE:]) == crc
+                and _crc32(memoryview(data)[HEADER_SIZE:]) == crc
             ):
                 skip = where.body_offset - where.record_offset
                 # a large body is not copied again (deliveries send it as views)

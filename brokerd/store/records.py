@@ -24,6 +24,11 @@ from __future__ import annotations
 
 import struct
 import zlib
+
+try:  # zlib-ng's CRC-32 (the same checksum, SIMD): 4-14x faster on bodies of 1-64 KiB
+    from zlib_ng.zlib_ng import crc32
+except ImportError:  # pragma: no cover - a platform without the wheel
+    crc32 = zlib.crc32
 from dataclasses import dataclass
 
 ENQUEUE = 1
@@ -75,7 +80,7 @@ Record = Enqueue | Ref
 
 
 def frame(payload: bytes) -> bytes:
-    return HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+    return HEADER.pack(len(payload), crc32(payload)) + payload
 
 
 def enqueue_parts(
@@ -86,7 +91,7 @@ def enqueue_parts(
     ex, rk = exchange.encode(), routing_key.encode()
     head = _enqueue_head.pack(ENQUEUE, id, flags, len(ex), len(rk), len(props), len(body))
     head += ex + rk + props
-    crc = zlib.crc32(body, zlib.crc32(head))
+    crc = crc32(body, crc32(head))
     return HEADER.pack(len(head) + len(body), crc) + head, body
 
 
@@ -113,7 +118,7 @@ def check_enqueue(data: bytes, id: int, length: int) -> str | None:
     size, crc = HEADER.unpack_from(data)
     if size != length - HEADER.size:
         return f"has length {size}, not {length - HEADER.size}"
-    if zlib.crc32(memoryview(data)[HEADER.size :]) != crc:
+    if crc32(memoryview(data)[HEADER.size :]) != crc:
         return "fails its CRC"
     kind, found, *_ = _enqueue_head.unpack_from(data, HEADER.size)
     if kind != ENQUEUE or found != id:
@@ -165,7 +170,6 @@ def scan_fast(data: bytes, start: int = 0) -> tuple[list[Raw], int, str | None]:
     head_unpack = HEADER.unpack_from
     enq_unpack = _enqueue_head.unpack_from
     ref_unpack = _ref.unpack_from
-    crc32 = zlib.crc32
     pos = start
     end = len(data)
     while pos < end:
@@ -219,7 +223,7 @@ def damaged_end(data: bytes, pos: int) -> int | None:
     stop = following + HEADER.size + size
     if size == 0 or size > MAX_RECORD or stop > len(data):
         return None
-    if zlib.crc32(memoryview(data)[following + HEADER.size : stop]) != crc:
+    if crc32(memoryview(data)[following + HEADER.size : stop]) != crc:
         return None
     return following
 
@@ -265,7 +269,7 @@ def scan(data: bytes | memoryview, start: int = 0) -> tuple[list[Record], int, s
         if length > MAX_RECORD or body_start + length > end:
             return out, pos, f"torn record at {pos} (length {length}, {end - body_start} left)"
         payload = view[body_start : body_start + length]
-        if zlib.crc32(payload) != crc:
+        if crc32(payload) != crc:
             return out, pos, f"record at {pos} fails its CRC"
         try:
             out.append(decode_payload(bytes(payload), body_start))
