@@ -57,6 +57,10 @@ class Segment:
     total: int = 0
     fd: int = -1
     allocated: bool = False
+    #: where the journal's appends stood (segment, tail) when its last live message
+    #: went (a DEQUEUE, or compaction's copy): it may be deleted once that is on
+    #: disk; None: settled by records already on disk (recovery)
+    settled_at: tuple[int, int] | None = None
 
     def open(self) -> int:
         if self.fd < 0:
@@ -152,9 +156,6 @@ class QueueJournal:
         self.corrupt: dict[int, str] = {}
         #: records recovery found damaged in place and skipped (set aside)
         self.damaged: list[CorruptRecord] = []
-        #: old segment -> {segment: tail}: the copies compaction made of its live
-        #: records, which must be on disk before it may be deleted
-        self.moved: dict[int, dict[int, int]] = {}
         self._pending = Pending()
         self.closed = False
 
@@ -208,7 +209,7 @@ class QueueJournal:
         self.unwritten[jid] = body
         previous = self.where.get(jid)
         if previous is not None:  # written again by compaction: the old copy is dead
-            self.segments[previous.segment].live -= 1
+            self._unlive(previous.segment)
         self.where[jid] = Where(
             segment.number,
             offset + len(head),
@@ -231,9 +232,17 @@ class QueueJournal:
             self.unwritten.pop(jid, None)
             where = self.where.pop(jid, None)
             if where is not None:
-                self.segments[where.segment].live -= 1
+                self._unlive(where.segment)
         elif kind == rec.ACQUIRE:
             self.acquired.add(jid)
+
+    def _unlive(self, number: int) -> None:
+        """One live message fewer in segment ``number``; at none, note where the
+        records that settled it end (``settled_at``)."""
+        segment = self.segments[number]
+        segment.live -= 1
+        if segment.live <= 0 and self.current is not None:
+            segment.settled_at = (self.current.number, self.current.tail)
 
     @property
     def dirty(self) -> bool:
@@ -454,15 +463,17 @@ class QueueJournal:
         return segment
 
     def removable(self, segment: Segment) -> bool:
-        """No live message left in it, and the copies compaction made of its live
-        ones are on disk (deleting it before would lose them to a crash)."""
+        """No live message left in it, and the records that settled its last ones
+        (DEQUEUEs, or compaction's copies) are on disk: deleting it before would let
+        a crash lose them (a copy), or a message that was about to be dead-lettered
+        elsewhere (a DEQUEUE whose journal had not yet synced its new home)."""
         if segment.live > 0:
             return False
-        for number, tail in self.moved.get(segment.number, {}).items():
-            target = self.segments.get(number)
-            if target is not None and target.durable < tail:
-                return False
-        return True
+        if segment.settled_at is None:
+            return True
+        number, tail = segment.settled_at
+        holder = self.segments.get(number)
+        return holder is None or holder.durable >= tail
 
     def sparse(self, segment: Segment) -> bool:
         """Mostly dead: worth copying its live records to the head to free it."""
@@ -504,14 +515,11 @@ class QueueJournal:
                 id=jid,
             )
             moved += 1
-        if moved:
-            self.moved[segment.number] = dict(self._pending.tails)
         return moved, corrupt
 
     def remove(self, segment: Segment) -> None:
         segment.close()
         self.segments.pop(segment.number, None)
-        self.moved.pop(segment.number, None)
         with contextlib.suppress(FileNotFoundError):
             segment.path.unlink()
 
