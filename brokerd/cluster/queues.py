@@ -78,12 +78,16 @@ class SharedQueue(Queue):
         store = self.journal_store
         replica = QueueReplica()
         for message, redelivered in messages:
-            mid = store.ids.get(id(message), 0) if store is not None else 0
+            if message.paged:  # left on disk by the store: known by its journal id
+                mid = message.jid  # type: ignore[attr-defined]
+            else:
+                mid = store.ids.get(id(message), 0) if store is not None else 0
             if not mid:
                 continue
             replica.entries[mid] = [message, False, redelivered, True]
             replica.top = max(replica.top, mid)
-            replica.bytes += len(message.body)
+            if not message.paged:
+                replica.bytes += len(message.body)
         self.plane.replica.hand(self.name, replica)
         return len(replica.entries)
 

@@ -594,17 +594,20 @@ class Queue(QueueExpiry):
 
     def load_recovered(self, messages: Iterable[tuple[Message, bool]]) -> int:
         """Messages rebuilt from the store at start, in order (already on disk: a
-        deep queue pages them straight out again). A TTL counts from now: the
+        deep queue pages them straight out again, and the store hands the tail past
+        its memory as paged stand-ins). A TTL counts from now: the
         journal keeps no enqueue time."""
         count = 0
         store = self.store
         for message, redelivered in messages:
             entry = message
-            if store is not None and self.bytes > self.page_limit:
+            if message.paged:  # left on disk by the store (a deep queue's tail)
+                self._paged_bytes += message.length  # type: ignore[attr-defined]
+            elif store is not None and self.bytes > self.page_limit:
                 entry = store.page_out(message) or message
-            if entry is message:
+            if entry is message and not message.paged:
                 self.bytes += len(message.body)
-            else:
+            elif not message.paged:
                 self._paged_bytes += len(message.body)
             if self.message_ttl is not None or message.expiring:
                 self._keep_deadline(self._head_pos + len(self.messages), message)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.model.exchange import Exchange
 from brokerd.model.message import Message
 from brokerd.model.queue import PAGE_LIMIT, Queue
+from brokerd.model.storage import Paged
 from brokerd.store.committer import Committer
 from brokerd.store.journal import SEGMENT_SIZE, CorruptRecord, QueueJournal
 from brokerd.store.queues import JournalQueueStore
@@ -234,11 +235,11 @@ class DiskStore:
         store = queue.store
         if not isinstance(store, JournalQueueStore) or store.journal is None:
             return 0
-        recovered = store.journal.recover()
+        recovered = store.journal.recover(self.page_limit)
         for error in store.journal.damaged:
             log.error(
-                "recovery: queue %s/%s: a record damaged in place (%s; it claims message "
-                "%d) was skipped and kept in %s",
+                "recovery: queue %s/%s: a damaged record (%s; it claims message %d) was "
+                "skipped and kept in %s",
                 queue.vhost,
                 queue.name,
                 error,
@@ -246,8 +247,14 @@ class DiskStore:
                 self.quarantine_dir,
             )
             self._corrupted(store, error)
-        loaded = []
+        loaded: list[tuple[Message, bool]] = []
         for r in recovered:
+            if r.body is None:  # past the queue's memory: a stand-in, as if paged out
+                stub = Paged(Message(r.exchange, r.routing_key, r.props, b""), r.id)
+                stub.length = r.length
+                store.paged += 1
+                loaded.append((stub, r.redelivered))
+                continue
             message = Message(r.exchange, r.routing_key, r.props, r.body)
             store.ids[id(message)] = r.id
             loaded.append((message, r.redelivered))

@@ -94,8 +94,10 @@ class Recovered:
     exchange: str
     routing_key: str
     props: bytes
-    body: bytes
+    #: None: left on disk (past the memory budget; the queue holds a paged stand-in)
+    body: bytes | None
     redelivered: bool
+    length: int = 0
 
 
 class CorruptRecord(rec.JournalError):
@@ -370,10 +372,13 @@ class QueueJournal:
 
     # -- recovery -------------------------------------------------------------------------
 
-    def recover(self) -> list[Recovered]:
+    def recover(self, body_budget: int | None = None) -> list[Recovered]:
         """Rebuild the queue from its segments: live persistent messages in journal-id
         order (transient ones were only paged out: dropped), redelivered if they had
-        been delivered. A torn record (the last one written, cut by a crash) ends its
+        been delivered. Bodies are read back (checked) in order until they add up to
+        ``body_budget`` bytes (None: all); the others stay on disk (``body`` None), so
+        a deep queue's recovery holds what the queue would, not everything.
+        A torn record (the last one written, cut by a crash) ends its
         segment's reading, with a log line; a record damaged in place (an intact one
         follows it) is set aside (``quarantine_dir``, listed in ``damaged``) and
         reading goes on past it. Appends continue in a new segment."""
@@ -387,12 +392,12 @@ class QueueJournal:
         for number in numbers:
             path = self.dir / f"{number:08d}.seg"
             data = path.read_bytes()
-            records, end, problem = rec.scan_fast(data)
+            records, end, problem = rec.scan_fast(data, bodies=False)
             while problem is not None and (following := rec.damaged_end(data, end)) is not None:
                 self._set_aside(number, end, data[end:following], problem)
-                more, end, problem = rec.scan_fast(data, following)
+                more, end, problem = rec.scan_fast(data, following, bodies=False)
                 records += more
-            del data  # the records keep only their strings and blobs
+            del data  # the records keep only their strings
             if problem is not None:
                 log.warning(
                     "journal %s segment %d: %s; %d records before it kept",
@@ -423,18 +428,37 @@ class QueueJournal:
         segments = self.segments
         for jid in sorted(found):
             r, number = found[jid]
-            _k, _id, offset, length, flags, exchange, routing_key, props, body, body_offset = r
+            _k, _id, offset, length, flags, exchange, routing_key, props, _b, body_offset = r
             if not flags & rec.PERSISTENT:
                 continue
-            where[jid] = Where(number, body_offset, len(body), True, offset, length)
+            size = offset + length - body_offset
+            where[jid] = Where(number, body_offset, size, True, offset, length)
             segments[number].live += 1
             redelivered = bool(flags & rec.REDELIVERED) or jid in acquired
             if jid in acquired:
                 self.acquired.add(jid)
-            out.append(Recovered(jid, exchange, routing_key, props, body, redelivered))
+            out.append(Recovered(jid, exchange, routing_key, props, None, redelivered, size))
         self.next_id = max(self.next_id, highest + 1)
         self.current = None  # appends start a segment of their own
-        return out
+        return self._read_bodies(out, body_budget)
+
+    def _read_bodies(self, out: list[Recovered], budget: int | None) -> list[Recovered]:
+        """Read the first bodies back, checked, until ``budget`` bytes; a record that
+        fails its check now is quarantined and its message dropped."""
+        kept = 0
+        lost: set[int] = set()
+        for r in out:
+            if budget is not None and kept + r.length > budget:
+                break
+            try:
+                r.body = self.read_body(r.id)
+            except CorruptRecord as error:
+                self.quarantine(error)
+                self.damaged.append(error)
+                lost.add(r.id)
+                continue
+            kept += r.length
+        return [r for r in out if r.id not in lost] if lost else out
 
     def _set_aside(self, number: int, offset: int, raw: bytes, problem: str) -> None:
         """A record damaged in place, met by recovery: kept for recovery tooling."""

@@ -161,9 +161,13 @@ def decode_payload(payload: bytes, offset: int = 0) -> Record:
 Raw = tuple[int, int, int, int, int, str, str, bytes, bytes, int]
 
 
-def scan_fast(data: bytes, start: int = 0) -> tuple[list[Raw], int, str | None]:
+def scan_fast(
+    data: bytes, start: int = 0, *, bodies: bool = True
+) -> tuple[list[Raw], int, str | None]:
     """``scan`` for recovery: tuples straight from the segment buffer, no objects per
-    field and no copy but the strings and blobs a message keeps."""
+    field and no copy but the strings and blobs a message keeps (``bodies=False``:
+    not the bodies either, ``b""`` in their place; recovery reads back only those it
+    keeps in memory)."""
     out: list[Raw] = []
     append = out.append
     view = memoryview(data)
@@ -199,7 +203,8 @@ def scan_fast(data: bytes, start: int = 0) -> tuple[list[Raw], int, str | None]:
             props = data[p : p + lprops]
             p += lprops
             append(
-                (kind, id, pos, stop - pos, flags, exchange, routing_key, props, data[p:stop], p)
+                (kind, id, pos, stop - pos, flags, exchange, routing_key, props,
+                 data[p:stop] if bodies else b"", p)
             )
         elif kind in (ACQUIRE, DEQUEUE, REQUEUE) and length == _ref.size:
             append((kind, ref_unpack(data, start)[1], pos, stop - pos, 0, "", "", b"", b"", 0))

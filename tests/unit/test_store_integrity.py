@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from brokerd.config import default_config
+from brokerd.model.broker import Broker
 from brokerd.model.queue import Queue
 from brokerd.model.vhost import VirtualHost
 from brokerd.store import committer as committer_module
@@ -171,3 +173,29 @@ async def test_a_failed_commit_is_written_again_and_reads_stay_whole(
     journal.close()
     recovered = QueueJournal(journal.dir, 1 << 20).recover()
     assert [r.body for r in recovered] == [b"first" * 20, b"second" * 20]
+
+
+def test_recovery_keeps_a_deep_queue_on_disk_past_its_memory(tmp_path: Path) -> None:
+    """A deep durable queue's recovery reads back only the bodies that fit the
+    queue's memory limit; the rest come back as paged stand-ins, read (checked)
+    when delivered, so a restart holds what the running queue would."""
+    disk = DiskStore(tmp_path, page_limit=1000)
+    queue = durable_queue(disk)
+    fill(queue, 200)  # 72-byte bodies: 14 KiB in all
+    disk.committer.commit_now()
+    store = queue.store
+    assert isinstance(store, JournalQueueStore) and store.journal is not None
+    store.journal.close()
+
+    config = default_config()
+    again = DiskStore(tmp_path, page_limit=1000)
+    broker = Broker(config.user_database(), config.vhosts, config.limits, again)
+    assert again.recover(broker)["messages"] == 200
+    recovered = broker.vhosts["/"].queues["q"]
+    paged = [m for m in recovered.messages if m.paged]
+    assert len(paged) >= 180  # only ~1,000 bytes of bodies were read into memory
+    assert recovered.bytes <= 1000 + 72
+    sink = Sink()
+    recovered.add_consumer(sink)
+    assert sink.bodies() == [f"body-{i:04d}".encode() * 8 for i in range(200)]
+    assert recovered.stats_corrupt == 0
