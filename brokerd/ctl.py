@@ -75,7 +75,9 @@ def _print_status(status: dict[str, Any]) -> None:
     if store:
         print(
             f"store      {store.get('segments')} segments, {store.get('commits')} commits, "
-            f"{store.get('write_failures')} write failures, {store.get('corrupt', 0)} corrupt"
+            f"{store.get('write_failures')} write failures, {store.get('corrupt', 0)} corrupt; "
+            f"compaction freed {store.get('segments_freed', 0)} segments, "
+            f"copied {store.get('records_copied', 0)} records"
         )
     blocked = status.get("blocked") or {}
     print(f"blocked    {'; '.join(blocked.values()) if blocked else '-'}")

@@ -54,7 +54,8 @@ def full(server: Server) -> str:
     store = server.store.describe()
     lines.append(
         f"store: segments={store['segments']} commits={store['commits']} "
-        f"write_failures={store['write_failures']} corrupt={store['corrupt']}"
+        f"write_failures={store['write_failures']} segments_freed={store['segments_freed']} "
+        f"records_copied={store['records_copied']} corrupt={store['corrupt']}"
     )
     if server.blocked_reason is not None:
         lines.append(f"publishers blocked: {server.blocked_reason}")

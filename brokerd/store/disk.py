@@ -74,6 +74,9 @@ class DiskStore:
         self.journals_dir = directory / "queues"
         self.paging_dir = directory / "paging"
         self.quarantine_dir = directory / "quarantine"
+        #: compaction since start: segments deleted, live records copied to the head
+        self.segments_freed = 0
+        self.records_copied = 0
         #: messages found corrupt on disk since start, and the last one (the alarm)
         self.corrupt = 0
         self.last_corrupt: dict[str, Any] | None = None
@@ -317,11 +320,13 @@ class DiskStore:
                     freed += 1
                     continue
                 if segment.live > 0 and journal.sparse(segment):
-                    _moved, corrupt = journal.copy_live(segment)
+                    moved, corrupt = journal.copy_live(segment)
+                    self.records_copied += moved
                     for error in corrupt:
                         store.corrupted(error)
                     self.committer.register(journal)
                 break
+        self.segments_freed += freed
         return freed
 
     # -- integrity ---------------------------------------------------------------------
@@ -378,6 +383,8 @@ class DiskStore:
             "commits": self.committer.rounds,
             "last_commit_ms": round(self.committer.last_round_ms, 3),
             "write_failures": self.committer.failures,
+            "segments_freed": self.segments_freed,
+            "records_copied": self.records_copied,
             "corrupt": self.corrupt,
             "recovery": self.recovery,
         }

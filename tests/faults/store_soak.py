@@ -37,6 +37,7 @@ from pathlib import Path
 import aio_pika
 from aio_pika.abc import AbstractIncomingMessage
 
+from brokerd.server.control import request
 from tests.brokerd_process import BrokerProcess, log_tail, wait_for_port
 
 QUEUE = "soak"
@@ -69,6 +70,13 @@ class Tally:
     corrupt: list[str] = field(default_factory=list)
     kills: list[float] = field(default_factory=list)
     restarts_s: list[float] = field(default_factory=list)
+    #: compaction in broker lives that ended, and the latest reading of this one
+    compaction_done: dict[str, int] = field(default_factory=dict)
+    compaction_now: dict[str, int] = field(default_factory=dict)
+
+    def compaction(self) -> dict[str, int]:
+        keys = set(self.compaction_done) | set(self.compaction_now)
+        return {k: self.compaction_done.get(k, 0) + self.compaction_now.get(k, 0) for k in keys}
 
 
 @dataclass
@@ -207,7 +215,24 @@ class Soak:
         if self.consume_rate:
             await asyncio.sleep(1 / self.consume_rate)
 
-    # -- the rate changer and the killer -----------------------------------------
+    # -- the rate changer, the compaction reader and the killer --------------------
+
+    async def compaction_reader(self) -> None:
+        """Read the broker's compaction counters (``ctl status``) every second, so the
+        result says how much compaction ran under the consumer."""
+        while True:
+            await asyncio.sleep(1.0)
+            if not self.up.is_set():
+                continue
+            try:
+                reply = await asyncio.to_thread(request, self.proc.data_dir, "status", [], 2.0)
+            except OSError:
+                continue
+            store = reply.get("result", {}).get("store", {}) if reply.get("ok") else {}
+            if self.up.is_set() and store:
+                self.tally.compaction_now = {
+                    k: int(store.get(k, 0)) for k in ("segments_freed", "records_copied")
+                }
 
     async def pacer(self) -> None:
         """Change the consumer's rate every few seconds; after publishing, unthrottled."""
@@ -224,6 +249,9 @@ class Soak:
                 return
             self.up.clear()
             assert self.proc.proc is not None
+            for key, value in self.tally.compaction_now.items():
+                self.tally.compaction_done[key] = self.tally.compaction_done.get(key, 0) + value
+            self.tally.compaction_now = {}
             self.proc.proc.send_signal(signal.SIGKILL)
             self.proc.proc.wait(10)
             self.tally.kills.append(time.monotonic())
@@ -258,6 +286,7 @@ async def soak(args: argparse.Namespace, work: Path) -> dict[str, object]:
             asyncio.create_task(run.consumer()),
             asyncio.create_task(run.pacer()),
             asyncio.create_task(run.killer(args.kill_window)),
+            asyncio.create_task(run.compaction_reader()),
         ]
         deadline = started + args.timeout
         last_report = started
@@ -300,6 +329,7 @@ async def soak(args: argparse.Namespace, work: Path) -> dict[str, object]:
         "duplicates": duplicates,
         "redelivered_flags": tally.redelivered_flags,
         "kills": len(tally.kills),
+        "compaction": tally.compaction(),
         "restart_seconds": tally.restarts_s,
         "lost": len(lost),
         "lost_first": lost[:10],
