@@ -37,7 +37,10 @@ async def serve_control(data_dir: Path, handler: Handler) -> asyncio.AbstractSer
 
     async def on_client(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            line = await asyncio.wait_for(reader.readline(), timeout=5.0)
+            try:
+                line = await asyncio.wait_for(reader.readline(), timeout=5.0)
+            except ValueError:  # no newline within the reader's limit (64 KiB)
+                raise ControlError("request too large") from None
             if len(line) > MAX_REQUEST:
                 raise ControlError("request too large")
             try:
@@ -50,12 +53,16 @@ async def serve_control(data_dir: Path, handler: Handler) -> asyncio.AbstractSer
             reply: dict[str, Any] = {"ok": True, "result": handler(request)}
         except ControlError as exc:
             reply = {"ok": False, "error": str(exc)}
-        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+            log.debug("ctl client gone before its request: %r", exc)
             writer.close()
             return
         writer.write(json.dumps(reply, default=str).encode() + b"\n")
         try:
             await writer.drain()
+        except ConnectionError as exc:
+            # the client gave up (its timeout) and closed: a normal end, not a server fault
+            log.debug("ctl client gone before its reply: %r", exc)
         finally:
             writer.close()
 
