@@ -162,6 +162,7 @@ def test_compaction_frees_the_oldest_segments_and_keeps_live_messages(tmp_path: 
     store = DiskStore.__new__(DiskStore)
     store.stores = {("/", "q"): Holder()}  # type: ignore[dict-item]
     store.committer = Committer()
+    store.segments_freed = store.records_copied = 0
     for _ in range(10):
         store.compact()
         store.committer.commit_now()

@@ -152,6 +152,7 @@ class JournalMachine(RuleBasedStateMachine):
         self.disk = DiskStore.__new__(DiskStore)
         self.disk.stores = {("/", "q"): self.queue}
         self.disk.committer = cast(Committer, Rounds())
+        self.disk.segments_freed = self.disk.records_copied = 0
         #: rounds taken so far: appends go into round ``taken``
         self.taken = 0
         #: rounds whose ``write`` finished (their bytes are on disk)
