@@ -203,8 +203,18 @@ def scan_fast(
             props = data[p : p + lprops]
             p += lprops
             append(
-                (kind, id, pos, stop - pos, flags, exchange, routing_key, props,
-                 data[p:stop] if bodies else b"", p)
+                (
+                    kind,
+                    id,
+                    pos,
+                    stop - pos,
+                    flags,
+                    exchange,
+                    routing_key,
+                    props,
+                    data[p:stop] if bodies else b"",
+                    p,
+                )
             )
         elif kind in (ACQUIRE, DEQUEUE, REQUEUE) and length == _ref.size:
             append((kind, ref_unpack(data, start)[1], pos, stop - pos, 0, "", "", b"", b"", 0))
