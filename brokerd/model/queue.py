@@ -600,15 +600,13 @@ class Queue(QueueExpiry):
         count = 0
         store = self.store
         for message, redelivered in messages:
-            entry = message
-            if message.paged:  # left on disk by the store (a deep queue's tail)
-                self._paged_bytes += message.length  # type: ignore[attr-defined]
-            elif store is not None and self.bytes > self.page_limit:
+            entry = message  # a paged one was left on disk by the store (a deep tail)
+            if not message.paged and store is not None and self.bytes > self.page_limit:
                 entry = store.page_out(message) or message
-            if entry is message and not message.paged:
-                self.bytes += len(message.body)
-            elif not message.paged:
-                self._paged_bytes += len(message.body)
+            if entry.paged:
+                self._paged_bytes += entry.length  # type: ignore[attr-defined]
+            else:
+                self.bytes += len(entry.body)
             if self.message_ttl is not None or message.expiring:
                 self._keep_deadline(self._head_pos + len(self.messages), message)
             self.messages.append(entry)

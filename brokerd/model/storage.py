@@ -52,11 +52,6 @@ class CorruptMessage(Exception):
     gone (the store has logged, counted and set its bytes aside), and the queue
     skips it rather than deliver something that is not the message."""
 
-    def __init__(self, jid: int, detail: str) -> None:
-        super().__init__(detail)
-        #: the message's id in the store
-        self.jid = jid
-
 
 class Gate(Protocol):
     """Output held back until the gate opens: a store that must make an acquisition

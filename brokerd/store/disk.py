@@ -241,10 +241,9 @@ class DiskStore:
         recovered = store.journal.recover(self.page_limit)
         for error in store.journal.damaged:
             log.error(
-                "recovery: queue %s/%s: a damaged record (%s; it claims message %d) was "
+                "recovery: queue %s: a damaged record (%s; it claims message %d) was "
                 "skipped and kept in %s",
-                queue.vhost,
-                queue.name,
+                store.label,
                 error,
                 error.jid,
                 self.quarantine_dir,

@@ -355,19 +355,21 @@ class QueueJournal:
         if jid in self.corrupt:
             return None
         self.corrupt[jid] = error.reason
-        path = None
-        if error.raw:
-            self.quarantine_dir.mkdir(parents=True, exist_ok=True)
-            path = self.quarantine_dir / (
-                f"{self.dir.name}-{error.segment:08d}-{error.offset}-{jid}.rec"
-            )
-            try:
-                path.write_bytes(error.raw)
-            except OSError as exc:
-                log.error("cannot keep corrupt record %s: %s", path, exc)
-                path = None
+        path = self._keep(error, str(jid)) if error.raw else None
         if jid in self.where:
             self.mark(rec.DEQUEUE, jid)
+        return path
+
+    def _keep(self, error: CorruptRecord, tag: str) -> Path | None:
+        """Copy a damaged record's bytes to the quarantine directory, for recovery
+        tooling (``<journal>-<segment>-<offset>-<tag>.rec``)."""
+        path = self.quarantine_dir / f"{self.dir.name}-{error.segment:08d}-{error.offset}-{tag}.rec"
+        try:
+            self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(error.raw)
+        except OSError as exc:
+            log.error("cannot keep damaged record %s: %s", path, exc)
+            return None
         return path
 
     # -- recovery -------------------------------------------------------------------------
@@ -392,10 +394,10 @@ class QueueJournal:
         for number in numbers:
             path = self.dir / f"{number:08d}.seg"
             data = path.read_bytes()
-            records, end, problem = rec.scan_fast(data, bodies=False)
+            records, end, problem = rec.scan_fast(data)
             while problem is not None and (following := rec.damaged_end(data, end)) is not None:
                 self._set_aside(number, end, data[end:following], problem)
-                more, end, problem = rec.scan_fast(data, following, bodies=False)
+                more, end, problem = rec.scan_fast(data, following)
                 records += more
             del data  # the records keep only their strings
             if problem is not None:
@@ -428,7 +430,7 @@ class QueueJournal:
         segments = self.segments
         for jid in sorted(found):
             r, number = found[jid]
-            _k, _id, offset, length, flags, exchange, routing_key, props, _b, body_offset = r
+            _k, _id, offset, length, flags, exchange, routing_key, props, body_offset = r
             if not flags & rec.PERSISTENT:
                 continue
             size = offset + length - body_offset
@@ -462,14 +464,9 @@ class QueueJournal:
 
     def _set_aside(self, number: int, offset: int, raw: bytes, problem: str) -> None:
         """A record damaged in place, met by recovery: kept for recovery tooling."""
-        jid = rec.record_id(raw)
-        path = self.quarantine_dir / f"{self.dir.name}-{number:08d}-{offset}-recovery.rec"
-        try:
-            self.quarantine_dir.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(raw)
-        except OSError as exc:
-            log.error("cannot keep damaged record %s: %s", path, exc)
-        self.damaged.append(CorruptRecord(jid or 0, number, offset, problem, raw))
+        error = CorruptRecord(rec.record_id(raw) or 0, number, offset, problem, raw)
+        self._keep(error, "recovery")
+        self.damaged.append(error)
 
     # -- compaction and removal -------------------------------------------------------------------
 
@@ -518,16 +515,12 @@ class QueueJournal:
             if where.segment != segment.number:
                 continue
             raw = os.pread(fd, where.record_length, where.record_offset)
-            records, _end, problem = rec.scan(raw)
-            if problem is None and len(records) != 1:
-                problem = f"holds {len(records)} records"
-            record = records[0] if records else None
-            if problem is None and not (isinstance(record, rec.Enqueue) and record.id == jid):
-                problem = "is not this message's enqueue record"
-            if problem is not None or not isinstance(record, rec.Enqueue):
-                corrupt.append(
-                    CorruptRecord(jid, segment.number, where.record_offset, str(problem), raw)
-                )
+            problem = rec.check_enqueue(raw, jid, where.record_length)
+            records = [] if problem else rec.scan(raw)[0]
+            record = records[0] if len(records) == 1 else None
+            if not isinstance(record, rec.Enqueue):
+                reason = problem or "is unreadable"
+                corrupt.append(CorruptRecord(jid, segment.number, where.record_offset, reason, raw))
                 continue
             self.enqueue(
                 record.exchange,

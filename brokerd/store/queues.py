@@ -59,7 +59,7 @@ class JournalQueueStore:
         self.tracks_enqueues = durable
         self._open_journal = open_journal
         self._on_deleted = on_deleted
-        #: the queue, for log lines ("vhost/name")
+        #: the queue, for log lines ("'name' in vhost '/'")
         self.label = label
         self._on_corrupt = on_corrupt
         #: messages of this queue found corrupt on disk (never delivered)
@@ -177,7 +177,7 @@ class JournalQueueStore:
             return journal.read_body(jid)
         except CorruptRecord as error:
             self.corrupted(error)
-            raise CorruptMessage(jid, str(error)) from error
+            raise CorruptMessage(str(error)) from error
 
     def corrupted(self, error: CorruptRecord) -> None:
         """A live message's record failed its check: log it with the queue and

@@ -156,18 +156,15 @@ def decode_payload(payload: bytes, offset: int = 0) -> Record:
 
 
 #: what ``scan_fast`` yields for a record: (kind, id, record offset, record length,
-#: flags, exchange, routing key, properties, body, body offset); the last six only
-#: for ENQUEUE (else 0, "", "", b"", b"", 0)
-Raw = tuple[int, int, int, int, int, str, str, bytes, bytes, int]
+#: flags, exchange, routing key, properties, body offset); the last five only for
+#: ENQUEUE (else 0, "", "", b"", 0)
+Raw = tuple[int, int, int, int, int, str, str, bytes, int]
 
 
-def scan_fast(
-    data: bytes, start: int = 0, *, bodies: bool = True
-) -> tuple[list[Raw], int, str | None]:
+def scan_fast(data: bytes, start: int = 0) -> tuple[list[Raw], int, str | None]:
     """``scan`` for recovery: tuples straight from the segment buffer, no objects per
-    field and no copy but the strings and blobs a message keeps (``bodies=False``:
-    not the bodies either, ``b""`` in their place; recovery reads back only those it
-    keeps in memory)."""
+    field and no copy but the strings and properties a message keeps (not its body:
+    recovery reads back only the bodies it keeps in memory)."""
     out: list[Raw] = []
     append = out.append
     view = memoryview(data)
@@ -202,22 +199,9 @@ def scan_fast(
             p += lex + lrk
             props = data[p : p + lprops]
             p += lprops
-            append(
-                (
-                    kind,
-                    id,
-                    pos,
-                    stop - pos,
-                    flags,
-                    exchange,
-                    routing_key,
-                    props,
-                    data[p:stop] if bodies else b"",
-                    p,
-                )
-            )
+            append((kind, id, pos, stop - pos, flags, exchange, routing_key, props, p))
         elif kind in (ACQUIRE, DEQUEUE, REQUEUE) and length == _ref.size:
-            append((kind, ref_unpack(data, start)[1], pos, stop - pos, 0, "", "", b"", b"", 0))
+            append((kind, ref_unpack(data, start)[1], pos, stop - pos, 0, "", "", b"", 0))
         else:
             return out, pos, f"record at {pos} is unreadable: type {kind}, length {length}"
         pos = stop
