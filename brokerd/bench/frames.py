@@ -338,6 +338,16 @@ class DeliveryCounter:
 _ack_fields = struct.Struct("!HHQB").unpack_from
 
 
+def keep_tail(buf: bytearray, view: memoryview, pos: int, have: int) -> int:
+    """Move what follows the last whole frame (``buf[pos:have]``) to the front of the
+    read buffer; returns how much it now holds."""
+    if not pos:
+        return have
+    rest = have - pos
+    buf[:rest] = bytes(view[pos:have])
+    return rest
+
+
 def confirm_of(payload: bytes) -> tuple[bool, int, bool] | None:
     """``(is_ack, delivery_tag, multiple)`` for basic.ack/nack payloads, else None."""
     if len(payload) < 13:

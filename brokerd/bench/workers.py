@@ -197,10 +197,7 @@ def _publisher(cfg: PublisherConfig, shared: Shared, slot: int) -> None:
                 raise ServerClosed("publisher: server closed the connection")
             have += n
             pos = frames.scan_frames(buf, 0, have, counts, others)
-            if pos:
-                rest = have - pos
-                buf[:rest] = bytes(view[pos:have])
-                have = rest
+            have = frames.keep_tail(buf, view, pos, have)
             if others:
                 for is_ack, tag, multiple in _check_others(others, "publisher"):
                     state.settle(is_ack, tag, multiple)
@@ -278,10 +275,7 @@ def _consumer(cfg: ConsumerConfig, shared: Shared, slot: int) -> None:
                 have += n
                 counts = conn.counts
                 pos = conn.counter.scan(buf, 0, have)
-                if pos:
-                    rest = have - pos
-                    buf[:rest] = bytes(conn.view[pos:have])
-                    have = rest
+                have = frames.keep_tail(buf, conn.view, pos, have)
                 conn.have = have
                 for channel, index in conn.channel_queue:
                     delivered[index] = counts[channel]

@@ -227,10 +227,7 @@ def _flood(
                 raise ServerClosed("publisher: server closed the connection")
             have += n
             pos = frames.scan_frames(buf, 0, have, counts, others)
-            if pos:
-                rest = have - pos
-                buf[:rest] = bytes(view[pos:have])
-                have = rest
+            have = frames.keep_tail(buf, view, pos, have)
             if others:
                 for is_ack, tag, multiple in _server_frames(others, "publisher"):
                     state.settle(is_ack, tag, multiple)
@@ -347,10 +344,7 @@ def _count(client: Client, channel: int, job: ConsumerJob, shared: FloodShared, 
                 raise ServerClosed("consumer: server closed the connection")
             have += n
             pos = counter.scan(buf, 0, have)
-            if pos:
-                rest = have - pos
-                buf[:rest] = bytes(view[pos:have])
-                have = rest
+            have = frames.keep_tail(buf, view, pos, have)
             if counts[channel] != seen:
                 seen = counts[channel]
                 now = time.monotonic()
