@@ -43,6 +43,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("brokerd.cluster")
 
 
+#: event-loop lag (seconds) above which the cluster's feeders are paused, and below
+#: which they resume
+LOOP_LAG_HIGH = 0.25
+LOOP_LAG_LOW = 0.05
+
+
 class ClusterSink(Muxer):
     """The cluster exchange: messages published to it by links go to the controller."""
 
@@ -82,10 +88,15 @@ class ClusterController(OperatorCommands, Membership):
         *,
         broker: Broker | None = None,
         on_block: Callable[[str, str | None], None] | None = None,
+        on_flow: Callable[[int, bool], None] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(config, broker=broker, **kwargs)
         self.plane = MessagePlane(self, broker, config.vhost, on_block)
+        #: flow control: the server pauses and resumes reading connections with ``on_flow``
+        self.flow = self.plane.flow
+        self.flow.pause = on_flow
+        self.flow.data_lane = self.data_lane
         self.remote = RemoteQueues(self.plane)
         self.wiring = wiring.WiringReplication(self, broker, self.remote)
         vhost = broker.vhosts.get(config.vhost) if broker is not None else None
@@ -168,6 +179,23 @@ class ClusterController(OperatorCommands, Membership):
         if why == "inactive" and self.decision.is_root:
             self.wiring.server_gone(spid)
 
+    def loop_lag(self, lag: float) -> None:
+        """The event loop woke ``lag`` seconds late: past ``LOOP_LAG_HIGH`` everything
+        feeding the cluster is paused until it is on time again (flow control)."""
+        flow = self.flow
+        if lag > LOOP_LAG_HIGH:
+            flow.hold(
+                "event-loop",
+                f"the event loop runs {lag * 1000:.0f} ms late",
+                self.plane.all_feeders(),
+            )
+        elif lag < LOOP_LAG_LOW and "event-loop" in flow.causes:
+            flow.release("event-loop")
+
+    def closed(self, conn: Connection) -> None:
+        self.flow.forget(conn.id)
+        super().closed(conn)
+
     def status_received(self, spid: str, status: Any) -> None:
         self.wiring.root_status(spid, status.state_seq)
         if status.type == PRIMARY:
@@ -227,6 +255,29 @@ class ClusterController(OperatorCommands, Membership):
                     for spid, out in self.plane.outbound.items()
                     if out.unsettled
                 },
+                "flow": {
+                    "causes": self.flow.describe(),
+                    "paused_connections": len(self.flow.paused),
+                    "episodes": dict(self.flow.episodes),
+                },
+                "lanes": self.lanes_status(),
             }
         )
+        return out
+
+    def lanes_status(self) -> dict[str, dict[str, Any]]:
+        """Per peer: its link's lanes (backlog bytes), unsettled forwards to it and,
+        on the root, how far behind it is as a replica."""
+        replicas = self.plane.replicas.replicas if self.plane.is_root else {}
+        seq = self.plane.replicas.seq
+        out: dict[str, dict[str, Any]] = {}
+        for peer in self.peers.values():
+            link = self.link_to(peer.spid)
+            outbound = self.plane.outbound.get(peer.spid)
+            replica = replicas.get(peer.spid)
+            out[peer.spid] = {
+                **(link.describe() if link is not None else {"state": "down"}),
+                "unsettled": len(outbound.unsettled) if outbound is not None else 0,
+                "replica_lag": None if replica is None else seq - replica.acked,
+            }
         return out

@@ -44,11 +44,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster import records as rec
+from brokerd.cluster.flow import Feeder, FlowControl
 from brokerd.cluster.master import MasterSide
 from brokerd.cluster.proxy import ProxySide
 from brokerd.cluster.queues import SharedQueue
 from brokerd.cluster.replica import ReplicaSide
-from brokerd.cluster.replicated import Gate, ReplicaSet
+from brokerd.cluster.replicated import LAG_HIGH, LAG_LOW, Gate, ReplicaSet
 from brokerd.model.message import Message
 from brokerd.model.queue import PublishWaiter
 
@@ -62,17 +63,31 @@ log = logging.getLogger("brokerd.cluster.forwarding")
 DATA = "cluster.data"
 #: a batch this large leaves at once instead of at the end of the loop turn
 FLUSH_BYTES = 256 * 1024
-#: bytes waiting on the links above which this server stops reading from publishers.
-#: A link is one ordered stream: statuses wait behind what is queued on it, so the
-#: bound is also how late a root's heartbeat can be. 4 MiB leaves at the link's tens
-#: of MB/s in well under the lease window; 32 MiB did not (a flood of publishes on the
-#: root cost it its lease, over and over)
+#: bytes waiting on a link's data lane above which the connections feeding it are
+#: paused (flow control). Statuses no longer wait behind it (they take the control
+#: lane), so the bound is about memory and latency: 4 MiB is a tenth of a second
+#: of the link's tens of MB/s, enough to keep it busy
 BACKLOG_HIGH = 4 * 1024 * 1024
 BACKLOG_LOW = 1024 * 1024
-#: unsettled forwards to one peer above which publishers are paused as well
+#: the root's bound for a link to a replica: a paused or slow replica is not dead,
+#: and while a majority keeps up its lag must not stall the publishers (confirms
+#: need a majority only); past this much memory it does slow them
+REPLICA_BACKLOG_HIGH = 64 * 1024 * 1024
+REPLICA_BACKLOG_LOW = 16 * 1024 * 1024
+#: unsettled forwards to one peer above which the publishers feeding it are paused
 UNSETTLED_HIGH = 50_000
+#: how often flow is checked again while a cause holds (seconds)
+FLOW_RECHECK = 0.02
+#: feeders are remembered this long after their last forward (seconds)
+FEEDER_WINDOW = 1.0
 
 Done = Callable[[bool, int], None]
+
+
+def feeder(publisher: int | str) -> Feeder:
+    """A message's feeder: its local connection, or the peer it was forwarded from
+    (``publisher`` is then ``spid/connection``)."""
+    return publisher if isinstance(publisher, int) else publisher.partition("/")[0]
 
 
 class Outbound:
@@ -80,6 +95,7 @@ class Outbound:
 
     __slots__ = (
         "batch",
+        "feeders",
         "fwd_done",
         "fwd_message",
         "fwd_redelivered",
@@ -115,6 +131,9 @@ class Outbound:
         self.gate: Gate | None = None
         #: earlier records cut off at each new gate: (the gate they wait for, records)
         self.held: deque[tuple[Gate | None, list[Any]]] = deque()
+        #: connections (ids) and peers (spids) whose publishes were forwarded here
+        #: lately: what flow control pauses when this link falls behind
+        self.feeders: set[Feeder] = set()
 
 
 class SettleWaiter:
@@ -168,6 +187,8 @@ class MessagePlane:
         self.vhost_name = vhost
         #: sets or clears a cause of blocking publishers (the server's block_publishers)
         self.on_block = on_block
+        #: which connections are paused, and why (the controller connects it to the server)
+        self.flow = FlowControl()
         self.outbound: dict[str, Outbound] = {}
         self.master = MasterSide(self)
         self.proxy = ProxySide(self)
@@ -177,7 +198,8 @@ class MessagePlane:
         #: this server is the root: its shared queues are the masters
         self.is_root = False
         self._flush_scheduled = False
-        self.backlogged = False
+        self._flow_watch = False
+        self._feeders_reset = 0.0
         self._last_id: tuple[Any, str] = (None, "")
 
     @property
@@ -276,6 +298,7 @@ class MessagePlane:
             out.fwd_redelivered = redelivered
             self._schedule()
         out.fwd_targets.append(target)
+        out.feeders.add(feeder(message.publisher))
         if waiter is not None:
             out.fwd_done.append(waiter.defer())
         return True
@@ -314,6 +337,8 @@ class MessagePlane:
         out.fwd_targets = []
         out.fwd_done = []
         out.fwd_redelivered = False
+        if out.batch.size > FLUSH_BYTES:
+            self._post(out)  # a link message stays small: the receiver's turn stays short
 
     def settle(self, out: Outbound, seq: int, ok: bool, routed: int) -> None:
         """A forward from ``out``'s server is settled: coalesce runs into ranges."""
@@ -382,28 +407,72 @@ class MessagePlane:
             log.debug("batch to %s dropped: link down (%d bytes)", out.spid, len(data))
 
     def _check_backlog(self) -> None:
-        """Pace publishers when links cannot keep up (seed 001 flow control)."""
-        if self.on_block is None:
-            return
-        backlog = 0
-        unsettled = 0
+        """Pace the publishers feeding what fell behind (seed 001 flow control, see
+        ``flow``): a link's data lane, unsettled forwards to a peer, the replicas."""
+        flow = self.flow
+        now = self.members.clock()
+        replicas = self.replicas if self.is_root else None
         for out in self.outbound.values():
             link = self.members.link_to(out.spid)
-            if link is not None:
-                backlog = max(backlog, link.backlog)
-            unsettled = max(unsettled, len(out.unsettled))
-        if not self.backlogged and (backlog > BACKLOG_HIGH or unsettled > UNSETTLED_HIGH):
-            self.backlogged = True
-            self.on_block("cluster-links", "cluster links are behind: publishers paused")
-            self._watch_backlog()
-        elif self.backlogged and backlog < BACKLOG_LOW and unsettled < UNSETTLED_HIGH // 2:
-            self.backlogged = False
-            self.on_block("cluster-links", None)
+            backlog = link.backlog if link is not None else 0
+            unsettled = len(out.unsettled)
+            cause = f"link:{out.spid}"
+            if replicas is not None and out.spid in replicas.replicas:
+                high, low = REPLICA_BACKLOG_HIGH, REPLICA_BACKLOG_LOW
+                feeders: set[Feeder] = out.feeders | replicas.feeders
+            else:
+                high, low = BACKLOG_HIGH, BACKLOG_LOW
+                feeders = out.feeders
+            if cause in flow.causes:
+                if backlog < low and unsettled < UNSETTLED_HIGH // 2:
+                    flow.release(cause)
+                else:
+                    flow.hold(cause, flow.causes[cause], feeders)
+            elif backlog > high or unsettled > UNSETTLED_HIGH:
+                flow.hold(
+                    cause,
+                    f"link to {out.spid} is behind: {backlog} bytes queued, "
+                    f"{unsettled} forwards unsettled",
+                    feeders,
+                )
+        if replicas is not None:
+            lag = replicas.quorum_lag()
+            if "replication" in flow.causes:
+                if lag < LAG_LOW:
+                    flow.release("replication")
+                else:
+                    flow.hold("replication", flow.causes["replication"], replicas.feeders)
+            elif lag > LAG_HIGH:
+                flow.hold(
+                    "replication",
+                    f"replicas are {lag} events behind: publishers paced",
+                    replicas.feeders,
+                )
+        elif "replication" in flow.causes:
+            flow.release("replication")
+        if now - self._feeders_reset >= FEEDER_WINDOW and not flow.active:
+            self._feeders_reset = now
+            for out in self.outbound.values():
+                out.feeders.clear()
+            self.replicas.reset_feeders()
+        if flow.active and not self._flow_watch:
+            self._flow_watch = True
+            try:
+                asyncio.get_running_loop().call_later(FLOW_RECHECK, self._watch_backlog)
+            except RuntimeError:  # no loop: unit tests check by hand
+                self._flow_watch = False
 
     def _watch_backlog(self) -> None:
-        if self.backlogged:
-            self._check_backlog()
-            asyncio.get_running_loop().call_later(0.02, self._watch_backlog)
+        self._flow_watch = False
+        self._check_backlog()
+
+    def all_feeders(self) -> set[Feeder]:
+        """Every connection and peer that fed the cluster lately (the event loop's
+        own lag pauses them all)."""
+        feeders: set[Feeder] = set(self.replicas.feeders)
+        for out in self.outbound.values():
+            feeders |= out.feeders
+        return feeders
 
     # -- inbound -------------------------------------------------------------------
 
@@ -584,9 +653,9 @@ class MessagePlane:
 
     def primary_seen(self, spid: str) -> None:
         """An active primary's status arrived: the root takes it as a replica if it
-        is not one (it came back, or was dropped for lagging and answers again)."""
+        is not one (it came back, or its link was restored)."""
         replicas = self.replicas
-        if self.is_root and spid not in replicas.replicas and replicas.may_add(spid):
+        if self.is_root and spid not in replicas.replicas:
             out = self.out(spid)
             if out.up and spid in self.members.replica_peers():
                 replicas.add(out, self.shared_queues())
@@ -597,9 +666,12 @@ class MessagePlane:
         if self.is_root and self.members.acting:  # never while suspended (see released_to)
             self.replicas.resume()
             patience = 2 * self.members.config.heartbeat_timeout
-            for spid in self.replicas.check(self.members.clock(), patience):
+            stalled = self.replicas.check(self.members.clock(), patience)
+            if stalled:
                 self.members.raise_alarm(
-                    "replication", f"replica {spid} stopped acking: dropped, resync on return"
+                    "replication",
+                    f"replica {', '.join(stalled)} acked nothing for {patience:.0f}s "
+                    "(kept in the set: its link is up)",
                 )
-            if not self.replicas.dropped:
+            else:
                 self.members.clear_alarm("replication")

@@ -6,11 +6,13 @@ back in the server properties. It reconnects with capped exponential
 backoff until stopped, and reports refusals (wrong secret, checksum
 mismatch) to its owner so both can raise an alarm.
 
-Everything sent on a link goes through one queue and one sender task
-(``post``), so messages arrive in the order they were posted: a delivery is
-never overtaken by the ack of a later one, nor a wiring entry by the next.
-A message posted while the link is down is dropped (the planes above treat a
-link that went down as a lost session).
+A link is two connections, a control lane and a data lane (``Lane``), each
+with one queue and one sender task (``post``), so messages on a lane arrive
+in the order they were posted: a delivery is never overtaken by the ack of a
+later one, nor a wiring entry by the next. Statuses and root announcements
+go on the control lane and never wait behind data (``docs/architecture.md``,
+"Flow control"). A message posted while the link is down is dropped (the
+planes above treat a link that went down as a lost session).
 
 ``refused`` records whether the latest attempt to connect was refused
 (ECONNREFUSED: nothing listens on the peer's port). Membership uses it, with
@@ -33,7 +35,7 @@ from urllib.parse import quote
 import aio_pika
 import aiormq
 
-from brokerd.cluster.messages import CLUSTER_EXCHANGE, LINK_PROPERTY
+from brokerd.cluster.messages import CLUSTER_EXCHANGE, CONTROL_KINDS, LINK_PROPERTY
 
 log = logging.getLogger("brokerd.cluster.link")
 
@@ -46,10 +48,47 @@ QUICK_RETRY = 0.02
 QUICK_RETRIES = 5
 #: every link message carries the same properties (a message id saves aiormq making one)
 _PROPERTIES = aiormq.spec.Basic.Properties(delivery_mode=1, message_id="rookery-link")
+#: the names of a link's two connections (the ``lane`` of its identity)
+CONTROL = "control"
+DATA_LANE = "data"
+
+
+class Lane:
+    """One of a link's two connections, with its own outbox and sender task.
+
+    Messages posted to a lane leave in the order they were posted; each waits
+    until the transport took it (aiormq drains after every publish), so a peer
+    that reads slowly shows as ``backlog`` here and nowhere else."""
+
+    __slots__ = ("amqp", "backlog", "connection", "name", "outbox", "ready", "sender", "sent")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.connection: aio_pika.abc.AbstractConnection | None = None
+        self.amqp: aiormq.abc.AbstractChannel | None = None
+        #: posted messages not yet written, oldest first, and their total size
+        self.outbox: deque[tuple[str, bytes]] = deque()
+        self.backlog = 0
+        #: bytes written since the link came up (for the dump and the metrics)
+        self.sent = 0
+        self.ready = asyncio.Event()
+        self.sender: asyncio.Task[None] | None = None
+
+    def clear(self) -> None:
+        self.outbox.clear()
+        self.backlog = 0
 
 
 class Link:
-    """One outgoing link; ``on_up(link)`` / ``on_down(link, reason)`` report its state."""
+    """One outgoing link; ``on_up(link)`` / ``on_down(link, reason)`` report its state.
+
+    A link is two AMQP connections to the peer: the *control* lane carries
+    statuses, root announcements and replicas' acks, the *data* lane everything
+    else (forwards, deliveries, the replication stream, wiring). Control never
+    waits behind data on either side: not in our outbox, not in the kernel's
+    socket buffers, not in the peer's reading (it reads each connection on its
+    own, and pauses only the data lane to slow us down: flow control). The link
+    is up while both connections are; losing either loses the link."""
 
     def __init__(
         self,
@@ -76,14 +115,8 @@ class Link:
         self.last_error = ""
         #: the latest connection attempt was refused: nothing listens at ``address``
         self.refused = False
-        self._connection: aio_pika.abc.AbstractConnection | None = None
-        self._exchange: aio_pika.abc.AbstractExchange | None = None
-        self._amqp: aiormq.abc.AbstractChannel | None = None
-        #: posted messages not yet written, oldest first, and their total size
-        self._outbox: deque[tuple[str, bytes]] = deque()
-        self.backlog = 0
-        self._ready = asyncio.Event()
-        self._sender: asyncio.Task[None] | None = None
+        self.control = Lane(CONTROL)
+        self.data = Lane(DATA_LANE)
         self._task: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
         self._wake = asyncio.Event()
@@ -110,50 +143,59 @@ class Link:
         return self.state == "up"
 
     @property
+    def backlog(self) -> int:
+        """Bytes posted on the data lane and not yet taken by its transport."""
+        return self.data.backlog
+
+    @property
     def pending(self) -> bool:
         """Posted messages wait to be written."""
-        return bool(self._outbox) and self.up
+        return bool(self.control.outbox or self.data.outbox) and self.up
 
     async def send(self, kind: str, body: bytes) -> bool:
         """Post one message and wait until it is written; False if the link is not up."""
         if not self.post(kind, body):
             return False
-        while self._outbox and self.up:
+        lane = self._lane(kind, False)
+        while lane.outbox and self.up:
             await asyncio.sleep(0.001)
         return self.up
 
-    def post(self, kind: str, body: bytes, urgent: bool = False) -> bool:
-        """Queue one message for the sender task; False (dropped) if the link is not up.
-        ``urgent``: ahead of everything waiting (a message no other depends on the order
-        of, such as a replica's cumulative ack, which must not wait behind a backlog
-        of forwards)."""
-        if not self.up or self._exchange is None:
+    def _lane(self, kind: str, control: bool) -> Lane:
+        return self.control if control or kind in CONTROL_KINDS else self.data
+
+    def post(self, kind: str, body: bytes, control: bool = False) -> bool:
+        """Queue one message for its lane's sender; False (dropped) if the link is not
+        up. Statuses and root announcements take the control lane by their kind;
+        ``control`` sends another message there (a replica's cumulative ack, which
+        no other message depends on the order of, and the root waits for)."""
+        if not self.up:
             return False
-        if urgent:
-            self._outbox.appendleft((kind, body))
-        else:
-            self._outbox.append((kind, body))
-        self.backlog += len(body)
-        self._ready.set()
+        lane = self._lane(kind, control)
+        lane.outbox.append((kind, body))
+        lane.backlog += len(body)
+        lane.ready.set()
         return True
 
-    async def _send_loop(self, channel: aiormq.abc.AbstractChannel) -> None:
-        """Write posted messages in order while the connection lasts; each waits until
-        the transport took it, so a slow peer shows as ``backlog`` here."""
-        outbox = self._outbox
+    async def _send_loop(self, lane: Lane) -> None:
+        """Write a lane's posted messages in order while its connection lasts."""
+        outbox = lane.outbox
+        channel = lane.amqp
+        assert channel is not None
         while True:
-            await self._ready.wait()
-            self._ready.clear()
+            await lane.ready.wait()
+            lane.ready.clear()
             while outbox:
                 kind, body = outbox.popleft()
-                self.backlog -= len(body)
+                lane.backlog -= len(body)
                 try:
                     await channel.basic_publish(
                         body, exchange=CLUSTER_EXCHANGE, routing_key=kind, properties=_PROPERTIES
                     )
                 except Exception as exc:  # the connection went away under us
-                    self._lost(f"send failed: {exc}")
+                    self._lost(f"{lane.name} lane: send failed: {exc}")
                     return
+                lane.sent += len(body)
 
     async def _run(self) -> None:
         backoff = BACKOFF_MIN
@@ -163,6 +205,7 @@ class Link:
             try:
                 await self._connect()
             except Exception as exc:
+                await self._close_connection()
                 self.refused = is_refused(exc)
                 reason = describe_error(exc)
                 if reason != self.last_error or self.state != "retrying":
@@ -187,65 +230,85 @@ class Link:
             self.refused = False
             self.state = "up"
             self.last_error = ""
-            assert self._amqp is not None
-            self._sender = asyncio.get_running_loop().create_task(self._send_loop(self._amqp))
+            loop = asyncio.get_running_loop()
+            for lane in (self.control, self.data):
+                lane.sent = 0
+                lane.sender = loop.create_task(self._send_loop(lane))
             self.on_up(self)
             await self._closed.wait()
             await self._close_connection()
 
     async def _connect(self) -> None:
+        """Open the control lane, then the data lane (the peer learns who we are from
+        the first; a peer that refuses us refuses it)."""
+        for lane in (self.control, self.data):
+            await self._connect_lane(lane)
+
+    async def _connect_lane(self, lane: Lane) -> None:
         # aio_pika.connect() folds client_properties into the URL query, which
         # cannot carry a table; handed to the connection's kwargs they reach
         # aiormq.connect() intact
         connection = aio_pika.Connection(self.url)
         connection.kwargs["client_properties"] = {
-            LINK_PROPERTY: self.identity(),
-            "connection_name": "rookery-link",
+            LINK_PROPERTY: {**self.identity(), "lane": lane.name},
+            "connection_name": f"rookery-link-{lane.name}",
         }
         await connection.connect(timeout=self.connect_timeout)
         try:
             underlay = connection.transport.connection  # type: ignore[union-attr]
-            self.server_properties = dict(underlay.server_properties or {})
-            self.peer_spid = str(self.server_properties.get("spid") or "") or None
+            if lane is self.control:
+                self.server_properties = dict(underlay.server_properties or {})
+                self.peer_spid = str(self.server_properties.get("spid") or "") or None
+            elif str((underlay.server_properties or {}).get("spid") or "") != self.peer_spid:
+                raise ConnectionError("the data lane reached another server than the control lane")
             # no publisher confirms: the planes settle their own messages, and a
             # confirm round trip per message would cap the link's throughput
             channel = await connection.channel(publisher_confirms=False)
-            self._exchange = await channel.get_exchange(CLUSTER_EXCHANGE, ensure=False)
-            self._amqp = await channel.get_underlay_channel()
+            lane.amqp = await channel.get_underlay_channel()
         except Exception:
             await connection.close()
             raise
-        connection.close_callbacks.add(lambda *_: self._lost("connection closed"))
-        self._connection = connection
+        connection.close_callbacks.add(lambda *_: self._lost(f"{lane.name} lane closed"))
+        lane.connection = connection
 
     def _lost(self, reason: str) -> None:
         if self.state == "up":
             log.info("link lost address=%s peer=%s reason=%s", self.address, self.peer_spid, reason)
             self.state = "retrying"
             self.last_error = reason
-            self._exchange = None
-            self._amqp = None
-            self._outbox.clear()
-            self.backlog = 0
+            for lane in (self.control, self.data):
+                lane.amqp = None
+                lane.clear()
             self.on_down(self, reason)
         self._closed.set()
 
     def drop(self, reason: str) -> None:
-        """Close the current connection (a duplicate, ourselves, a cut); it may reconnect."""
+        """Close the current connections (a duplicate, ourselves, a cut); it may reconnect."""
         self._lost(reason)
 
     async def _close_connection(self) -> None:
-        sender, self._sender = self._sender, None
-        if sender is not None:
-            sender.cancel()
-        connection, self._connection = self._connection, None
-        self._exchange = None
-        self._amqp = None
-        self._outbox.clear()
-        self.backlog = 0
-        if connection is not None and not connection.is_closed:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(connection.close(), timeout=2.0)
+        for lane in (self.control, self.data):
+            sender, lane.sender = lane.sender, None
+            if sender is not None:
+                sender.cancel()
+            connection, lane.connection = lane.connection, None
+            lane.amqp = None
+            lane.clear()
+            if connection is not None and not connection.is_closed:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(connection.close(), timeout=2.0)
+
+    def describe(self) -> dict[str, Any]:
+        """The link's lanes for the dump, ``ctl status`` and the metrics."""
+        return {
+            "state": self.state,
+            "peer": self.peer_spid,
+            "backlog": self.data.backlog,
+            "queued": len(self.data.outbox),
+            "control_backlog": self.control.backlog,
+            "sent": self.data.sent,
+            "control_sent": self.control.sent,
+        }
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

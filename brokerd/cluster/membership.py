@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.cluster import messages
 from brokerd.cluster.config import ClusterConfig
 from brokerd.cluster.election import PRIMARY, SECONDARY, Decision
+from brokerd.cluster.latency import LatencyWindow
 from brokerd.cluster.link import Link
 from brokerd.cluster.messages import LINK_PROPERTY, MessageError, Root, Status
 from brokerd.cluster.standing import Standing
@@ -150,8 +151,12 @@ class Membership(Standing):
         self.current_root: str | None = None
         #: peers active at the last evaluation (peer_lost fires when one drops out)
         self._was_active: set[str] = set()
-        #: per peer: the inbound connection its messages last came on
-        self._carrier: dict[str, int] = {}
+        #: status-echo round trips (the root's lease rests on them): p50/p99/max
+        self.echo_rtt = LatencyWindow(1024)
+        #: per peer and lane: the inbound connection its messages last came on
+        self._carrier: dict[tuple[str, str], int] = {}
+        #: the lane (control or data) of each inbound link connection
+        self.lanes: dict[int, str] = {}
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -314,6 +319,7 @@ class Membership(Standing):
         if not spid:
             raise ConnectionError_(NOT_ALLOWED, "cluster link without a spid")
         self.inbound[conn.id] = spid
+        self.lanes[conn.id] = "control" if props.get("lane") == "control" else "data"
         if spid == self.spid:
             return None
         peer = self._peer(spid)
@@ -345,11 +351,12 @@ class Membership(Standing):
 
     def closed(self, conn: Connection) -> None:
         spid = self.inbound.pop(conn.id, None)
+        lane = self.lanes.pop(conn.id, "data")
         if spid is not None and spid in self.peers:
             self.peers[spid].inbound.discard(conn.id)
-            if self._carrier.get(spid, conn.id) == conn.id:
+            if self._carrier.get((spid, lane), conn.id) == conn.id:
                 # the link that carried its messages (not a duplicate being retired)
-                self._carrier.pop(spid, None)
+                self._carrier.pop((spid, lane), None)
                 self.peer_lost(spid, "its link to this server closed")
             self.check_gone(spid)
 
@@ -361,7 +368,7 @@ class Membership(Standing):
             raise access_refused("only cluster links may publish to the cluster exchange")
         if spid in self.cut or spid == self.spid:
             return
-        self._carrier[spid] = connection_id
+        self._carrier[(spid, self.lanes.get(connection_id, "data"))] = connection_id
         if kind not in messages.KINDS:
             self.receive_plane(spid, kind, body)
             return
@@ -383,7 +390,9 @@ class Membership(Standing):
             echo = message.echo.get(self.spid)
             if echo is not None:
                 sent_at, held = echo
-                peer.rtt_ms = round(max(0.0, peer.received_at - sent_at - held) * 1000, 3)
+                rtt = max(0.0, peer.received_at - sent_at - held)
+                peer.rtt_ms = round(rtt * 1000, 3)
+                self.echo_rtt.add(rtt)
             if message.address:
                 peer.address = message.address
             self.status_received(peer.spid, message)
@@ -530,6 +539,11 @@ class Membership(Standing):
             if peer.link is not None and peer.link.up and peer.spid not in self.cut:
                 self.before_send(peer.spid)
                 peer.link.post(kind, body)
+
+    def data_lane(self, spid: str) -> int | None:
+        """The inbound connection the peer's data lane last came on (flow control
+        pauses reading it to slow the peer down; its control lane is never paused)."""
+        return self._carrier.get((spid, "data"))
 
     def link_to(self, spid: str | None) -> Link | None:
         """The peer's outgoing link if it is up (and not cut by fault injection). A

@@ -15,6 +15,8 @@ VERSION = 1
 CLUSTER_EXCHANGE = "amq.rookery.cluster"
 STATUS = "cluster.status"
 ROOT = "cluster.root"
+#: messages that take a link's control lane: they never wait behind data
+CONTROL_KINDS = frozenset({STATUS, ROOT})
 #: client property carrying a link's identity (a table)
 LINK_PROPERTY = "rookery_link"
 

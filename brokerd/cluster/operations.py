@@ -143,6 +143,7 @@ class OperatorCommands(_Base):
                 for p in sorted(self.peers.values(), key=lambda p: p.spid)
             ],
             "links": {addr: link.state for addr, link in self.links.items()},
+            "echo_rtt": self.echo_rtt.describe(),
             "alarms": [
                 {"kind": a.kind, "message": a.message, "since": a.since}
                 for a in self.alarms.values()

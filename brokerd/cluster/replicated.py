@@ -4,8 +4,10 @@ Every event of a master queue (enqueue, acquire, settle, requeue, purge) is
 numbered in one sequence for the whole root and sent, batched, to every other
 active primary (``records.Replicate``); each replica applies the events in
 order and acks the highest number it has applied (and written, for what it
-must write: ``records.Replicated``). With ``min_acked``, the lowest ack among
-the replicas:
+must write: ``records.Replicated``). With ``min_acked``, the *quorum floor*:
+the highest event that the master and a majority of the known primaries hold
+(the master and the ``known // 2`` replicas that acked furthest, as a
+RabbitMQ quorum queue counts; one slow or paused replica stalls nothing):
 
 - a publisher's confirm waits until ``min_acked`` passes its enqueue
   (asynchronous completion: the message is in the master queue at once, the
@@ -20,8 +22,11 @@ replicates, and delegates writing to the local journal store, so the model and
 the channel never know a queue is replicated. A replica that joins (a new or
 restarted primary, every primary after a root change) gets, per queue, a reset
 and a snapshot sent over several loop turns while the live stream goes on
-(seed 001's live updates). A replica that stops acking is dropped (and an
-alarm raised), never silently waited for or silently left behind.
+(seed 001's live updates). A replica that lags is slow, not dead: it stays in
+the set while its link is up and it is active, and its lag paces the
+publishers (``forwarding``'s flow control); one that has acked nothing for a
+while raises an alarm. Only the failure evidence membership uses (the link
+dropped, silence past the timeout, a refused port) takes it out.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("brokerd.cluster.replicated")
 
-#: events a replica may be behind before publishers are paused (flow control)
+#: events the replicas confirms wait for may be behind before the publishers feeding
+#: the master queues are paused (flow control), and where they resume
 LAG_HIGH = 20_000
 LAG_LOW = 5_000
 #: messages of a snapshot sent per loop turn and replica (a sync never stalls the root)
@@ -89,7 +95,7 @@ class Gate:
 class ReplicaLink:
     """One replica: what it acked, and the snapshots still to send it."""
 
-    __slots__ = ("acked", "out", "since", "spid", "synced_at", "syncs")
+    __slots__ = ("acked", "joined", "out", "since", "spid", "synced_at", "syncs")
 
     def __init__(self, out: Outbound, seq: int, now: float) -> None:
         self.out = out
@@ -97,9 +103,11 @@ class ReplicaLink:
         #: the last event it acked; it joins at ``seq`` and counts as having what came
         #: before (that is the snapshot's, and waits for the replicas that were there)
         self.acked = seq
+        #: the event it joined at: what came before reaches it only with its snapshot
+        self.joined = seq
         #: the live event that follows its snapshot (None: still syncing)
         self.synced_at: int | None = None
-        #: when it last acked anything (or joined): a replica silent too long is dropped
+        #: when it last acked anything (or joined): one silent too long raises an alarm
         self.since = now
         #: (queue name, mids still to send)
         self.syncs: deque[tuple[str, deque[int]]] = deque()
@@ -116,16 +124,14 @@ class ReplicaSet:
         self._gates: deque[Gate] = deque()
         self._gate: Gate | None = None
         self._syncing = False
-        self.lagging = False
         #: the lowest ack among the replicas
         self._floor = 0
-        #: replicas dropped for not acking, and when: taken back after a pause
-        self.dropped: dict[str, float] = {}
-        self.patience = 6.0
-
-    def may_add(self, spid: str) -> bool:
-        since = self.dropped.get(spid)
-        return since is None or self.plane.members.clock() - since >= self.patience
+        #: replicas that have acked nothing for longer than the patience (alarmed)
+        self.stalled: set[str] = set()
+        #: what enqueued into the master queues lately: local connection ids, and the
+        #: spids of peers whose forwards did (flow control pauses them when behind)
+        self.feeders: set[Any] = set()
+        self._last_publisher: Any = None
 
     # -- the stream ------------------------------------------------------------------
 
@@ -152,16 +158,44 @@ class ReplicaSet:
                 message.props_raw,
                 message.body,
             )
+            publisher = message.publisher
+            if publisher != self._last_publisher:
+                self._last_publisher = publisher
+                self.feeders.add(
+                    publisher if isinstance(publisher, int) else publisher.partition("/")[0]
+                )
         for replica in self.replicas.values():
             batch(replica.out).add_parts(parts)
-        if not seq & 255 and seq - self.min_acked() > LAG_HIGH and not self.lagging:
-            self._set_lagging(True)
         return seq
 
     def min_acked(self) -> int:
-        """The lowest ack among the replicas (kept by ``_advance``: it is asked per
-        publish and per delivery)."""
+        """The quorum floor (kept by ``_advance``: it is asked per publish and per
+        delivery)."""
         return self._floor if self.replicas else self.seq
+
+    def needed(self) -> int:
+        """Replica acks an event needs besides the master's own copy: a majority of
+        the known primaries, the master included (never more than there are
+        replicas: with fewer, every one is waited for)."""
+        known = self.plane.members.known_primaries(self.plane.members.clock())
+        return min(known // 2, len(self.replicas))
+
+    def whole(self, replica: ReplicaLink) -> bool:
+        """The replica holds every event up to its ack: its snapshot is in, or it
+        joined no later than the floor (what came before it is held by others)."""
+        return (
+            replica.synced_at is not None and replica.acked >= replica.synced_at
+        ) or replica.joined <= self._floor
+
+    def _quorum_floor(self) -> int:
+        """The highest event held, with every event before it, by ``needed`` replicas.
+        A replica still taking its snapshot holds only what came after its join, so
+        it counts once the floor has passed its join (the others hold the rest)."""
+        need = self.needed()
+        if need <= 0:
+            return self.seq
+        acks = sorted((r.acked for r in self.replicas.values() if self.whole(r)), reverse=True)
+        return acks[need - 1] if len(acks) >= need else self._floor
 
     def released_to(self) -> int:
         """The last event whose confirms and deliveries may go: the replicas' floor,
@@ -216,7 +250,7 @@ class ReplicaSet:
 
     def _advance(self) -> None:
         if self.replicas:
-            self._floor = min(r.acked for r in self.replicas.values())
+            self._floor = self._quorum_floor()
         done_to = self.released_to()
         confirms = self._confirms
         while confirms and confirms[0][0] <= done_to:
@@ -224,20 +258,18 @@ class ReplicaSet:
         gates = self._gates
         while gates and gates[0].seq <= done_to:
             gates.popleft().open()
-        if self.lagging and self.seq - self.min_acked() < LAG_LOW:
-            self._set_lagging(False)
+
+    def reset_feeders(self) -> None:
+        self.feeders.clear()
+        self._last_publisher = None
+
+    def quorum_lag(self) -> int:
+        """Events the replicas that confirms wait for are behind (flow control)."""
+        return self.seq - self.min_acked()
 
     def resume(self) -> None:
         """This server acts as root again (its lease renewed): release what waited."""
         self._advance()
-
-    def _set_lagging(self, lagging: bool) -> None:
-        """Seed 001 flow control: publishers wait while a replica is far behind."""
-        self.lagging = lagging
-        if self.plane.on_block is not None:
-            self.plane.on_block(
-                "replication", "replicas are behind: publishers paused" if lagging else None
-            )
 
     # -- membership ------------------------------------------------------------------
 
@@ -251,10 +283,11 @@ class ReplicaSet:
         and the election prefers a primary whose copy is (``election.choose``)."""
         if out.spid in self.replicas:
             return
-        self.dropped.pop(out.spid, None)
+        if not self.replicas:
+            self._floor = self.seq  # alone, the master held all of it
         replica = ReplicaLink(out, self.seq, self.plane.members.clock())
         self.replicas[out.spid] = replica
-        self._floor = min(r.acked for r in self.replicas.values())
+        self._floor = self._quorum_floor()
         batch = self.plane.repl_batch(out)
         # whatever it holds goes, the snapshot follows; live events go on after ``seq``
         batch.replicate(0, rec.R_RESET, "", self.seq)
@@ -272,19 +305,20 @@ class ReplicaSet:
     def remove(self, spid: str, why: str) -> None:
         if self.replicas.pop(spid, None) is not None:
             log.warning("replica %s left the set (%s) at seq=%d", spid, why, self.seq)
+            self.stalled.discard(spid)
             self._advance()
 
     def forget(self, spid: str) -> None:
         """The server is gone for good (inactive): no alarm waits for it."""
         self.remove(spid, "gone")
-        self.dropped.pop(spid, None)
 
     def clear(self) -> None:
         """This server stops being root: what still waits for the replicas fails (a
         confirm is nacked, a held delivery's connection closed: the new root may not
         have it)."""
         self.replicas.clear()
-        self.dropped.clear()
+        self.stalled.clear()
+        self.reset_feeders()
         confirms, self._confirms = self._confirms, deque()
         gates, self._gates = self._gates, deque()
         self._gate = None
@@ -292,8 +326,6 @@ class ReplicaSet:
             done(False, 0)
         for gate in gates:
             gate.fail()
-        if self.lagging:
-            self._set_lagging(False)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -311,18 +343,14 @@ class ReplicaSet:
         }
 
     def check(self, now: float, patience: float) -> list[str]:
-        """Replicas behind for longer than ``patience`` seconds: dropped (they will
-        join again, and resync, when they answer)."""
-        stuck = [
+        """Replicas behind that have acked nothing for longer than ``patience``
+        seconds (an alarm: they stay in the set, slow is not dead)."""
+        self.stalled = {
             r.spid
             for r in self.replicas.values()
             if r.acked < self.seq and now - r.since > patience
-        ]
-        self.patience = patience
-        for spid in stuck:
-            self.remove(spid, f"no ack for {patience:.1f}s")
-            self.dropped[spid] = now
-        return stuck
+        }
+        return sorted(self.stalled)
 
     # -- live updates ---------------------------------------------------------------------
 

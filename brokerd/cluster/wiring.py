@@ -74,7 +74,8 @@ class WiringReplication:
         self.pending: dict[str, PendingChange] = {}
         self._request_seq = 0
         self._compacted_size = 0
-        self._behind = False
+        #: the state sequence the root's previous status claimed
+        self._claimed = 0
 
     @property
     def spid(self) -> str:
@@ -332,21 +333,21 @@ class WiringReplication:
     # -- synchronisation -------------------------------------------------------------------------
 
     def root_status(self, spid: str, seq: int) -> None:
-        """The root's status says how far its state goes: behind it two statuses in a row
-        (a quiet stream hides a gap, e.g. after a pause), take its state again."""
+        """The root's status says how far its state goes. Statuses take the control
+        lane and may overtake wiring entries sent just before them on the data
+        lane, so only a claim made one status ago counts: still behind what the
+        root's previous status said (a quiet stream hides a gap, e.g. after a
+        pause), take its state again."""
         if spid != self.members.root() or self.synced_root != spid:
+            self._claimed = 0
             return
-        if seq > self.last_seq:
-            if self._behind:
-                log.warning("state behind the root at=%d root=%d: resync", self.last_seq, seq)
-                self.synced_root = None
-                self._sync_asked = None
-                self._behind = False
-                self.members.evaluate()
-            else:
-                self._behind = True
-        else:
-            self._behind = False
+        claimed, self._claimed = self._claimed, seq
+        if claimed > self.last_seq:
+            log.warning("state behind the root at=%d root=%d: resync", self.last_seq, claimed)
+            self.synced_root = None
+            self._sync_asked = None
+            self._claimed = 0
+            self.members.evaluate()
 
     def became_root(self) -> None:
         self.synced_root = self.spid  # a new root's own log is the cluster state
@@ -452,7 +453,7 @@ class WiringReplication:
         self._compacted_size = len(entries)
         self.last_seq = int(header.get("seq", 0))
         self.synced_root = spid
-        self._behind = False
+        self._claimed = 0
         log.warning("sync done root=%s entries=%d seq=%d", spid, len(entries), self.last_seq)
         self._announce_private(replay(entries))
         for request in list(self.pending):

@@ -1,4 +1,11 @@
-"""One asyncio Protocol per client connection: bytes to the machine and back."""
+"""One asyncio Protocol per client connection: bytes to the machine and back.
+
+Reading stops for any of several reasons at once (``_holds``): a login being
+checked, a blocked publisher, flow control, and the per-turn read budget.
+The budget keeps one loop turn short: libuv reads a busy socket up to 32
+times per turn, so a few publishers could feed the loop megabytes in one
+turn while statuses and every other connection wait; past ``READ_BUDGET``
+bytes in a turn a connection is read again next turn."""
 
 from __future__ import annotations
 
@@ -18,6 +25,8 @@ log = logging.getLogger("brokerd.server")
 
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITE_LOW_WATER = 1024 * 1024
+#: bytes one connection may feed the machine per loop turn before it waits a turn
+READ_BUDGET = 64 * 1024
 
 
 class AMQPProtocol(asyncio.Protocol):
@@ -27,8 +36,10 @@ class AMQPProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.machine: Connection | None = None
         self._flush_scheduled = False
-        self._reading_paused = False
-        self._login_paused = False
+        #: why reading is paused: "login", "blocked", "flow", "budget" (none: reading)
+        self._holds: set[str] = set()
+        #: bytes received this loop turn (the read budget)
+        self._turn_bytes = 0
         self._opened = False
         self._login_task: asyncio.Task[None] | None = None
 
@@ -52,9 +63,8 @@ class AMQPProtocol(asyncio.Protocol):
         A peer that has not logged in yet is not read meanwhile (as RabbitMQ, whose
         reader authenticates before reading on): what it pipelines waits in the
         socket, so it can never buffer more here than ``max_unauthenticated_bytes``."""
-        if check.kind == "login" and self.transport is not None and not self._login_paused:
-            self._login_paused = True
-            self.transport.pause_reading()
+        if check.kind == "login":
+            self._hold("login")
         self._login_task = self.loop.create_task(self._login(check))
 
     async def _login(self, check: LoginCheck) -> None:
@@ -68,10 +78,7 @@ class AMQPProtocol(asyncio.Protocol):
         if self.transport is None:
             return
         machine.complete_login(check, user, reason)
-        if self._login_paused:
-            self._login_paused = False
-            if not self._reading_paused and not self.transport.is_closing():
-                self.transport.resume_reading()
+        self._release("login")
         self._check_blocked(machine)
         self.flush()
 
@@ -93,9 +100,37 @@ class AMQPProtocol(asyncio.Protocol):
         if machine.closed:
             transport.close()
 
+    def _hold(self, why: str) -> None:
+        if why in self._holds:
+            return
+        self._holds.add(why)
+        transport = self.transport
+        if len(self._holds) == 1 and transport is not None and not transport.is_closing():
+            transport.pause_reading()
+
+    def _release(self, why: str) -> None:
+        if why not in self._holds:
+            return
+        self._holds.discard(why)
+        if not self._holds and self.transport is not None and not self.transport.is_closing():
+            self.transport.resume_reading()
+
+    @property
+    def flow_paused(self) -> bool:
+        return "flow" in self._holds
+
+    def _next_turn(self) -> None:
+        self._turn_bytes = 0
+        self._release("budget")
+
     def data_received(self, data: bytes) -> None:
         machine = self.machine
         assert machine is not None
+        if not self._turn_bytes:
+            self.loop.call_soon(self._next_turn)
+        self._turn_bytes += len(data)
+        if self._turn_bytes > READ_BUDGET:
+            self._hold("budget")  # this turn has had its share: read again next turn
         resources = self.server.resources
         resources.received += len(data)
         if resources.received >= CHECK_EVERY_BYTES:
@@ -115,9 +150,8 @@ class AMQPProtocol(asyncio.Protocol):
             reason = self.server.blocked_reason
             if reason is not None and not machine.cluster_link:
                 machine.set_blocked(reason)  # opened while publishers are blocked
-        if machine.read_paused and not self._reading_paused and self.transport is not None:
-            self._reading_paused = True  # blocked: a publisher waits, unread
-            self.transport.pause_reading()
+        if machine.read_paused:
+            self._hold("blocked")  # blocked: a publisher waits, unread
 
     def set_blocked(self, reason: str | None) -> None:
         """Block (or unblock) this connection's publishing; reading resumes with it."""
@@ -125,11 +159,18 @@ class AMQPProtocol(asyncio.Protocol):
         if machine is None:
             return
         machine.set_blocked(reason)
-        if reason is None and self._reading_paused and self.transport is not None:
-            self._reading_paused = False
-            if not self.transport.is_closing():
-                self.transport.resume_reading()
+        if reason is None:
+            self._release("blocked")
         self.flush()
+
+    def set_flow(self, paused: bool) -> None:
+        """Flow control: stop (or resume) reading this connection. Unlike a block
+        nothing is said to the client, as RabbitMQ's credit flow says nothing: it
+        is transient, and the client just finds its writes slowed by TCP."""
+        if paused:
+            self._hold("flow")
+        else:
+            self._release("flow")
 
     def pause_writing(self) -> None:
         if self.machine is not None:

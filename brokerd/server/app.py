@@ -27,6 +27,7 @@ from brokerd.server import dump
 from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError, serve_control
 from brokerd.server.login import LoginService
+from brokerd.server.loopwatch import LoopWatch
 from brokerd.server.metrics import MetricsServer
 from brokerd.server.resources import ResourceMonitor
 from brokerd.store.disk import DiskStore
@@ -99,6 +100,8 @@ class Server:
             lambda: self.broker.limits, options.data_dir, self.block_publishers
         )
         self.resources.other_alarms.append(self.store.alarm)
+        #: how late the event loop runs (a late loop paces publishers: flow control)
+        self.loopwatch = LoopWatch(self._loop_lag)
 
     def _install_cluster_user(self, config: BrokerConfig) -> None:
         """The cluster vhost exists and the cluster user (password = secret) may use it."""
@@ -163,6 +166,7 @@ class Server:
             "store": self.store.describe(),
             "blocked": dict(self._blocks),
             "resources": self.resources.status(),
+            "loop": self.loopwatch.describe(),
             "console": None
             if self.console is None
             else {
@@ -231,6 +235,7 @@ class Server:
         self.store.recover(self.broker)
         self.store.start()
         self.resources.start()
+        self.loopwatch.start()
         self._listener = await loop.create_server(
             lambda: AMQPProtocol(self),
             self.options.bind,
@@ -316,6 +321,7 @@ class Server:
             load=self.broker.totals,
             broker=self.broker,
             on_block=self.block_publishers,
+            on_flow=self._flow,
             on_detach=self._cluster_detached,
         )
         vhost = self.broker.vhosts[config.vhost]
@@ -350,6 +356,17 @@ class Server:
             proto.flush()
             closed += 1
         log.warning("detached: %d client connections sent elsewhere (%s)", closed, reason)
+
+    def _loop_lag(self, lag: float) -> None:
+        if self.cluster is not None:
+            self.cluster.loop_lag(lag)
+
+    def _flow(self, conn_id: int, paused: bool) -> None:
+        """Flow control pauses (or resumes) reading from one connection: a client
+        publishing into a backlog, or a peer's data lane (``brokerd.cluster.flow``)."""
+        proto = self.connections.get(conn_id)
+        if proto is not None:
+            proto.set_flow(paused)
 
     def block_publishers(self, cause: str, reason: str | None) -> None:
         """Set or clear one cause of blocking; client connections are blocked while
@@ -399,6 +416,7 @@ class Server:
         if self._listener is not None:
             self._listener.close()
         self.resources.stop()
+        self.loopwatch.stop()
         if self._control is not None:
             self._control.close()
         if self.metrics is not None:

@@ -73,6 +73,10 @@ class Members:
     def in_sync(self, root: str) -> bool:
         return True
 
+    def known_primaries(self, now: float) -> int:
+        """Every server of the net is a listed primary."""
+        return len(self.net.servers)
+
     def replica_peers(self) -> list[str]:
         """Every other server with a link up (the net's servers are all primaries)."""
         return [s for s in self.net.servers if s != self.spid and self.link_to(s) is not None]

@@ -108,6 +108,22 @@ def render_markdown(runs: list[dict[str, Any]], opts: FloodOptions) -> str:
                     f"{s['suspended']} | {s['role_changes']} | {rtt} | "
                     f"{s['peer_status_age_max_s']} |"
                 )
+            lines += [
+                "",
+                "Measured by each server (its last status: windows of recent samples):",
+                "",
+                "| server | status-echo RTT ms p50/p99/max (samples) | event-loop lag ms "
+                "p50/p99/max | flow control episodes |",
+                "|---|---|---|---|",
+            ]
+            for s in run["status"]:
+                echo = "/".join(_n(v) for v in s.get("echo_rtt_ms") or [])
+                lag = "/".join(_n(v) for v in s.get("loop_lag_ms") or [])
+                flow = ", ".join(
+                    f"{k} {v}" for k, v in sorted((s.get("flow_episodes") or {}).items())
+                )
+                count = _n(s.get("echo_count"))
+                lines.append(f"| {s['server']} | {echo} ({count}) | {lag} | {flow or '-'} |")
         firsts = _first_occurrences(logs)
         if firsts:
             lines += ["", "First occurrence of each signature (any server, with context):", ""]

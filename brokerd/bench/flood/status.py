@@ -39,6 +39,7 @@ class StatusSampler:
                 "peer_rtt_ms": [],
                 "peer_age_max_s": 0.0,
                 "_was_root": None,
+                "_last": None,
             }
             for _ in nodes
         ]
@@ -62,6 +63,7 @@ class StatusSampler:
                     per["unanswered"] += 1
                     continue
                 per["poll_ms"].append((time.monotonic() - t0) * 1000)
+                per["_last"] = view
                 per["not_ready"] += not view.get("ready")
                 per["suspended"] += bool(view.get("suspended"))
                 is_root = bool(view.get("is_root"))
@@ -94,9 +96,26 @@ class StatusSampler:
                     "peer_rtt_ms_p99": round(percentile(rtt, 0.99), 1) if rtt else None,
                     "peer_rtt_ms_max": round(rtt[-1], 1) if rtt else None,
                     "peer_status_age_max_s": round(per["peer_age_max_s"], 2),
+                    **_server_side(per["_last"]),
                 }
             )
         return out
+
+
+def _server_side(view: dict[str, Any] | None) -> dict[str, Any]:
+    """What the server measured itself, from its last status: its status-echo round
+    trips and event-loop lag (windows of recent samples that span the flood) and how
+    often flow control came on, by cause."""
+    view = view or {}
+    echo = view.get("echo_rtt") or {}
+    lag = (view.get("loop") or {}).get("lag") or {}
+    flow = (view.get("flow") or {}).get("episodes") or {}
+    return {
+        "echo_rtt_ms": [echo.get("p50_ms"), echo.get("p99_ms"), echo.get("max_ms")],
+        "echo_count": echo.get("count"),
+        "loop_lag_ms": [lag.get("p50_ms"), lag.get("p99_ms"), lag.get("max_ever_ms")],
+        "flow_episodes": dict(flow),
+    }
 
 
 def _status(node: Node, wait: float) -> dict[str, Any] | None:
