@@ -223,6 +223,12 @@ class ClusterController(OperatorCommands, Membership):
     def copy_complete(self) -> bool:
         return self.plane.replica.complete  # a root's is: it became root with forget_source
 
+    def copy_position(self) -> tuple[str, int] | None:
+        if self.plane.is_root:
+            return (self.spid, self.plane.replicas.seq)
+        replica = self.plane.replica
+        return None if replica.source is None else (replica.source, replica.applied)
+
     def before_send(self, spid: str) -> None:
         self.plane.flush_peer(spid)
 

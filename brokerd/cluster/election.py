@@ -5,9 +5,10 @@ Every server runs the same election over its own view:
 - candidates are the active primaries with root enabled and a matching
   checksum; a server that is root stays the choice while it remains a
   candidate (enabling a more senior server does not steal root), otherwise
-  the most senior candidate (earliest start, then lowest spid) whose copy of
-  the shared queues is whole is chosen (one still taking a snapshot only if
-  no other is left: it would start from part of the queues);
+  the candidate with the best copy of the shared queues is chosen: a whole
+  copy before one still taking a snapshot, then the copy furthest along the
+  last root's replication stream (``copy``), then the most senior (earliest
+  start, then lowest spid);
 - a server is root when it is its own choice, every active primary votes
   for it (unanimity), and the active primaries are more than half of the
   known primaries (quorum).
@@ -19,6 +20,14 @@ server returning with a stale view would knock the sitting root over.
 Because quorums of two servers always share a member and each member casts
 one vote, two servers can never both satisfy the root condition with
 current votes; tests/unit/test_election.py checks this with hypothesis.
+
+A confirm needs the master and a majority of the known primaries
+(``replicated``), and a root needs a majority voting for it: the two
+majorities share a primary that holds every confirmed message, and it votes
+for a copy at least as far along as its own (what it sees of others' copies
+is never ahead of them: a copy only grows). So the new root holds every
+confirmed message; tests/unit/test_election_copy.py checks this over any
+interleaving with hypothesis.
 
 Votes travel in heartbeats, so they are never quite current. The root
 therefore also holds a *lease* (``holds_lease``): it acts as root only while
@@ -60,6 +69,9 @@ class Member:
     echo_age: float | None = None
     #: its copy of the shared queues is not whole (a snapshot under way)
     syncing: bool = False
+    #: its copy's place: (the root whose replication stream it follows, the last
+    #: event it applied); the root itself: (itself, its last event). None: no copy
+    copy: tuple[str, int] | None = None
 
     @property
     def voter(self) -> bool:
@@ -80,6 +92,8 @@ class View:
     known_primaries: int = 1
     #: the root this server currently recognises (sticky across elections)
     current_root: str | None = None
+    #: the root it recognised last (the one whose stream the copies follow)
+    last_root: str | None = None
 
     def members(self) -> tuple[Member, ...]:
         return (self.me, *self.peers)
@@ -127,9 +141,18 @@ def holds_lease(view: View, window: float) -> bool:
     return 2 * backing > view.known_primaries
 
 
+def copy_rank(member: Member, last_root: str | None) -> int:
+    """How far along the last root's stream the member's copy is (-1: its copy
+    follows another stream, or it has none: it cannot be compared, and ranks last)."""
+    copy = member.copy
+    if copy is None or last_root is None or copy[0] != last_root:
+        return -1
+    return copy[1]
+
+
 def choose(view: View) -> str | None:
     """The spid this server votes for: the sitting root if still eligible, else the
-    eldest with a whole copy."""
+    candidate with the best copy (whole, then furthest along), then the eldest."""
     checksum = view.me.checksum
     candidates = [m for m in view.members() if is_candidate(m, checksum)]
     if not candidates:
@@ -138,7 +161,8 @@ def choose(view: View) -> str | None:
         for member in candidates:
             if member.spid == view.current_root:
                 return member.spid
-    return min(candidates, key=lambda m: (m.syncing, m.seniority)).spid
+    last = view.last_root
+    return min(candidates, key=lambda m: (m.syncing, -copy_rank(m, last), m.seniority)).spid
 
 
 def decide(view: View) -> Decision:

@@ -73,6 +73,9 @@ class Peer:
     gone: bool = False
     #: when we last answered a status of its that asked for one
     answered_at: float = float("-inf")
+    #: since it was heard again, a status of its named the root we recognise: its
+    #: vote is current (it counts at once, no abstention after a rejoin)
+    caught_up: bool = False
 
 
 @dataclass
@@ -149,6 +152,7 @@ class Membership(Standing):
         self.broker = broker
         #: the root recognised at the last evaluation (root_changed fires on a change)
         self.current_root: str | None = None
+        self.last_root: str | None = None
         #: peers active at the last evaluation (peer_lost fires when one drops out)
         self._was_active: set[str] = set()
         #: status-echo round trips (the root's lease rests on them): p50/p99/max
@@ -382,6 +386,9 @@ class Membership(Standing):
             now = self.clock()
             if not self.active(peer, now):
                 peer.active_since = now
+                peer.caught_up = False
+            if message.root is not None and message.root == self.current_root:
+                peer.caught_up = True
             peer.status = message
             peer.type = message.type
             peer.start_time = message.start_time
@@ -420,6 +427,7 @@ class Membership(Standing):
         """Our status now; ``ask`` asks every receiver to answer with theirs at once."""
         now = self.clock()
         wall = self.wall()
+        copy = self.copy_position()
         self._sent.setdefault(wall, now)  # the earlier send, if the clock did not move
         if len(self._sent) > 8:  # forget sends too old to back a lease
             horizon = now - self.config.heartbeat_timeout
@@ -445,6 +453,8 @@ class Membership(Standing):
             },
             root=self.current_root,
             syncing=not self.copy_complete(),
+            copy_source=copy[0] if copy is not None else None,
+            copy_seq=copy[1] if copy is not None else 0,
             reply=ask,
         )
 
@@ -481,6 +491,11 @@ class Membership(Standing):
     def copy_complete(self) -> bool:
         """This server's copy of the shared queues is whole (overridden by the controller)."""
         return True
+
+    def copy_position(self) -> tuple[str, int] | None:
+        """(the root whose stream its copy follows, the last event applied), for the
+        election's preference (overridden by the controller)."""
+        return None
 
     def state_seq(self) -> int:
         """The last wiring entry this server applied (carried in its statuses)."""

@@ -54,6 +54,10 @@ class Status:
     #: the sender's copy of the shared queues is not known whole (a snapshot under
     #: way, an event missed, none taken yet): the election prefers one whose copy is
     syncing: bool = True
+    #: the root whose replication stream the sender's copy follows (itself, if root)
+    copy_source: str | None = None
+    #: the last event of that stream it applied: the election prefers the furthest
+    copy_seq: int = 0
     #: answer with a status at once (a root renewing its lease, a server checking
     #: whether others still hear the root); an answer never asks back
     reply: bool = False
@@ -99,6 +103,14 @@ def decode(kind: str, body: bytes) -> Status | Root:
             raise MessageError(f"{kind}: reply must be a boolean")
         if not isinstance(message.syncing, bool):
             raise MessageError(f"{kind}: syncing must be a boolean")
+        if message.copy_source is not None and not isinstance(message.copy_source, str):
+            raise MessageError(f"{kind}: copy_source must be a spid or null")
+        if (
+            not isinstance(message.copy_seq, int)
+            or isinstance(message.copy_seq, bool)
+            or message.copy_seq < 0
+        ):
+            raise MessageError(f"{kind}: copy_seq must be a non-negative integer")
     return message
 
 

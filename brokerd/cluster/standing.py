@@ -83,6 +83,8 @@ class Standing:
     _unreached: tuple[str, float] | None
     #: the root recognised at the last evaluation (root_changed fires on a change)
     current_root: str | None
+    #: the last root recognised (not None): the stream the copies follow
+    last_root: str | None
     _last_eval: float
     _was_active: set[str]
     #: our own statuses: wall-clock ``sent_at`` -> our clock at sending (for echoes)
@@ -96,6 +98,7 @@ class Standing:
     def tell(self, now: float, *, ask: bool) -> None: ...
     def _broadcast(self, message: Any) -> None: ...
     def copy_complete(self) -> bool: ...
+    def copy_position(self) -> tuple[str, int] | None: ...
     def lease_renewed(self) -> None: ...
 
     @property
@@ -139,8 +142,9 @@ class Standing:
                 continue
             active = self.active(peer, now)
             # a peer heard again only just now voted before it could know the
-            # sitting root: count it as abstaining for one timeout
-            settled = now - peer.active_since >= self.config.heartbeat_timeout
+            # sitting root: count it as abstaining for one timeout, unless it has
+            # shown it knows our root already (a primary that rejoined and synced)
+            settled = peer.caught_up or now - peer.active_since >= self.config.heartbeat_timeout
             if active and status.is_root and (sitting is None or peer.spid < sitting):
                 sitting = peer.spid
             members.append(
@@ -155,6 +159,9 @@ class Standing:
                     listed=status.listed,
                     echo_age=self.echo_age(peer, now),
                     syncing=status.syncing,
+                    copy=None
+                    if status.copy_source is None
+                    else (status.copy_source, status.copy_seq),
                 )
             )
         if self.role_root:
@@ -169,8 +176,9 @@ class Standing:
             vote=self.decision.vote,
             listed=self.listed,
             syncing=not self.copy_complete(),
+            copy=self.copy_position(),
         )
-        return View(me, tuple(members), self.known_primaries(now), sitting)
+        return View(me, tuple(members), self.known_primaries(now), sitting, self.last_root)
 
     @property
     def candidate(self) -> bool:
@@ -249,6 +257,8 @@ class Standing:
         self._was_active = active
         if root != self.current_root:
             old, self.current_root = self.current_root, root
+            if root is not None:
+                self.last_root = root
             log.warning("root changed spid=%s from=%s to=%s", self.spid, old, root)
             self.root_changed(old, root)
         if root is not None and root != self.spid and not self.in_sync(root):

@@ -1,0 +1,107 @@
+"""The election picks a copy that holds every confirmed message (hypothesis).
+
+A confirm needs the master and ``known // 2`` replicas (``ReplicaSet.needed``,
+a majority of the known primaries with the master). After the root dies,
+each surviving primary votes on its own view: its own copy's place exactly,
+the others' as their last statuses said (never ahead of them: a copy only
+grows, and once the root is gone it grows no more). Whatever the staleness
+of each view and of each vote another server holds, a server that the
+election makes root holds every confirmed event.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from brokerd.cluster.election import Member, View, choose, decide
+
+ROOT = "r0"
+
+
+def _floor(positions: list[int], known: int) -> int:
+    """The quorum floor: the highest event the master and ``known // 2`` replicas
+    hold (as ``ReplicaSet._quorum_floor``)."""
+    need = min(known // 2, len(positions))
+    if need == 0:
+        return max(positions, default=0)
+    return sorted(positions, reverse=True)[need - 1]
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> dict:
+    known = draw(st.integers(min_value=2, max_value=6))
+    events = draw(st.integers(min_value=0, max_value=50))
+    replicas = [f"s{i}" for i in range(1, known)]
+    final = {spid: draw(st.integers(min_value=0, max_value=events)) for spid in replicas}
+    alive = [spid for spid in replicas if draw(st.booleans())]
+    # every survivor saw each other's copy at some earlier place (or not at all)
+    seen = {
+        (v, o): draw(st.one_of(st.none(), st.integers(min_value=0, max_value=final[o])))
+        for v in alive
+        for o in alive
+        if v != o
+    }
+    start = {spid: draw(st.floats(min_value=0, max_value=10)) for spid in replicas}
+    # the vote a server holds of another may come from that one's earlier view
+    stale_votes = {(v, o): draw(st.booleans()) for v in alive for o in alive if v != o}
+    return {
+        "known": known,
+        "final": final,
+        "alive": alive,
+        "seen": seen,
+        "start": start,
+        "stale": stale_votes,
+    }
+
+
+def _view(s: dict, viewer: str, votes: dict[str, str | None], *, early: bool) -> View:
+    """``viewer``'s view: its own copy exactly; the others' as last seen (``early``:
+    an earlier view, where nothing of the others had been seen yet)."""
+    me = Member(
+        viewer,
+        start_time=s["start"][viewer],
+        vote=votes.get(viewer),
+        copy=(ROOT, s["final"][viewer]),
+    )
+    peers = []
+    for other in s["alive"]:
+        if other == viewer:
+            continue
+        place = None if early else s["seen"][(viewer, other)]
+        peers.append(
+            Member(
+                other,
+                start_time=s["start"][other],
+                vote=votes.get(other),
+                copy=None if place is None else (ROOT, place),
+            )
+        )
+    return View(me, tuple(peers), s["known"], current_root=None, last_root=ROOT)
+
+
+@given(scenarios())
+@settings(max_examples=3000, deadline=None)
+def test_a_root_elected_after_the_old_one_died_holds_every_confirmed_event(s: dict) -> None:
+    confirmed = _floor(list(s["final"].values()), s["known"])
+    # each survivor's vote, from its latest view and from an earlier one
+    latest = {v: choose(_view(s, v, {}, early=False)) for v in s["alive"]}
+    earlier = {v: choose(_view(s, v, {}, early=True)) for v in s["alive"]}
+    for w in s["alive"]:
+        held = {o: (earlier[o] if s["stale"][(w, o)] else latest[o]) for o in s["alive"] if o != w}
+        view = _view(s, w, held, early=False)
+        if decide(view).is_root:
+            assert s["final"][w] >= confirmed, (w, s["final"], confirmed)
+
+
+def test_the_furthest_copy_of_the_last_roots_stream_wins_over_seniority() -> None:
+    elder = Member("s1", start_time=1.0, copy=(ROOT, 90))
+    younger = Member("s2", start_time=2.0, copy=(ROOT, 120))
+    other_stream = Member("s3", start_time=0.5, copy=("old-root", 500))
+    view = View(elder, (younger, other_stream), 3, current_root=None, last_root=ROOT)
+    assert choose(view) == "s2"
+    # a whole copy still comes before one taking a snapshot
+    syncing = Member("s2", start_time=2.0, copy=(ROOT, 120), syncing=True)
+    assert choose(View(elder, (syncing,), 3, last_root=ROOT)) == "s1"
+    # the sitting root stays the choice, whatever its copy
+    assert choose(View(elder, (younger,), 3, current_root="s1", last_root=ROOT)) == "s1"
