@@ -80,8 +80,15 @@ UNSETTLED_HIGH = 50_000
 FLOW_RECHECK = 0.02
 #: feeders are remembered this long after their last forward (seconds)
 FEEDER_WINDOW = 1.0
+#: bytes of orphaned forwards kept for the next root; past it the oldest are nacked
+ORPHAN_BYTES_MAX = 64 * 1024 * 1024
 
 Done = Callable[[bool, int], None]
+#: an unsettled forward: the message, its targets, the publishers' callbacks, and
+#: whether it went flagged redelivered
+Unsettled = tuple[Message, list[tuple[str, str]], list[Done] | None, bool]
+#: unsettled forwards' bytes to one peer above which its feeders are paused
+UNSETTLED_BYTES_HIGH = 64 * 1024 * 1024
 
 
 def feeder(publisher: int | str) -> Feeder:
@@ -107,6 +114,7 @@ class Outbound:
         "settle_run",
         "spid",
         "unsettled",
+        "unsettled_bytes",
         "up",
     )
 
@@ -119,8 +127,11 @@ class Outbound:
         self.fwd_done: list[Done] = []
         self.fwd_redelivered = False
         self.next_seq = 1
-        #: forwards sent and not yet settled: seq -> the publishers' callbacks
-        self.unsettled: dict[int, list[Done] | None] = {}
+        #: forwards sent and not yet settled: seq -> what to send again if the peer
+        #: fails before settling (see ``MessagePlane.orphan``)
+        self.unsettled: dict[int, Unsettled] = {}
+        #: the bodies' bytes held in ``unsettled`` (flow control bounds it)
+        self.unsettled_bytes = 0
         #: settlements of its forwards to send: [first, last, ok, routed]
         self.settle_run: list[Any] | None = None
         #: its link is up (deliveries wait while it is not)
@@ -172,6 +183,42 @@ class SettleWaiter:
             self.plane.settle(self.out, self.seq, self.ok, self.routed)
 
 
+class _Callbacks:
+    """A kept forward pushed into this server's queues once it became root: the
+    publishers' callbacks are called as a settlement would (implements
+    ``PublishWaiter``)."""
+
+    __slots__ = ("armed", "done", "ok", "routed", "waiting")
+
+    def __init__(self, done: list[Done]) -> None:
+        self.done = done
+        self.waiting = 0
+        self.ok = True
+        self.routed = 0
+        self.armed = False
+
+    def defer(self) -> Done:
+        self.waiting += 1
+        return self._one
+
+    def _one(self, ok: bool, routed: int) -> None:
+        self.waiting -= 1
+        self.ok = self.ok and ok
+        if self.waiting == 0 and self.armed:
+            self._finish()
+
+    def arm(self, ok: bool, routed: int) -> None:
+        self.ok = self.ok and ok
+        self.routed = routed
+        self.armed = True
+        if self.waiting == 0:
+            self._finish()
+
+    def _finish(self) -> None:
+        for i, callback in enumerate(self.done):
+            callback(self.ok, self.routed if i == 0 else 0)
+
+
 class MessagePlane:
     """Forwards, settlements and the link batches; the root and proxy sides use it."""
 
@@ -200,6 +247,13 @@ class MessagePlane:
         self._flush_scheduled = False
         self._flow_watch = False
         self._feeders_reset = 0.0
+        #: forwards to a root that failed before settling them, to send to the next
+        #: (``orphan``), their bytes, and since when the oldest waits
+        self.orphans: deque[Unsettled] = deque()
+        self.orphan_bytes = 0
+        self.orphans_since = 0.0
+        #: the root before the last change (its forwards are orphaned after it)
+        self._root_was: str | None = None
         self._last_id: tuple[Any, str] = (None, "")
 
     @property
@@ -332,7 +386,8 @@ class MessagePlane:
             message.body,
             out.fwd_redelivered,
         )
-        out.unsettled[seq] = out.fwd_done or None
+        out.unsettled[seq] = (message, out.fwd_targets, out.fwd_done or None, out.fwd_redelivered)
+        out.unsettled_bytes += len(message.body)
         out.fwd_message = None
         out.fwd_targets = []
         out.fwd_done = []
@@ -416,6 +471,8 @@ class MessagePlane:
             link = self.members.link_to(out.spid)
             backlog = link.backlog if link is not None else 0
             unsettled = len(out.unsettled)
+            if out.unsettled_bytes > UNSETTLED_BYTES_HIGH:
+                unsettled = max(unsettled, UNSETTLED_HIGH + 1)  # few, but large
             cause = f"link:{out.spid}"
             if replicas is not None and out.spid in replicas.replicas:
                 high, low = REPLICA_BACKLOG_HIGH, REPLICA_BACKLOG_LOW
@@ -506,7 +563,6 @@ class MessagePlane:
         master.after_batch(out)
 
     def _on_forward(self, out: Outbound, r: rec.Forward) -> None:
-        vhost = self.vhost()
         origin, _, channel = r.cluster_id.rpartition("/")
         message = Message(
             r.exchange,
@@ -517,9 +573,21 @@ class MessagePlane:
             int(channel) if channel.isascii() and channel.isdigit() else 0,
         )
         waiter = SettleWaiter(self, out, r.seq)
+        ok, routed = self._apply_forward(message, r.targets, r.redelivered, waiter)
+        waiter.arm(ok, routed)
+
+    def _apply_forward(
+        self,
+        message: Message,
+        targets: list[tuple[str, str]],
+        redelivered: bool,
+        waiter: PublishWaiter,
+    ) -> tuple[bool, int]:
+        """Push a forwarded message into this server's queues: (all took it, routed)."""
+        vhost = self.vhost()
         ok = True
         routed = 0
-        for spid, name in r.targets:
+        for spid, name in targets:
             if spid and spid != self.spid:
                 # a relay: the root passes a secondary's match on to another secondary
                 if self.is_root and self.forward(spid, message, ("", name), waiter):
@@ -533,14 +601,14 @@ class MessagePlane:
             if not queue.local:
                 ok = False  # not mastered here (the root moved): the publisher is nacked
                 continue
-            if r.redelivered:
-                queue.restore(message)
+            if redelivered:
+                queue.restore(message, waiter)
                 routed += 1
             elif queue.push(message, waiter):
                 routed += 1
             else:
                 ok = False
-        waiter.arm(ok, routed)
+        return ok, routed
 
     def _on_settle(self, out: Outbound, r: rec.Settle) -> None:
         unsettled = out.unsettled
@@ -549,7 +617,11 @@ class MessagePlane:
         else:
             seqs = range(r.first, r.last + 1)
         for seq in seqs:
-            done = unsettled.pop(seq, None)
+            entry = unsettled.pop(seq, None)
+            if entry is None:
+                continue
+            out.unsettled_bytes -= len(entry[0].body)
+            done = entry[2]
             if done:
                 for i, callback in enumerate(done):
                     callback(r.ok, r.routed if i == 0 else 0)
@@ -557,24 +629,89 @@ class MessagePlane:
     def _on_void(self, out: Outbound, r: rec.Void) -> None:
         """The peer ended our session on its own: what we sent it may have been dropped.
         Forwards it did take were settled before this record (one ordered link)."""
-        log.warning("session voided by %s (epoch %d): forwards nacked", out.spid, r.epoch)
-        self.nack_forwards(out)
+        count = len(out.unsettled)
+        self.orphan(out, maybe_taken=False)
+        log.warning(
+            "session voided by %s (epoch %d): %d unsettled forwards to send again",
+            out.spid,
+            r.epoch,
+            count,
+        )
         self.proxy.voided(out.spid)
+        self.send_orphans()
 
     # -- events from membership --------------------------------------------------------
 
-    def nack_forwards(self, out: Outbound) -> None:
-        """Nack every forward the peer has not settled: it may never."""
+    def orphan(self, out: Outbound, *, maybe_taken: bool) -> None:
+        """The peer will not settle its forwards (it failed, or voided our session).
+        Those to the root are kept, to go again to whichever server is root next
+        (``send_orphans``), flagged redelivered if the peer may have taken them;
+        others (a private queue's server) can go nowhere else and are nacked.
+        ``maybe_taken`` is false after a void: what the peer took it settled first."""
         if out.fwd_message is not None:
             self._finish_forward(out)
         unsettled, out.unsettled = out.unsettled, {}
-        for done in unsettled.values():
-            for callback in done or ():
-                callback(False, 0)
+        out.unsettled_bytes = 0
+        to_root = out.spid == self.root_spid() or out.spid == self._root_was
+        for message, targets, done, redelivered in unsettled.values():
+            if to_root and all(not spid for spid, _name in targets):
+                if not self.orphans:
+                    self.orphans_since = self.members.clock()
+                self.orphans.append((message, targets, done, redelivered or maybe_taken))
+                self.orphan_bytes += len(message.body)
+            else:
+                for callback in done or ():
+                    callback(False, 0)
+        while self.orphan_bytes > ORPHAN_BYTES_MAX and self.orphans:
+            self._nack_orphan(self.orphans.popleft())
+
+    def _nack_orphan(self, orphan: Unsettled) -> None:
+        self.orphan_bytes -= len(orphan[0].body)
+        for callback in orphan[2] or ():
+            callback(False, 0)
+
+    def send_orphans(self) -> None:
+        """Send the kept forwards to the root, in the order they were first sent: to
+        its link, or into our own queues if we are root now."""
+        root = self.root_spid()
+        if not self.orphans or root is None:
+            return
+        if root != self.spid and not self.out(root).up:
+            return
+        orphans, self.orphans = self.orphans, deque()
+        self.orphan_bytes = 0
+        log.warning("%d unsettled forwards sent again to root %s", len(orphans), root)
+        for message, targets, done, redelivered in orphans:
+            if root == self.spid:
+                waiter = _Callbacks(done or [])
+                ok, routed = self._apply_forward(message, targets, redelivered, waiter)
+                waiter.arm(ok, routed)
+                continue
+            out = self.out(root)
+            if out.fwd_message is not None:
+                self._finish_forward(out)
+            out.fwd_message = message
+            out.fwd_redelivered = redelivered
+            out.fwd_targets = list(targets)
+            out.fwd_done = list(done or ())
+            out.feeders.add(feeder(message.publisher))
+            self._finish_forward(out)
+        self._schedule()
+
+    def expire_orphans(self) -> None:
+        """Kept forwards that found no root within the open timeout are nacked."""
+        if self.orphans and (
+            self.members.clock() - self.orphans_since > self.members.config.open_timeout
+        ):
+            log.warning("%d unsettled forwards found no root in time: nacked", len(self.orphans))
+            while self.orphans:
+                self._nack_orphan(self.orphans.popleft())
+            self.orphan_bytes = 0
 
     def fail_forwards(self, out: Outbound) -> None:
-        """The link with the peer is gone: nack its forwards, drop what waited for it."""
-        self.nack_forwards(out)
+        """The link with the peer is gone: keep (or nack) its forwards, drop what
+        waited for it."""
+        self.orphan(out, maybe_taken=True)
         out.batch = rec.Batch()
         out.repl = rec.Batch()
         out.gate = None
@@ -603,6 +740,7 @@ class MessagePlane:
         self.proxy.session_check()
         if spid == self.root_spid():
             self._check_root_link()
+            self.send_orphans()
 
     def peer_lost(self, spid: str, why: str) -> None:
         """A link with the peer dropped, or it went inactive: the session is over."""
@@ -624,7 +762,9 @@ class MessagePlane:
             self._check_root_link()
 
     def root_changed(self, old: str | None, new: str | None) -> None:
-        """Flip the shared queues' roles and move the proxy to the new root."""
+        """Flip the shared queues' roles and move the proxy to the new root; what the
+        old root left unsettled goes to the new one."""
+        self._root_was = old
         self.is_root = new == self.spid
         if old is not None and old != self.spid:
             out = self.outbound.get(old)
@@ -649,6 +789,7 @@ class MessagePlane:
                 self.replicas.add(self.out(spid), queues)
         if new is not None and not self.is_root:
             self.proxy.session_check()
+        self.send_orphans()
         self._check_root_link()
 
     def primary_seen(self, spid: str) -> None:
@@ -663,6 +804,8 @@ class MessagePlane:
     def tick(self) -> None:
         self.proxy.tick()
         self.master.tick()
+        self.send_orphans()
+        self.expire_orphans()
         if self.is_root and self.members.acting:  # never while suspended (see released_to)
             self.replicas.resume()
             patience = 2 * self.members.config.heartbeat_timeout

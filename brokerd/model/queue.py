@@ -353,13 +353,14 @@ class Queue(QueueExpiry):
             self._arm_expiry()
         self.dispatch()
 
-    def restore(self, message: Message) -> None:
+    def restore(self, message: Message, waiter: PublishWaiter | None = None) -> None:
         """A message delivered once before comes back from elsewhere (another server,
-        a former master): enqueue it at the tail, flagged redelivered."""
+        a former master, a forward re-sent after a failover): enqueue it at the tail,
+        flagged redelivered; ``waiter`` as for ``push`` (a confirm waits for it)."""
         self.stats_in += 1
         store = self.store
         if store is not None:
-            store.enqueued(message, None)
+            store.enqueued(message, waiter)
         deadline = self._deadline(message)
         if not self.messages and not self._returned and self.consumers:
             consumer = self._next_ready(message)

@@ -118,10 +118,12 @@ def test_a_session_the_root_ended_alone_is_voided_and_the_proxy_reattaches(net: 
     assert net.queue("A", "q").message_count == 4 and waiter.answers == []
     net.tick(0.1)  # a grace: B may open a new session by itself
     assert waiter.answers == [] and "B" in root.voided
-    net.tick(1.0)  # B hears of the void: its forward is nacked, it re-attaches
-    assert waiter.answers == [(False, 0)]
+    net.tick(1.0)  # B hears of the void: its forward goes again, it re-attaches
+    net.pump()
+    assert waiter.answers == [(True, 1)]  # A never took it: sent again, and taken now
     assert "B" not in root.voided
-    assert [(m.body, r) for m, r in sink.got[2:]] == [(b"0", True), (b"1", True)]
+    assert [(m.body, r) for m, r in sink.got[2:4]] == [(b"0", True), (b"1", True)]
+    assert [r for m, r in net.queue("A", "q").ready() if m.body == b"4"] == [False]
 
 
 def test_a_proxy_that_opens_a_new_session_by_itself_is_not_voided_twice(net: Net) -> None:
@@ -138,17 +140,34 @@ def test_a_proxy_that_opens_a_new_session_by_itself_is_not_voided_twice(net: Net
     assert list(root.consumers["B"]) == ["B/1/c"] and len(root.deliveries["B"]) == 1
 
 
-def test_forwards_in_flight_when_the_root_changes_are_nacked(net: Net) -> None:
+def test_forwards_in_flight_when_the_root_changes_go_to_the_new_root(net: Net) -> None:
     waiter = Waiter()
     net.queue("B", "q").push(message(b"lost?"), waiter)
     net.flush()  # sent, not yet settled
     net.wire.clear()  # ... and the root died with it
-    net.elect("C")
-    assert waiter.answers == [(False, 0)]  # never confirmed without a root taking it
+    net.elect("C")  # kept, not nacked: sent again to the new root
+    net.pump()
+    assert waiter.answers == [(True, 1)]  # confirmed once C took it
     net.queue("B", "q").push(message(b"after"), waiter)
     net.pump()
     assert waiter.answers[-1] == (True, 1)
-    assert [m.body for m in net.queue("C", "q").messages] == [b"after"]
+    # flagged redelivered: the old root may have taken it too
+    ready = [(m.body, r) for m, r in net.queue("C", "q").ready()]
+    assert ready == [(b"lost?", True), (b"after", False)]
+
+
+def test_forwards_kept_for_a_root_that_never_comes_are_nacked(net: Net) -> None:
+    waiter = Waiter()
+    net.queue("B", "q").push(message(b"m"), waiter)
+    net.flush()
+    net.wire.clear()
+    plane = net.servers["B"].plane
+    out = plane.outbound["A"]
+    plane.orphan(out, maybe_taken=True)
+    assert len(plane.orphans) == 1 and waiter.answers == []
+    net.servers["B"].members.now += 60
+    plane.expire_orphans()
+    assert waiter.answers == [(False, 0)] and not plane.orphans
 
 
 def test_hand_over_moves_ready_and_held_messages_to_the_new_root(net: Net) -> None:
