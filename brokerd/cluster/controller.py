@@ -187,7 +187,7 @@ class ClusterController(OperatorCommands, Membership):
             flow.hold(
                 "event-loop",
                 f"the event loop runs {lag * 1000:.0f} ms late",
-                self.plane.all_feeders(),
+                self.plane.pacing.all_feeders(),
             )
         elif lag < LOOP_LAG_LOW and "event-loop" in flow.causes:
             flow.release("event-loop")

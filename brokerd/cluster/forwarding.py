@@ -39,17 +39,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster import records as rec
-from brokerd.cluster.flow import Feeder, FlowControl
+from brokerd.cluster.flow import FlowControl
 from brokerd.cluster.master import MasterSide
+from brokerd.cluster.orphans import Orphans
+from brokerd.cluster.outbound import Outbound, SettleWaiter, feeder
+from brokerd.cluster.pacing import Pacing
 from brokerd.cluster.proxy import ProxySide
 from brokerd.cluster.queues import SharedQueue
 from brokerd.cluster.replica import ReplicaSide
-from brokerd.cluster.replicated import LAG_HIGH, LAG_LOW, Gate, ReplicaSet
+from brokerd.cluster.replicated import Gate, ReplicaSet
 from brokerd.model.message import Message
 from brokerd.model.queue import PublishWaiter
 
@@ -63,160 +65,6 @@ log = logging.getLogger("brokerd.cluster.forwarding")
 DATA = "cluster.data"
 #: a batch this large leaves at once instead of at the end of the loop turn
 FLUSH_BYTES = 256 * 1024
-#: bytes waiting on a link's data lane above which the connections feeding it are
-#: paused (flow control). Statuses no longer wait behind it (they take the control
-#: lane), so the bound is about memory and latency: 4 MiB is a tenth of a second
-#: of the link's tens of MB/s, enough to keep it busy
-BACKLOG_HIGH = 4 * 1024 * 1024
-BACKLOG_LOW = 1024 * 1024
-#: the root's bound for a link to a replica: a paused or slow replica is not dead,
-#: and while a majority keeps up its lag must not stall the publishers (confirms
-#: need a majority only); past this much memory it does slow them
-REPLICA_BACKLOG_HIGH = 64 * 1024 * 1024
-REPLICA_BACKLOG_LOW = 16 * 1024 * 1024
-#: unsettled forwards to one peer above which the publishers feeding it are paused
-UNSETTLED_HIGH = 50_000
-#: how often flow is checked again while a cause holds (seconds)
-FLOW_RECHECK = 0.02
-#: feeders are remembered this long after their last forward (seconds)
-FEEDER_WINDOW = 1.0
-#: bytes of orphaned forwards kept for the next root; past it the oldest are nacked
-ORPHAN_BYTES_MAX = 64 * 1024 * 1024
-
-Done = Callable[[bool, int], None]
-#: an unsettled forward: the message, its targets, the publishers' callbacks, and
-#: whether it went flagged redelivered
-Unsettled = tuple[Message, list[tuple[str, str]], list[Done] | None, bool]
-#: unsettled forwards' bytes to one peer above which its feeders are paused
-UNSETTLED_BYTES_HIGH = 64 * 1024 * 1024
-
-
-def feeder(publisher: int | str) -> Feeder:
-    """A message's feeder: its local connection, or the peer it was forwarded from
-    (``publisher`` is then ``spid/connection``)."""
-    return publisher if isinstance(publisher, int) else publisher.partition("/")[0]
-
-
-class Outbound:
-    """What this server sends to one peer, and what it waits to hear back."""
-
-    __slots__ = (
-        "batch",
-        "feeders",
-        "fwd_done",
-        "fwd_message",
-        "fwd_redelivered",
-        "fwd_targets",
-        "gate",
-        "held",
-        "next_seq",
-        "repl",
-        "settle_run",
-        "spid",
-        "unsettled",
-        "unsettled_bytes",
-        "up",
-    )
-
-    def __init__(self, spid: str) -> None:
-        self.spid = spid
-        self.batch = rec.Batch()
-        #: the forward being gathered: one record per message, every target in it
-        self.fwd_message: Message | None = None
-        self.fwd_targets: list[tuple[str, str]] = []
-        self.fwd_done: list[Done] = []
-        self.fwd_redelivered = False
-        self.next_seq = 1
-        #: forwards sent and not yet settled: seq -> what to send again if the peer
-        #: fails before settling (see ``MessagePlane.orphan``)
-        self.unsettled: dict[int, Unsettled] = {}
-        #: the bodies' bytes held in ``unsettled`` (flow control bounds it)
-        self.unsettled_bytes = 0
-        #: settlements of its forwards to send: [first, last, ok, routed]
-        self.settle_run: list[Any] | None = None
-        #: its link is up (deliveries wait while it is not)
-        self.up = False
-        #: replication records for it (root -> replica, or acks back), sent first
-        self.repl = rec.Batch()
-        #: ``batch`` holds a delivery that waits for the replicas: not sent until open
-        self.gate: Gate | None = None
-        #: earlier records cut off at each new gate: (the gate they wait for, records)
-        self.held: deque[tuple[Gate | None, list[Any]]] = deque()
-        #: connections (ids) and peers (spids) whose publishes were forwarded here
-        #: lately: what flow control pauses when this link falls behind
-        self.feeders: set[Feeder] = set()
-
-
-class SettleWaiter:
-    """A forward received from a peer, settled once every queue it reached took it
-    (some may defer: a relay to another server). Implements ``PublishWaiter``."""
-
-    __slots__ = ("armed", "deferred", "ok", "out", "plane", "routed", "seq", "waiting")
-
-    def __init__(self, plane: MessagePlane, out: Outbound, seq: int) -> None:
-        self.plane = plane
-        self.out = out
-        self.seq = seq
-        self.deferred = 0
-        self.waiting = 0
-        self.ok = True
-        self.routed = 0
-        self.armed = False
-
-    def defer(self) -> Done:
-        self.deferred += 1
-        self.waiting += 1
-        return self._done
-
-    def _done(self, ok: bool, routed: int) -> None:
-        self.waiting -= 1
-        self.ok = self.ok and ok
-        self.routed += routed
-        if self.waiting == 0 and self.armed:
-            self.plane.settle(self.out, self.seq, self.ok, self.routed)
-
-    def arm(self, ok: bool, routed: int) -> None:
-        self.ok = self.ok and ok
-        self.routed += routed - self.deferred
-        self.armed = True
-        if self.waiting == 0:
-            self.plane.settle(self.out, self.seq, self.ok, self.routed)
-
-
-class _Callbacks:
-    """A kept forward pushed into this server's queues once it became root: the
-    publishers' callbacks are called as a settlement would (implements
-    ``PublishWaiter``)."""
-
-    __slots__ = ("armed", "done", "ok", "routed", "waiting")
-
-    def __init__(self, done: list[Done]) -> None:
-        self.done = done
-        self.waiting = 0
-        self.ok = True
-        self.routed = 0
-        self.armed = False
-
-    def defer(self) -> Done:
-        self.waiting += 1
-        return self._one
-
-    def _one(self, ok: bool, routed: int) -> None:
-        self.waiting -= 1
-        self.ok = self.ok and ok
-        if self.waiting == 0 and self.armed:
-            self._finish()
-
-    def arm(self, ok: bool, routed: int) -> None:
-        self.ok = self.ok and ok
-        self.routed = routed
-        self.armed = True
-        if self.waiting == 0:
-            self._finish()
-
-    def _finish(self) -> None:
-        for i, callback in enumerate(self.done):
-            callback(self.ok, self.routed if i == 0 else 0)
 
 
 class MessagePlane:
@@ -245,15 +93,12 @@ class MessagePlane:
         #: this server is the root: its shared queues are the masters
         self.is_root = False
         self._flush_scheduled = False
-        self._flow_watch = False
-        self._feeders_reset = 0.0
-        #: forwards to a root that failed before settling them, to send to the next
-        #: (``orphan``), their bytes, and since when the oldest waits
-        self.orphans: deque[Unsettled] = deque()
-        self.orphan_bytes = 0
-        self.orphans_since = 0.0
-        #: the root before the last change (its forwards are orphaned after it)
-        self._root_was: str | None = None
+        #: flow control's checks (``pacing``)
+        self.pacing = Pacing(self)
+        #: forwards a failed root left unsettled, for the next root (``orphans``)
+        self.orphans = Orphans(self)
+        #: the root before the last change (its forwards are kept after it)
+        self.root_was: str | None = None
         self._last_id: tuple[Any, str] = (None, "")
 
     @property
@@ -296,17 +141,17 @@ class MessagePlane:
     def batch(self, out: Outbound) -> rec.Batch:
         """The peer's batch, for a record that must follow everything sent before it."""
         if out.fwd_message is not None:
-            self._finish_forward(out)
+            self.finish_forward(out)
         if out.batch.size > FLUSH_BYTES:
             self._post(out)
-        self._schedule()
+        self.schedule()
         return out.batch
 
     def repl_batch(self, out: Outbound) -> rec.Batch:
         """The peer's replication batch (always sent, ahead of the other one)."""
         if out.repl.size > FLUSH_BYTES:
             self._post_repl(out)
-        self._schedule()
+        self.schedule()
         return out.repl
 
     def hold(self, out: Outbound, gate: Gate) -> None:
@@ -319,9 +164,9 @@ class MessagePlane:
         if out.batch:
             out.held.append((out.gate, out.batch.cut()))
         out.gate = gate
-        gate.on_open(self._schedule)
+        gate.on_open(self.schedule)
 
-    def _schedule(self) -> None:
+    def schedule(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
             try:
@@ -347,10 +192,10 @@ class MessagePlane:
             return False
         if out.fwd_message is not message or out.fwd_redelivered != redelivered:
             if out.fwd_message is not None:
-                self._finish_forward(out)
+                self.finish_forward(out)
             out.fwd_message = message
             out.fwd_redelivered = redelivered
-            self._schedule()
+            self.schedule()
         out.fwd_targets.append(target)
         out.feeders.add(feeder(message.publisher))
         if waiter is not None:
@@ -371,7 +216,7 @@ class MessagePlane:
             return False
         return self.forward(root, message, (spid, queue), waiter)
 
-    def _finish_forward(self, out: Outbound) -> None:
+    def finish_forward(self, out: Outbound) -> None:
         message = out.fwd_message
         assert message is not None
         seq = out.next_seq
@@ -404,7 +249,7 @@ class MessagePlane:
         if run is not None:
             self.batch(out).settle(*run)
         out.settle_run = [seq, seq, ok, routed]
-        self._schedule()
+        self.schedule()
 
     def flush(self) -> None:
         """Send every peer's batch (once per loop turn)."""
@@ -414,14 +259,14 @@ class MessagePlane:
             if out.repl:
                 self._post_repl(out)
             if out.fwd_message is not None:
-                self._finish_forward(out)
+                self.finish_forward(out)
             if out.settle_run is not None:
                 out.batch.settle(*out.settle_run)
                 out.settle_run = None
             self.proxy.pay_credit(out)
             if out.batch or out.held:
                 self._post(out)
-        self._check_backlog()
+        self.pacing.check()
 
     def flush_peer(self, spid: str) -> None:
         """Send what is gathered for ``spid`` now (a control message follows it)."""
@@ -431,7 +276,7 @@ class MessagePlane:
         if out.repl:
             self._post_repl(out)
         if out.fwd_message is not None:
-            self._finish_forward(out)
+            self.finish_forward(out)
         if out.settle_run is not None:
             out.batch.settle(*out.settle_run)
             out.settle_run = None
@@ -460,76 +305,6 @@ class MessagePlane:
         link = self.members.link_to(out.spid)
         if link is None or not link.post(DATA, data):
             log.debug("batch to %s dropped: link down (%d bytes)", out.spid, len(data))
-
-    def _check_backlog(self) -> None:
-        """Pace the publishers feeding what fell behind (seed 001 flow control, see
-        ``flow``): a link's data lane, unsettled forwards to a peer, the replicas."""
-        flow = self.flow
-        now = self.members.clock()
-        replicas = self.replicas if self.is_root else None
-        for out in self.outbound.values():
-            link = self.members.link_to(out.spid)
-            backlog = link.backlog if link is not None else 0
-            unsettled = len(out.unsettled)
-            if out.unsettled_bytes > UNSETTLED_BYTES_HIGH:
-                unsettled = max(unsettled, UNSETTLED_HIGH + 1)  # few, but large
-            cause = f"link:{out.spid}"
-            if replicas is not None and out.spid in replicas.replicas:
-                high, low = REPLICA_BACKLOG_HIGH, REPLICA_BACKLOG_LOW
-                feeders: set[Feeder] = out.feeders | replicas.feeders
-            else:
-                high, low = BACKLOG_HIGH, BACKLOG_LOW
-                feeders = out.feeders
-            if cause in flow.causes:
-                if backlog < low and unsettled < UNSETTLED_HIGH // 2:
-                    flow.release(cause)
-                else:
-                    flow.hold(cause, flow.causes[cause], feeders)
-            elif backlog > high or unsettled > UNSETTLED_HIGH:
-                flow.hold(
-                    cause,
-                    f"link to {out.spid} is behind: {backlog} bytes queued, "
-                    f"{unsettled} forwards unsettled",
-                    feeders,
-                )
-        if replicas is not None:
-            lag = replicas.quorum_lag()
-            if "replication" in flow.causes:
-                if lag < LAG_LOW:
-                    flow.release("replication")
-                else:
-                    flow.hold("replication", flow.causes["replication"], replicas.feeders)
-            elif lag > LAG_HIGH:
-                flow.hold(
-                    "replication",
-                    f"replicas are {lag} events behind: publishers paced",
-                    replicas.feeders,
-                )
-        elif "replication" in flow.causes:
-            flow.release("replication")
-        if now - self._feeders_reset >= FEEDER_WINDOW and not flow.active:
-            self._feeders_reset = now
-            for out in self.outbound.values():
-                out.feeders.clear()
-            self.replicas.reset_feeders()
-        if flow.active and not self._flow_watch:
-            self._flow_watch = True
-            try:
-                asyncio.get_running_loop().call_later(FLOW_RECHECK, self._watch_backlog)
-            except RuntimeError:  # no loop: unit tests check by hand
-                self._flow_watch = False
-
-    def _watch_backlog(self) -> None:
-        self._flow_watch = False
-        self._check_backlog()
-
-    def all_feeders(self) -> set[Feeder]:
-        """Every connection and peer that fed the cluster lately (the event loop's
-        own lag pauses them all)."""
-        feeders: set[Feeder] = set(self.replicas.feeders)
-        for out in self.outbound.values():
-            feeders |= out.feeders
-        return feeders
 
     # -- inbound -------------------------------------------------------------------
 
@@ -573,10 +348,10 @@ class MessagePlane:
             int(channel) if channel.isascii() and channel.isdigit() else 0,
         )
         waiter = SettleWaiter(self, out, r.seq)
-        ok, routed = self._apply_forward(message, r.targets, r.redelivered, waiter)
+        ok, routed = self.apply_forward(message, r.targets, r.redelivered, waiter)
         waiter.arm(ok, routed)
 
-    def _apply_forward(
+    def apply_forward(
         self,
         message: Message,
         targets: list[tuple[str, str]],
@@ -630,7 +405,7 @@ class MessagePlane:
         """The peer ended our session on its own: what we sent it may have been dropped.
         Forwards it did take were settled before this record (one ordered link)."""
         count = len(out.unsettled)
-        self.orphan(out, maybe_taken=False)
+        self.orphans.keep(out, maybe_taken=False)
         log.warning(
             "session voided by %s (epoch %d): %d unsettled forwards to send again",
             out.spid,
@@ -638,80 +413,14 @@ class MessagePlane:
             count,
         )
         self.proxy.voided(out.spid)
-        self.send_orphans()
+        self.orphans.send()
 
     # -- events from membership --------------------------------------------------------
-
-    def orphan(self, out: Outbound, *, maybe_taken: bool) -> None:
-        """The peer will not settle its forwards (it failed, or voided our session).
-        Those to the root are kept, to go again to whichever server is root next
-        (``send_orphans``), flagged redelivered if the peer may have taken them;
-        others (a private queue's server) can go nowhere else and are nacked.
-        ``maybe_taken`` is false after a void: what the peer took it settled first."""
-        if out.fwd_message is not None:
-            self._finish_forward(out)
-        unsettled, out.unsettled = out.unsettled, {}
-        out.unsettled_bytes = 0
-        to_root = out.spid == self.root_spid() or out.spid == self._root_was
-        for message, targets, done, redelivered in unsettled.values():
-            if to_root and all(not spid for spid, _name in targets):
-                if not self.orphans:
-                    self.orphans_since = self.members.clock()
-                self.orphans.append((message, targets, done, redelivered or maybe_taken))
-                self.orphan_bytes += len(message.body)
-            else:
-                for callback in done or ():
-                    callback(False, 0)
-        while self.orphan_bytes > ORPHAN_BYTES_MAX and self.orphans:
-            self._nack_orphan(self.orphans.popleft())
-
-    def _nack_orphan(self, orphan: Unsettled) -> None:
-        self.orphan_bytes -= len(orphan[0].body)
-        for callback in orphan[2] or ():
-            callback(False, 0)
-
-    def send_orphans(self) -> None:
-        """Send the kept forwards to the root, in the order they were first sent: to
-        its link, or into our own queues if we are root now."""
-        root = self.root_spid()
-        if not self.orphans or root is None:
-            return
-        if root != self.spid and not self.out(root).up:
-            return
-        orphans, self.orphans = self.orphans, deque()
-        self.orphan_bytes = 0
-        log.warning("%d unsettled forwards sent again to root %s", len(orphans), root)
-        for message, targets, done, redelivered in orphans:
-            if root == self.spid:
-                waiter = _Callbacks(done or [])
-                ok, routed = self._apply_forward(message, targets, redelivered, waiter)
-                waiter.arm(ok, routed)
-                continue
-            out = self.out(root)
-            if out.fwd_message is not None:
-                self._finish_forward(out)
-            out.fwd_message = message
-            out.fwd_redelivered = redelivered
-            out.fwd_targets = list(targets)
-            out.fwd_done = list(done or ())
-            out.feeders.add(feeder(message.publisher))
-            self._finish_forward(out)
-        self._schedule()
-
-    def expire_orphans(self) -> None:
-        """Kept forwards that found no root within the open timeout are nacked."""
-        if self.orphans and (
-            self.members.clock() - self.orphans_since > self.members.config.open_timeout
-        ):
-            log.warning("%d unsettled forwards found no root in time: nacked", len(self.orphans))
-            while self.orphans:
-                self._nack_orphan(self.orphans.popleft())
-            self.orphan_bytes = 0
 
     def fail_forwards(self, out: Outbound) -> None:
         """The link with the peer is gone: keep (or nack) its forwards, drop what
         waited for it."""
-        self.orphan(out, maybe_taken=True)
+        self.orphans.keep(out, maybe_taken=True)
         out.batch = rec.Batch()
         out.repl = rec.Batch()
         out.gate = None
@@ -740,7 +449,7 @@ class MessagePlane:
         self.proxy.session_check()
         if spid == self.root_spid():
             self._check_root_link()
-            self.send_orphans()
+            self.orphans.send()
 
     def peer_lost(self, spid: str, why: str) -> None:
         """A link with the peer dropped, or it went inactive: the session is over."""
@@ -764,7 +473,7 @@ class MessagePlane:
     def root_changed(self, old: str | None, new: str | None) -> None:
         """Flip the shared queues' roles and move the proxy to the new root; what the
         old root left unsettled goes to the new one."""
-        self._root_was = old
+        self.root_was = old
         self.is_root = new == self.spid
         if old is not None and old != self.spid:
             out = self.outbound.get(old)
@@ -789,7 +498,7 @@ class MessagePlane:
                 self.replicas.add(self.out(spid), queues)
         if new is not None and not self.is_root:
             self.proxy.session_check()
-        self.send_orphans()
+        self.orphans.send()
         self._check_root_link()
 
     def primary_seen(self, spid: str) -> None:
@@ -804,8 +513,8 @@ class MessagePlane:
     def tick(self) -> None:
         self.proxy.tick()
         self.master.tick()
-        self.send_orphans()
-        self.expire_orphans()
+        self.orphans.send()
+        self.orphans.expire()
         if self.is_root and self.members.acting:  # never while suspended (see released_to)
             self.replicas.resume()
             patience = 2 * self.members.config.heartbeat_timeout

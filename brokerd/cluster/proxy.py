@@ -361,7 +361,7 @@ class ProxySide:
         if delivered and state.windowed:
             state.owed += delivered
             self._owing.add(state)
-            self.plane._schedule()
+            self.plane.schedule()
 
     def pay_credit(self, out: Outbound) -> None:
         """At a flush: tell the root how many deliveries windowed consumers took."""

@@ -163,11 +163,11 @@ def test_forwards_kept_for_a_root_that_never_comes_are_nacked(net: Net) -> None:
     net.wire.clear()
     plane = net.servers["B"].plane
     out = plane.outbound["A"]
-    plane.orphan(out, maybe_taken=True)
-    assert len(plane.orphans) == 1 and waiter.answers == []
+    plane.orphans.keep(out, maybe_taken=True)
+    assert len(plane.orphans.kept) == 1 and waiter.answers == []
     net.servers["B"].members.now += 60
-    plane.expire_orphans()
-    assert waiter.answers == [(False, 0)] and not plane.orphans
+    plane.orphans.expire()
+    assert waiter.answers == [(False, 0)] and not plane.orphans.kept
 
 
 def test_hand_over_moves_ready_and_held_messages_to_the_new_root(net: Net) -> None:

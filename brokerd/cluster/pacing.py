@@ -1,0 +1,120 @@
+"""Pacing: when the cluster's paths fall behind, the connections feeding them
+are paused (``flow``). The message plane asks ``check`` once per flush, and
+again every ``FLOW_RECHECK`` while a cause holds.
+
+Causes: a link's data lane backlog (``BACKLOG_HIGH``; ``REPLICA_BACKLOG_HIGH``
+for the root's link to a replica, whose lag the quorum bounds instead),
+unsettled forwards to a peer (count and bytes), and the replicas confirms
+wait for (``replicated.LAG_HIGH`` events behind). Every bound is named in
+docs/architecture.md ("Flow control").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from brokerd.cluster.flow import Feeder
+from brokerd.cluster.outbound import UNSETTLED_BYTES_HIGH
+from brokerd.cluster.replicated import LAG_HIGH, LAG_LOW
+
+if TYPE_CHECKING:
+    from brokerd.cluster.forwarding import MessagePlane
+
+#: bytes waiting on a link's data lane above which the connections feeding it are
+#: paused (flow control). Statuses no longer wait behind it (they take the control
+#: lane), so the bound is about memory and latency: 4 MiB is a tenth of a second
+#: of the link's tens of MB/s, enough to keep it busy
+BACKLOG_HIGH = 4 * 1024 * 1024
+BACKLOG_LOW = 1024 * 1024
+#: the root's bound for a link to a replica: a paused or slow replica is not dead,
+#: and while a majority keeps up its lag must not stall the publishers (confirms
+#: need a majority only); past this much memory it does slow them
+REPLICA_BACKLOG_HIGH = 64 * 1024 * 1024
+REPLICA_BACKLOG_LOW = 16 * 1024 * 1024
+#: unsettled forwards to one peer above which the publishers feeding it are paused
+UNSETTLED_HIGH = 50_000
+#: how often flow is checked again while a cause holds (seconds)
+FLOW_RECHECK = 0.02
+#: feeders are remembered this long after their last forward (seconds)
+FEEDER_WINDOW = 1.0
+
+
+class Pacing:
+    """The plane's flow-control checks (see the module docstring)."""
+
+    def __init__(self, plane: MessagePlane) -> None:
+        self.plane = plane
+        self._flow_watch = False
+        self._feeders_reset = 0.0
+
+    def check(self) -> None:
+        """Pace the publishers feeding what fell behind (seed 001 flow control, see
+        ``flow``): a link's data lane, unsettled forwards to a peer, the replicas."""
+        plane = self.plane
+        flow = plane.flow
+        now = plane.members.clock()
+        replicas = plane.replicas if plane.is_root else None
+        for out in plane.outbound.values():
+            link = plane.members.link_to(out.spid)
+            backlog = link.backlog if link is not None else 0
+            unsettled = len(out.unsettled)
+            if out.unsettled_bytes > UNSETTLED_BYTES_HIGH:
+                unsettled = max(unsettled, UNSETTLED_HIGH + 1)  # few, but large
+            cause = f"link:{out.spid}"
+            if replicas is not None and out.spid in replicas.replicas:
+                high, low = REPLICA_BACKLOG_HIGH, REPLICA_BACKLOG_LOW
+                feeders: set[Feeder] = out.feeders | replicas.feeders
+            else:
+                high, low = BACKLOG_HIGH, BACKLOG_LOW
+                feeders = out.feeders
+            if cause in flow.causes:
+                if backlog < low and unsettled < UNSETTLED_HIGH // 2:
+                    flow.release(cause)
+                else:
+                    flow.hold(cause, flow.causes[cause], feeders)
+            elif backlog > high or unsettled > UNSETTLED_HIGH:
+                flow.hold(
+                    cause,
+                    f"link to {out.spid} is behind: {backlog} bytes queued, "
+                    f"{unsettled} forwards unsettled",
+                    feeders,
+                )
+        if replicas is not None:
+            lag = replicas.quorum_lag()
+            if "replication" in flow.causes:
+                if lag < LAG_LOW:
+                    flow.release("replication")
+                else:
+                    flow.hold("replication", flow.causes["replication"], replicas.feeders)
+            elif lag > LAG_HIGH:
+                flow.hold(
+                    "replication",
+                    f"replicas are {lag} events behind: publishers paced",
+                    replicas.feeders,
+                )
+        elif "replication" in flow.causes:
+            flow.release("replication")
+        if now - self._feeders_reset >= FEEDER_WINDOW and not flow.active:
+            self._feeders_reset = now
+            for out in plane.outbound.values():
+                out.feeders.clear()
+            plane.replicas.reset_feeders()
+        if flow.active and not self._flow_watch:
+            self._flow_watch = True
+            try:
+                asyncio.get_running_loop().call_later(FLOW_RECHECK, self._watch)
+            except RuntimeError:  # no loop: unit tests check by hand
+                self._flow_watch = False
+
+    def _watch(self) -> None:
+        self._flow_watch = False
+        self.check()
+
+    def all_feeders(self) -> set[Feeder]:
+        """Every connection and peer that fed the cluster lately (the event loop's
+        own lag pauses them all)."""
+        feeders: set[Feeder] = set(self.plane.replicas.feeders)
+        for out in self.plane.outbound.values():
+            feeders |= out.feeders
+        return feeders
