@@ -405,7 +405,9 @@ class MessagePlane:
         """The peer ended our session on its own: what we sent it may have been dropped.
         Forwards it did take were settled before this record (one ordered link)."""
         count = len(out.unsettled)
-        self.orphans.keep(out, maybe_taken=False)
+        # it may have taken some: their settlements may have been dropped with the
+        # link that ended the session (the void itself comes on the next one)
+        self.orphans.keep(out, maybe_taken=True)
         log.warning(
             "session voided by %s (epoch %d): %d unsettled forwards to send again",
             out.spid,

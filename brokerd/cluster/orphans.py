@@ -38,7 +38,9 @@ class Orphans:
         Those to the root are kept, to go again to whichever server is root next
         (``send``), flagged redelivered if the peer may have taken them;
         others (a private queue's server) can go nowhere else and are nacked.
-        ``maybe_taken`` is false after a void: what the peer took it settled first."""
+        ``maybe_taken``: the peer may have taken them (their settlements lost with a
+        link); a void counts as that too, as its settlements may have been dropped
+        with the link that ended the session."""
         plane = self.plane
         if out.fwd_message is not None:
             plane.finish_forward(out)

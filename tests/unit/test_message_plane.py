@@ -120,10 +120,11 @@ def test_a_session_the_root_ended_alone_is_voided_and_the_proxy_reattaches(net: 
     assert waiter.answers == [] and "B" in root.voided
     net.tick(1.0)  # B hears of the void: its forward goes again, it re-attaches
     net.pump()
-    assert waiter.answers == [(True, 1)]  # A never took it: sent again, and taken now
+    assert waiter.answers == [(True, 1)]  # sent again, and taken now
     assert "B" not in root.voided
     assert [(m.body, r) for m, r in sink.got[2:4]] == [(b"0", True), (b"1", True)]
-    assert [r for m, r in net.queue("A", "q").ready() if m.body == b"4"] == [False]
+    # flagged: the settlement of a forward A took may have been lost with the link
+    assert [r for m, r in net.queue("A", "q").ready() if m.body == b"4"] == [True]
 
 
 def test_a_proxy_that_opens_a_new_session_by_itself_is_not_voided_twice(net: Net) -> None:

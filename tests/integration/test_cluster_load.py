@@ -1,0 +1,143 @@
+"""The cluster under load (issue 21): a publish flood loses nothing and unseats nobody.
+
+Real brokerd primaries on loopback (``brokerd.bench.cluster``), real client
+processes (the flood benchmark's workers, scaled to fit the suite). Each test
+asserts on what was delivered and on the failure lines of every broker log;
+a failure prints the first occurrence of each line, with its context.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from brokerd.bench.flood.plan import FloodOptions
+from brokerd.bench.flood.run import run_flood
+from brokerd.bench.flood.targets import Target, start_cluster
+
+pytestmark = pytest.mark.integration
+
+#: the lines that must never appear under load without a fault
+SIGNATURES = (
+    "root_released",
+    "lease_lost",
+    "no_quorum",
+    "replica_dropped",
+    "session_voided",
+    "forwards_failed",
+    "close_320",
+    "root_moved",
+    "root_changed",
+)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Target]:
+    target = start_cluster(tmp_path / "cluster")
+    try:
+        yield target
+    finally:
+        target.stop()
+
+
+def _failures(result: dict[str, Any]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for entry in result["logs"]:
+        for key, count in entry["signatures"].items():
+            if key in SIGNATURES and count["during"] + count["after"]:
+                found[f"{entry['server']} {key}"] = count["during"] + count["after"]
+    return found
+
+
+def _explain(result: dict[str, Any]) -> str:
+    lines = [
+        f"delivered {result['delivered']} of {result['published']}, lost {result['lost']}",
+        f"failures: {_failures(result)}",
+    ]
+    for entry in result["logs"]:
+        for key, count in (entry.get("signatures") or {}).items():
+            first = count.get("first")
+            if key in SIGNATURES and first:
+                lines.append(f"--- {entry['server']} {key}:")
+                lines += first.get("lines", [])
+    return "\n".join(lines)
+
+
+def _flood(cluster: Target, **kwargs: Any) -> dict[str, Any]:
+    opts = FloodOptions(
+        messages=kwargs.pop("messages", 12_000), quiet=3.0, timeout=90.0, after=2.0, **kwargs
+    )
+    return run_flood(cluster, opts)
+
+
+def test_a_publish_flood_is_delivered_whole_without_a_role_change(cluster: Target) -> None:
+    result = _flood(cluster)
+    assert result["lost"] == 0 and result["delivered"] == result["published"], _explain(result)
+    assert _failures(result) == {}, _explain(result)
+
+
+def test_a_flood_while_a_replica_is_paused_slows_down_and_loses_nothing(
+    cluster: Target,
+) -> None:
+    replica = cluster.nodes[2]  # not the root (index 0 is the most senior)
+    assert replica.proc is not None
+    pid = replica.proc.pid
+
+    def pause() -> None:
+        time.sleep(1.0)
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(1.5)  # under the 3 s timeout: slow, not dead
+        os.kill(pid, signal.SIGCONT)
+
+    pauser = threading.Thread(target=pause)
+    pauser.start()
+    try:
+        result = _flood(cluster)
+    finally:
+        pauser.join()
+        os.kill(pid, signal.SIGCONT)
+    assert result["lost"] == 0 and result["delivered"] == result["published"], _explain(result)
+    assert _failures(result) == {}, _explain(result)
+
+
+def test_a_paused_non_root_primary_does_not_stall_confirms(cluster: Target) -> None:
+    """Confirms need the master and a majority: the root and the other primary."""
+    root, _other, paused = cluster.nodes
+    connection = pika.BlockingConnection(pika.URLParameters(root.url))
+    try:
+        channel = connection.channel()
+        channel.confirm_delivery()
+        channel.queue_declare("confirmed", durable=True)
+        assert paused.proc is not None
+        latencies: list[float] = []
+        stopped_at = resumed_at = 0.0
+        start = time.monotonic()
+        while time.monotonic() - start < 4.0:
+            elapsed = time.monotonic() - start
+            if not stopped_at and elapsed > 1.0:
+                os.kill(paused.proc.pid, signal.SIGSTOP)
+                stopped_at = time.monotonic()
+            if stopped_at and not resumed_at and time.monotonic() - stopped_at > 2.0:
+                os.kill(paused.proc.pid, signal.SIGCONT)
+                resumed_at = time.monotonic()
+            t0 = time.monotonic()
+            channel.basic_publish("", "confirmed", b"x" * 250)  # waits for the confirm
+            latencies.append(time.monotonic() - t0)
+        assert resumed_at, "the pause did not end within the run"
+    finally:
+        if paused.proc is not None:
+            os.kill(paused.proc.pid, signal.SIGCONT)
+        connection.close()
+    worst = max(latencies)
+    print(f"{len(latencies)} confirms, worst {worst * 1000:.0f} ms across a 2 s pause")
+    assert worst < 1.0, f"a confirm waited {worst:.2f}s: the paused replica stalled it"
+    log = Path(cluster.logs[0] or "").read_text()
+    assert "left the set" not in log and "root released" not in log, log[-3000:]
