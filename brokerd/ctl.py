@@ -81,6 +81,27 @@ def _print_status(status: dict[str, Any]) -> None:
         )
     blocked = status.get("blocked") or {}
     print(f"blocked    {'; '.join(blocked.values()) if blocked else '-'}")
+    lag = (status.get("loop") or {}).get("lag") or {}
+    if lag:
+        print(
+            f"loop lag   p50 {lag.get('p50_ms')} ms, p99 {lag.get('p99_ms')} ms, "
+            f"max {lag.get('max_ever_ms')} ms"
+        )
+    echo = status.get("echo_rtt") or {}
+    if echo.get("count"):
+        print(
+            f"echo rtt   p50 {echo.get('p50_ms')} ms, p99 {echo.get('p99_ms')} ms, "
+            f"max {echo.get('max_ms')} ms"
+        )
+    flow = (status.get("flow") or {}).get("causes") or {}
+    for cause, held in flow.items():
+        print(f"flow       {cause}: {held.get('paused')} connections paused ({held.get('reason')})")
+    for spid, lane in sorted((status.get("lanes") or {}).items()):
+        lag_text = "" if lane.get("replica_lag") is None else f", replica lag {lane['replica_lag']}"
+        print(
+            f"link       {spid} {lane.get('state')}: {lane.get('backlog', 0)} bytes queued, "
+            f"{lane.get('unsettled', 0)} unsettled{lag_text}"
+        )
     for alarm in status.get("alarms", []):
         print(f"alarm      {alarm.get('kind')}: {alarm.get('message')}")
 

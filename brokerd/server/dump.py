@@ -57,6 +57,32 @@ def full(server: Server) -> str:
         f"write_failures={store['write_failures']} segments_freed={store['segments_freed']} "
         f"records_copied={store['records_copied']} corrupt={store['corrupt']}"
     )
+    lag = server.loopwatch.lag.describe()
+    lines.append(
+        f"event loop: lag_p50_ms={lag['p50_ms']} lag_p99_ms={lag['p99_ms']} "
+        f"lag_max_ms={lag['max_ever_ms']}"
+    )
+    cluster = server.cluster
+    if cluster is not None:
+        echo = cluster.echo_rtt.describe()
+        lines.append(
+            f"status echoes: rtt_p50_ms={echo['p50_ms']} rtt_p99_ms={echo['p99_ms']} "
+            f"rtt_max_ms={echo['max_ms']} samples={echo['count']}"
+        )
+        causes = cluster.flow.describe()
+        lines.append(
+            "flow control: "
+            + (
+                " ".join(f"{c}=paused:{v['paused']} ({v['reason']})" for c, v in causes.items())
+                or "off"
+            )
+        )
+        for spid, lane in sorted(cluster.lanes_status().items()):
+            lines.append(
+                f"  link {spid} state={lane['state']} backlog={lane.get('backlog', 0)} "
+                f"control_backlog={lane.get('control_backlog', 0)} "
+                f"unsettled={lane['unsettled']} replica_lag={lane['replica_lag']}"
+            )
     if server.blocked_reason is not None:
         lines.append(f"publishers blocked: {server.blocked_reason}")
     lines.append(f"connections: {len(server.connections)}")
@@ -65,10 +91,11 @@ def full(server: Server) -> str:
         if conn is None:
             continue
         d = conn.describe()
+        paused = ",".join(sorted(cluster.flow.held_by(conn.id))) if cluster is not None else ""
         lines.append(
             f"  connection {d['id']} peer={d['peer']} user={d['user']} vhost={d['vhost']} "
             f"state={d['state']} client={d['client']} channels={d['channels']} "
-            f"in={d['messages_in']} out={d['messages_out']}"
+            f"in={d['messages_in']} out={d['messages_out']}" + (f" flow={paused}" if paused else "")
         )
         for ch in conn.channels.values():
             c = ch.describe()

@@ -234,12 +234,81 @@ class BrokerCollector(Collector):
         yield GaugeMetricFamily(
             "rookery_cluster_peers_known", "Peers known", value=summary.get("peers_known", 0)
         )
+        yield from self._load()
         info = GaugeMetricFamily(
             "rookery_identity_info", "This server's spid and cluster", labels=["spid", "cluster"]
         )
         cluster = self.server.cluster_config
         info.add_metric([self.server.spid, cluster.name if cluster else "standalone"], 1)
         yield info
+
+    def _load(self) -> Iterator[Metric]:
+        """The cluster under load: the links' lanes, flow control, the event loop's
+        lag and the status-echo round trips (issue 21's observability)."""
+        lag = self.server.loopwatch.lag
+        loop = GaugeMetricFamily(
+            "rookery_event_loop_lag_seconds",
+            "How late the event loop woke, over its last minute (quantile 1 is the max)",
+            labels=["quantile"],
+        )
+        for q in (0.5, 0.99):
+            loop.add_metric([str(q)], lag.percentile(q * 100) or 0.0)
+        loop.add_metric(["1"], max(lag.samples, default=0.0))
+        yield loop
+        cluster = self.server.cluster
+        if cluster is None:
+            return
+        echo = GaugeMetricFamily(
+            "rookery_cluster_echo_rtt_seconds",
+            "Status-echo round trips to the peers (the root's lease rests on them), recent window",
+            labels=["quantile"],
+        )
+        window = cluster.echo_rtt
+        for q in (0.5, 0.99):
+            echo.add_metric([str(q)], window.percentile(q * 100) or 0.0)
+        echo.add_metric(["1"], max(window.samples, default=0.0))
+        yield echo
+        backlog = GaugeMetricFamily(
+            "rookery_cluster_link_backlog_bytes",
+            "Bytes queued on the link's lane to a peer, not yet taken by the transport",
+            labels=["peer", "lane"],
+        )
+        unsettled = GaugeMetricFamily(
+            "rookery_cluster_unsettled_forwards",
+            "Forwards to a peer not settled yet",
+            labels=["peer"],
+        )
+        lag_events = GaugeMetricFamily(
+            "rookery_cluster_replica_lag_events",
+            "On the root: replication events a replica has not acked",
+            labels=["peer"],
+        )
+        for spid, lane in cluster.lanes_status().items():
+            backlog.add_metric([spid, "data"], lane.get("backlog", 0))
+            backlog.add_metric([spid, "control"], lane.get("control_backlog", 0))
+            unsettled.add_metric([spid], lane.get("unsettled", 0))
+            if lane.get("replica_lag") is not None:
+                lag_events.add_metric([spid], lane["replica_lag"])
+        yield backlog
+        yield unsettled
+        yield lag_events
+        flow = cluster.flow
+        causes = GaugeMetricFamily(
+            "rookery_flow_control_paused_connections",
+            "Connections flow control holds unread, by cause",
+            labels=["cause"],
+        )
+        for cause, held in flow.held.items():
+            causes.add_metric([cause], len(held))
+        yield causes
+        episodes = CounterMetricFamily(
+            "rookery_flow_control_episodes",
+            "Times each flow-control cause came on",
+            labels=["cause"],
+        )
+        for cause, count in flow.episodes.items():
+            episodes.add_metric([cause], count)
+        yield episodes
 
 
 class MetricsServer:

@@ -15,6 +15,7 @@ from prometheus_client.registry import CollectorRegistry
 from brokerd.config import default_config
 from brokerd.model.broker import Broker
 from brokerd.model.message import Message
+from brokerd.server.loopwatch import LoopWatch
 from brokerd.server.metrics import BrokerCollector
 from brokerd.server.resources import ResourceMonitor
 
@@ -39,6 +40,9 @@ def fake_server() -> SimpleNamespace:
         trim=lambda: None,
     )
     resources.check()
+    watch = LoopWatch()
+    for lag in (0.001, 0.002, 0.3):
+        watch.lag.add(lag)
     return SimpleNamespace(
         broker=broker,
         resources=resources,
@@ -55,6 +59,8 @@ def fake_server() -> SimpleNamespace:
             "bindings": 0,
         },
         cluster_summary=lambda: {"role": "standalone", "root": None, "peers_active": 0},
+        loopwatch=watch,
+        cluster=None,
     )
 
 
@@ -126,3 +132,11 @@ def test_dead_lettering_is_counted_per_reason_and_strategy():
         "rookery_queue_messages_dead_lettered_total"
     ]
     assert ({"vhost": "/", "queue": "bounded"}, 0.0) in m["rookery_queue_messages_expired_total"]
+
+
+def test_the_event_loop_lag_is_exported_as_quantiles() -> None:
+    families = {m.name: m for m in BrokerCollector(fake_server()).collect()}  # type: ignore[arg-type]
+    lag = {
+        s.labels["quantile"]: s.value for s in families["rookery_event_loop_lag_seconds"].samples
+    }
+    assert lag["1"] == 0.3 and lag["0.5"] == 0.002
