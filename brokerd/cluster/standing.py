@@ -222,12 +222,24 @@ class Standing:
             # unseat a root we cannot see, so abstain
             decision = Decision(None, False, False, decision.reason)
         if now - self.started < self.config.heartbeat_timeout:
-            # give every known host a chance to link before the first vote,
-            # so the cluster forms around its most senior primary
-            decision = Decision(None, False, decision.quorum, "starting")
+            if self._joined(now):
+                self.started = now - self.config.heartbeat_timeout  # the window is over
+            else:
+                # give every known host a chance to link before the first vote,
+                # so the cluster forms around its most senior primary
+                decision = Decision(None, False, decision.quorum, "starting")
         if self.stopping:
             decision = Decision(None, False, decision.quorum, "stopping")
         return decision
+
+    def _joined(self, now: float) -> bool:
+        """A (re)started server that hears a sitting root now and has taken its
+        wiring knows the cluster: it votes at once, so a failover right after it
+        rejoined counts it (the start window is for a cluster forming, not for a
+        rejoin). After a stall every peer is stale, so this is false until the
+        root is heard again."""
+        root = self.root(now=now)
+        return root is not None and root != self.spid and self.in_sync(root)
 
     def evaluate(self) -> Decision:
         """Re-run the election on the current view; act, announce and log changes."""
@@ -259,6 +271,9 @@ class Standing:
             old, self.current_root = self.current_root, root
             if root is not None:
                 self.last_root = root
+                for peer in self.peers.values():
+                    if peer.status is not None and peer.status.root == root:
+                        peer.caught_up = True  # it named this root first: its vote is current
             log.warning("root changed spid=%s from=%s to=%s", self.spid, old, root)
             self.root_changed(old, root)
         if root is not None and root != self.spid and not self.in_sync(root):

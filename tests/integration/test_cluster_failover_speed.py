@@ -240,3 +240,38 @@ def test_a_stopping_root_hands_over_before_it_stops_listening(
     assert gone == -1 or taken < gone
     assert b"moved" in drain(cluster, 1, queue)
     assert cluster.root_overlaps() == []
+
+
+def test_kill_9_of_the_root_right_after_a_primary_rejoined_fails_over_at_once(
+    clusters: list[Cluster], tmp_path: Path
+) -> None:
+    """The rejoined primary counts towards the majority as soon as it has found the
+    root and synced: no start window, no abstention for a timeout (issue 21)."""
+    cluster = formed(clusters, tmp_path)
+    queue = uid("rejoin")
+    declare(cluster, 2, queue)
+    cluster.kill(1)
+    cluster.start(1)
+    cluster.wait_until(
+        lambda: (
+            (cluster.status(1) or {}).get("ready")
+            and (cluster.status(1) or {}).get("replication", {}).get("complete")
+        ),
+        timeout=20,
+        what="the restarted primary ready and in sync",
+    )
+    killed = cluster.kill(0)
+    failures: list[str] = []
+    while True:
+        try:
+            publish_confirmed(cluster, 2, queue, b"after")
+            break
+        except AMQPError as exc:
+            failures.append(repr(exc))
+            assert time.monotonic() - killed < 10, failures
+            time.sleep(0.01)
+    took = time.monotonic() - killed
+    print(f"kill -9 of the root right after a rejoin to a confirmed publish: {took:.3f}s")
+    assert took < 1.0, f"failover after a rejoin took {took:.2f}s: {failures[-3:]}"
+    assert cluster.wait_until(lambda: cluster.agreed_root([1, 2]), timeout=5)
+    assert b"after" in drain(cluster, 2, queue)  # confirmed: the new root has it
