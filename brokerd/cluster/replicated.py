@@ -56,6 +56,11 @@ LAG_HIGH = 20_000
 LAG_LOW = 5_000
 #: messages of a snapshot sent per loop turn and replica (a sync never stalls the root)
 SYNC_CHUNK = 500
+#: a snapshot waits while its replica's link has this many bytes queued (the live
+#: stream and the other links go first; a deep queue's snapshot never fills memory)
+SYNC_BACKLOG_MAX = 8 * 1024 * 1024
+#: how soon a snapshot waiting for its link looks again (seconds)
+SYNC_WAIT = 0.005
 
 Done = Callable[[bool, int], None]
 
@@ -124,6 +129,7 @@ class ReplicaSet:
         self._gates: deque[Gate] = deque()
         self._gate: Gate | None = None
         self._syncing = False
+        self._sync_waits = False
         #: the lowest ack among the replicas
         self._floor = 0
         #: replicas that have acked nothing for longer than the patience (alarmed)
@@ -366,15 +372,27 @@ class ReplicaSet:
 
     def _sync_step(self) -> None:
         self._syncing = False
-        if self.sync_step():
+        if not self.sync_step():
+            return
+        if self._sync_waits:
+            # every snapshot left waits for its link to drain: look again shortly
+            self._syncing = True
+            asyncio.get_running_loop().call_later(SYNC_WAIT, self._sync_step)
+        else:
             self._schedule_sync()
 
     def sync_step(self) -> bool:
         """Send the next chunk of every replica's snapshots; True if more is left."""
         vhost = self.plane.vhost()
         more = False
+        sent = False
         done: list[ReplicaLink] = []
         for replica in self.replicas.values():
+            link = self.plane.members.link_to(replica.spid)
+            if replica.syncs and link is not None and link.backlog > SYNC_BACKLOG_MAX:
+                more = True  # its link is behind: the snapshot waits, the live stream not
+                continue
+            sent = sent or bool(replica.syncs)
             budget = SYNC_CHUNK
             batch = self.plane.repl_batch(replica.out)
             while replica.syncs and budget:
@@ -415,6 +433,7 @@ class ReplicaSet:
         for replica in done:
             # a live event after the snapshot: its ack proves the snapshot is in
             replica.synced_at = self.emit(rec.R_SYNCED, "", 0)
+        self._sync_waits = more and not sent
         return more
 
 

@@ -8,6 +8,7 @@ a failure prints the first occurrence of each line, with its context.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -141,3 +142,25 @@ def test_a_paused_non_root_primary_does_not_stall_confirms(cluster: Target) -> N
     assert worst < 1.0, f"a confirm waited {worst:.2f}s: the paused replica stalled it"
     log = Path(cluster.logs[0] or "").read_text()
     assert "left the set" not in log and "root released" not in log, log[-3000:]
+
+
+def test_sigterm_ends_each_server_within_two_seconds_when_nothing_is_in_flight(
+    cluster: Target,
+) -> None:
+    """A non-root, then the root (it hands over first), then the last one (no
+    successor possible: it does not wait for one)."""
+    clients = [pika.BlockingConnection(pika.URLParameters(node.url)) for node in cluster.nodes]
+    try:
+        for order in (2, 0, 1):
+            node = cluster.nodes[order]
+            assert node.proc is not None
+            start = time.monotonic()
+            node.proc.send_signal(signal.SIGTERM)
+            code = node.proc.wait(10)
+            took = time.monotonic() - start
+            assert code == 0 and took < 2.0, f"server {order} took {took:.2f}s (exit {code})"
+    finally:
+        for client in clients:
+            if client.is_open:
+                with contextlib.suppress(Exception):  # closed by the server's shutdown
+                    client.close()
