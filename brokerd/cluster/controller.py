@@ -47,6 +47,8 @@ log = logging.getLogger("brokerd.cluster")
 #: which they resume
 LOOP_LAG_HIGH = 0.25
 LOOP_LAG_LOW = 0.05
+#: flow control held this long (seconds, sampled each heartbeat) raises the alarm
+FLOW_ALARM_AFTER = 5.0
 
 
 class ClusterSink(Muxer):
@@ -97,6 +99,7 @@ class ClusterController(OperatorCommands, Membership):
         self.flow = self.plane.flow
         self.flow.pause = on_flow
         self.flow.data_lane = self.data_lane
+        self._flow_since: float | None = None
         self.remote = RemoteQueues(self.plane)
         self.wiring = wiring.WiringReplication(self, broker, self.remote)
         vhost = broker.vhosts.get(config.vhost) if broker is not None else None
@@ -238,6 +241,22 @@ class ClusterController(OperatorCommands, Membership):
     def tick(self) -> None:
         self.wiring.tick()
         self.plane.tick()
+        self._flow_alarm()
+
+    def _flow_alarm(self) -> None:
+        """Flow control held for ``FLOW_ALARM_AFTER`` seconds shows as the ``flow``
+        alarm (in the console like the memory alarm; it blocks nothing more).
+        Brief episodes under a burst are normal and stay out of the alarm list."""
+        now = self.clock()
+        if not self.flow.active:
+            self._flow_since = None
+            self.clear_alarm("flow")
+            return
+        if self._flow_since is None:
+            self._flow_since = now
+        elif now - self._flow_since >= FLOW_ALARM_AFTER:
+            kinds = sorted({cause.partition(":")[0] for cause in self.flow.causes})
+            self.raise_alarm("flow", f"flow control: publishers paced ({', '.join(kinds)} behind)")
 
     def status(self) -> dict[str, Any]:
         out = super().status()
