@@ -264,10 +264,24 @@ Record = (
 
 
 def _s(text: str) -> bytes:
+    encoded = _STRINGS.get(text)
+    if encoded is not None:
+        return encoded
     raw = text.encode()
     if len(raw) > 0xFFFF:
         raise RecordError(f"string of {len(raw)} bytes is too long for a record")
-    return _u16.pack(len(raw)) + raw
+    encoded = _u16.pack(len(raw)) + raw
+    if len(raw) <= 255:
+        if len(_STRINGS) >= _STRINGS_MAX:
+            _STRINGS.clear()  # a crude bound: names repeat, a flood of new ones starts over
+        _STRINGS[text] = encoded
+    return encoded
+
+
+#: encoded short strings (queue and exchange names, routing keys repeat in every
+#: record of a stream): bounded, cleared when full
+_STRINGS: dict[str, bytes] = {}
+_STRINGS_MAX = 4096
 
 
 def _b(blob: bytes) -> bytes:
@@ -294,7 +308,7 @@ class Batch:
         if self._acks:
             self._emit_acks()
         self._parts.extend(parts)
-        self.size += sum(len(p) for p in parts)
+        self.size += sum(map(len, parts))
 
     def _emit_acks(self) -> None:
         ids, self._acks = self._acks, []
@@ -458,9 +472,13 @@ class Batch:
     ) -> None:
         self._add(*replicate_parts(seq, op, queue, mid, flags, exchange, routing_key, props, body))
 
-    def add_parts(self, parts: tuple[bytes | Body, ...]) -> None:
-        """A record encoded once for several batches (``replicate_parts``)."""
-        self._add(*parts)
+    def add_parts(self, parts: tuple[bytes | Body, ...], size: int) -> None:
+        """A record encoded once for several batches (``replicate_parts``), and its
+        size (counted once too)."""
+        if self._acks:
+            self._emit_acks()
+        self._parts.extend(parts)
+        self.size += size
 
     def replicated(self, seq: int) -> None:
         self._add(bytes((REPLICATED,)), _u64.pack(seq))

@@ -170,8 +170,9 @@ class ReplicaSet:
                 self.feeders.add(
                     publisher if isinstance(publisher, int) else publisher.partition("/")[0]
                 )
+        size = sum(map(len, parts))
         for replica in self.replicas.values():
-            batch(replica.out).add_parts(parts)
+            batch(replica.out).add_parts(parts, size)
         return seq
 
     def min_acked(self) -> int:

@@ -1,4 +1,5 @@
-"""The workload: confirmed publishers and acking consumers, one thread each.
+"""The workload: confirmed publishers, flood publishers and acking consumers,
+one thread each.
 
 Each client holds a pika BlockingConnection to one server and, when that
 server dies, refuses or stalls past the client heartbeat, moves on to the
@@ -6,7 +7,9 @@ next server in the list (all of them, secondaries included), as an
 application with a host list would. A publisher sends one message at a time
 and waits for its confirm, so its publish order is the order it records; a
 publish that is nacked, returned or left unanswered is recorded as such and
-never sent again with the same sequence number. A consumer records every
+never sent again with the same sequence number. A flood publisher
+(``Flooder``) publishes without confirms, as many applications do, as fast
+as its rate and the broker's flow control allow. A consumer records every
 delivery before acking it.
 """
 
@@ -29,6 +32,7 @@ from tests.faults.history import (
     NACK,
     RETURNED,
     UNKNOWN,
+    FLOOD_PREFIX,
     Delivery,
     Publish,
     Recorder,
@@ -43,6 +47,9 @@ BLOCKED_TIMEOUT = 10.0
 #: connection.open may wait for a root (open_timeout in the cluster file) before 541
 OPEN_WAIT = 8.0
 BACKOFF = 0.1
+#: a flood publisher ahead of its rate by less than this publishes on rather than
+#: sleep (a sleep shorter than a millisecond or two costs more than it paces)
+FLOOD_SLACK = 0.002
 
 # pika narrates every reconnect at INFO: thousands of lines per run, hiding the report
 logging.getLogger("pika").setLevel(logging.WARNING)
@@ -189,6 +196,76 @@ class Publisher(Client):
                 )
             due = max(due + self.period, time.monotonic())
             conn.sleep(max(0.0, due - time.monotonic()))
+
+
+class Flooder(Client):
+    """Unconfirmed publishes (a plain basic_publish) at up to ``rate`` per second,
+    each queue in turn, bodies of ``size`` bytes starting ``name:seq:``.
+
+    A message counts as published once basic_publish returned (written to the
+    socket); one whose connection failed under it counts as ``cut``. Everything is
+    recorded in the arrays of ``history.FloodSession``. Closes (320 included) are
+    handled by ``Client.run`` as for the confirmed publishers: on to the next server.
+    The stop is checked before every publish; a publish waits at most while the
+    broker does not read (its flow control), until the heartbeat (a dead or paused
+    server) or the blocked timeout (connection.blocked) ends the connection.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        ports: Sequence[int],
+        home: int,
+        recorder: Recorder,
+        queues: Sequence[str],
+        *,
+        rate: float,
+        size: int = 128,
+        durable: bool = False,
+    ) -> None:
+        if not name.startswith(FLOOD_PREFIX):
+            raise ValueError(f"a flood publisher's name starts with {FLOOD_PREFIX!r}: {name!r}")
+        super().__init__(name, ports, home, recorder)
+        self.queues = list(queues)
+        self.period = 1.0 / rate
+        self.size = size
+        self.filler = b"x" * size
+        self.properties = pika.BasicProperties(delivery_mode=2 if durable else 1)
+        self.record = recorder.flood_publisher(name, self.queues)
+        self.seq = 0
+
+    def work(self, conn: BlockingConnection, channel: BlockingChannel) -> None:
+        server = self.server if self.server is not None else -1
+        session = self.recorder.flood_session(self.record, server, self.seq + 1, time.time())
+        sent = session.sent
+        prefix = f"{self.name}:".encode()
+        due = time.monotonic()
+        try:
+            while not self.stop.is_set():
+                now = time.monotonic()
+                if due - now > FLOOD_SLACK:
+                    conn.sleep(due - now)  # also where halt's close callback runs
+                    continue
+                self.seq += 1
+                head = prefix + b"%d:" % self.seq
+                try:
+                    channel.basic_publish(
+                        "",
+                        self.queues[self.seq % len(self.queues)],
+                        head + self.filler[: max(0, self.size - len(head))],
+                        self.properties,
+                    )
+                except BaseException:
+                    session.cut += 1
+                    raise
+                sent.append(time.time())
+                due = max(due + self.period, now)
+        except BaseException as exc:
+            if not self.stop.is_set():  # else our own close at the stop: not an error
+                session.error = f"{type(exc).__name__}: {exc}"[:200]
+            raise
+        finally:
+            session.closed = time.time()
 
 
 class Consumer(Client):
