@@ -107,6 +107,12 @@ def view(server: Server) -> dict[str, Any]:
         "alarms": status.get("alarms", []) + resources.alarm_list(),
         "resources": resources.status(),
         "peers": [{key: peer.get(key) for key in PEER_FIELDS} for peer in status["peers"]],
+        # the cluster under load: flow control, each link's backlog, unsettled forwards
+        # and replica lag, the status-echo round trips and the event loop's lag
+        "flow": status.get("flow"),
+        "lanes": status.get("lanes"),
+        "echo_rtt": status.get("echo_rtt"),
+        "loop": server.loopwatch.describe(),
     }
 
 

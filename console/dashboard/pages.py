@@ -156,6 +156,8 @@ def build_brokers(params: QueryDict) -> dict[str, Any]:
 def peer_links(broker: Broker) -> list[dict[str, Any]]:
     """The broker's peer links from its last status, named as the console knows them."""
     names = dict(Broker.objects.exclude(spid="").values_list("spid", "name"))
+    lanes = broker.view.get("lanes")
+    lanes = lanes if isinstance(lanes, dict) else {}
     out = []
     for peer in broker.view.get("peers") or []:
         if not isinstance(peer, dict):
@@ -163,6 +165,8 @@ def peer_links(broker: Broker) -> list[dict[str, Any]]:
         spid = str(peer.get("spid") or "")
         rtt = peer.get("rtt_ms")
         age = peer.get("last_seen_age")
+        lane = lanes.get(spid)
+        lane = lane if isinstance(lane, dict) else {}
         out.append(
             {
                 "spid": spid,
@@ -173,9 +177,42 @@ def peer_links(broker: Broker) -> list[dict[str, Any]]:
                 "link": str(peer.get("link") or ""),
                 "rtt_ms": rtt if isinstance(rtt, int | float) else None,
                 "last_seen_age": age if isinstance(age, int | float) else None,
+                "backlog": _number(lane.get("backlog")),
+                "unsettled": _number(lane.get("unsettled")),
+                "replica_lag": _number(lane.get("replica_lag")),
             }
         )
     return out
+
+
+def _number(value: Any) -> int | float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def load_view(broker: Broker) -> dict[str, Any]:
+    """The broker under load, from its last status: flow control's causes (which
+    publishers are paused and why), the status-echo round trips and the loop's lag."""
+    view = broker.view
+    flow = view.get("flow") if isinstance(view.get("flow"), dict) else {}
+    causes = flow.get("causes") if isinstance(flow.get("causes"), dict) else {}
+    echo = view.get("echo_rtt") if isinstance(view.get("echo_rtt"), dict) else {}
+    loop = view.get("loop") if isinstance(view.get("loop"), dict) else {}
+    lag = loop.get("lag") if isinstance(loop.get("lag"), dict) else {}
+    return {
+        "known": bool(flow or echo or lag),
+        "causes": [
+            {
+                "cause": str(cause),
+                "reason": str(held.get("reason") or ""),
+                "paused": _number(held.get("paused")),
+            }
+            for cause, held in sorted(causes.items())
+            if isinstance(held, dict)
+        ],
+        "echo_p99_ms": _number(echo.get("p99_ms")),
+        "echo_max_ms": _number(echo.get("max_ms")),
+        "lag_p99_ms": _number(lag.get("p99_ms")),
+    }
 
 
 #: a finished command stays in the broker page's banner this long
@@ -219,6 +256,7 @@ def build_broker(params: QueryDict) -> dict[str, Any]:
     return {
         "broker": broker,
         "peers": peer_links(broker),
+        "load": load_view(broker),
         "queues": with_spread(queues[:BROKER_OBJECTS_SHOWN]),
         "queue_count": queues.count(),
         "proxy_count": queues.filter(master=False).count(),

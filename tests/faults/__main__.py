@@ -1,5 +1,8 @@
 """The soak by hand: ``python -m tests.faults --faults 100 --seed 7 --json soak.json``.
 
+Flood mode adds unconfirmed publishers (``--flood 2 --flood-rate 2000``); the
+report then says how many of their messages were lost and at which faults.
+
 Prints one line per fault and the checker's report; exits 1 if a
 must-be-zero count is not 0, the drain did not finish, a server exited by
 itself or something was not cleaned up (2 on a harness error).
@@ -40,8 +43,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--consume-rate",
         type=float,
-        default=defaults.consume_rate,
-        help="messages/s per consumer before the drain (0: unlimited)",
+        help=f"messages/s per consumer before the drain (0: unlimited; default "
+        f"{defaults.consume_rate:g}, unlimited with --flood)",
+    )
+    parser.add_argument(
+        "--flood",
+        type=int,
+        default=defaults.flood_publishers,
+        metavar="N",
+        help="unconfirmed publishers alongside the confirmed ones (default 0: off)",
+    )
+    parser.add_argument(
+        "--flood-rate",
+        type=float,
+        default=defaults.flood_rate,
+        help=f"messages/s per flood publisher, at most (default {defaults.flood_rate:g})",
+    )
+    parser.add_argument(
+        "--flood-size",
+        type=int,
+        default=defaults.flood_size,
+        help=f"flood message body bytes (default {defaults.flood_size})",
     )
     parser.add_argument("--prefetch", type=int, default=defaults.prefetch)
     parser.add_argument(
@@ -58,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         print(report.format())
         return 0 if report.ok() else 1
 
+    consume_rate = args.consume_rate
+    if consume_rate is None:  # a flood outgrows limited consumers: its backlog never drains
+        consume_rate = 0.0 if args.flood else defaults.consume_rate
     config = RunConfig(
         seed=args.seed,
         faults=args.faults,
@@ -67,12 +92,20 @@ def main(argv: list[str] | None = None) -> int:
         queues=args.queues,
         rate=args.rate,
         prefetch=args.prefetch,
-        consume_rate=args.consume_rate or None,
+        consume_rate=consume_rate or None,
         durable=args.durable,
+        flood_publishers=args.flood,
+        flood_rate=args.flood_rate,
+        flood_size=args.flood_size,
     )
     base = args.dir or Path(tempfile.mkdtemp(prefix="rookery-faults-"))
     started = time.monotonic()
-    print(f"seed {config.seed}, {config.faults} faults, servers in {base}", flush=True)
+    flood = (
+        f", flood {config.flood_publishers} x {config.flood_rate:g}/s"
+        if config.flood_publishers
+        else ""
+    )
+    print(f"seed {config.seed}, {config.faults} faults{flood}, servers in {base}", flush=True)
     try:
         outcome = run(config, base, log=lambda line: print(line, flush=True))
     except Exception as exc:

@@ -27,20 +27,38 @@ a loss with no fault in its window counts under ``none``. Likewise a message
 delivered out of order was held up between its send and the delivery of the
 later message that overtook it, and an unflagged duplicate came back between
 its first delivery and this one.
+
+Flood mode (``history.flood``: unconfirmed publishers) adds, never for
+pass/fail: ``unconfirmed_lost``, messages written to a connection and never
+delivered (``lost`` stays about confirmed messages only), each blamed as
+above within its connection: it was destroyed after it was written and
+before its queue first delivered a later message of the same connection, or,
+with none, before the connection ended with an error (what was still in the
+socket then may never have been read); a fault counts until the cluster
+settled after it. A loss with a later message of its connection delivered
+was read by the broker first (TCP keeps the order), hence
+``unconfirmed_lost_read``. Flood messages count in ``unflagged_duplicates``
+and ``order_violations`` as the others, except that order holds per
+publisher *connection*: AMQP orders nothing across connections, and a
+message still in a dead connection's socket can be read after the next
+connection's.
 """
 
 from __future__ import annotations
 
 import bisect
 import statistics
+from array import array
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.faults.history import ACK, Fault, History, Publish
+from tests.faults.history import ACK, Fault, FloodPublisher, FloodSession, History, Publish
 
 NO_FAULT = "none"
 EXAMPLES = 10
+INF = float("inf")
 
 
 @dataclass
@@ -65,6 +83,17 @@ class Report:
     recovery: dict[str, dict[str, float]] = field(default_factory=dict)
     per_fault: list[dict[str, Any]] = field(default_factory=list)
     examples: dict[str, list[str]] = field(default_factory=dict)
+    # flood mode (unconfirmed publishers); reported, never must-be-zero
+    flood_publishers: int = 0
+    unconfirmed_published: int = 0  # written to a connection (basic_publish returned)
+    unconfirmed_cut: int = 0  # their connection failed under the publish: not counted
+    unconfirmed_deliveries: int = 0
+    unconfirmed_received: int = 0  # distinct flood messages delivered at least once
+    unconfirmed_redelivered: int = 0
+    unconfirmed_lost: int = 0  # written, never delivered
+    unconfirmed_lost_read: int = 0  # of those, read by the broker before it lost them
+    unconfirmed_lost_by_fault: dict[str, int] = field(default_factory=dict)
+    unconfirmed_lost_read_by_fault: dict[str, int] = field(default_factory=dict)
 
     @property
     def order_violation_total(self) -> int:
@@ -91,15 +120,21 @@ class Report:
             f"deliveries {self.deliveries}: received {self.received} distinct "
             f"({self.received_unconfirmed} of them unconfirmed), {self.redelivered} flagged "
             "redelivered",
+        ]
+        flood = self.flood_publishers > 0
+        if flood:
+            lines += self._flood_lines()
+        lines += [
             f"drained: {'yes' if self.drained else 'NO (queues not empty or still delivering)'}",
             "must be 0: "
             + ", ".join(f"{k} {v}" for k, v in self.must_be_zero().items())
             + ("" if not self.order_violations else f" (per publisher {self.order_violations})"),
             f"{'fault kind':<22}{'faults':>7}{'on root':>8}{'lost':>8}{'lost/fault':>11}"
-            f"{'dups':>6}{'order':>7}{'settled median':>16}{'max':>7}",
+            f"{'dups':>6}{'order':>7}{'settled median':>16}{'max':>7}"
+            + (f"{'unconf lost':>13}" if flood else ""),
         ]
         blamed = set(self.lost_by_fault) | set(self.duplicates_by_fault) | set(self.order_by_fault)
-        for kind in sorted(set(self.faults) | blamed):
+        for kind in sorted(set(self.faults) | blamed | set(self.unconfirmed_lost_by_fault)):
             count = self.faults.get(kind, 0)
             lost = self.lost_by_fault.get(kind, 0)
             rec = self.recovery.get(kind, {})
@@ -108,12 +143,30 @@ class Report:
                 f"{(lost / count if count else 0):>11.1f}"
                 f"{self.duplicates_by_fault.get(kind, 0):>6}{self.order_by_fault.get(kind, 0):>7}"
                 f"{rec.get('median', float('nan')):>15.2f}s{rec.get('max', float('nan')):>6.2f}s"
+                + (f"{self.unconfirmed_lost_by_fault.get(kind, 0):>13}" if flood else "")
             )
         for name, items in self.examples.items():
             if items:
                 lines.append(f"{name}: " + "; ".join(items))
         lines.append("OK" if self.ok() else "NOT OK")
         return "\n".join(lines)
+
+    def _flood_lines(self) -> list[str]:
+        """The flood figures: what was written unconfirmed, and where it was lost."""
+        unfaulted = self.unconfirmed_lost_by_fault.get(NO_FAULT, 0)
+        read = ", ".join(f"{k} {v}" for k, v in self.unconfirmed_lost_read_by_fault.items())
+        return [
+            f"flood ({self.flood_publishers} unconfirmed publishers): published "
+            f"{self.unconfirmed_published} (+{self.unconfirmed_cut} cut off by their "
+            f"connection's end), deliveries {self.unconfirmed_deliveries}: received "
+            f"{self.unconfirmed_received} distinct, {self.unconfirmed_redelivered} flagged "
+            "redelivered",
+            f"unconfirmed_lost {self.unconfirmed_lost} of unconfirmed_published "
+            f"{self.unconfirmed_published}: {self.unconfirmed_lost - unfaulted} at a fault, "
+            f"{unfaulted} with no fault (row {NO_FAULT}); {self.unconfirmed_lost_read} read "
+            "by the broker first (a later message of their connection was delivered)"
+            + (f": {read}" if read else ""),
+        ]
 
 
 def check(history: History) -> Report:
@@ -178,6 +231,7 @@ def check(history: History) -> Report:
             )
         else:
             top[d.publisher] = (d.seq, d.at)
+    flood = _flood_deliveries(history, blame, report, duplicates, late, order, examples)
     report.order_violations = dict(sorted(order.items()))
     report.duplicates_by_fault = dict(sorted(duplicates.items()))
     report.order_by_fault = dict(sorted(late.items()))
@@ -191,6 +245,11 @@ def check(history: History) -> Report:
     report.lost = len(lost)
     examples["lost"] = _runs(published, lost)[:EXAMPLES]
     _attribute(history, published, seen, lost, report)
+    if history.flood:
+        report.flood_publishers = len(history.flood)
+        per_fault = _flood_losses(history, faults, flood, report, examples)
+        for entry, count in zip(report.per_fault, per_fault, strict=True):
+            entry["unconfirmed_lost"] = count
     report.examples = dict(examples)
     return report
 
@@ -223,13 +282,19 @@ def _runs(published: dict[tuple[str, int], Publish], lost: list[Publish]) -> lis
     return runs
 
 
-def _culprit(faults: list[Fault], since: float, until: float) -> int | None:
+def _culprit(
+    faults: list[Fault], since: float, until: float, *, settled: bool = False
+) -> int | None:
     """The fault (index into ``faults``, sorted by start) that started last before
-    ``until`` among those still in force at ``since`` or later."""
+    ``until`` among those still in force at ``since`` or later; ``settled``: a fault
+    is in force until the cluster settled after it (else until it was undone)."""
     i = bisect.bisect_left([f.start for f in faults], until)
     while i > 0:
         i -= 1
-        if faults[i].end is None or faults[i].end >= since:
+        end = faults[i].end
+        if settled and faults[i].recovered is not None:
+            end = faults[i].recovered
+        if end is None or end >= since:
             return i
     return None
 
@@ -297,3 +362,192 @@ def _attribute(
         }
         for i, f in enumerate(faults)
     ]
+
+
+@dataclass
+class _FloodSeen:
+    """One flood publisher's messages, indexed by sequence number (0 unused): the
+    time of the first delivery and of the first without the redelivered flag
+    (infinity: none), and which of those a pass has met already (bits 1 and 2)."""
+
+    publisher: FloodPublisher
+    firsts: list[int]  # each connection's first sequence number, for bisect
+    first_at: array[float]
+    first_unflagged_at: array[float]
+    met: bytearray
+
+    @classmethod
+    def of(cls, publisher: FloodPublisher) -> _FloodSeen:
+        size = publisher.end
+        return cls(
+            publisher,
+            [s.first for s in publisher.sessions],
+            array("d", [INF]) * size,
+            array("d", [INF]) * size,
+            bytearray(size),
+        )
+
+    def known(self, seq: int) -> bool:
+        return 1 <= seq < len(self.first_at)
+
+    def session(self, seq: int) -> int:
+        """Index of the connection ``seq`` was published on."""
+        return bisect.bisect_right(self.firsts, seq) - 1
+
+    def sent_at(self, seq: int) -> float:
+        """When ``seq`` was written (one cut off by its connection's end: that end)."""
+        session = self.publisher.sessions[self.session(seq)]
+        i = seq - session.first
+        if i < len(session.sent):
+            return session.sent[i]
+        return session.opened if session.closed is None else session.closed
+
+
+def _flood_deliveries(
+    history: History,
+    blame: Callable[[float, float], str],
+    report: Report,
+    duplicates: Counter[str],
+    late: Counter[str],
+    order: Counter[str],
+    examples: dict[str, list[str]],
+) -> dict[str, _FloodSeen]:
+    """Unknown, duplicate and out-of-order flood deliveries, by the rules of the
+    confirmed ones (the first delivery decides, by time; order per consumer
+    connection, redeliveries excepted) but order per publisher connection. Two
+    passes over the arrays instead of a sort of every delivery: the first finds
+    each message's first deliveries, the second walks each consumer connection."""
+    seen = {p.name: _FloodSeen.of(p) for p in history.flood}
+    for stream in history.flood_deliveries:
+        for publisher, seq, redelivered, at in stream.rows():
+            report.unconfirmed_deliveries += 1
+            report.unconfirmed_redelivered += redelivered
+            s = seen.get(publisher)
+            if s is None or not s.known(seq):
+                report.unknown += 1
+                _example(examples, "unknown", f"{publisher}:{seq} to {stream.consumer}")
+                continue
+            if at < s.first_at[seq]:
+                s.first_at[seq] = at
+            if not redelivered and at < s.first_unflagged_at[seq]:
+                s.first_unflagged_at[seq] = at
+    for stream in history.flood_deliveries:
+        # per (publisher, its connection): the highest first delivery so far, and when
+        top: dict[tuple[str, int], tuple[int, float]] = {}
+        for publisher, seq, redelivered, at in stream.rows():
+            s = seen.get(publisher)
+            if s is None or not s.known(seq):
+                continue
+            first = at == s.first_at[seq] and not s.met[seq] & 1
+            if first:
+                s.met[seq] |= 1
+            if redelivered:
+                continue
+            if at == s.first_unflagged_at[seq] and not s.met[seq] & 2:
+                s.met[seq] |= 2  # the one unflagged copy allowed
+            else:
+                report.unflagged_duplicates += 1
+                duplicates[blame(s.first_at[seq], at)] += 1
+                _example(
+                    examples,
+                    "unflagged_duplicates",
+                    f"{publisher}:{seq} again to {stream.consumer}/{stream.session} "
+                    f"on [{stream.server}]",
+                )
+                continue
+            if not first:
+                continue
+            connection = s.session(seq)
+            before, overtaken_at = top.get((publisher, connection), (-1, 0.0))
+            if seq < before:
+                order[publisher] += 1
+                late[blame(s.sent_at(seq), overtaken_at)] += 1
+                _example(
+                    examples,
+                    "order_violations",
+                    f"{stream.consumer}/{stream.session} got {publisher}:{seq} after "
+                    f"{publisher}:{before} (its connection {connection + 1})",
+                )
+            else:
+                top[(publisher, connection)] = (seq, at)
+    report.unconfirmed_received = sum(1 for s in seen.values() for at in s.first_at if at < INF)
+    return seen
+
+
+def _flood_losses(
+    history: History,
+    faults: list[Fault],
+    seen: dict[str, _FloodSeen],
+    report: Report,
+    examples: dict[str, list[str]],
+) -> list[int]:
+    """Count and blame the flood messages written and never delivered (see the module
+    docstring); returns the count per fault (``faults`` sorted by start)."""
+    per_fault = [0] * len(faults)
+    by_kind: Counter[str] = Counter()
+    read_by_kind: Counter[str] = Counter()
+    runs: list[str] = []
+    for publisher in history.flood:
+        first_at = seen[publisher.name].first_at
+        width = len(publisher.queues)
+        for number, session in enumerate(publisher.sessions, 1):
+            report.unconfirmed_published += len(session.sent)
+            report.unconfirmed_cut += session.cut
+            ended = session.closed if session.error and session.closed is not None else INF
+            later = [INF] * width  # per queue: first delivery of a later message of this connection
+            read = False  # a later message of this connection was delivered
+            lost: list[tuple[int, str, bool]] = []
+            for seq in range(session.end - 1, session.first - 1, -1):
+                queue = seq % width
+                if first_at[seq] < INF:
+                    later[queue] = min(later[queue], first_at[seq])
+                    read = True
+                    continue
+                i = seq - session.first
+                if i >= len(session.sent):
+                    continue  # cut off: maybe never written, not counted
+                until = later[queue] if later[queue] < INF else ended
+                culprit = _culprit(faults, session.sent[i], until, settled=True)
+                kind = NO_FAULT if culprit is None else faults[culprit].kind
+                if culprit is not None:
+                    per_fault[culprit] += 1
+                by_kind[kind] += 1
+                read_by_kind[kind] += read
+                report.unconfirmed_lost += 1
+                report.unconfirmed_lost_read += read
+                if len(runs) < EXAMPLES:
+                    lost.append((seq, kind, read))
+            if lost:
+                runs += _flood_runs(publisher, number, session, lost[::-1])
+    report.unconfirmed_lost_by_fault = dict(sorted(by_kind.items()))
+    report.unconfirmed_lost_read_by_fault = {k: v for k, v in sorted(read_by_kind.items()) if v}
+    examples["unconfirmed_lost"] = runs[:EXAMPLES]
+    return per_fault
+
+
+def _flood_runs(
+    publisher: FloodPublisher, number: int, session: FloodSession, lost: list[tuple[int, str, bool]]
+) -> list[str]:
+    """Runs of lost flood messages of one connection, consecutive among its sends to one
+    queue: ``f0#2@[1]>q 5..9 (3): kill-root, 3 read, ended StreamLostError``."""
+    width = len(publisher.queues)
+    ended = session.error.split(":", 1)[0] or "closed at the stop"
+    by_queue: dict[int, list[tuple[int, str, bool]]] = defaultdict(list)
+    for item in lost:
+        by_queue[item[0] % width].append(item)
+    runs: list[str] = []
+    for queue, items in sorted(by_queue.items(), key=lambda kv: kv[1][0][0]):
+        start = 0
+        for end in range(1, len(items) + 1):
+            if end < len(items) and items[end][0] == items[end - 1][0] + width:
+                continue
+            run = items[start:end]
+            span = f"{run[0][0]}" if len(run) == 1 else f"{run[0][0]}..{run[-1][0]} ({len(run)})"
+            kinds = ",".join(sorted({kind for _seq, kind, _read in run}))
+            read = sum(r for _seq, _kind, r in run)
+            runs.append(
+                f"{publisher.name}#{number}@[{session.server}]>{publisher.queues[queue]} {span}: "
+                f"{kinds}, {read} read, ended {ended}"
+            )
+            start = end
+    return runs

@@ -228,7 +228,9 @@ class History:
             drained=bool(data.get("drained", False)),
             meta=dict(data.get("meta", {})),
             flood=[FloodPublisher.from_dict(p) for p in data.get("flood", [])],
-            flood_deliveries=[FloodDeliveries.from_dict(d) for d in data.get("flood_deliveries", [])],
+            flood_deliveries=[
+                FloodDeliveries.from_dict(d) for d in data.get("flood_deliveries", [])
+            ],
         )
 
     def save(self, path: Path) -> None:

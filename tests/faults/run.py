@@ -2,7 +2,8 @@
 
 Phases: start 3 primaries and a secondary (the harness's heartbeat
 settings), declare the shared queues, start the clients spread over every
-server, warm up, apply the planned faults one by one, stop the publishers,
+server (flood publishers too, in flood mode), warm up, apply the planned
+faults one by one, stop the publishers,
 undo every fault and wait for a settled root, let the consumers empty the
 queues until nothing arrives for ``quiet`` seconds, sweep what is left with
 basic.get, and check the history. Every process is stopped on the way out,
@@ -20,7 +21,7 @@ from tests.cluster_harness import INTERVAL, TIMEOUT, Cluster
 from tests.faults.checker import Report, check
 from tests.faults.history import History, Recorder
 from tests.faults.nemesis import KINDS, Nemesis, schedule
-from tests.faults.workload import Client, Consumer, Publisher, declare, depths, sweep
+from tests.faults.workload import Client, Consumer, Flooder, Publisher, declare, depths, sweep
 
 
 @dataclass
@@ -43,6 +44,12 @@ class RunConfig:
     settle_timeout: float = 20.0
     interval: float = INTERVAL
     timeout: float = TIMEOUT
+    #: flood mode (0: off): unconfirmed publishers at up to ``flood_rate`` messages a
+    #: second each, bodies of ``flood_size`` bytes. Their backlog outgrows consumers
+    #: limited to ``consume_rate``: the command line lifts that limit with ``--flood``.
+    flood_publishers: int = 0
+    flood_rate: float = 2000.0
+    flood_size: int = 128
 
 
 @dataclass
@@ -98,7 +105,22 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
         )
         for i in range(config.consumers)
     ]
-    clients: list[Client] = [*publishers, *consumers]
+    # flood publishers start two servers further on than the publishers of the same number
+    flooders = [
+        Flooder(
+            f"f{i}",
+            cluster.ports,
+            i + 2,
+            recorder,
+            queues,
+            rate=config.flood_rate,
+            size=config.flood_size,
+            durable=config.durable,
+        )
+        for i in range(config.flood_publishers)
+    ]
+    senders: list[Client] = [*publishers, *flooders]
+    clients: list[Client] = [*senders, *consumers]
     plan = schedule(config.seed, config.faults, config.kinds, config.timeout)
     history.meta = {"config": config.__dict__ | {"kinds": list(config.kinds)}, "servers": servers}
     describe = ""
@@ -121,10 +143,10 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
         for planned in plan:
             nemesis.apply(planned)
         history.drain_start = time.time()
-        for publisher in publishers:
-            publisher.halt()
-        for publisher in publishers:
-            publisher.join(15)
+        for sender in senders:
+            sender.halt()
+        for sender in senders:
+            sender.join(15)
         for consumer in consumers:
             consumer.rate = None
         nemesis.undo_everything()
@@ -134,6 +156,10 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
         history.drain_end = time.time()
         history.meta["swept"] = swept
         log(f"drain {'done' if history.drained else 'TIMED OUT'}, {swept} left for the sweep")
+        if flooders:
+            written = sum(len(s.sent) for f in flooders for s in f.record.sessions)
+            sessions = sum(len(f.record.sessions) for f in flooders)
+            log(f"flood: {written} written unconfirmed over {sessions} connections")
     except BaseException:
         describe = cluster.describe()
         raise

@@ -29,10 +29,10 @@ from pika.exceptions import AMQPError, NackError, UnroutableError
 
 from tests.faults.history import (
     ACK,
+    FLOOD_PREFIX,
     NACK,
     RETURNED,
     UNKNOWN,
-    FLOOD_PREFIX,
     Delivery,
     Publish,
     Recorder,

@@ -373,3 +373,27 @@ def test_times_and_details_read_as_words() -> None:
     assert detail_items({"nested": {"b": 1, "a": [1, {"c": 2}]}}) == [
         ("nested", '{"a": [1, {"c": 2}], "b": 1}')
     ]
+
+
+def test_broker_page_shows_flow_control_link_backlogs_and_echo_latency(
+    operator: Client, brokers: list[Broker]
+) -> None:
+    broker = brokers[0]
+    broker.view = {
+        **broker.view,
+        "flow": {
+            "causes": {"link:spid-2": {"reason": "link to spid-2 is behind", "paused": 3}},
+            "paused_connections": 3,
+        },
+        "lanes": {"spid-2": {"backlog": 5 * 1024 * 1024, "unsettled": 1234, "replica_lag": 77}},
+        "echo_rtt": {"p99_ms": 12.5, "max_ms": 40.0},
+        "loop": {"lag": {"p99_ms": 8.0}},
+    }
+    broker.save()
+    html = operator.get("/brokers/127.0.0.1:5801/").content.decode()
+    assert ">flow control</span>" in html and "link to spid-2 is behind (3 paused)" in html
+    assert "5.0\xa0MB" in html and ">1234<" in html and ">77<" in html
+    assert "status echo p99 12.5 ms" in html and "event loop lag p99 8.0 ms" in html
+    # a broker with nothing reported shows no load line and dashes in the link columns
+    html = operator.get("/brokers/127.0.0.1:5802/").content.decode()
+    assert "status echo p99" not in html
