@@ -1,10 +1,12 @@
 """Forwards a failed root left unsettled, kept for the next root.
 
 Without this, a publish the root had not settled when it failed (or voided
-our session) was nacked: for a publisher without confirms, lost. Here it is
-kept (bounded: ``ORPHAN_BYTES_MAX``, and the open timeout) and sent again to
-whichever server is root next, flagged redelivered where the old one may
-have taken it: RabbitMQ would drop it, we do not have to.
+our session) was nacked: for a publisher without confirms, lost; so was one
+read between the loss of the root's link and the block of publishers that
+follows it (``hold``). Here it is kept (bounded: ``ORPHAN_BYTES_MAX``, and
+the open timeout) and sent again to whichever server is root next, flagged
+redelivered where the old one may have taken it: RabbitMQ would drop it, we
+do not have to.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from brokerd.cluster.outbound import Callbacks, Outbound, Unsettled, feeder
+from brokerd.model.message import Message
 
 if TYPE_CHECKING:
     from brokerd.cluster.forwarding import MessagePlane
+    from brokerd.model.queue import PublishWaiter
 
 log = logging.getLogger("brokerd.cluster.forwarding")
 
@@ -58,6 +62,21 @@ class Orphans:
                     callback(False, 0)
         while self.bytes > ORPHAN_BYTES_MAX and self.kept:
             self._nack(self.kept.popleft())
+
+    def hold(
+        self, message: Message, target: tuple[str, str], waiter: PublishWaiter | None
+    ) -> bool:
+        """A publish for a shared queue while there is no root, or no link to it:
+        kept like a failed root's forwards (never sent, so not flagged redelivered)
+        and sent when a root is there. Always accepted (the bound nacks the oldest)."""
+        if not self.kept:
+            self.since = self.plane.members.clock()
+        done = [waiter.defer()] if waiter is not None else None
+        self.kept.append((message, [target], done, False))
+        self.bytes += len(message.body)
+        while self.bytes > ORPHAN_BYTES_MAX and len(self.kept) > 1:
+            self._nack(self.kept.popleft())
+        return True
 
     def _nack(self, orphan: Unsettled) -> None:
         self.bytes -= len(orphan[0].body)

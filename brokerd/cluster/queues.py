@@ -97,7 +97,15 @@ class SharedQueue(Queue):
         if self.local:
             return super().push(message, waiter)
         self.stats_in += 1
-        return self.plane.forward(self.plane.root_spid(), message, ("", self.name), waiter)
+        plane = self.plane
+        root = plane.root_spid()
+        if plane.forward(root, message, ("", self.name), waiter):
+            return True
+        if root == plane.spid:
+            return False  # root here, yet not mastered here: refused
+        # no root, or its link is down: kept for the next root (publishers are blocked
+        # from the end of this loop turn; what was read in it is not dropped)
+        return plane.orphans.hold(message, ("", self.name), waiter)
 
     # -- settling deliveries ---------------------------------------------------------
 

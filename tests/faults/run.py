@@ -3,11 +3,11 @@
 Phases: start 3 primaries and a secondary (the harness's heartbeat
 settings), declare the shared queues, start the clients spread over every
 server (flood publishers too, in flood mode), warm up, apply the planned
-faults one by one, stop the publishers,
-undo every fault and wait for a settled root, let the consumers empty the
-queues until nothing arrives for ``quiet`` seconds, sweep what is left with
-basic.get, and check the history. Every process is stopped on the way out,
-whatever happened; ``Outcome.leftover`` says if one was not.
+faults one by one, stop the publishers, undo every fault and wait for a
+settled root, let the consumers empty the queues until nothing arrives for
+``quiet`` seconds, sweep what is left with basic.get, and check the history.
+Every process is stopped on the way out, whatever happened;
+``Outcome.leftover`` says if one was not.
 """
 
 from __future__ import annotations

@@ -262,3 +262,18 @@ def test_nothing_is_lost_or_duplicated_without_a_redelivered_flag(actions: list[
     ]
     for body in confirmed:
         assert acked.count(body) + in_queue.count(body) + outstanding.count(body) == 1, body
+
+
+def test_a_publish_while_the_root_link_is_down_waits_for_it_instead_of_a_nack(net: Net) -> None:
+    waiter = Waiter()
+    net.cut.add(("B", "A"))
+    net.drop_link("A", "B")  # the root's link went down: B's publishers are blocked
+    # ... from the end of this loop turn; a publish read in it is kept, not nacked
+    assert net.queue("B", "q").push(message(b"read meanwhile"), waiter)
+    assert waiter.answers == []
+    net.cut.discard(("B", "A"))
+    net.servers["B"].plane.link_ready("A")
+    net.servers["A"].plane.link_ready("B")
+    net.pump()
+    assert waiter.answers == [(True, 1)]
+    assert [(m.body, r) for m, r in net.queue("A", "q").ready()] == [(b"read meanwhile", False)]
