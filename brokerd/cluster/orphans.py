@@ -63,9 +63,7 @@ class Orphans:
         while self.bytes > ORPHAN_BYTES_MAX and self.kept:
             self._nack(self.kept.popleft())
 
-    def hold(
-        self, message: Message, target: tuple[str, str], waiter: PublishWaiter | None
-    ) -> bool:
+    def hold(self, message: Message, target: tuple[str, str], waiter: PublishWaiter | None) -> bool:
         """A publish for a shared queue while there is no root, or no link to it:
         kept like a failed root's forwards (never sent, so not flagged redelivered)
         and sent when a root is there. Always accepted (the bound nacks the oldest)."""
