@@ -80,6 +80,9 @@ class Pacing:
                     f"{unsettled} forwards unsettled",
                     feeders,
                 )
+        for cause in [c for c in flow.causes if c.startswith("link:")]:
+            if cause[5:] not in plane.outbound:
+                flow.release(cause)  # the peer is gone: what it held back is not behind it
         if replicas is not None:
             lag = replicas.quorum_lag()
             if "replication" in flow.causes:

@@ -277,3 +277,11 @@ def test_a_publish_while_the_root_link_is_down_waits_for_it_instead_of_a_nack(ne
     net.pump()
     assert waiter.answers == [(True, 1)]
     assert [(m.body, r) for m, r in net.queue("A", "q").ready()] == [(b"read meanwhile", False)]
+
+
+def test_flow_control_for_a_link_ends_when_its_peer_is_gone(net: Net) -> None:
+    plane = net.servers["B"].plane
+    plane.flow.hold("link:A", "behind", [7])
+    plane.outbound.pop("A", None)
+    plane.pacing.check()
+    assert not plane.flow.active and plane.flow.held_by(7) == set()
