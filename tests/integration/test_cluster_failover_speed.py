@@ -275,3 +275,54 @@ def test_kill_9_of_the_root_right_after_a_primary_rejoined_fails_over_at_once(
     assert took < 1.0, f"failover after a rejoin took {took:.2f}s: {failures[-3:]}"
     assert cluster.wait_until(lambda: cluster.agreed_root([1, 2]), timeout=5)
     assert b"after" in drain(cluster, 2, queue)  # confirmed: the new root has it
+
+
+def test_a_rolling_restart_followed_literally_costs_at_most_a_failover_per_step(
+    clusters: list[Cluster], tmp_path: Path
+) -> None:
+    """deploy/runbooks/cluster-root.md: stop one primary at a time (SIGTERM), start
+    it, wait for ready everywhere, go on; the root last but one. A confirmed
+    publisher (reconnecting elsewhere when its server stops, as applications do)
+    never waits more than a failover and a reconnection."""
+    cluster = formed(clusters, tmp_path)
+    queue = uid("rolling")
+    declare(cluster, 0, queue)
+    gaps: list[float] = []
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def publish() -> None:
+        index = 2
+        last = time.monotonic()
+        while not stop.is_set():
+            try:
+                conn = connect(cluster, index)
+                channel = conn.channel()
+                channel.confirm_delivery()
+                while not stop.is_set():
+                    channel.basic_publish("", queue, b"r", mandatory=True)
+                    now = time.monotonic()
+                    gaps.append(now - last)
+                    last = now
+                conn.close()
+            except AMQPError as exc:  # its server stopped (320), or no root yet
+                errors.append(repr(exc))
+                index = (index + 1) % 3
+                time.sleep(0.01)
+
+    publisher = threading.Thread(target=publish)
+    publisher.start()
+    try:
+        for index in (1, 2, 0):  # the root (0) last, as any order may have it
+            time.sleep(0.5)
+            steps_before = len(gaps)
+            assert cluster.stop(index) == 0
+            cluster.start(index)
+            cluster.wait_until(lambda: cluster.agreed_root(), timeout=15, what="ready everywhere")
+            worst = max(gaps[steps_before:], default=0.0)
+            print(f"restart of {index}: worst gap between confirms {worst * 1000:.0f} ms")
+            assert worst < 1.0, (index, worst, errors[-3:])
+    finally:
+        stop.set()
+        publisher.join(15)
+    assert len(gaps) > 100
