@@ -483,6 +483,11 @@ class MessagePlane:
                 self.fail_forwards(out)
             self.proxy.session_lost(old)
         if old == self.spid:
+            members = self.members
+            if not members.stopping and members.root_enabled:
+                # demoted by a failure (a pause past the timeout), not handed over:
+                # the replicas may never get what only this server holds
+                self.orphans.adopt(self.replicas.unreplicated(self.shared_queues()))
             self.master.release_all()
             self.replicas.clear()
         if self.is_root:

@@ -76,6 +76,23 @@ class Orphans:
             self._nack(self.kept.popleft())
         return True
 
+    def adopt(self, messages: list[tuple[Message, str]]) -> None:
+        """A demoted root's unconfirmed publishes no quorum held (``ReplicaSet.
+        unreplicated``): kept for the next root, flagged redelivered (a replica may
+        have applied them; a consumer may have had them)."""
+        if not messages:
+            return
+        if not self.kept:
+            self.since = self.plane.members.clock()
+        for message, name in messages:
+            self.kept.append((message, [("", name)], None, True))
+            self.bytes += len(message.body)
+        log.warning(
+            "%d unconfirmed publishes no replica quorum held: kept for the next root", len(messages)
+        )
+        while self.bytes > ORPHAN_BYTES_MAX and len(self.kept) > 1:
+            self._nack(self.kept.popleft())
+
     def _nack(self, orphan: Unsettled) -> None:
         self.bytes -= len(orphan[0].body)
         for callback in orphan[2] or ():

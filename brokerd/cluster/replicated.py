@@ -138,6 +138,12 @@ class ReplicaSet:
         #: spids of peers whose forwards did (flow control pauses them when behind)
         self.feeders: set[Any] = set()
         self._last_publisher: Any = None
+        #: unconfirmed publishes not yet held by a quorum, oldest first: (enqueue seq,
+        #: queue, message). If this server stops being root before the quorum has
+        #: them (a pause past the timeout), they go to the next root (``unreplicated``)
+        #: instead of dying with its reset of this copy. Bounded by the quorum lag
+        #: (flow control)
+        self.tail: deque[tuple[int, str, Message]] = deque()
 
     # -- the stream ------------------------------------------------------------------
 
@@ -265,6 +271,11 @@ class ReplicaSet:
         gates = self._gates
         while gates and gates[0].seq <= done_to:
             gates.popleft().open()
+        # the quorum's floor, not ``min_acked``: with every replica gone, the master
+        # alone holds what followed
+        tail, floor = self.tail, self._floor
+        while tail and tail[0][0] <= floor:
+            tail.popleft()
 
     def reset_feeders(self) -> None:
         self.feeders.clear()
@@ -326,6 +337,7 @@ class ReplicaSet:
         self.replicas.clear()
         self.stalled.clear()
         self.reset_feeders()
+        self.tail.clear()
         confirms, self._confirms = self._confirms, deque()
         gates, self._gates = self._gates, deque()
         self._gate = None
@@ -333,6 +345,18 @@ class ReplicaSet:
             done(False, 0)
         for gate in gates:
             gate.fail()
+
+    def unreplicated(self, queues: Iterable[SharedQueue]) -> list[tuple[Message, str]]:
+        """Unconfirmed publishes no quorum holds yet that are still in their queue
+        (ready or delivered unacked), oldest first: what a demoted root passes on."""
+        floor = self._floor
+        stores = {q.name: getattr(q, "replicated", None) for q in queues}
+        out = []
+        for seq, name, message in self.tail:
+            store = stores.get(name)
+            if seq > floor and store is not None and id(message) in store.mids:
+                out.append((message, name))
+        return out
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -493,6 +517,8 @@ class ReplicatedQueueStore:
         )
         if seq and waiter is not None:
             self.replicas.wait(seq, waiter.defer())
+        elif seq:
+            self.replicas.tail.append((seq, self.name, message))
 
     def delivered(self, message: Message, consumer: Any, no_ack: bool) -> None:
         mid = self.mids.get(id(message))

@@ -56,6 +56,9 @@ class Members:
         self.alarms: dict[str, str] = {}
         #: elected and holding the lease (a suspended root does not act)
         self.acting = True
+        #: stepping down to stop, and root enabled (a planned hand-over is neither)
+        self.stopping = False
+        self.root_enabled = True
 
     def clock(self) -> float:
         return self.now

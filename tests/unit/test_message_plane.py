@@ -285,3 +285,31 @@ def test_flow_control_for_a_link_ends_when_its_peer_is_gone(net: Net) -> None:
     plane.outbound.pop("A", None)
     plane.pacing.check()
     assert not plane.flow.active and plane.flow.held_by(7) == set()
+
+
+def test_a_root_demoted_by_a_failure_passes_on_unconfirmed_publishes_no_quorum_held(
+    net: Net,
+) -> None:
+    """A root paused past the timeout: what its own publishers wrote was never
+    replicated; it goes to the new root (flagged) instead of dying with the reset."""
+    for link in (("A", "B"), ("A", "C"), ("B", "A"), ("C", "A")):
+        net.cut.add(link)
+    net.queue("A", "q").push(message(b"only on A"))  # unconfirmed: no waiter
+    net.drop_link("A", "B")
+    net.drop_link("A", "C")
+    net.elect("B")  # the others moved on; A gives the role up
+    assert len(net.servers["A"].plane.orphans.kept) == 1
+    net.cut.clear()
+    for a, b in (("A", "B"), ("B", "A"), ("A", "C"), ("C", "A")):
+        net.servers[a].plane.link_ready(b)
+    net.pump()
+    assert [(m.body, r) for m, r in net.queue("B", "q").ready()] == [(b"only on A", True)]
+
+
+def test_a_planned_hand_over_passes_nothing_on(net: Net) -> None:
+    net.queue("A", "q").push(message(b"m"))
+    net.pump()
+    net.servers["A"].members.stopping = True
+    net.elect("B")  # the stream is ordered: B got it as a replica, promoted now
+    assert not net.servers["A"].plane.orphans.kept
+    assert [m.body for m, _r in net.queue("B", "q").ready()] == [b"m"]
