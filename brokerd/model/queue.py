@@ -361,6 +361,9 @@ class Queue(QueueExpiry):
         store = self.store
         if store is not None:
             store.enqueued(message, waiter)
+            # and flagged in the store too: a replicated queue's replicas must keep the
+            # flag, or a copy promoted after a failover would lose it
+            store.requeued((message,))
         deadline = self._deadline(message)
         if not self.messages and not self._returned and self.consumers:
             consumer = self._next_ready(message)

@@ -313,3 +313,14 @@ def test_a_planned_hand_over_passes_nothing_on(net: Net) -> None:
     net.elect("B")  # the stream is ordered: B got it as a replica, promoted now
     assert not net.servers["A"].plane.orphans.kept
     assert [m.body for m, _r in net.queue("B", "q").ready()] == [b"m"]
+
+
+def test_a_restored_message_keeps_its_redelivered_flag_through_a_failover(net: Net) -> None:
+    """A forward sent again after a root failed is restored flagged at the new root;
+    its replicas must keep the flag, or the next failover promotes it unflagged next
+    to the copy the first root had replicated (an unflagged duplicate)."""
+    queue = net.queue("A", "q")
+    queue.restore(message(b"again"))
+    net.pump()
+    net.kill("A")  # B is root now, from its replica
+    assert [(m.body, r) for m, r in net.queue(net.root, "q").ready()] == [(b"again", True)]
