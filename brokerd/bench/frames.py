@@ -338,6 +338,15 @@ class DeliveryCounter:
 _ack_fields = struct.Struct("!HHQB").unpack_from
 
 
+def read_buffer(least: int, frame_max: int, pending: bytes) -> tuple[bytearray, memoryview, int]:
+    """A worker's read buffer (room for four frames, at least ``least`` bytes), its
+    view, and how much it holds: what the handshake read past its last frame."""
+    buf = bytearray(max(least, 4 * frame_max))
+    have = len(pending)
+    buf[:have] = pending
+    return buf, memoryview(buf), have
+
+
 def keep_tail(buf: bytearray, view: memoryview, pos: int, have: int) -> int:
     """Move what follows the last whole frame (``buf[pos:have]``) to the front of the
     read buffer; returns how much it now holds."""

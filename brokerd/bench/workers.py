@@ -157,10 +157,7 @@ def _publisher(cfg: PublisherConfig, shared: Shared, slot: int) -> None:
     sock.settimeout(None)
     poller = select.poll()
     poller.register(sock, select.POLLIN)
-    buf = bytearray(max(RECV_BUFFER, 4 * client.frame_max))
-    view = memoryview(buf)
-    have = len(client.buf)
-    buf[:have] = client.buf
+    buf, view, have = frames.read_buffer(RECV_BUFFER, client.frame_max, client.buf)
     counts = [0] * (client.channel_max + 2)
     others: list[tuple[int, bytes]] = []
     state = _Confirms()

@@ -40,13 +40,11 @@ class FlowControl:
         self,
         pause: Callable[[int, bool], None] | None = None,
         data_lane: Callable[[str], int | None] | None = None,
-        clock: Callable[[], float] | None = None,
     ) -> None:
         #: pauses (True) or resumes (False) reading from one connection
         self.pause = pause
         #: a peer's inbound data-lane connection
         self.data_lane = data_lane or (lambda _spid: None)
-        self.clock = clock
         #: cause -> why, in words
         self.causes: dict[str, str] = {}
         #: cause -> the connections it pauses
@@ -90,13 +88,6 @@ class FlowControl:
                 del self.paused[conn]
                 if self.pause is not None:
                     self.pause(conn, False)
-
-    def set(self, cause: str, reason: str | None, feeders: Iterable[Feeder] = ()) -> None:
-        """``hold`` with a reason, ``release`` with None."""
-        if reason is None:
-            self.release(cause)
-        else:
-            self.hold(cause, reason, feeders)
 
     def forget(self, conn: int) -> None:
         """A connection closed: nothing is paused for it any more."""

@@ -83,6 +83,22 @@ def publish_confirmed(cluster: Cluster, index: int, queue: str, body: bytes) -> 
             conn.close()
 
 
+def publish_until_confirmed(
+    cluster: Cluster, queue: str, since: float, bound: float, pause: float
+) -> tuple[float, list[str]]:
+    """Publish ``after`` through server 2 until it is confirmed (no root yet: refused,
+    nacked or closed; try again); the seconds since ``since`` and the failures."""
+    failures: list[str] = []
+    while True:
+        try:
+            publish_confirmed(cluster, 2, queue, b"after")
+            return time.monotonic() - since, failures
+        except AMQPError as exc:
+            failures.append(repr(exc))
+            assert time.monotonic() - since < bound, failures
+            time.sleep(pause)
+
+
 def declare(cluster: Cluster, index: int, queue: str) -> None:
     conn = connect(cluster, index)
     try:
@@ -100,16 +116,7 @@ def test_kill_9_of_the_root_fails_over_long_before_the_heartbeat_timeout(
     publish_confirmed(cluster, 2, queue, b"before")
 
     killed = cluster.kill(0)
-    failures: list[str] = []
-    while True:
-        try:
-            publish_confirmed(cluster, 2, queue, b"after")
-            break
-        except AMQPError as exc:  # no root yet: refused, nacked or closed; try again
-            failures.append(repr(exc))
-            assert time.monotonic() - killed < LONG_TIMEOUT, failures
-            time.sleep(0.02)
-    took = time.monotonic() - killed
+    took, failures = publish_until_confirmed(cluster, queue, killed, LONG_TIMEOUT, 0.02)
     print(f"kill -9 to a confirmed publish: {took:.3f}s")
 
     assert took < LONG_TIMEOUT / 2, f"publishing again took {took:.2f}s: {failures}"
@@ -261,16 +268,7 @@ def test_kill_9_of_the_root_right_after_a_primary_rejoined_fails_over_at_once(
         what="the restarted primary ready and in sync",
     )
     killed = cluster.kill(0)
-    failures: list[str] = []
-    while True:
-        try:
-            publish_confirmed(cluster, 2, queue, b"after")
-            break
-        except AMQPError as exc:
-            failures.append(repr(exc))
-            assert time.monotonic() - killed < 10, failures
-            time.sleep(0.01)
-    took = time.monotonic() - killed
+    took, failures = publish_until_confirmed(cluster, queue, killed, 10, 0.01)
     print(f"kill -9 of the root right after a rejoin to a confirmed publish: {took:.3f}s")
     assert took < 1.0, f"failover after a rejoin took {took:.2f}s: {failures[-3:]}"
     assert cluster.wait_until(lambda: cluster.agreed_root([1, 2]), timeout=5)

@@ -179,10 +179,7 @@ def _flood(
     assert sock is not None
     sock.setblocking(False)
     poller = select.poll()
-    buf = bytearray(max(RECV_BUFFER, 4 * client.frame_max))
-    view = memoryview(buf)
-    have = len(client.buf)
-    buf[:have] = client.buf
+    buf, view, have = frames.read_buffer(RECV_BUFFER, client.frame_max, client.buf)
     counts = [0] * (client.channel_max + 2)
     others: list[tuple[int, bytes]] = []
     state = _Confirms()
@@ -317,10 +314,7 @@ def _count(client: Client, channel: int, job: ConsumerJob, shared: FloodShared, 
     sock = client.sock
     assert sock is not None
     sock.setblocking(False)
-    buf = bytearray(max(RECV_BUFFER, 4 * client.frame_max))
-    view = memoryview(buf)
-    have = len(client.buf)
-    buf[:have] = client.buf
+    buf, view, have = frames.read_buffer(RECV_BUFFER, client.frame_max, client.buf)
     counter = frames.DeliveryCounter(channel)
     counts = counter.counts
     poller = select.poll()
