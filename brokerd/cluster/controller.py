@@ -27,6 +27,7 @@ from brokerd.cluster.election import PRIMARY
 from brokerd.cluster.forwarding import DATA, MessagePlane
 from brokerd.cluster.membership import Membership
 from brokerd.cluster.operations import OperatorCommands
+from brokerd.cluster.pacing import OVERRUN
 from brokerd.cluster.queues import RemoteQueues, SharedQueue
 from brokerd.model.broker import Broker
 from brokerd.model.errors import AMQPError, access_refused
@@ -183,14 +184,15 @@ class ClusterController(OperatorCommands, Membership):
             self.wiring.server_gone(spid)
 
     def loop_lag(self, lag: float) -> None:
-        """The event loop woke ``lag`` seconds late: past ``LOOP_LAG_HIGH`` everything
-        feeding the cluster is paused until it is on time again (flow control)."""
+        """The event loop woke ``lag`` seconds late: past ``LOOP_LAG_HIGH`` what feeds
+        the cluster most (everything, past ``OVERRUN`` times that) is paused until it
+        is on time again (flow control)."""
         flow = self.flow
         if lag > LOOP_LAG_HIGH:
             flow.hold(
                 "event-loop",
                 f"the event loop runs {lag * 1000:.0f} ms late",
-                self.plane.pacing.all_feeders(),
+                self.plane.pacing.loop_feeders(overrun=lag > OVERRUN * LOOP_LAG_HIGH),
             )
         elif lag < LOOP_LAG_LOW and "event-loop" in flow.causes:
             flow.release("event-loop")

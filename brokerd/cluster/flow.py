@@ -12,7 +12,10 @@ when the cause clears.
 Each *cause* names what fell behind (``link:<spid>``, ``replication``,
 ``event-loop``) and pauses only its *feeders*: the local connections that
 published into it lately, and the data lanes of peers whose forwards did.
-A publisher to queues that are keeping up is not paused for another's sake.
+A publisher to queues that are keeping up is not paused for another's sake;
+nor is one that fed the path less than its share (``Feeders.past_share``):
+a hot queue's publishers are paused, a trickle to another queue on the same
+link goes on, unless the path is so far behind that everyone must wait.
 A peer's data lane is paused by pausing its inbound connection here: the
 peer's link then backs up and pauses its own publishers in turn, which is
 how backpressure crosses servers. Control lanes are never paused.
@@ -24,13 +27,61 @@ transports (``brokerd.server.amqp``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 log = logging.getLogger("brokerd.cluster.flow")
 
 #: a feeder: a local connection id, or a peer's spid (its inbound data lane)
 Feeder = int | str
+
+
+def feeder(publisher: int | str) -> Feeder:
+    """A message's feeder: its local connection, or the peer it was forwarded from
+    (``publisher`` is then ``spid/connection``)."""
+    return publisher if isinstance(publisher, int) else publisher.partition("/")[0]
+
+
+class Feeders:
+    """Who fed one path lately, and how many bytes each (cleared every window)."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent: dict[Feeder, int] = {}
+
+    def add(self, feeder: Feeder, size: int) -> None:
+        sent = self.sent
+        sent[feeder] = sent.get(feeder, 0) + size
+
+    def clear(self) -> None:
+        self.sent.clear()
+
+    def __iter__(self) -> Iterator[Feeder]:
+        return iter(self.sent)
+
+    def __len__(self) -> int:
+        return len(self.sent)
+
+    def __contains__(self, feeder: object) -> bool:
+        return feeder in self.sent
+
+    def past_share(self) -> list[Feeder]:
+        """The feeders that sent at least an even share of the bytes: the ones a
+        backlog is mostly made of (every feeder, when they sent alike)."""
+        sent = self.sent
+        if not sent:
+            return []
+        share = sum(sent.values()) / len(sent)
+        return [feeder for feeder, size in sent.items() if size >= share]
+
+    @staticmethod
+    def merged(*parts: Feeders) -> Feeders:
+        merged = Feeders()
+        for part in parts:
+            for feeder, size in part.sent.items():
+                merged.add(feeder, size)
+        return merged
 
 
 class FlowControl:
@@ -53,6 +104,8 @@ class FlowControl:
         self.paused: dict[int, set[str]] = {}
         #: how many times each cause came on (for the metrics)
         self.episodes: dict[str, int] = {}
+        #: how many times each open connection was paused (the dump shows it)
+        self.pauses: dict[int, int] = {}
 
     def _conn(self, feeder: Feeder) -> int | None:
         return feeder if isinstance(feeder, int) else self.data_lane(feeder)
@@ -71,8 +124,10 @@ class FlowControl:
             held.add(conn)
             causes = self.paused.setdefault(conn, set())
             causes.add(cause)
-            if len(causes) == 1 and self.pause is not None:
-                self.pause(conn, True)
+            if len(causes) == 1:
+                self.pauses[conn] = self.pauses.get(conn, 0) + 1
+                if self.pause is not None:
+                    self.pause(conn, True)
 
     def release(self, cause: str) -> None:
         """The cause cleared: resume what it alone paused."""
@@ -91,6 +146,7 @@ class FlowControl:
 
     def forget(self, conn: int) -> None:
         """A connection closed: nothing is paused for it any more."""
+        self.pauses.pop(conn, None)
         for cause in self.paused.pop(conn, ()):
             self.held.get(cause, set()).discard(conn)
 

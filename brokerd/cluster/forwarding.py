@@ -43,10 +43,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster import records as rec
-from brokerd.cluster.flow import FlowControl
+from brokerd.cluster.flow import FlowControl, feeder
 from brokerd.cluster.master import MasterSide
 from brokerd.cluster.orphans import Orphans
-from brokerd.cluster.outbound import Outbound, SettleWaiter, feeder
+from brokerd.cluster.outbound import Outbound, SettleWaiter
 from brokerd.cluster.pacing import Pacing
 from brokerd.cluster.proxy import ProxySide
 from brokerd.cluster.queues import SharedQueue
@@ -197,7 +197,7 @@ class MessagePlane:
             out.fwd_redelivered = redelivered
             self.schedule()
         out.fwd_targets.append(target)
-        out.feeders.add(feeder(message.publisher))
+        out.feeders.add(feeder(message.publisher), len(message.body))
         if waiter is not None:
             out.fwd_done.append(waiter.defer())
         return True

@@ -15,7 +15,8 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
-from brokerd.cluster.outbound import Callbacks, Outbound, Unsettled, feeder
+from brokerd.cluster.flow import feeder
+from brokerd.cluster.outbound import Callbacks, Outbound, Unsettled
 from brokerd.model.message import Message
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ class Orphans:
             out.fwd_redelivered = redelivered
             out.fwd_targets = list(targets)
             out.fwd_done = list(done or ())
-            out.feeders.add(feeder(message.publisher))
+            out.feeders.add(feeder(message.publisher), len(message.body))
             plane.finish_forward(out)
         plane.schedule()
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster import records as rec
-from brokerd.cluster.flow import Feeder
+from brokerd.cluster.flow import Feeders
 from brokerd.model.message import Message
 
 if TYPE_CHECKING:
@@ -21,12 +21,6 @@ Done = Callable[[bool, int], None]
 Unsettled = tuple[Message, list[tuple[str, str]], list[Done] | None, bool]
 #: unsettled forwards' bytes to one peer above which its feeders are paused
 UNSETTLED_BYTES_HIGH = 64 * 1024 * 1024
-
-
-def feeder(publisher: int | str) -> Feeder:
-    """A message's feeder: its local connection, or the peer it was forwarded from
-    (``publisher`` is then ``spid/connection``)."""
-    return publisher if isinstance(publisher, int) else publisher.partition("/")[0]
 
 
 class Outbound:
@@ -75,8 +69,8 @@ class Outbound:
         #: earlier records cut off at each new gate: (the gate they wait for, records)
         self.held: deque[tuple[Gate | None, list[Any]]] = deque()
         #: connections (ids) and peers (spids) whose publishes were forwarded here
-        #: lately: what flow control pauses when this link falls behind
-        self.feeders: set[Feeder] = set()
+        #: lately, and their bytes: what flow control pauses when this link falls behind
+        self.feeders = Feeders()
 
 
 class SettleWaiter:

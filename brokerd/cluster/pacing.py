@@ -7,14 +7,21 @@ for the root's link to a replica, whose lag the quorum bounds instead),
 unsettled forwards to a peer (count and bytes), and the replicas confirms
 wait for (``replicated.LAG_HIGH`` events behind). Every bound is named in
 docs/architecture.md ("Flow control").
+
+A cause pauses the feeders that sent at least their share of the path's
+bytes lately (``Feeders.past_share``): the publishers of a hot queue wait, a
+trickle to another queue over the same link does not. Past ``OVERRUN`` times
+the bound, the path pauses every feeder, so memory stays bounded however
+many light feeders there are.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from brokerd.cluster.flow import Feeder
+from brokerd.cluster.flow import Feeder, Feeders
 from brokerd.cluster.outbound import UNSETTLED_BYTES_HIGH
 from brokerd.cluster.replicated import LAG_HIGH, LAG_LOW
 
@@ -38,6 +45,9 @@ UNSETTLED_HIGH = 50_000
 FLOW_RECHECK = 0.02
 #: feeders are remembered this long after their last forward (seconds)
 FEEDER_WINDOW = 1.0
+#: past this multiple of its high mark a path pauses all its feeders, not only
+#: those past their share
+OVERRUN = 2
 
 
 class Pacing:
@@ -64,37 +74,43 @@ class Pacing:
             cause = f"link:{out.spid}"
             if replicas is not None and out.spid in replicas.replicas:
                 high, low = REPLICA_BACKLOG_HIGH, REPLICA_BACKLOG_LOW
-                feeders: set[Feeder] = out.feeders | replicas.feeders
+                feeders = Feeders.merged(out.feeders, replicas.feeders)
             else:
                 high, low = BACKLOG_HIGH, BACKLOG_LOW
                 feeders = out.feeders
+            overrun = backlog > OVERRUN * high or unsettled > OVERRUN * UNSETTLED_HIGH
             if cause in flow.causes:
                 if backlog < low and unsettled < UNSETTLED_HIGH // 2:
                     flow.release(cause)
                 else:
-                    flow.hold(cause, flow.causes[cause], feeders)
+                    flow.hold(cause, flow.causes[cause], self._paced(feeders, overrun))
             elif backlog > high or unsettled > UNSETTLED_HIGH:
                 flow.hold(
                     cause,
                     f"link to {out.spid} is behind: {backlog} bytes queued, "
                     f"{unsettled} forwards unsettled",
-                    feeders,
+                    self._paced(feeders, overrun),
                 )
         for cause in [c for c in flow.causes if c.startswith("link:")]:
             if cause[5:] not in plane.outbound:
                 flow.release(cause)  # the peer is gone: what it held back is not behind it
         if replicas is not None:
             lag = replicas.quorum_lag()
+            overrun = lag > OVERRUN * LAG_HIGH
             if "replication" in flow.causes:
                 if lag < LAG_LOW:
                     flow.release("replication")
                 else:
-                    flow.hold("replication", flow.causes["replication"], replicas.feeders)
+                    flow.hold(
+                        "replication",
+                        flow.causes["replication"],
+                        self._paced(replicas.feeders, overrun),
+                    )
             elif lag > LAG_HIGH:
                 flow.hold(
                     "replication",
                     f"replicas are {lag} events behind: publishers paced",
-                    replicas.feeders,
+                    self._paced(replicas.feeders, overrun),
                 )
         elif "replication" in flow.causes:
             flow.release("replication")
@@ -110,14 +126,19 @@ class Pacing:
             except RuntimeError:  # no loop: unit tests check by hand
                 self._flow_watch = False
 
+    @staticmethod
+    def _paced(feeders: Feeders, overrun: bool) -> Iterable[Feeder]:
+        """Whom a cause pauses: those past their share, or everyone once overrun."""
+        return feeders if overrun else feeders.past_share()
+
     def _watch(self) -> None:
         self._flow_watch = False
         self.check()
 
-    def all_feeders(self) -> set[Feeder]:
-        """Every connection and peer that fed the cluster lately (the event loop's
-        own lag pauses them all)."""
-        feeders: set[Feeder] = set(self.plane.replicas.feeders)
-        for out in self.plane.outbound.values():
-            feeders |= out.feeders
-        return feeders
+    def loop_feeders(self, overrun: bool) -> Iterable[Feeder]:
+        """Whom the event loop's own lag pauses: of every connection and peer that fed
+        the cluster lately, those past their share, or all of them once overrun."""
+        feeders = Feeders.merged(
+            self.plane.replicas.feeders, *(out.feeders for out in self.plane.outbound.values())
+        )
+        return self._paced(feeders, overrun)

@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster import records as rec
+from brokerd.cluster.flow import Feeder, Feeders, feeder
 from brokerd.model.message import Message
 from brokerd.model.storage import CorruptMessage, Paged
 from brokerd.wire.codec import delivery_mode
@@ -54,11 +56,18 @@ log = logging.getLogger("brokerd.cluster.replicated")
 #: the master queues are paused (flow control), and where they resume
 LAG_HIGH = 20_000
 LAG_LOW = 5_000
-#: messages of a snapshot sent per loop turn and replica (a sync never stalls the root)
+#: messages of a snapshot sent per loop turn and replica, at most
 SYNC_CHUNK = 500
-#: a snapshot waits while its replica's link has this many bytes queued (the live
-#: stream and the other links go first; a deep queue's snapshot never fills memory)
-SYNC_BACKLOG_MAX = 8 * 1024 * 1024
+#: seconds of a loop turn a snapshot step may take: a confirm waits at most this
+#: long behind it
+SYNC_TURN = 0.0002
+#: while live events flow, a snapshot rests this many times as long as its last
+#: step took (it then takes about a ninth of the loop, and the sending and the
+#: replica's applying that follow it); on an idle root it goes on at once
+SYNC_REST = 8
+#: a snapshot waits while its replica's link has this many bytes queued: the live
+#: stream to that replica never queues behind more (and memory stays bounded)
+SYNC_BACKLOG_MAX = 1024 * 1024
 #: how soon a snapshot waiting for its link looks again (seconds)
 SYNC_WAIT = 0.005
 
@@ -130,14 +139,18 @@ class ReplicaSet:
         self._gate: Gate | None = None
         self._syncing = False
         self._sync_waits = False
+        #: the last event before the previous snapshot step (live events since: rest)
+        self._sync_seq = 0
         #: the lowest ack among the replicas
         self._floor = 0
         #: replicas that have acked nothing for longer than the patience (alarmed)
         self.stalled: set[str] = set()
         #: what enqueued into the master queues lately: local connection ids, and the
-        #: spids of peers whose forwards did (flow control pauses them when behind)
-        self.feeders: set[Any] = set()
+        #: spids of peers whose forwards did, and their bytes (flow control pauses
+        #: them when the replicas fall behind)
+        self.feeders = Feeders()
         self._last_publisher: Any = None
+        self._last_feeder: Feeder = 0
         #: unconfirmed publishes not yet held by a quorum, oldest first: (enqueue seq,
         #: queue, message). If this server stops being root before the quorum has
         #: them (a pause past the timeout), they go to the next root (``unreplicated``)
@@ -173,9 +186,8 @@ class ReplicaSet:
             publisher = message.publisher
             if publisher != self._last_publisher:
                 self._last_publisher = publisher
-                self.feeders.add(
-                    publisher if isinstance(publisher, int) else publisher.partition("/")[0]
-                )
+                self._last_feeder = feeder(publisher)
+            self.feeders.add(self._last_feeder, len(message.body))
         size = sum(map(len, parts))
         for replica in self.replicas.values():
             batch(replica.out).add_parts(parts, size)
@@ -396,15 +408,22 @@ class ReplicaSet:
                     pass
 
     def _sync_step(self) -> None:
+        """One step of the snapshots, then the next: at once on an idle root, after a
+        rest while the live stream flows (seed 001's live updates: the sync yields
+        to the traffic), later while every snapshot waits for its link."""
         self._syncing = False
+        began, seq = time.perf_counter(), self.seq
         if not self.sync_step():
             return
+        self._syncing = True
+        loop = asyncio.get_running_loop()
         if self._sync_waits:
-            # every snapshot left waits for its link to drain: look again shortly
-            self._syncing = True
-            asyncio.get_running_loop().call_later(SYNC_WAIT, self._sync_step)
+            loop.call_later(SYNC_WAIT, self._sync_step)
+        elif self._sync_seq != seq:
+            loop.call_later((time.perf_counter() - began) * SYNC_REST, self._sync_step)
         else:
-            self._schedule_sync()
+            loop.call_soon(self._sync_step)
+        self._sync_seq = seq
 
     def sync_step(self) -> bool:
         """Send the next chunk of every replica's snapshots; True if more is left."""
@@ -412,6 +431,7 @@ class ReplicaSet:
         more = False
         sent = False
         done: list[ReplicaLink] = []
+        turn_ends = time.perf_counter() + SYNC_TURN
         for replica in self.replicas.values():
             link = self.plane.members.link_to(replica.spid)
             if replica.syncs and link is not None and link.backlog > SYNC_BACKLOG_MAX:
@@ -449,6 +469,8 @@ class ReplicaSet:
                         body,
                     )
                     budget -= 1
+                    if not budget % 32 and time.perf_counter() > turn_ends:
+                        budget = 0  # this turn's share is spent
                 if not mids:
                     batch.replicate(0, rec.R_SYNCED, name, 0)
                     replica.syncs.popleft()
@@ -458,6 +480,7 @@ class ReplicaSet:
         for replica in done:
             # a live event after the snapshot: its ack proves the snapshot is in
             replica.synced_at = self.emit(rec.R_SYNCED, "", 0)
+            log.info("replica %s: snapshot sent, synced at seq=%d", replica.spid, replica.synced_at)
         self._sync_waits = more and not sent
         return more
 

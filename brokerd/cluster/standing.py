@@ -109,11 +109,22 @@ class Standing:
     # -- the view ---------------------------------------------------------------------
 
     def active(self, peer: Peer, now: float, window: float | None = None) -> bool:
-        """Heard within ``window`` (default: the heartbeat timeout), and not known to
-        be gone. A cut link ages out like a real one: its statuses are dropped,
-        what was heard stays valid."""
-        window = self.config.heartbeat_timeout if window is None else window
+        """Heard within ``window`` (default: the heartbeat timeout, see ``silence``),
+        and not known to be gone. A cut link ages out like a real one: its statuses
+        are dropped, what was heard stays valid."""
+        if window is None:
+            window = self.silence(peer.status is not None and peer.status.is_root)
         return peer.status is not None and not peer.gone and now - peer.last_seen < window
+
+    def silence(self, root: bool) -> float:
+        """How long a server may go unheard before it counts as inactive: the timeout
+        after its next beat was due (a root beats every half interval, the others
+        every interval). A pause shorter than the timeout then never shows, wherever
+        in the beat it falls, on either side: the followers still hear a paused
+        root, and a root back from a pause still counts the followers it read last
+        before it. The lease stays safe, since it rests on echoes, not on this."""
+        interval = self.config.heartbeat_interval
+        return self.config.heartbeat_timeout + (interval / 2 if root else interval)
 
     @property
     def lease(self) -> float:
@@ -204,9 +215,10 @@ class Standing:
 
     def elect(self, view: View, now: float) -> Decision:
         """The election over ``view``, with this server's reasons to abstain."""
-        if self._last_eval and now - self._last_eval > self.config.heartbeat_timeout:
+        if self._last_eval and now - self._last_eval > self.silence(self.role_root):
             # we were frozen past the timeout (SIGSTOP, a long pause): peers may have
             # elected another root meanwhile, so abstain until they are heard again
+            # (a root evaluates at each beat, so its followers wait as long)
             log.warning(
                 "stalled for %.1fs spid=%s: abstaining for a while",
                 now - self._last_eval,

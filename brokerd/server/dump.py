@@ -92,10 +92,13 @@ def full(server: Server) -> str:
             continue
         d = conn.describe()
         paused = ",".join(sorted(cluster.flow.held_by(conn.id))) if cluster is not None else ""
+        pauses = cluster.flow.pauses.get(conn.id, 0) if cluster is not None else 0
         lines.append(
             f"  connection {d['id']} peer={d['peer']} user={d['user']} vhost={d['vhost']} "
             f"state={d['state']} client={d['client']} channels={d['channels']} "
-            f"in={d['messages_in']} out={d['messages_out']}" + (f" flow={paused}" if paused else "")
+            f"in={d['messages_in']} out={d['messages_out']}"
+            + (f" flow={paused}" if paused else "")
+            + (f" flow_pauses={pauses}" if pauses else "")
         )
         for ch in conn.channels.values():
             c = ch.describe()

@@ -23,6 +23,7 @@ import pytest
 from brokerd.bench.flood.plan import FloodOptions
 from brokerd.bench.flood.run import run_flood
 from brokerd.bench.flood.targets import Target, start_cluster
+from brokerd.server.control import request
 
 pytestmark = pytest.mark.integration
 
@@ -166,6 +167,72 @@ def test_sigterm_ends_each_server_within_two_seconds_when_nothing_is_in_flight(
                     client.close()
 
 
+def _dump_lines(node: Any, product: str) -> list[str]:
+    """The dump's connection lines of the clients that call themselves ``product``."""
+    reply = request(node.data_dir, "dump", timeout=5)
+    return [line for line in reply["result"]["dump"].splitlines() if f"client={product} " in line]
+
+
+def test_a_hot_queue_paces_its_own_publisher_not_a_light_one_to_another_queue(
+    cluster: Target,
+) -> None:
+    """Pacing by share: on a server that is not the root, one client floods a queue
+    and another publishes a trickle with confirms to another queue. Flow control
+    pauses the flood's connection, never the trickle's, and both arrive whole."""
+    node = cluster.nodes[1]
+
+    def connect(product: str) -> pika.BlockingConnection:
+        params = pika.URLParameters(node.url)
+        params.client_properties = {"product": product}
+        return pika.BlockingConnection(params)
+
+    hot, cool = connect("hot"), connect("cool")
+    flood, trickle = hot.channel(), cool.channel()
+    flood.queue_declare("hot")
+    trickle.queue_declare("cool")
+    trickle.confirm_delivery()
+    stop = threading.Event()
+    confirmed: list[float] = []
+
+    def publish_trickle() -> None:
+        while not stop.is_set():
+            began = time.monotonic()
+            trickle.basic_publish("", "cool", b"c" * 100)
+            confirmed.append(time.monotonic() - began)
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=publish_trickle)
+    thread.start()
+    body = b"h" * 16_384
+    sent = 0
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and sent < 6_000:
+            for _ in range(250):
+                flood.basic_publish("", "hot", body)
+            sent += 250
+            if any("flow_pauses=" in line for line in _dump_lines(node, "hot")):
+                break
+        time.sleep(0.5)  # the trickle goes on while the flood's backlog drains
+    finally:
+        stop.set()
+        thread.join(10)
+    hot_lines, cool_lines = _dump_lines(node, "hot"), _dump_lines(node, "cool")
+    hot.close()
+    assert any("flow_pauses=" in line for line in hot_lines), (sent, hot_lines)
+    assert cool_lines and not any("flow" in line for line in cool_lines), cool_lines
+    deadline = time.monotonic() + 30
+    while trickle.queue_declare("hot", passive=True).method.message_count < sent:
+        assert time.monotonic() < deadline, "the flood did not arrive whole"
+        time.sleep(0.1)
+    assert trickle.queue_declare("cool", passive=True).method.message_count == len(confirmed)
+    print(
+        f"flood of {sent} x 16 KiB: the flood's connection paused, the trickle's not; "
+        f"trickle confirms {len(confirmed)}, worst {max(confirmed) * 1000:.0f} ms"
+    )
+    cool.close()
+
+
 def _confirm_latencies(channel: Any, seconds: float, stop: Any = None) -> list[float]:
     latencies: list[float] = []
     end = time.monotonic() + seconds
@@ -214,8 +281,23 @@ def test_a_restarted_primary_catches_up_a_deep_queue_without_stalling_confirms(
             view = restarted.status() or {}
             return bool(view.get("ready") and (view.get("replication") or {}).get("complete"))
 
-        during = _confirm_latencies(confirmed, 30.0, stop=synced)
-        catch_up = time.monotonic() - began
+        # polled beside the publisher, not between its publishes: a busy server's
+        # control socket may answer slowly, which would thin out the sample
+        done = threading.Event()
+        caught_up: list[float] = []
+
+        def watch() -> None:
+            deadline = began + 30.0
+            while time.monotonic() < deadline and not synced():
+                time.sleep(0.02)
+            caught_up.append(time.monotonic() - began)
+            done.set()
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        during = _confirm_latencies(confirmed, 31.0, stop=done.is_set)
+        watcher.join()
+        catch_up = caught_up[0]
         assert synced(), "the restarted primary did not catch up within 30 s"
     finally:
         live.close()

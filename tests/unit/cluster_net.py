@@ -71,6 +71,7 @@ class Members:
         if spid is None or spid == self.spid or spid not in self.net.servers:
             return None
         link = Link(self.net, self.spid, spid)
+        link.backlog = self.net.backlog.get((self.spid, spid), 0)
         return link if link.up else None
 
     def in_sync(self, root: str) -> bool:
@@ -107,6 +108,8 @@ class Net:
     root: str | None = None
     wire: deque[tuple[str, str, str, bytes]] = field(default_factory=deque)
     cut: set[tuple[str, str]] = field(default_factory=set)
+    #: bytes a link's data lane holds queued, as a test sets them (0 otherwise)
+    backlog: dict[tuple[str, str], int] = field(default_factory=dict)
 
     def add(self, spid: str) -> Server:
         config = _CONFIG

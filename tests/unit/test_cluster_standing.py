@@ -50,13 +50,12 @@ def test_a_refused_port_alone_is_not_enough_while_a_connection_is_open() -> None
 
 
 @pytest.mark.parametrize("phase", [0.0, 0.2, 0.45])
-@pytest.mark.parametrize("pause", [2.0, 2.4])
-def test_a_root_paused_for_less_than_timeout_minus_half_an_interval_is_invisible(
-    phase: float, pause: float
-) -> None:
-    """The root beats every half interval, so its followers hear it less than
-    timeout ago when it resumes; it reads their old votes, whose echoes are old,
-    so it acts again only once they have answered its fresh status."""
+@pytest.mark.parametrize("pause", [2.0, 2.4, 2.7, 2.95])
+def test_a_root_paused_for_less_than_the_timeout_is_invisible(phase: float, pause: float) -> None:
+    """The root beats every half interval and its followers wait the timeout after
+    its next beat was due, so they still hear it when it resumes; it reads their
+    old votes, whose echoes are old, so it acts again only once they have answered
+    its fresh status."""
     net = formed()
     net.run(phase)
     net.pause(0)
@@ -74,7 +73,7 @@ def test_a_root_paused_past_the_timeout_is_replaced_and_does_not_come_back() -> 
     net = formed()
     net.pause(0)
     took = net.run_until(lambda: net.root() == 1, limit=TIMEOUT + 1)
-    assert TIMEOUT - INTERVAL / 2 <= took < TIMEOUT + 0.3
+    assert TIMEOUT <= took < TIMEOUT + INTERVAL / 2 + 0.3
     net.run(2)
     net.resume(0, stale_first=True)
     net.run(3 * TIMEOUT)

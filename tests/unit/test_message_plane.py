@@ -7,6 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from brokerd.cluster.flow import Feeders
+from brokerd.cluster.pacing import BACKLOG_HIGH, OVERRUN
+from brokerd.cluster.replicated import LAG_HIGH
 from tests.unit.cluster_net import Net, Sink, Waiter, message
 
 
@@ -285,6 +288,55 @@ def test_flow_control_for_a_link_ends_when_its_peer_is_gone(net: Net) -> None:
     plane.outbound.pop("A", None)
     plane.pacing.check()
     assert not plane.flow.active and plane.flow.held_by(7) == set()
+
+
+def test_a_backlog_pauses_the_publishers_of_the_hot_queue_not_a_trickle_to_another(
+    net: Net,
+) -> None:
+    """Pacing by share: connection 1 floods ``q``, connection 2 sends a little to
+    ``q2`` over the same link; only 1 is paused while the link is behind, and
+    both once it is overrun."""
+    net.declare("q2")
+    for _ in range(50):
+        net.queue("B", "q").push(message(b"h" * 1000, publisher=1))
+    net.queue("B", "q2").push(message(b"cool", publisher=2))
+    plane = net.servers["B"].plane
+    net.backlog[("B", "A")] = BACKLOG_HIGH + 1
+    plane.pacing.check()
+    assert plane.flow.held_by(1) == {"link:A"} and plane.flow.held_by(2) == set()
+    net.backlog[("B", "A")] = OVERRUN * BACKLOG_HIGH + 1
+    plane.pacing.check()
+    assert plane.flow.held_by(2) == {"link:A"}  # so far behind that everyone waits
+    net.backlog[("B", "A")] = 0
+    net.pump()
+    plane.pacing.check()
+    assert not plane.flow.active and plane.flow.paused == {}
+
+
+def test_replication_lag_pauses_the_hot_queues_publishers_on_the_root(net: Net) -> None:
+    net.declare("q2")
+    for _ in range(LAG_HIGH + 10):
+        net.queue("A", "q").push(message(b"h", publisher=1))
+    net.queue("A", "q2").push(message(b"c", publisher=2))
+    plane = net.servers["A"].plane
+    plane.pacing.check()  # nothing pumped: the replicas are all those events behind
+    assert plane.flow.held_by(1) == {"replication"} and plane.flow.held_by(2) == set()
+    net.pump()
+    plane.pacing.check()
+    assert not plane.flow.active
+
+
+def test_feeders_past_their_share() -> None:
+    feeders = Feeders()
+    assert feeders.past_share() == []
+    feeders.add(1, 900)
+    feeders.add(2, 50)
+    feeders.add("peer", 50)
+    assert feeders.past_share() == [1]
+    feeders.add(2, 850)
+    assert sorted(map(str, feeders.past_share())) == ["1", "2"]
+    merged = Feeders.merged(feeders, feeders)
+    assert merged.sent == {1: 1800, 2: 1800, "peer": 100}
 
 
 def test_a_root_demoted_by_a_failure_passes_on_unconfirmed_publishes_no_quorum_held(
