@@ -72,25 +72,25 @@ class Pacing:
             if out.unsettled_bytes > UNSETTLED_BYTES_HIGH:
                 unsettled = max(unsettled, UNSETTLED_HIGH + 1)  # few, but large
             cause = f"link:{out.spid}"
-            if replicas is not None and out.spid in replicas.replicas:
-                high, low = REPLICA_BACKLOG_HIGH, REPLICA_BACKLOG_LOW
-                feeders = Feeders.merged(out.feeders, replicas.feeders)
-            else:
-                high, low = BACKLOG_HIGH, BACKLOG_LOW
+            to_replica = replicas is not None and out.spid in replicas.replicas
+            high, low = (
+                (REPLICA_BACKLOG_HIGH, REPLICA_BACKLOG_LOW)
+                if to_replica
+                else (BACKLOG_HIGH, BACKLOG_LOW)
+            )
+            held = cause in flow.causes
+            if held and backlog < low and unsettled < UNSETTLED_HIGH // 2:
+                flow.release(cause)
+            elif held or backlog > high or unsettled > UNSETTLED_HIGH:
                 feeders = out.feeders
-            overrun = backlog > OVERRUN * high or unsettled > OVERRUN * UNSETTLED_HIGH
-            if cause in flow.causes:
-                if backlog < low and unsettled < UNSETTLED_HIGH // 2:
-                    flow.release(cause)
-                else:
-                    flow.hold(cause, flow.causes[cause], self._paced(feeders, overrun))
-            elif backlog > high or unsettled > UNSETTLED_HIGH:
-                flow.hold(
-                    cause,
+                if to_replica:  # everything feeding the master queues fills it too
+                    feeders = Feeders.merged(feeders, plane.replicas.feeders)
+                overrun = backlog > OVERRUN * high or unsettled > OVERRUN * UNSETTLED_HIGH
+                reason = flow.causes.get(cause) or (
                     f"link to {out.spid} is behind: {backlog} bytes queued, "
-                    f"{unsettled} forwards unsettled",
-                    self._paced(feeders, overrun),
+                    f"{unsettled} forwards unsettled"
                 )
+                flow.hold(cause, reason, self._paced(feeders, overrun))
         for cause in [c for c in flow.causes if c.startswith("link:")]:
             if cause[5:] not in plane.outbound:
                 flow.release(cause)  # the peer is gone: what it held back is not behind it
