@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
 
-.PHONY: setup test run lint bench clean
+.PHONY: setup test test-fast run lint bench clean
 
 setup: $(STAMP) $(NPM_STAMP)
 
@@ -23,6 +23,10 @@ $(NPM_STAMP): package.json package-lock.json
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The unit tests alone (nothing that starts a process: the integration marker).
+test-fast: setup
+	$(PY) -m pytest -q -m "not integration" $(PYTEST_ARGS)
+
 # Console, Redis, Celery and a four-broker cluster; environment knobs in deploy/README.md.
 run: setup
 	$(PY) deploy/quickstart.py
@@ -30,6 +34,7 @@ run: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(PY) -m tests.support.docnames
 
 bench: setup
 	$(PY) -m brokerd.bench --help

@@ -11,6 +11,22 @@ import pytest
 
 from tests.brokerd_process import BrokerProcess
 
+#: test directories whose every test starts real processes (brokers, browsers, a console)
+PROCESS_DIRS = ("integration", "browser", "faults")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``integration`` marker for every test that starts processes, so that
+    ``make test-fast`` (``-m "not integration"``) runs the unit tests alone:
+    everything under ``PROCESS_DIRS``, and the pipeline tests that take a real
+    Spark session."""
+    root = Path(__file__).parent
+    for item in items:
+        parts = Path(item.fspath).relative_to(root).parts
+        spark = parts[0] == "pipeline" and "spark" in getattr(item, "fixturenames", ())
+        if parts[0] in PROCESS_DIRS or spark:
+            item.add_marker(pytest.mark.integration)
+
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:

@@ -168,7 +168,7 @@ class ConsoleStack:
         self.broker_token = new_token(24)
         env = environ_without()  # the caller's console settings must not leak in
         env.update(
-            DJANGO_SETTINGS_MODULE="console.settings",
+            DJANGO_SETTINGS_MODULE="tests.settings",
             DEBUG="0",
             CONSOLE_HTTPS="0",
             SECRET_KEY=new_token(40),

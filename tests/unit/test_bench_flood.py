@@ -120,6 +120,7 @@ def test_render_markdown_shows_totals_and_errors() -> None:
     assert "error: boom" in text
 
 
+@pytest.mark.integration  # starts a Python process
 def test_flood_workers_do_not_import_the_broker() -> None:
     # every module of the package (not only its bare __init__); __main__ would run the tool
     code = (

@@ -203,6 +203,7 @@ def test_urls() -> None:
         AMQPURL("amqps://h/")
 
 
+@pytest.mark.integration  # starts a Python process
 def test_bench_does_not_import_the_broker() -> None:
     code = (
         "import sys, brokerd.bench.cli, brokerd.bench.workers, brokerd.bench.scenarios\n"

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from brokerd.cluster import records as rec
+from tests.support.examples import examples
 
 text = st.text(max_size=40)
 blob = st.binary(max_size=300)
@@ -83,7 +84,7 @@ def _fold_acks(records: list[rec.Record]) -> list[rec.Record]:
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.lists(RECORDS, max_size=12))
 def test_every_record_round_trips_in_order(records: list[rec.Record]) -> None:
     batch = rec.Batch()
@@ -93,7 +94,7 @@ def test_every_record_round_trips_in_order(records: list[rec.Record]) -> None:
     assert not batch  # take() empties it
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(RECORDS, min_size=1, max_size=6), st.data())
 def test_a_cut_batch_is_refused_not_half_applied(
     records: list[rec.Record], data: st.DataObject

@@ -26,6 +26,7 @@ from brokerd.wire.codec import (
     SyntaxError_,
     UnknownMethod,
 )
+from tests.support.examples import examples
 
 
 def raw_frame(ftype: int, channel: int, payload: bytes, end: int = 0xCE) -> bytes:
@@ -116,7 +117,7 @@ class TestSplitFrames:
         with pytest.raises(FrameError):
             codec.split_frames(head, 0, 131072)
 
-    @settings(max_examples=150)
+    @settings(max_examples=examples(150))
     @given(
         payloads=st.lists(
             st.tuples(
@@ -377,7 +378,7 @@ properties = st.builds(
 )
 
 
-@settings(max_examples=150)
+@settings(max_examples=examples(150))
 @given(
     props=properties,
     body=st.binary(max_size=20_000),
@@ -450,7 +451,7 @@ def test_decode_properties_bad_table():
         codec.decode_properties(bytes(raw))
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(
     props=properties,
     flags=st.integers(0, 0xFFFF),

@@ -14,9 +14,9 @@ import pytest
 from django.apps import apps
 
 # pyproject.toml's [tool.pytest.ini_options] names the settings for the whole suite
-# (DJANGO_SETTINGS_MODULE = "console.settings"); this fallback keeps the module
-# runnable without that line: pytest-django only sets Django up itself when the
-# settings are named before collection.
+# (DJANGO_SETTINGS_MODULE = "tests.settings", the console's with a fast hasher);
+# this fallback keeps the module runnable without that line: pytest-django only
+# sets Django up itself when the settings are named before collection.
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 if not apps.ready:
     django.setup()
@@ -139,6 +139,7 @@ class TestEnvHelpers:
         assert resolve_path("/srv/data", tmp_path) == Path("/srv/data")
 
 
+@pytest.mark.integration  # starts a Python process
 def test_secret_key_is_generated_once_and_private(tmp_path: Path) -> None:
     path = tmp_path / "state" / "secret_key"
     key = load_or_create_secret_key(path)
@@ -227,6 +228,7 @@ def test_settings_defaults(tmp_path: Path) -> None:
     assert s["SECURE_PROXY_SSL_HEADER"] == ["HTTP_X_FORWARDED_PROTO", "https"]
 
 
+@pytest.mark.integration  # starts a Python process
 def test_bad_database_url_stops_the_console_with_a_clear_message(tmp_path: Path) -> None:
     clean = environ_without()
     result = subprocess.run(

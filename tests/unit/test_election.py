@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from brokerd.cluster.election import PRIMARY, SECONDARY, Member, View, choose, decide
+from tests.support.examples import examples
 
 
 def _member(spid: str, **kw: object) -> Member:
@@ -129,7 +130,7 @@ def worlds(draw: st.DrawFn) -> list[View]:
     return views
 
 
-@settings(max_examples=800, deadline=None)
+@settings(max_examples=examples(800), deadline=None)
 @given(worlds())
 def test_never_two_roots(views: list[View]) -> None:
     # an abstaining server does not claim root (the controller withholds its vote)
@@ -137,7 +138,7 @@ def test_never_two_roots(views: list[View]) -> None:
     assert len(roots) <= 1, roots
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(worlds())
 def test_a_root_is_always_an_enabled_primary_with_quorum(views: list[View]) -> None:
     for view in views:

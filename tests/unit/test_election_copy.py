@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from brokerd.cluster.election import Member, View, choose, decide
+from tests.support.examples import examples
 
 ROOT = "r0"
 
@@ -81,7 +82,7 @@ def _view(s: dict, viewer: str, votes: dict[str, str | None], *, early: bool) ->
 
 
 @given(scenarios())
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=examples(3000), deadline=None)
 def test_a_root_elected_after_the_old_one_died_holds_every_confirmed_event(s: dict) -> None:
     confirmed = _floor(list(s["final"].values()), s["known"])
     # each survivor's vote, from its latest view and from an earlier one

@@ -17,6 +17,7 @@ from brokerd.store import records as rec
 from brokerd.store.committer import Committer
 from brokerd.store.journal import CorruptRecord as QueueJournalCorrupt
 from brokerd.store.journal import QueueJournal
+from tests.support.examples import examples
 
 
 def journal(tmp_path: Path, segment_size: int = 4096) -> QueueJournal:
@@ -219,7 +220,9 @@ def _apply(ops: list, j: QueueJournal | None) -> tuple[dict[int, tuple[bytes, bo
 
 
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(ops=OPS, data=st.data())
 def test_replaying_any_prefix_gives_the_state_at_that_point(

@@ -52,6 +52,7 @@ from brokerd.store.committer import Committer
 from brokerd.store.disk import DiskStore
 from brokerd.store.journal import Pending, QueueJournal, Recovered
 from brokerd.store.queues import JournalQueueStore
+from tests.support.examples import examples
 
 #: tiny segments: they roll every few messages, so compaction has work on most runs
 SEGMENT_SIZE = 1024
@@ -514,7 +515,7 @@ class JournalMachine(RuleBasedStateMachine):
 
 
 JournalMachine.TestCase.settings = settings(
-    max_examples=200,
+    max_examples=examples(200),
     stateful_step_count=80,
     deadline=None,
     derandomize=True,

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from brokerd.cluster.flow import Feeders
 from brokerd.cluster.pacing import BACKLOG_HIGH, OVERRUN
 from brokerd.cluster.replicated import LAG_HIGH
+from tests.support.examples import examples
 from tests.unit.cluster_net import Net, Sink, Waiter, message
 
 
@@ -190,7 +191,7 @@ def test_hand_over_moves_ready_and_held_messages_to_the_new_root(net: Net) -> No
     assert queue.message_count == 0
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(
         st.sampled_from(["pub", "get", "ack", "nack", "drop", "loseA", "loseC", "tick", "pump"]),

@@ -19,6 +19,7 @@ from brokerd.model.muxers.headers import HeadersMuxer, header_match
 from brokerd.model.muxers.topic import TopicMuxer, topic_matches
 from brokerd.model.queue import Queue
 from brokerd.model.vhost import VirtualHost
+from tests.support.examples import examples
 
 
 class Dest:
@@ -104,7 +105,7 @@ patterns = st.lists(WORDS, min_size=1, max_size=5).map(".".join)
 keys = st.lists(KEY_WORDS, min_size=1, max_size=6).map(".".join)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(
     bindings=st.lists(st.tuples(patterns, st.integers(0, 4)), max_size=12),
     routing_keys=st.lists(keys, min_size=1, max_size=8),
@@ -370,7 +371,7 @@ GRAPH_EXCHANGES = [
 ]
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(
     edges=st.lists(
         st.tuples(st.integers(0, 4), st.integers(0, 8), st.sampled_from(["k", "j", "#", "*"])),

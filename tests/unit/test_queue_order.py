@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from brokerd.model.vhost import VirtualHost
+from tests.support.examples import examples
 from tests.unit.queue_support import Sink, bodies, declare, msg
 
 
@@ -117,7 +118,7 @@ def test_ack_forgets_positions() -> None:
     assert queue._positions == {}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(
         st.tuples(

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from brokerd.cluster.replicated import ReplicatedQueueStore
+from tests.support.examples import examples
 from tests.unit.cluster_net import Net, Sink, Waiter, message
 
 
@@ -230,7 +231,7 @@ def settle_syncs(net: Net) -> None:
         net.pump()
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     st.lists(
         st.sampled_from(

@@ -20,6 +20,7 @@ from brokerd.model.muxers.selector import (
     SelectorError,
     compile_selector,
 )
+from tests.support.examples import examples
 
 
 def run(selector: str, headers: dict | None = None, **props) -> object:
@@ -186,13 +187,13 @@ def _like_reference(pattern: str, value: str, escape: str | None = None) -> bool
     return re.fullmatch("".join(out), value, re.S) is not None
 
 
-@settings(max_examples=400)
+@settings(max_examples=examples(400))
 @given(pattern=st.text("ab%_", max_size=8), value=st.text("ab%_", max_size=9))
 def test_like_agrees_with_a_regex_reference(pattern, value):
     assert like_pattern(pattern).match(value) is _like_reference(pattern, value)
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(pattern=st.text("ab%_!", max_size=8), value=st.text("ab%_", max_size=9))
 def test_like_with_escape_agrees_with_reference(pattern, value):
     if pattern.endswith("!") and not pattern.endswith("!!"):

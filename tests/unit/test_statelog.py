@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from brokerd.cluster import statelog as sl
 from brokerd.cluster.statelog import Entry, compact, replay
+from tests.support.examples import examples
 
 NAMES = ["a", "b", "c", "amq.topic"]
 
@@ -34,13 +35,13 @@ def logs(draw: st.DrawFn) -> list[Entry]:
     return entries
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(logs())
 def test_compacted_log_replays_to_the_same_wiring(entries: list[Entry]) -> None:
     assert replay(compact(entries)) == replay(entries)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(logs())
 def test_compaction_is_idempotent_and_keeps_order(entries: list[Entry]) -> None:
     once = compact(entries)

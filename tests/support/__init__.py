@@ -1,0 +1,1 @@
+"""What the tests share: helpers that are not fixtures."""
