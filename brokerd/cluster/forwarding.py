@@ -52,8 +52,8 @@ from brokerd.cluster.proxy import ProxySide
 from brokerd.cluster.queues import SharedQueue
 from brokerd.cluster.replica import ReplicaSide
 from brokerd.cluster.replicated import Gate, ReplicaSet
+from brokerd.model.interfaces import PublishWaiter
 from brokerd.model.message import Message
-from brokerd.model.queue import PublishWaiter
 
 if TYPE_CHECKING:
     from brokerd.cluster.membership import Membership

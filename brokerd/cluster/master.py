@@ -85,6 +85,9 @@ class RemoteConsumer:
         """Its delivery waits for the replicas (a ``Recipient``): so does its server's batch."""
         self.side.plane.hold(self.out, gate)
 
+    def __repr__(self) -> str:
+        return f"<RemoteConsumer {self.tag} on {self.queue.name} {self.inflight}/{self.window}>"
+
 
 class Voided:
     """A server whose session was ended here: the queues its consumers left (their
@@ -112,7 +115,7 @@ class _GetFor:
         self.plane.hold(self.out, gate)
 
     def __repr__(self) -> str:
-        return f"<RemoteConsumer {self.tag} on {self.queue.name} {self.inflight}/{self.window}>"
+        return f"<GetFor {self.out.spid}>"
 
 
 class MasterSide:

@@ -21,7 +21,7 @@ from brokerd.model.message import Message
 
 if TYPE_CHECKING:
     from brokerd.cluster.forwarding import MessagePlane
-    from brokerd.model.queue import PublishWaiter
+    from brokerd.model.interfaces import PublishWaiter
 
 log = logging.getLogger("brokerd.cluster.forwarding")
 

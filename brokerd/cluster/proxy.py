@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster import records as rec
 from brokerd.model.errors import INTERNAL_ERROR, AMQPError, ChannelError, ConnectionError_
+from brokerd.model.interfaces import ConsumerSink, Reply
 from brokerd.model.message import Message
-from brokerd.model.queue import ConsumerSink, Queue, Reply
+from brokerd.model.queue import Queue
 
 if TYPE_CHECKING:
     from brokerd.cluster.forwarding import MessagePlane, Outbound

@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.replica import QueueReplica
 from brokerd.cluster.replicated import ReplicatedQueueStore
+from brokerd.model.interfaces import ConsumerSink, PublishWaiter, Reply
 from brokerd.model.message import Message
-from brokerd.model.queue import ConsumerSink, PublishWaiter, Queue, Reply
+from brokerd.model.queue import Queue
 from brokerd.model.storage import QueueStore
 
 if TYPE_CHECKING:

@@ -537,6 +537,8 @@ class Batch:
             )
         elif isinstance(r, Replicated):
             self.replicated(r.seq)
+        elif isinstance(r, Void):
+            self.void(r.epoch)
         else:
             self.session(r.epoch)
 

@@ -47,7 +47,7 @@ from brokerd.wire.codec import delivery_mode
 if TYPE_CHECKING:
     from brokerd.cluster.forwarding import MessagePlane, Outbound
     from brokerd.cluster.queues import SharedQueue
-    from brokerd.model.queue import PublishWaiter
+    from brokerd.model.interfaces import PublishWaiter
     from brokerd.store.queues import JournalQueueStore
 
 log = logging.getLogger("brokerd.cluster.replicated")

@@ -20,7 +20,7 @@ from brokerd.cluster import statelog as sl
 from brokerd.cluster.statelog import Entry, freeze
 from brokerd.model.broker import Broker
 from brokerd.model.errors import AMQPError, not_found
-from brokerd.model.queue import Destination
+from brokerd.model.interfaces import Destination
 from brokerd.wire import codec
 
 BUCKET_MAGIC = b"RKB1"

@@ -38,23 +38,18 @@ from brokerd.model.arguments import (
 from brokerd.model.deadletter import MAXLEN, REJECTED
 from brokerd.model.errors import ACCESS_REFUSED, ChannelError
 from brokerd.model.expiry import QueueExpiry
-from brokerd.model.interfaces import ConsumerSink, Destination, Got, Origin, PublishWaiter, Reply
+from brokerd.model.interfaces import ConsumerSink, Got, PublishWaiter, Reply
 from brokerd.model.message import Message
 from brokerd.model.storage import CorruptMessage, QueueStore
 
 if TYPE_CHECKING:
     from brokerd.model.deadletter import DeadLetters
 
+# the protocols a queue offers and needs live in ``interfaces``: import them from there
 __all__ = [
     "OVERFLOW_MODES",
     "QUEUE_ARGUMENTS",
-    "ConsumerSink",
-    "Destination",
-    "Got",
-    "Origin",
-    "PublishWaiter",
     "Queue",
-    "Reply",
     "amqp_type_name",
     "validate_queue_arguments",
 ]

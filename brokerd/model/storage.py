@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from brokerd.model.message import Message
 
 if TYPE_CHECKING:
-    from brokerd.model.queue import PublishWaiter
+    from brokerd.model.interfaces import PublishWaiter
 
 
 class Paged(Message):

@@ -22,9 +22,10 @@ from brokerd.model.errors import (
     resource_locked,
 )
 from brokerd.model.exchange import DefaultMuxer, Exchange
+from brokerd.model.interfaces import Destination
 from brokerd.model.message import Message
 from brokerd.model.muxers import Binding, lookup
-from brokerd.model.queue import Destination, Queue
+from brokerd.model.queue import Queue
 from brokerd.model.storage import MessageStore
 
 PREDECLARED = (

@@ -23,8 +23,10 @@ from pamqp import commands
 from pamqp.base import Frame as Method
 
 from brokerd.model.errors import (
+    CHANNEL_ERROR,
     COMMAND_INVALID,
     NOT_IMPLEMENTED,
+    SYNTAX_ERROR,
     UNEXPECTED_FRAME,
     AMQPError,
     ChannelError,
@@ -95,7 +97,7 @@ class Channel(Publishing, Consuming, Wiring):
             try:
                 exchange, routing_key, mandatory, immediate = codec.decode_publish(payload)
             except SyntaxError_ as exc:
-                raise ConnectionError_(502, str(exc)) from None
+                raise ConnectionError_(SYNTAX_ERROR, str(exc)) from None
             if immediate:
                 raise ConnectionError_(NOT_IMPLEMENTED, "immediate=true")
             self._publish = (exchange, routing_key, mandatory)
@@ -119,7 +121,7 @@ class Channel(Publishing, Consuming, Wiring):
         except UnknownMethod as exc:
             raise ConnectionError_(NOT_IMPLEMENTED, str(exc)) from None
         except SyntaxError_ as exc:
-            raise ConnectionError_(502, str(exc)) from None
+            raise ConnectionError_(SYNTAX_ERROR, str(exc)) from None
 
     # -- operations that complete later ----------------------------------------------
 
@@ -189,7 +191,7 @@ class Channel(Publishing, Consuming, Wiring):
         try:
             class_id, size, props = codec.decode_header(payload)
         except SyntaxError_ as exc:
-            raise ConnectionError_(502, str(exc)) from None
+            raise ConnectionError_(SYNTAX_ERROR, str(exc)) from None
         if class_id != 60:
             raise ConnectionError_(UNEXPECTED_FRAME, f"content header for class {class_id}")
         limit = self.connection.broker.limits.max_message_size
@@ -268,7 +270,7 @@ class Channel(Publishing, Consuming, Wiring):
                 queue.dispatch()
 
     def _on_open(self, method: commands.Channel.Open) -> None:
-        raise ConnectionError_(504, f"channel {self.number} is already open")
+        raise ConnectionError_(CHANNEL_ERROR, f"channel {self.number} is already open")
 
     def close_by_server(self, exc: AMQPError) -> None:
         """A channel exception: say why, release resources, await close-ok."""

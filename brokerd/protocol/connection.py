@@ -24,6 +24,7 @@ from brokerd.model.errors import (
     AMQPError,
     ConnectionError_,
 )
+from brokerd.protocol.channel import Channel
 from brokerd.protocol.handshake import (
     LoginCheck,
 )
@@ -91,9 +92,6 @@ class Connection(Output, Negotiation):
         hooks: ConnectionHooks | None = None,
         on_login: Callable[[LoginCheck], None] | None = None,
     ) -> None:
-        from brokerd.protocol.channel import Channel  # local: channel imports this module
-
-        self._channel_cls = Channel
         self.broker = broker
         self.peer = peer
         self.id = connection_id if connection_id is not None else next_connection_id()
@@ -514,7 +512,7 @@ class Connection(Output, Negotiation):
             raise ConnectionError_(
                 CHANNEL_ERROR, f"channel {number} exceeds channel_max {self.channel_max}"
             )
-        self.channels[number] = self._channel_cls(self, number)
+        self.channels[number] = Channel(self, number)
         self.send_method(number, commands.Channel.OpenOk())
 
     def channel_closed(self, number: int) -> None:

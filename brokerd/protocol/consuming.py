@@ -23,8 +23,9 @@ from brokerd.model.errors import (
     ConnectionError_,
     precondition_failed,
 )
+from brokerd.model.interfaces import Got
 from brokerd.model.message import Message
-from brokerd.model.queue import Got, Queue
+from brokerd.model.queue import Queue
 from brokerd.model.storage import Gate
 from brokerd.wire import codec
 from brokerd.wire.codec import INLINE_BODY
@@ -144,6 +145,8 @@ class Consuming:
         self.next_tag = 1
         self.prefetch = 0
         self.global_prefetch = 0
+        #: server cancels held while this channel deletes a queue (None: not deleting)
+        self._held_cancels: list[str] | None = None
 
     # -- qos, consume, cancel -------------------------------------------------------
 
@@ -200,13 +203,31 @@ class Consuming:
             self.connection.send_method(self.number, commands.Basic.CancelOk(m.consumer_tag))
 
     def consumer_cancelled_by_server(self, consumer: Consumer) -> None:
-        """The queue was deleted: tell clients that understand basic.cancel from the server."""
+        """The queue was deleted: tell clients that understand basic.cancel from the server.
+        While this channel is deleting a queue itself, the cancels wait for its
+        queue.delete-ok, as RabbitMQ orders them (``hold_cancels``)."""
         if self.consumers.pop(consumer.tag, None) is None or not self.open:
             return
-        if self.connection.capabilities.get("consumer_cancel_notify"):
+        if not self.connection.capabilities.get("consumer_cancel_notify"):
+            return
+        if self._held_cancels is not None:
+            self._held_cancels.append(consumer.tag)
+        else:
             self.connection.send_method(
                 self.number, commands.Basic.Cancel(consumer.tag, nowait=True)
             )
+
+    def hold_cancels(self) -> None:
+        """This channel is deleting a queue: its own consumers' cancels wait."""
+        if self._held_cancels is None:
+            self._held_cancels = []
+
+    def release_cancels(self) -> None:
+        """The delete is answered: send the cancels it caused."""
+        held, self._held_cancels = self._held_cancels, None
+        if held and self.open:
+            for tag in held:
+                self.connection.send_method(self.number, commands.Basic.Cancel(tag, nowait=True))
 
     # -- get ---------------------------------------------------------------------------
 

@@ -43,22 +43,31 @@ class Wiring:
         def _suspend(self, method: Any) -> None: ...
         def _unsuspend(self) -> None: ...
         def resume(self, action: Callable[[], None] | None) -> None: ...
+        def hold_cancels(self) -> None: ...
+        def release_cancels(self) -> None: ...
 
     # -- the cluster's part ----------------------------------------------------------
 
-    def _delegated(self, m: Method, reply: ReplyBuilder) -> bool:
+    def _delegated(
+        self, m: Method, reply: ReplyBuilder, after: Callable[[], None] | None = None
+    ) -> bool:
         """Offer the change to the cluster before applying it; True if it took it
-        (the channel then waits for the root, holding later frames)."""
+        (the channel then waits for the root, holding later frames). ``after`` runs
+        once the answer is sent (or the change failed)."""
         hooks = self.connection.hooks
         if hooks is None:
             return False
 
         def done(error: AMQPError | None, result: Any) -> None:
             def act() -> None:
-                if error is not None:
-                    raise error
-                if not getattr(m, "nowait", False):
-                    self.connection.send_method(self.number, reply(result))
+                try:
+                    if error is not None:
+                        raise error
+                    if not getattr(m, "nowait", False):
+                        self.connection.send_method(self.number, reply(result))
+                finally:
+                    if after is not None:
+                        after()
 
             self.resume(act)
 
@@ -248,17 +257,26 @@ class Wiring:
         queue.purge(purged)
 
     def _on_queue_delete(self, m: commands.Queue.Delete) -> None:
+        """Its own consumers' basic.cancel follow the delete-ok (RabbitMQ's order)."""
         conn = self.connection
         name = _rename(m, self._queue_name(m.queue))
         self._permit("configure", "queue", name)
-        if self._delegated(m, lambda counts: commands.Queue.DeleteOk(counts[0] if counts else 0)):
+        self.hold_cancels()
+        if self._delegated(
+            m,
+            lambda counts: commands.Queue.DeleteOk(counts[0] if counts else 0),
+            after=self.release_cancels,
+        ):
             return
-        existed = conn.vhost.queues.get(name)
-        count = conn.vhost.delete_queue(
-            name, connection_id=conn.id, if_unused=m.if_unused, if_empty=m.if_empty
-        )
-        shared = existed is not None and not existed.exclusive
-        self._applied(m, commands.Queue.DeleteOk(count), changed=shared)
+        try:
+            existed = conn.vhost.queues.get(name)
+            count = conn.vhost.delete_queue(
+                name, connection_id=conn.id, if_unused=m.if_unused, if_empty=m.if_empty
+            )
+            shared = existed is not None and not existed.exclusive
+            self._applied(m, commands.Queue.DeleteOk(count), changed=shared)
+        finally:
+            self.release_cancels()
 
 
 def _reserved(name: str) -> bool:

@@ -20,9 +20,10 @@ from brokerd.server.resources import CHECK_EVERY_BYTES
 if TYPE_CHECKING:
     from brokerd.server.app import Server
 
-#: transport buffer above which deliveries to that connection pause
 log = logging.getLogger("brokerd.server")
 
+#: transport buffer above which deliveries to that connection pause, and below
+#: which they resume
 WRITE_HIGH_WATER = 4 * 1024 * 1024
 WRITE_LOW_WATER = 1024 * 1024
 #: bytes one connection may feed the machine per loop turn before it waits a turn

@@ -31,7 +31,7 @@ from brokerd.store.journal import CorruptRecord, QueueJournal
 from brokerd.wire.codec import delivery_mode
 
 if TYPE_CHECKING:
-    from brokerd.model.queue import ConsumerSink, PublishWaiter
+    from brokerd.model.interfaces import ConsumerSink, PublishWaiter
 
 
 log = logging.getLogger("brokerd.store")

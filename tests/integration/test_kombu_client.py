@@ -94,6 +94,20 @@ def test_simple_queue_round_trip(conn: Connection) -> None:
     conn.channel().queue_delete(name)
 
 
+def test_a_simple_queue_deletes_the_queue_it_consumes_from(conn: Connection) -> None:
+    """queue.delete-ok comes before the basic.cancel of the deleting channel's own
+    consumer, as on RabbitMQ: in the other order py-amqp raised ConsumerCancelled
+    from the delete itself. The cancel follows, as it does on RabbitMQ, and py-amqp
+    raises it on the next read."""
+    name = uid("simple-delete")
+    queue = conn.SimpleQueue(name, serializer="json")
+    queue.put({"n": 1})
+    queue.get(block=True, timeout=5).ack()
+    assert queue.queue.delete() == 0
+    with pytest.raises(amqp.exceptions.ConsumerCancelled):
+        conn.drain_events(timeout=5)
+
+
 def test_requeue_sets_redelivered(conn: Connection) -> None:
     name = uid("q")
     queue = Queue(name, routing_key=name, durable=False)  # via the default exchange

@@ -49,6 +49,7 @@ RECORDS = st.one_of(
     st.builds(rec.Deliver, text, u64, flag, text, text, blob, blob),
     st.builds(rec.Got, u64, u64, flag, u32, text, text, blob, blob),
     st.builds(rec.Session, u64),
+    st.builds(rec.Void, u64),
     st.builds(
         rec.Replicate,
         u64,
@@ -125,6 +126,13 @@ def test_a_cut_batch_is_refused_not_half_applied(
 def test_malformed_batches_are_refused_with_a_reason(raw: bytes, why: str) -> None:
     with pytest.raises(rec.RecordError, match=why):
         rec.decode(raw)
+
+
+def test_a_void_record_is_encoded_as_a_void_not_a_session() -> None:
+    batch = rec.Batch()
+    batch.record(rec.Void(7))
+    batch.record(rec.Session(8))
+    assert rec.decode(batch.take()) == [rec.Void(7), rec.Session(8)]
 
 
 def test_consecutive_acks_fold_into_one_record() -> None:

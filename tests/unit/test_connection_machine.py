@@ -709,3 +709,30 @@ def test_names_outside_pamqps_client_rules(amqp, name):
     )
     assert isinstance(out[0][1], commands.Basic.Return)
     assert out[0][1].exchange == name
+
+
+def test_deleting_the_queue_it_consumes_from_answers_delete_ok_before_the_cancel():
+    """RabbitMQ's order: the channel that deletes the queue gets queue.delete-ok,
+    then basic.cancel for its consumer on it (kombu's SimpleQueue.queue.delete()
+    raises ConsumerCancelled on the other order); a consumer on another channel
+    is told at once."""
+    c = Client()
+    c.feed(PROTOCOL_HEADER)
+    c.send(0, start_ok(caps={"consumer_cancel_notify": True}))
+    c.send(0, commands.Connection.TuneOk(2047, 131072, 0))
+    c.send(0, commands.Connection.Open("/"))
+    c.open_channel(1)
+    c.open_channel(2)
+    c.send(1, commands.Queue.Declare(queue="gone"))
+    c.send(1, commands.Basic.Consume(queue="gone", consumer_tag="mine"))
+    c.send(2, commands.Basic.Consume(queue="gone", consumer_tag="theirs"))
+    out = c.send(1, commands.Queue.Delete(queue="gone"))
+    assert [(ch, type(m)) for ch, m in out] == [
+        (2, commands.Basic.Cancel),
+        (1, commands.Queue.DeleteOk),
+        (1, commands.Basic.Cancel),
+    ]
+    assert [m.consumer_tag for _, m in out if isinstance(m, commands.Basic.Cancel)] == [
+        "theirs",
+        "mine",
+    ]

@@ -12,8 +12,9 @@ from collections.abc import Callable
 
 from pamqp import commands
 
+from brokerd.model.interfaces import PublishWaiter
 from brokerd.model.message import Message
-from brokerd.model.queue import PublishWaiter, Queue
+from brokerd.model.queue import Queue
 from tests.unit.test_connection_machine import Client, publish_frames, start_ok
 
 

@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from brokerd.cluster.flow import Feeders
+from brokerd.cluster.master import _GetFor
 from brokerd.cluster.pacing import BACKLOG_HIGH, OVERRUN
 from brokerd.cluster.replicated import LAG_HIGH
 from tests.support.examples import examples
@@ -325,6 +326,17 @@ def test_replication_lag_pauses_the_hot_queues_publishers_on_the_root(net: Net) 
     net.pump()
     plane.pacing.check()
     assert not plane.flow.active
+
+
+def test_the_roots_recipients_describe_themselves(net: Net) -> None:
+    """Reprs show up in logs and debuggers: they must not raise."""
+    plane = net.servers["A"].plane
+    assert repr(_GetFor(plane, plane.out("B"))) == "<GetFor B>"
+    sink = Sink("c", prefetch=3)
+    net.queue("B", "q").add_consumer(sink, lambda error: None)
+    net.pump()
+    (consumer,) = plane.master.consumers["B"].values()
+    assert repr(consumer).startswith("<RemoteConsumer ")
 
 
 def test_feeders_past_their_share() -> None:
