@@ -168,6 +168,14 @@ def apply_entry(
         existed = m.queue in vhost.queues
         count = vhost.delete_queue(m.queue, if_unused=m.if_unused, if_empty=m.if_empty)
         return existed, [count]
+    if isinstance(m, commands.Queue.Unbind) and (
+        m.queue not in vhost.queues or m.exchange not in vhost.exchanges
+    ):
+        # RabbitMQ: the binding went with its queue or exchange, so unbind-ok. An
+        # auto-delete queue whose last consumer was cancelled through another
+        # server is gone here before that server's unbind arrives (aio-pika's
+        # RPC.close() cancels, then unbinds), as a single broker answers too
+        return False, None
     if isinstance(m, commands.Queue.Bind | commands.Queue.Unbind):
         queue = vhost.queue(m.queue)
         source = vhost.exchange(m.exchange)
