@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import contextlib
 import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -32,6 +34,7 @@ from typing import Any
 
 from brokerd.server.control import request
 from tests.brokerd_process import BrokerProcess, free_port
+from tests.support.eventually import eventually
 
 INTERVAL = 0.3
 TIMEOUT = 1.0
@@ -109,6 +112,18 @@ def roots_with_quorum(views: dict[int, View]) -> list[int]:
 
 class Cluster:
     """``primaries`` known hosts (indexes 0..primaries-1) and ``secondaries`` after them."""
+
+    @classmethod
+    @contextlib.contextmanager
+    def temporary(cls, prefix: str, *args: Any, **kwargs: Any) -> Iterator[Cluster]:
+        """A cluster in a temporary directory (for tools), stopped and removed after."""
+        base = Path(tempfile.mkdtemp(prefix=prefix))
+        cluster = cls(base, *args, **kwargs)
+        try:
+            yield cluster
+        finally:
+            cluster.close()
+            shutil.rmtree(base, ignore_errors=True)
 
     def __init__(
         self,
@@ -342,6 +357,21 @@ class Cluster:
     def index_of(self, spid: str | None) -> int | None:
         return next((n.index for n in self.nodes if n.spid == spid), None)
 
+    def root_index(self, timeout: float = 30.0) -> int:
+        """The index of the root, once every running server agrees on it."""
+        index = self.index_of(self.wait_until(self.settled_root, timeout, what="a settled root"))
+        assert index is not None, "the settled root is not one of this cluster's servers"
+        return index
+
+    def start_settled(self, timeout: float = 30.0) -> int:
+        """Start every server (oldest first) and wait for a settled root; its index."""
+        self.start_all()
+        return self.root_index(timeout)
+
+    def followers(self, root: int) -> list[int]:
+        """The primaries that are not ``root``, by index."""
+        return [n.index for n in self.nodes if n.kind == "primary" and n.index != root]
+
     def describe(self) -> str:
         lines = []
         for index, view in self.sample().items():
@@ -365,17 +395,14 @@ class Cluster:
         what: str = "condition",
     ) -> Any:
         """Poll until ``predicate()`` is truthy and return its value; fail with the views."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                value = predicate()
-            except (OSError, KeyError, ValueError):
-                value = None
-            if value:
-                return value
-            if time.monotonic() >= deadline:
-                raise AssertionError(f"{what}: not within {timeout}s\n{self.describe()}")
-            time.sleep(interval)
+        return eventually(
+            predicate,
+            timeout,
+            what,
+            interval=interval,
+            tolerate=(OSError, KeyError, ValueError),
+            explain=self.describe,
+        )
 
 
 @dataclass

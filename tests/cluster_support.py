@@ -7,7 +7,6 @@ interface the console stack and its tests were written against.
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from brokerd.server.control import request
 from tests.brokerd_process import BrokerProcess, free_port
 from tests.cluster_harness import write_cluster_file
+from tests.support.eventually import eventually
 
 HEARTBEAT = {"interval": 0.3, "timeout": 1.0, "open_timeout": 8}
 
@@ -95,16 +95,13 @@ class Cluster:
         return None
 
     def wait(self, predicate: Callable[[], Any], timeout: float = 15.0) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                value = predicate()
-            except (OSError, AssertionError, KeyError, ValueError):
-                value = None
-            if value:
-                return value
-            time.sleep(0.05)
-        raise AssertionError(f"not within {timeout}s; views: {self.sample()}")
+        return eventually(
+            predicate,
+            timeout,
+            "condition",
+            tolerate=(OSError, AssertionError, KeyError, ValueError),
+            explain=lambda: f"views: {self.sample()}",
+        )
 
     def stop(self) -> None:
         for proc in self.servers.values():

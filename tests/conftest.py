@@ -71,9 +71,8 @@ def amqp_port(
 
     cluster = Cluster(tmp_path_factory.mktemp("cluster"), primaries=3, interval=0.5, timeout=2.5)
     try:
-        cluster.start_all()
-        root = cluster.wait_until(cluster.settled_root, timeout=30, what="a settled root")
-        yield next(n.port for n in cluster.nodes if n.spid != root)
+        root = cluster.start_settled()
+        yield cluster.nodes[cluster.followers(root)[0]].port
     except BaseException:
         print(cluster.describe())
         raise

@@ -31,6 +31,7 @@ from console.environment import new_token
 from tests.brokerd_process import BrokerProcess, free_port, wait_for_port
 from tests.cluster_support import Cluster
 from tests.console_env import environ_without
+from tests.support.eventually import eventually
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -346,18 +347,14 @@ class ConsoleStack:
 
     def wait(self, predicate: Callable[[], Any], timeout: float, what: str) -> Any:
         """Poll ``predicate`` until truthy; exceptions count as not yet."""
-        deadline = time.monotonic() + timeout
-        last: Any = None
-        while time.monotonic() < deadline:
-            try:
-                value = predicate()
-            except (OSError, AssertionError, KeyError, ValueError, TypeError, IndexError) as err:
-                value, last = None, err
-            if value:
-                return value
-            self.check_alive()
-            time.sleep(0.1)
-        raise AssertionError(f"{what}: not within {timeout}s (last error: {last!r})")
+        return eventually(
+            predicate,
+            timeout,
+            what,
+            interval=0.1,
+            tolerate=(OSError, AssertionError, KeyError, ValueError, TypeError, IndexError),
+            each=self.check_alive,
+        )
 
     def log_tails(self, lines: int = 60) -> str:
         parts = []

@@ -11,7 +11,11 @@ and pytest-timeout; pika's optional adapters need tornado, twisted, gevent).
 
 Without ``--url`` a brokerd from this checkout is started (aio-pika: a free
 port; pika: 127.0.0.1:5672, which its tests hard-code) and stopped after the
-run. The suite's summary line and a JUnit file (``--junit``) tell the counts.
+run. ``--cluster primary|secondary`` starts three primaries and a secondary
+instead and runs aio-pika's suite through a primary that is not the root, or
+through the secondary: every queue it uses is then mastered on another
+server. The suite's summary line and a JUnit file (``--junit``) tell the
+counts.
 """
 
 from __future__ import annotations
@@ -88,11 +92,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--timeout", type=int, default=60, help="seconds per aio-pika test (pytest-timeout)"
     )
+    parser.add_argument(
+        "--cluster",
+        choices=["primary", "secondary"],
+        help="aio-pika through a non-root primary or the secondary of a 3+1 cluster",
+    )
     parser.add_argument("tests", nargs="*")
     args = parser.parse_args(argv)
     broker: BrokerProcess | None = None
+    cluster = None
     url = args.url
-    if url is None:
+    if args.cluster is not None:
+        if args.suite != "aiopika":
+            parser.error("--cluster runs aio-pika's suite (pika's needs port 5672)")
+        from tests.cluster_harness import Cluster
+
+        base = Path(tempfile.mkdtemp(prefix="rookery-compat-cluster-"))
+        cluster = Cluster(base, 3, 1, interval=0.5, timeout=2.5)
+        root = cluster.start_settled()
+        through = 3 if args.cluster == "secondary" else cluster.followers(root)[0]
+        port = cluster.nodes[through].port
+        url = f"amqp://guest:guest@127.0.0.1:{port}//"
+        print(f"run_compat: cluster, through the {args.cluster} on {url}", flush=True)
+    elif url is None:
         data = Path(tempfile.mkdtemp(prefix="rookery-compat-brokerd-"))
         if args.suite == "pika":
             if not _port_free(5672):
@@ -113,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if broker is not None:
             broker.stop()
+        if cluster is not None:
+            cluster.close()
 
 
 if __name__ == "__main__":

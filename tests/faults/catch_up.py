@@ -18,13 +18,10 @@ no worse than 2x their p99 before the restart.
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pika
 
@@ -110,71 +107,70 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=3.0)
     opts = parser.parse_args(argv)
-    base = Path(tempfile.mkdtemp(prefix="rookery-catch-up-"))
-    cluster = Cluster(base, 3, 0, interval=opts.interval, timeout=opts.timeout)
+    with Cluster.temporary(
+        "rookery-catch-up-", 3, 0, interval=opts.interval, timeout=opts.timeout
+    ) as cluster:
+        return run(cluster, opts)
+
+
+def run(cluster: Cluster, opts: argparse.Namespace) -> int:
     ratios: dict[int, list[float]] = {opts.depth: [], 0: []}
-    try:
-        cluster.start_all()
-        root_spid = cluster.wait_until(cluster.settled_root, timeout=30, what="a root")
-        root = cluster.index_of(root_spid)
-        assert root is not None
-        target, other = (i for i in range(3) if i != root)
-        confirms = Confirms()
-        homes = [root, other]  # never the restarted server: its clients would just fail
-        threads = [
-            threading.Thread(
-                target=publish,
-                args=(cluster.ports[homes[n % 2]], f"live-{n}", confirms),
-                daemon=True,
-            )
-            for n in range(opts.publishers)
-        ]
-        for thread in threads:
-            thread.start()
-        for run in range(2 * opts.runs):
-            depth = opts.depth if run % 2 == 0 else 0
-            fill(cluster.ports[root], depth)
-            if cluster.settled_root() != root_spid:
-                raise RuntimeError("the root moved: the runs compare one root")
-            time.sleep(1.0)
-            began = time.monotonic()
-            time.sleep(3.0)
-            killed = cluster.kill(target)
-            cluster.start(target)
-            answering = time.monotonic()
-            deadline = answering + 120
-            while True:
-                view = cluster.status(target) or {}
-                if view.get("ready") and (view.get("replication") or {}).get("complete"):
-                    break
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the restarted primary did not catch up within 120 s")
-                time.sleep(0.02)
-            whole = time.monotonic()
-            time.sleep(0.5)
-            before = confirms.between(began, killed)
-            restart = confirms.between(killed, answering)
-            sync = confirms.between(answering, whole)
-            during = confirms.between(killed, whole)
-            ratio = p99(during) / p99(before) if before and during else float("nan")
-            ratios[depth].append(ratio)
-            print(
-                f"run {run}: depth {depth}, restart {answering - killed:.2f}s, "
-                f"sync {whole - answering:.2f}s"
-            )
-            print(f"  before  {figures(before)}")
-            print(f"  restart {figures(restart)}")
-            print(f"  sync    {figures(sync)}")
-            print(f"  whole   {figures(during)}  p99 ratio {ratio:.2f}x", flush=True)
-        confirms.stop.set()
-        for thread in threads:
-            thread.join(10)
-        for depth, values in ratios.items():
-            shown = ", ".join(f"{v:.2f}" for v in values)
-            print(f"depth {depth}: p99 during / before = {shown}")
-    finally:
-        cluster.close()
-        shutil.rmtree(base, ignore_errors=True)
+    root = cluster.start_settled()
+    root_spid = cluster.spid(root)
+    target, other = cluster.followers(root)
+    confirms = Confirms()
+    homes = [root, other]  # never the restarted server: its clients would just fail
+    threads = [
+        threading.Thread(
+            target=publish,
+            args=(cluster.ports[homes[n % 2]], f"live-{n}", confirms),
+            daemon=True,
+        )
+        for n in range(opts.publishers)
+    ]
+    for thread in threads:
+        thread.start()
+    for run in range(2 * opts.runs):
+        depth = opts.depth if run % 2 == 0 else 0
+        fill(cluster.ports[root], depth)
+        if cluster.settled_root() != root_spid:
+            raise RuntimeError("the root moved: the runs compare one root")
+        time.sleep(1.0)
+        began = time.monotonic()
+        time.sleep(3.0)
+        killed = cluster.kill(target)
+        cluster.start(target)
+        answering = time.monotonic()
+        deadline = answering + 120
+        while True:
+            view = cluster.status(target) or {}
+            if view.get("ready") and (view.get("replication") or {}).get("complete"):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the restarted primary did not catch up within 120 s")
+            time.sleep(0.02)
+        whole = time.monotonic()
+        time.sleep(0.5)
+        before = confirms.between(began, killed)
+        restart = confirms.between(killed, answering)
+        sync = confirms.between(answering, whole)
+        during = confirms.between(killed, whole)
+        ratio = p99(during) / p99(before) if before and during else float("nan")
+        ratios[depth].append(ratio)
+        print(
+            f"run {run}: depth {depth}, restart {answering - killed:.2f}s, "
+            f"sync {whole - answering:.2f}s"
+        )
+        print(f"  before  {figures(before)}")
+        print(f"  restart {figures(restart)}")
+        print(f"  sync    {figures(sync)}")
+        print(f"  whole   {figures(during)}  p99 ratio {ratio:.2f}x", flush=True)
+    confirms.stop.set()
+    for thread in threads:
+        thread.join(10)
+    for depth, values in ratios.items():
+        shown = ", ".join(f"{v:.2f}" for v in values)
+        print(f"depth {depth}: p99 during / before = {shown}")
     return 0
 
 

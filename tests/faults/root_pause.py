@@ -14,11 +14,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import random
-import shutil
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import pika
 
@@ -32,53 +29,53 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=1.0)
     parser.add_argument("--timeout", type=float, default=3.0)
     opts = parser.parse_args(argv)
-    base = Path(tempfile.mkdtemp(prefix="rookery-root-pause-"))
-    cluster = Cluster(base, 3, 0, interval=opts.interval, timeout=opts.timeout)
-    try:
-        cluster.start_all()
-        cluster.wait_until(cluster.settled_root, timeout=30, what="a root")
-        publisher = 2
-        conn = pika.BlockingConnection(
-            pika.ConnectionParameters(
-                "127.0.0.1", cluster.ports[publisher], blocked_connection_timeout=60
-            )
+    with Cluster.temporary(
+        "rookery-root-pause-", 3, 0, interval=opts.interval, timeout=opts.timeout
+    ) as cluster:
+        return run(cluster, opts)
+
+
+def run(cluster: Cluster, opts: argparse.Namespace) -> int:
+    cluster.start_settled()
+    publisher = 2
+    conn = pika.BlockingConnection(
+        pika.ConnectionParameters(
+            "127.0.0.1", cluster.ports[publisher], blocked_connection_timeout=60
         )
-        channel = conn.channel()
-        channel.queue_declare("root-pause")
-        channel.confirm_delivery()
-        worst_all = 0.0
-        for run in range(opts.runs):
-            before = cluster.wait_until(cluster.settled_root, timeout=30, what="a root")
-            root = next(i for i in range(3) if cluster.spid(i) == before)
-            if root == publisher:
-                print(f"run {run}: the publisher's server is root; skipped")
-                continue
-            gaps: list[float] = []
-            last = time.monotonic()
-            pause_at = last + 1.0 + random.random() * opts.interval
-            end = pause_at + opts.pause + 2.0
-            paused = False
-            while time.monotonic() < end:
-                if not paused and time.monotonic() >= pause_at:
-                    cluster.pause(root)
-                    threading.Timer(opts.pause, cluster.resume, args=(root,)).start()
-                    paused = True
-                with contextlib.suppress(pika.exceptions.NackError):  # counted as a gap end
-                    channel.basic_publish("", "root-pause", b"x")
-                now = time.monotonic()
-                gaps.append(now - last)
-                last = now
-            after = cluster.wait_until(cluster.settled_root, timeout=30, what="a root")
-            worst = max(gaps)
-            worst_all = max(worst_all, worst)
-            change = "same root" if after == before else "root changed"
-            print(f"run {run}: pause {opts.pause:.1f}s, worst confirm gap {worst:.2f}s, {change}")
-            time.sleep(1.0)
-        conn.close()
-        print(f"worst confirm gap over {opts.runs} runs: {worst_all:.2f}s")
-    finally:
-        cluster.close()
-        shutil.rmtree(base, ignore_errors=True)
+    )
+    channel = conn.channel()
+    channel.queue_declare("root-pause")
+    channel.confirm_delivery()
+    worst_all = 0.0
+    for run in range(opts.runs):
+        root = cluster.root_index()
+        before = cluster.spid(root)
+        if root == publisher:
+            print(f"run {run}: the publisher's server is root; skipped")
+            continue
+        gaps: list[float] = []
+        last = time.monotonic()
+        pause_at = last + 1.0 + random.random() * opts.interval
+        end = pause_at + opts.pause + 2.0
+        paused = False
+        while time.monotonic() < end:
+            if not paused and time.monotonic() >= pause_at:
+                cluster.pause(root)
+                threading.Timer(opts.pause, cluster.resume, args=(root,)).start()
+                paused = True
+            with contextlib.suppress(pika.exceptions.NackError):  # counted as a gap end
+                channel.basic_publish("", "root-pause", b"x")
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+        after = cluster.wait_until(cluster.settled_root, timeout=30, what="a root")
+        worst = max(gaps)
+        worst_all = max(worst_all, worst)
+        change = "same root" if after == before else "root changed"
+        print(f"run {run}: pause {opts.pause:.1f}s, worst confirm gap {worst:.2f}s, {change}")
+        time.sleep(1.0)
+    conn.close()
+    print(f"worst confirm gap over {opts.runs} runs: {worst_all:.2f}s")
     return 0
 
 

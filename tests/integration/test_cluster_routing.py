@@ -34,6 +34,7 @@ from pika.exceptions import ChannelClosedByBroker
 from tests.cluster_harness import Cluster
 from tests.conftest import uid
 from tests.integration.test_errors import RawClient
+from tests.support.eventually import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -81,27 +82,14 @@ def roles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Roles]:
         tmp_path_factory.mktemp("routing"), primaries=3, secondaries=1, interval=0.5, timeout=2.5
     )
     try:
-        cluster.start_all()
-        root = cluster.wait_until(cluster.settled_root, timeout=30, what="a settled root")
-        root_index = cluster.index_of(root)
-        assert root_index is not None
-        a, b = (i for i in range(3) if i != root_index)
+        root_index = cluster.start_settled()
+        a, b = cluster.followers(root_index)
         yield Roles(cluster, root_index, a, b, 3)
     except BaseException:
         print(cluster.describe())
         raise
     finally:
         cluster.close()
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 10.0, what: str = "") -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"{what or 'condition'} not within {timeout}s")
 
 
 def drain(conn: BlockingConnection, until: Callable[[], bool], timeout: float = 15.0) -> None:
@@ -141,7 +129,7 @@ def test_depth_consumers_and_purge_agree_on_every_server(roles: Roles) -> None:
         assert conn.channel().queue_purge(queue).method.message_count == 199
     assert roles.all_depths(queue) == {(0, 1)}
     consumer_conn.close()  # the held message is requeued at the root
-    assert wait_for(lambda: roles.all_depths(queue) == {(1, 0)}, what="requeue on close")
+    assert eventually(lambda: roles.all_depths(queue) == {(1, 0)}, what="requeue on close")
 
 
 def test_publish_on_one_server_consume_on_two_others(roles: Roles) -> None:
@@ -172,11 +160,11 @@ def test_publish_on_one_server_consume_on_two_others(roles: Roles) -> None:
     for t in threads:
         t.start()
     try:
-        wait_for(lambda: roles.depth(roles.root, queue)[1] == 2, what="both consumers attached")
+        eventually(lambda: roles.depth(roles.root, queue)[1] == 2, what="both consumers attached")
         bodies = [b"%05d" % i for i in range(1000)]
         with roles.connect(roles.b) as conn:
             publish_confirmed(conn.channel(), queue, bodies)
-        wait_for(lambda: len(received["a"]) + len(received["s"]) >= 1000, 20, "all deliveries")
+        eventually(lambda: len(received["a"]) + len(received["s"]) >= 1000, 20, "all deliveries")
         time.sleep(0.3)  # a duplicate would arrive now
     finally:
         stop.set()
@@ -223,7 +211,7 @@ def test_nack_requeue_on_one_server_then_get_on_another(roles: Roles) -> None:
         assert body == b"again" and not method.redelivered
         assert roles.depth(roles.a, queue) == (0, 0)  # acquired: nowhere to be had
         ch.basic_nack(method.delivery_tag, requeue=True)
-        wait_for(lambda: roles.depth(roles.root, queue)[0] == 1, what="requeued at the root")
+        eventually(lambda: roles.depth(roles.root, queue)[0] == 1, what="requeued at the root")
     with roles.connect(roles.s) as conn:
         method, _props, body = conn.channel().basic_get(queue, auto_ack=True)
         assert body == b"again" and method.redelivered
@@ -252,7 +240,7 @@ def test_proxied_prefetch_holds_end_to_end(roles: Roles) -> None:
         assert roles.depth(roles.s, queue) == (40, 1)
     finally:
         conn.close()
-    assert wait_for(lambda: roles.depth(roles.root, queue) == (45, 0), what="unacked requeued")
+    assert eventually(lambda: roles.depth(roles.root, queue) == (45, 0), what="unacked requeued")
 
 
 def test_closing_a_consumer_requeues_its_unacked_cluster_wide(roles: Roles) -> None:
@@ -269,7 +257,7 @@ def test_closing_a_consumer_requeues_its_unacked_cluster_wide(roles: Roles) -> N
     drain(conn, lambda: len(got) == 10)
     assert roles.depth(roles.b, queue) == (0, 1)
     conn.close()
-    assert wait_for(lambda: roles.all_depths(queue) == {(10, 0)}, what="requeued everywhere")
+    assert eventually(lambda: roles.all_depths(queue) == {(10, 0)}, what="requeued everywhere")
     with roles.connect(roles.b) as conn:
         ch = conn.channel()
         method, _props, body = ch.basic_get(queue, auto_ack=True)
@@ -394,7 +382,7 @@ def test_auto_delete_waits_for_the_last_consumer_anywhere(roles: Roles) -> None:
     finally:
         one.close()
         two.close()
-    assert wait_for(lambda: not roles.exists(roles.b, queue), what="auto-deleted queue")
+    assert eventually(lambda: not roles.exists(roles.b, queue), what="auto-deleted queue")
 
 
 def test_wiring_errors_come_from_the_root_with_their_codes(roles: Roles) -> None:
@@ -453,7 +441,7 @@ def test_aio_pika_publish_on_one_server_consume_on_the_secondary(roles: Roles) -
             await queue.consume(on)
             for i in range(30):
                 await pch.default_exchange.publish(aio_pika.Message(b"%02d" % i), queue_name)
-            await asyncio.wait_for(done.wait(), 15)
+            await asyncio.eventually(done.wait(), 15)
             return got
 
     got = asyncio.run(run())
@@ -566,7 +554,7 @@ def test_expired_messages_of_a_shared_queue_are_dead_lettered_once(roles: Roles)
         ch = conn.channel()
         publish_confirmed(ch, name, [b"t%d" % i for i in range(5)])
         ch.basic_publish("", name, b"short", pika.BasicProperties(expiration="50"))
-    wait_for(lambda: roles.all_depths(dead) == {(6, 0)}, what="six dead letters everywhere")
+    eventually(lambda: roles.all_depths(dead) == {(6, 0)}, what="six dead letters everywhere")
     assert roles.all_depths(name) == {(0, 0)}
     got = [get_on(roles, roles.s, dead) for _ in range(6)]
     assert [body for _m, _p, body in got] == [b"t%d" % i for i in range(5)] + [b"short"]

@@ -22,6 +22,7 @@ from brokerd.configdoc import document_checksum, validate_document
 from brokerd.model.auth import hash_password
 from tests.brokerd_process import BrokerProcess, free_port
 from tests.cluster_harness import Cluster
+from tests.support.eventually import eventually
 
 TOKEN = "console-token-1"
 
@@ -94,13 +95,9 @@ class FakeConsole:
     def wait_for(
         self, predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition"
     ) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.05)
-        raise AssertionError(f"{what} not within {timeout}s; received {len(self.received)}")
+        return eventually(
+            predicate, timeout, what, explain=lambda: f"received {len(self.received)}"
+        )
 
     def command(self, name: str, args: dict[str, Any] | None = None, command_id: str = "") -> dict:
         """Send a command and wait for its ack."""

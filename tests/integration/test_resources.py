@@ -26,6 +26,7 @@ from pamqp import header as pheader
 
 from tests.brokerd_process import BrokerProcess, free_port
 from tests.integration.test_errors import PROTOCOL_HEADER, RawClient, publish_frames
+from tests.support.eventually import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -69,16 +70,6 @@ def ctl_status(proc: BrokerProcess) -> dict:
         check=True,
     )
     return json.loads(out.stdout)
-
-
-def wait_for(predicate, timeout: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Publisher(RawClient):
@@ -254,7 +245,7 @@ def test_partial_bodies_over_many_channels_are_blocked_with_bounded_memory(tmp_p
         peak = memory(broker)["VmHWM"]
         assert peak < WATERMARK + 64 * MiB, f"peak {peak / MiB:.0f} MiB"
     # the publisher went away: its partial bodies are freed and the alarm clears
-    wait_for(
+    eventually(
         lambda: not ctl_status(broker)["resources"]["memory"]["alarm"], 10, "the alarm to clear"
     )
     assert ctl_status(broker)["blocked"] == {}
@@ -338,7 +329,7 @@ def test_resource_limits_answer_with_rabbitmqs_errors_and_follow_sighup(tmp_path
 
     (tmp_path / "brokerd.toml").write_text(LIMITS.format(queues=10))
     broker.signal(signal.SIGHUP)
-    wait_for(lambda: "reloaded config" in broker.log_text(), 5, "the reload")
+    eventually(lambda: "reloaded config" in broker.log_text(), 5, "the reload")
     first.channel().queue_declare("lim-3")  # room now
     first.close()
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import itertools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pika
@@ -25,6 +25,7 @@ from brokerd.bench.client import Client
 from brokerd.bench.frames import AMQPURL
 from brokerd.wire import tables
 from tests.conftest import uid
+from tests.support.eventually import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -60,14 +61,6 @@ def publish(ch: BlockingChannel, key: str, body: bytes, exchange: str = "", **pr
 
 def depth(ch: BlockingChannel, name: str) -> int:
     return ch.queue_declare(name, passive=True).method.message_count
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
 
 
 def get(
@@ -107,7 +100,7 @@ def test_queue_message_ttl(ch: BlockingChannel) -> None:
         publish(ch, queue, b"%d" % i)
     method, _props, body = ch.basic_get(queue, auto_ack=True)
     assert body == b"0" and method.message_count == 2
-    wait_until(lambda: depth(ch, queue) == 0)
+    eventually(lambda: depth(ch, queue) == 0)
     assert ch.basic_get(queue) == (None, None, None)
 
 
@@ -142,7 +135,7 @@ def test_the_smaller_ttl_wins(ch: BlockingChannel, queue_ttl: int, expiration: s
     queue = declare(ch, **{"x-message-ttl": queue_ttl})
     publish(ch, queue, b"m", expiration=expiration)
     assert depth(ch, queue) == 1
-    wait_until(lambda: depth(ch, queue) == 0, timeout=5)
+    eventually(lambda: depth(ch, queue) == 0, timeout=5)
 
 
 def test_a_short_expiration_behind_a_long_one_waits_for_the_head(ch: BlockingChannel) -> None:
@@ -286,7 +279,7 @@ def test_max_length_bytes_drops_heads_until_the_bodies_fit(ch: BlockingChannel) 
     assert depth(ch, queue) == 2
     publish(ch, queue, b"0123456789A")  # more than the limit alone: nothing fits
     assert depth(ch, queue) == 0
-    wait_until(lambda: depth(ch, dead) == 4)
+    eventually(lambda: depth(ch, dead) == 4)
     got = [get(ch, dead) for _ in range(4)]
     assert [body for _m, _p, body in got] == [b"aaaa", b"bbbb", b"cccc", b"0123456789A"]
     assert {props.headers["x-death"][0]["reason"] for _m, props, _b in got} == {"maxlen"}
@@ -355,7 +348,7 @@ def test_x_death_raw_types_and_order(amqp_port: int, ch: BlockingChannel) -> Non
     publish(ch, queue, b"raw", headers={"z": 1, "a": "x"})
     method, _props, _body = ch.basic_get(queue)
     ch.basic_reject(method.delivery_tag, requeue=False)
-    wait_until(lambda: depth(ch, dead) == 1)
+    eventually(lambda: depth(ch, dead) == 1)
     entries = raw_headers(amqp_port, dead)
     assert [k for k, _ in entries] == [
         b"a",
@@ -436,7 +429,7 @@ def test_a_repeated_death_only_counts_and_sorts_its_keys(
     first_time = props.headers["x-death"][0]["time"]
     time.sleep(1.2)  # a later death would show a later second
     ch.basic_reject(method.delivery_tag, requeue=False)
-    wait_until(lambda: depth(ch, queue) == 1)
+    eventually(lambda: depth(ch, queue) == 1)
     (death,) = tables.parse_array(dict(raw_headers(amqp_port, queue))[b"x-death"])
     fields = tables.parse_table(death, 1)
     assert [k for k, _ in fields] == [
