@@ -1,4 +1,5 @@
-"""A loopback cluster of real brokerd processes, for the membership tests.
+"""A loopback cluster of real brokerd processes: the one the cluster tests, the
+console stack (tests/console_stack.py), the fault harness and the tools use.
 
     cluster = Cluster(tmp_path, primaries=3, secondaries=2)
     try:
@@ -160,6 +161,11 @@ class Cluster:
     def ports(self) -> list[int]:
         """Every node's AMQP port, by index."""
         return [n.port for n in self.nodes]
+
+    @property
+    def servers(self) -> dict[int, BrokerProcess]:
+        """The process of every node started so far, by index."""
+        return {n.index: n.process for n in self.nodes if n.process is not None}
 
     # -- processes ---------------------------------------------------------------
 
@@ -400,7 +406,8 @@ class Cluster:
             timeout,
             what,
             interval=interval,
-            tolerate=(OSError, KeyError, ValueError),
+            # TypeError: a server not answering yet has no view to read (None)
+            tolerate=(OSError, KeyError, ValueError, TypeError),
             explain=self.describe,
         )
 

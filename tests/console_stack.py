@@ -29,7 +29,7 @@ import pytest
 
 from console.environment import new_token
 from tests.brokerd_process import BrokerProcess, free_port, wait_for_port
-from tests.cluster_support import Cluster
+from tests.cluster_harness import Cluster
 from tests.console_env import environ_without
 from tests.support.eventually import eventually
 
@@ -306,22 +306,27 @@ class ConsoleStack:
         """``primaries`` then ``secondaries`` brokers linked to the console
         (``--console`` + the token)."""
         (self.root / "cluster").mkdir(exist_ok=True)
+        beat = {**HEARTBEAT, **(heartbeat or {})}
         self.cluster = Cluster(
             self.root / "cluster",
             primaries,
             secondaries,
-            heartbeat={**HEARTBEAT, **(heartbeat or {})},
+            interval=beat["interval"],
+            timeout=beat["timeout"],
+            open_timeout=beat["open_timeout"],
         )
         for index in range(primaries + secondaries):
             self.start_broker(index)
-            time.sleep(0.15)
+            time.sleep(0.15)  # started oldest first: seniority follows the index
         return self.cluster
 
     def start_broker(self, index: int, token: str | None = None) -> BrokerProcess:
         """(Re)start broker ``index`` on its own port, linked to the console."""
         assert self.cluster is not None
         link = ["--console", self.link_url, f"--console-token={token or self.broker_token}"]
-        return self.cluster.start(index, extra=link)
+        process = self.cluster.start(index, extra=link).process
+        assert process is not None
+        return process
 
     def broker_name(self, index: int) -> str:
         """The console's name of broker ``index``: its callback ``host:port``."""
@@ -330,7 +335,7 @@ class ConsoleStack:
 
     def stop(self) -> None:
         if self.cluster is not None:
-            self.cluster.stop()
+            self.cluster.close()
         for name in ("celery", "daphne", "redis"):
             svc = self.services.get(name)
             if svc is not None:

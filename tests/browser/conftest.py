@@ -26,7 +26,7 @@ def stack(console_stack: ConsoleStack) -> Iterator[ConsoleStack]:  # noqa: F811
     """The console with 3 primaries + 1 secondary that agree on a root."""
     console_stack.manage("collectstatic", "--noinput")
     cluster = console_stack.start_cluster(3, secondaries=1)
-    cluster.wait(cluster.agreed_root, timeout=40)
+    cluster.wait_until(cluster.agreed_root, timeout=40)
     yield console_stack
 
 

@@ -180,7 +180,7 @@ def test_configuration_round_trip_across_a_restart_drift_acknowledged_and_pushed
     stack.start_broker(victim)
     expect(row).to_have_attribute("data-state", "running", timeout=LIVE_TIMEOUT)
     expect(config.locator("#converged")).to_have_text("converged")
-    stack.cluster.wait(lambda: heartbeat_timeout(stack, victim) == 1.5, 10)
+    stack.cluster.wait_until(lambda: heartbeat_timeout(stack, victim) == 1.5, 10)
 
     # a reload puts brokerd.toml's part back: it drifts, and the console says so
     stack.cluster.servers[victim].signal(signal.SIGHUP)
@@ -228,7 +228,7 @@ def test_configuration_round_trip_across_a_restart_drift_acknowledged_and_pushed
         "Version 2 saved and pushed", timeout=LIVE_TIMEOUT
     )
     expect(config.locator("#converged")).to_have_text("converged", timeout=LIVE_TIMEOUT)
-    stack.cluster.wait(
+    stack.cluster.wait_until(
         lambda: all(heartbeat_timeout(stack, i) == file_timeout for i in range(4)), 10
     )
     # the same document again is not a new version; version 1 can be pushed again

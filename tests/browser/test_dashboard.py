@@ -47,7 +47,7 @@ def open_page(context: BrowserContext, path: str) -> Page:
 def agreed_root_name(stack: ConsoleStack) -> str:
     """The name (host:port) of the root all running brokers agree on."""
     assert stack.cluster is not None
-    spid = stack.cluster.wait(stack.cluster.agreed_root, timeout=30)
+    spid = stack.cluster.wait_until(stack.cluster.agreed_root, timeout=30)
     for index in stack.cluster.running():
         if stack.cluster.status(index)["spid"] == spid:
             return stack.broker_name(index)

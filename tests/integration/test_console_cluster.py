@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240
 def stack(console_stack: ConsoleStack) -> Iterator[ConsoleStack]:  # noqa: F811
     """The console with three primaries linked to it, agreed on a root."""
     cluster = console_stack.start_cluster(3)
-    cluster.wait(cluster.agreed_root, timeout=30)
+    cluster.wait_until(cluster.agreed_root, timeout=30)
     yield console_stack
 
 
@@ -369,7 +369,7 @@ def test_killed_broker_is_marked_down_with_an_alarm_and_cleared_on_return(
     stack.wait(back_and_cleared, 20, f"{name} up again, alarm cleared")
     cleared = api.ok(f"/api/v1/alarms/?active=false&broker={name}&kind=broker.down")["results"]
     assert cleared and cleared[0]["cleared_at"] is not None
-    stack.cluster.wait(stack.cluster.agreed_root, timeout=20)
+    stack.cluster.wait_until(stack.cluster.agreed_root, timeout=20)
     print(f"broker marked down {down_after:.1f}s after kill -9")
 
 

@@ -43,7 +43,7 @@ def stack(
     try:
         stack.start()
         cluster = stack.start_cluster(3)
-        cluster.wait(cluster.agreed_root, timeout=30)
+        cluster.wait_until(cluster.agreed_root, timeout=30)
         yield stack
     finally:
         if request.session.testsfailed > failed_before:

@@ -21,40 +21,12 @@ from __future__ import annotations
 import heapq
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from brokerd.cluster.config import parse_cluster_config
 from brokerd.cluster.membership import Membership
 from brokerd.cluster.messages import LINK_PROPERTY
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@dataclass
-class User:
-    name: str
-
-
-@dataclass
-class VHost:
-    name: str = "/"
-
-
-@dataclass
-class Conn:
-    id: int
-    user: User
-    vhost: VHost = field(default_factory=VHost)
-    client_properties: dict[str, Any] = field(default_factory=dict)
-    name: str = "sim"
-    peer: tuple[str, int] = ("127.0.0.1", 9)
+from tests.support.fakes import Clock, Conn, User
 
 
 class SimLink:
@@ -120,7 +92,7 @@ class Net:
                 "heartbeat": {"interval": interval, "timeout": timeout},
             }
         )
-        self.clock = Clock()
+        self.clock = Clock(1000.0)
         self.rng = random.Random(seed)
         self.delay = delay
         self.events: list[tuple[float, int, str, tuple[Any, ...]]] = []

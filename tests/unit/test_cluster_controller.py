@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ from brokerd.cluster.messages import LINK_PROPERTY, Status
 from brokerd.cluster.replication import encode_bucket
 from brokerd.model.errors import AMQPError, ChannelError
 from brokerd.protocol.hooks import Wait
+from tests.support.fakes import Clock, Conn, User, VHost
 
 CONFIG = parse_cluster_config(
     {
@@ -22,34 +22,6 @@ CONFIG = parse_cluster_config(
         "heartbeat": {"interval": 1, "timeout": 3, "open_timeout": 7},
     }
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-@dataclass
-class User:
-    name: str
-
-
-@dataclass
-class VHost:
-    name: str = "/"
-
-
-@dataclass
-class FakeConn:
-    id: int
-    user: User
-    vhost: VHost = field(default_factory=VHost)
-    client_properties: dict[str, Any] = field(default_factory=dict)
-    name: str = "127.0.0.1:9"
-    peer: tuple[str, int] = ("127.0.0.1", 9)
 
 
 def make(
@@ -73,7 +45,7 @@ def link_from(ctl: ClusterController, conn_id: int, spid: str, start: float, **e
         "checksum": ctl.checksum,
         **extra,
     }
-    conn = FakeConn(conn_id, User("cluster"), client_properties={LINK_PROPERTY: props})
+    conn = Conn(conn_id, User("cluster"), client_properties={LINK_PROPERTY: props})
     assert ctl.admit(conn) is None
 
 
@@ -140,7 +112,7 @@ def test_a_stalled_server_abstains_before_voting_again() -> None:
 
 def test_clients_wait_without_a_root_and_are_admitted_with_one() -> None:
     ctl, _ = make("s1", 1.0)
-    client = FakeConn(1, User("guest"))
+    client = Conn(1, User("guest"))
     wait = ctl.admit(client)
     assert isinstance(wait, Wait) and wait.timeout == 7 and "not ready" in wait.reason
     link_from(ctl, 11, "s2", 2.0)
@@ -150,18 +122,18 @@ def test_clients_wait_without_a_root_and_are_admitted_with_one() -> None:
 
 def test_link_refusals() -> None:
     ctl, _ = make()
-    bad_sum = FakeConn(
+    bad_sum = Conn(
         5, User("cluster"), client_properties={LINK_PROPERTY: {"spid": "sx", "checksum": "other"}}
     )
     with pytest.raises(AMQPError, match="checksum mismatch") as info:
         ctl.admit(bad_sum)
     assert info.value.reply_code == 530 and "config-mismatch" in ctl.alarms
     with pytest.raises(AMQPError, match="cluster user"):
-        ctl.admit(FakeConn(6, User("guest"), client_properties={LINK_PROPERTY: {"spid": "sy"}}))
+        ctl.admit(Conn(6, User("guest"), client_properties={LINK_PROPERTY: {"spid": "sy"}}))
     with pytest.raises(AMQPError, match="only be used by cluster links"):
-        ctl.admit(FakeConn(7, User("cluster")))
+        ctl.admit(Conn(7, User("cluster")))
     with pytest.raises(AMQPError, match="serves vhost"):
-        ctl.admit(FakeConn(8, User("guest"), vhost=VHost("/other")))
+        ctl.admit(Conn(8, User("guest"), vhost=VHost("/other")))
 
 
 def test_only_links_may_publish_cluster_messages() -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from brokerd.model.errors import AMQPError
-from tests.unit.membership_net import Conn, Net, User, conn_id
+from tests.support.fakes import Conn, User
+from tests.unit.membership_net import Net, conn_id
 
 INTERVAL, TIMEOUT = 1.0, 3.0
 
