@@ -74,11 +74,12 @@ def test_api_shows_three_brokers_and_the_root(stack: ConsoleStack, api: Api) -> 
     def three_up() -> bool:
         brokers = brokers_by_name(api)
         return set(brokers) == names and all(
-            b["state"] == "up" and b["connected"] and b["broker_type"] == "primary"
+            b["state"] == "up" and b["connected"] and b["ready"] and b["broker_type"] == "primary"
             for b in brokers.values()
         )
 
-    stack.wait(three_up, 10, "three brokers up in the API")
+    # ready too: the endpoints below list the brokers that are up and ready
+    stack.wait(three_up, 10, "three brokers up and ready in the API")
     root_spid = stack.wait(lambda: api_root_matches_cluster(stack, api), 5, "API root")
 
     state = api.ok("/api/v1/cluster/")
