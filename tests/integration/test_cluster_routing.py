@@ -441,7 +441,7 @@ def test_aio_pika_publish_on_one_server_consume_on_the_secondary(roles: Roles) -
             await queue.consume(on)
             for i in range(30):
                 await pch.default_exchange.publish(aio_pika.Message(b"%02d" % i), queue_name)
-            await asyncio.eventually(done.wait(), 15)
+            await asyncio.wait_for(done.wait(), 15)
             return got
 
     got = asyncio.run(run())
