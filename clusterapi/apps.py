@@ -7,6 +7,7 @@ class ClusterApiConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from clusterapi import signals
+        # configs registers what a config.apply ack does (commands.on_ack)
+        from clusterapi import configs, signals  # noqa: F401
 
         signals.connect()

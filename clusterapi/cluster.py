@@ -13,7 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusterapi import alarms, audit
-from clusterapi.models import Alarm, Broker, HeartbeatSample, QueueSample
+from clusterapi.models import Alarm, Broker, ConfigVersion, HeartbeatSample, QueueSample
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +75,7 @@ def state() -> dict[str, Any]:
         # No root: the cluster is not ready; show the quorum as some up broker sees it.
         seen = Broker.objects.filter(state=Broker.STATE_UP).order_by("-last_seen").first()
         ready, quorum = False, (seen.quorum if seen is not None else "")
-    from clusterapi.configs import current  # configs notifies through this module
-
-    latest = current()
+    latest = ConfigVersion.objects.current()
     active = Alarm.objects.filter(active=True)
     return {
         "root": {"name": root.name, "spid": root.spid} if root is not None else None,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from asgiref.sync import async_to_sync
@@ -28,6 +29,7 @@ from clusterapi import audit, convergence
 from clusterapi.cluster import broker_group, notify_dashboard
 from clusterapi.errors import Conflict, InvalidRequest
 from clusterapi.models import Broker, Command, ConfigVersion
+from clusterapi.scheduling import queue_task
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +119,8 @@ def _config_apply_args(args: dict[str, Any]) -> dict[str, Any]:
 def schedule_delivery(command_id: uuid.UUID | str) -> None:
     """Queue the first delivery on Celery; if Celery's broker is unreachable the
     periodic sweep delivers it instead, so never fail the caller."""
-    from clusterapi.tasks import deliver_command
-
     try:
-        deliver_command.delay(str(command_id))
+        queue_task("deliver_command", str(command_id))
     except Exception as exc:
         log.warning(
             "command %s: could not queue its delivery (%s); the sweep will", command_id, exc
@@ -141,9 +141,7 @@ def deliver(command_id: uuid.UUID | str, now: dt.datetime | None = None) -> bool
         time_out(command, now)
         return False
     if command.name == Command.CONFIG_APPLY:
-        from clusterapi.configs import current  # configs issues commands
-
-        latest = current()
+        latest = ConfigVersion.objects.current()
         if latest is not None and (
             command.args.get("version") != latest.number
             or command.args.get("serial", latest.push_serial) != latest.push_serial
@@ -243,12 +241,26 @@ def sweep(now: dt.datetime | None = None) -> dict[str, int]:
     return {"timed_out": timed_out, "sent": sent}
 
 
+#: what a command's ack does beyond finishing it, by command name: registered by the
+#: module that issues the command (``configs`` for config.apply) with ``on_ack``
+AckHandler = Callable[[Command, bool, Any, str | None], None]
+_ACK_HANDLERS: dict[str, AckHandler] = {}
+
+
+def on_ack(name: str) -> Callable[[AckHandler], AckHandler]:
+    """Register what an ack of command ``name`` does once the command is finished."""
+
+    def register(handler: AckHandler) -> AckHandler:
+        _ACK_HANDLERS[name] = handler
+        return handler
+
+    return register
+
+
 def acknowledge(
     broker_id: int, command_id: str, ok: bool, result: Any, error: str | None
 ) -> Command | None:
     """Apply a broker's ``ack``: finish the command, record what it changed, audit."""
-    from clusterapi import configs  # configs issues commands: import here, not at the top
-
     try:
         key = uuid.UUID(command_id)
     except (TypeError, ValueError):
@@ -273,7 +285,8 @@ def acknowledge(
             enabled = result.get("root_enabled") if isinstance(result, dict) else None
             if isinstance(enabled, bool):
                 Broker.objects.filter(pk=broker_id).update(root_enabled=enabled)
-        if command.name == Command.CONFIG_APPLY:
-            configs.record_ack(command, ok, result, error)
+        handler = _ACK_HANDLERS.get(command.name)
+        if handler is not None:
+            handler(command, ok, result, error)
     notify_dashboard("command", command.broker.name)
     return command

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, Max
+from django.db.models import Max
 from django.utils import timezone
 
 from brokerd.configdoc import (
@@ -63,7 +63,7 @@ def validate(document: Any) -> tuple[dict[str, Any], str]:
 
 def current() -> ConfigVersion | None:
     """The version every broker should run: the one pushed last."""
-    return ConfigVersion.objects.order_by(F("push_serial").desc(nulls_last=True), "-number").first()
+    return ConfigVersion.objects.current()
 
 
 def derive(changes: Any) -> dict[str, Any]:
@@ -220,6 +220,7 @@ def reconcile(broker: Broker) -> Command | None:
     return push(broker, version, None)
 
 
+@commands.on_ack(Command.CONFIG_APPLY)
 def record_ack(command: Command, ok: bool, result: Any, error: str | None) -> None:
     """A broker answered ``config.apply``: update its application row and alarms."""
     number = command.args.get("version")

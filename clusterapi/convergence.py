@@ -130,9 +130,7 @@ def check_drift(broker: Broker, version: ConfigVersion | None = None) -> None:
     """Raise or clear ``config.drift`` for one broker after what it runs (or the current
     version) changed: raised while it has drifted, cleared once it runs the current
     version or a refused push says why (``config.failed``) instead."""
-    from clusterapi.configs import current  # configs imports this module
-
-    version = version or current()
+    version = version or ConfigVersion.objects.current()
     if version is None:
         changed = alarms.clear_alarm(alarms.CONFIG_DRIFT, broker)
     else:

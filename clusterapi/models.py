@@ -252,6 +252,12 @@ class BindingSnapshot(models.Model):
         return f"{self.vhost}: {self.source} -> {self.destination} ({self.routing_key})"
 
 
+class ConfigVersionQuerySet(models.QuerySet["ConfigVersion"]):
+    def current(self) -> ConfigVersion | None:
+        """The version every broker should run: the one pushed last (then the newest)."""
+        return self.order_by(models.F("push_serial").desc(nulls_last=True), "-number").first()
+
+
 class ConfigVersion(models.Model):
     """A saved cluster configuration document (docs/protocol.md): complete (a missing key
     means the broker's own setting), one version per distinct document, never edited.
@@ -272,6 +278,8 @@ class ConfigVersion(models.Model):
         null=True, blank=True, unique=True, help_text="order of the last push; highest: current"
     )
     pushed_at = models.DateTimeField(null=True, blank=True, help_text="last pushed")
+
+    objects = ConfigVersionQuerySet.as_manager()
 
     class Meta:
         ordering = ["-number"]

@@ -39,6 +39,7 @@ from django.utils import timezone
 
 from clusterapi import archive, audit
 from clusterapi.models import ReportRun
+from clusterapi.scheduling import queue_task
 
 log = logging.getLogger(__name__)
 
@@ -101,10 +102,8 @@ def request_run(
         },
     )
     if enqueue and not empty:
-        from clusterapi.tasks import run_report
-
         pk = run.pk
-        transaction.on_commit(lambda: run_report.delay(pk))
+        transaction.on_commit(lambda: queue_task("run_report", pk))
     return run
 
 
