@@ -21,20 +21,6 @@ from tests.conftest import uid
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
-@pytest.fixture(scope="module")
-def amqp_url(amqp_port: int) -> str:
-    return f"amqp://guest:guest@127.0.0.1:{amqp_port}/"
-
-
-@pytest.fixture
-async def connection(amqp_url: str) -> AsyncIterator[AbstractRobustConnection]:
-    conn = await aio_pika.connect_robust(amqp_url, timeout=10)
-    try:
-        yield conn
-    finally:
-        await asyncio.wait_for(conn.close(), 10)
-
-
 @pytest.fixture
 async def second_connection(amqp_url: str) -> AsyncIterator[AbstractRobustConnection]:
     conn = await aio_pika.connect_robust(amqp_url, timeout=10)

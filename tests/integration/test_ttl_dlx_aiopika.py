@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from collections.abc import AsyncIterator
 
 import aio_pika
 import pytest
@@ -17,20 +16,6 @@ from aio_pika.abc import AbstractIncomingMessage, AbstractRobustConnection
 from tests.conftest import uid
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-@pytest.fixture(scope="module")
-def amqp_url(amqp_port: int) -> str:
-    return f"amqp://guest:guest@127.0.0.1:{amqp_port}/"
-
-
-@pytest.fixture
-async def connection(amqp_url: str) -> AsyncIterator[AbstractRobustConnection]:
-    conn = await aio_pika.connect_robust(amqp_url, timeout=10)
-    try:
-        yield conn
-    finally:
-        await asyncio.wait_for(conn.close(), 10)
 
 
 async def test_expiration_dead_letters_with_the_original_expiration(
