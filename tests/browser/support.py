@@ -8,7 +8,7 @@ from pathlib import Path
 
 from playwright.sync_api import Browser, BrowserContext, Page, Route, expect
 
-from tests.console_stack import ConsoleStack
+from tests.console_stack import OPERATOR, ConsoleStack
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
 
@@ -46,6 +46,21 @@ def login(context: BrowserContext, user: tuple[str, str]) -> Page:
     page.get_by_label("Password").fill(user[1])
     page.get_by_role("button", name="Log in").click()
     expect(page.get_by_role("heading", name="Cluster overview")).to_be_visible()
+    live(page)
+    return page
+
+
+def operator_session(browser: Browser, stack: ConsoleStack, width: int) -> BrowserContext:
+    """A logged-in operator's browser session, ``width`` pixels wide."""
+    context = new_context(browser, stack, viewport={"width": width, "height": 900})
+    login(context, OPERATOR).close()
+    return context
+
+
+def open_page(context: BrowserContext, path: str) -> Page:
+    """A new page at ``path``, once its live connection is up."""
+    page = context.new_page()
+    page.goto(path)
     live(page)
     return page
 

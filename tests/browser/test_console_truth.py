@@ -18,9 +18,15 @@ import signal
 from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Dialog, Page, expect
+from playwright.sync_api import Browser, BrowserContext, Dialog, expect
 
-from tests.browser.support import live, login, mark, new_context, screenshot, unreloaded
+from tests.browser.support import (
+    mark,
+    open_page,
+    operator_session,
+    screenshot,
+    unreloaded,
+)
 from tests.console_stack import OPERATOR, ConsoleStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -33,17 +39,9 @@ REPORT_TIMEOUT = 240_000
 
 @pytest.fixture(scope="module")
 def operator(browser: Browser, stack: ConsoleStack) -> Iterator[BrowserContext]:
-    context = new_context(browser, stack, viewport={"width": 1366, "height": 900})
-    login(context, OPERATOR).close()
+    context = operator_session(browser, stack, 1366)
     yield context
     context.close()
-
-
-def open_page(context: BrowserContext, path: str) -> Page:
-    page = context.new_page()
-    page.goto(path)
-    live(page)
-    return page
 
 
 def heartbeat_timeout(stack: ConsoleStack, index: int) -> float:

@@ -16,10 +16,19 @@ from collections.abc import Iterator
 
 import pika
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, expect
+from playwright.sync_api import Browser, BrowserContext, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-from tests.browser.support import live, login, mark, new_context, screenshot, unreloaded
+from tests.browser.support import (
+    live,
+    login,
+    mark,
+    new_context,
+    open_page,
+    operator_session,
+    screenshot,
+    unreloaded,
+)
 from tests.console_stack import OPERATOR, VIEWER, ConsoleStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
@@ -31,17 +40,9 @@ LIVE_TIMEOUT = 15_000
 @pytest.fixture(scope="module")
 def operator(browser: Browser, stack: ConsoleStack) -> Iterator[BrowserContext]:
     """A logged-in operator's browser session (shared by the tests' pages)."""
-    context = new_context(browser, stack, viewport={"width": 1280, "height": 900})
-    login(context, OPERATOR).close()
+    context = operator_session(browser, stack, 1280)
     yield context
     context.close()
-
-
-def open_page(context: BrowserContext, path: str) -> Page:
-    page = context.new_page()
-    page.goto(path)
-    live(page)
-    return page
 
 
 def agreed_root_name(stack: ConsoleStack) -> str:
