@@ -36,6 +36,9 @@ TOP = (
 )
 #: made by the running system or the build, not in a clean checkout
 RUNTIME = ("var/", ".venv/", "node_modules/", "static/vendor/")
+#: pages outside the repository, by design: the product specification beside it
+#: (docs/design.md says where it is and what the code takes from it)
+EXTERNAL_PAGES = ("DESIGN.md",)
 #: a code span right after one of these names a path in that project's checkout
 OTHER_PROJECTS = ("pika", "aio-pika", "aiormq", "kombu", "celery", "rabbitmq")
 CODE = re.compile(r"`([^`\n]+)`")
@@ -111,7 +114,7 @@ def _path_exists(name: str, doc: Path, root: Path) -> bool:
 
 def _page_exists(name: str, doc: Path, root: Path) -> bool:
     """A page named bare: beside the naming page, at the top, or anywhere below."""
-    if (doc.parent / name).exists() or (root / name).exists():
+    if name in EXTERNAL_PAGES or (doc.parent / name).exists() or (root / name).exists():
         return True
     return any(root.glob(f"*/**/{name}"))
 
