@@ -287,10 +287,16 @@ def test_link_cuts_two_against_three(make_cluster: MakeCluster) -> None:
             timeout=3 * TIMEOUT + 2,
             what="majority root",
         )
+        # each side counts the other inactive a timeout after its next beat was due:
+        # the minority is not ready (its lease ran out) before it has also stopped
+        # counting the majority's last statuses towards a quorum
         cluster.wait_until(
-            lambda: not any(v["ready"] for v in cluster.sample(minority).values()),
+            lambda: (
+                len(views := cluster.sample(minority)) == len(minority)
+                and not any(v["ready"] or v["quorum"] for v in views.values())
+            ),
             timeout=3 * TIMEOUT,
-            what="the minority is not ready",
+            what="the minority is neither ready nor in a quorum",
         )
         settled = time.monotonic()
         time.sleep(2 * TIMEOUT)  # the partition holds: keep sampling both sides
