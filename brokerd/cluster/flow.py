@@ -60,12 +60,6 @@ class Feeders:
     def __iter__(self) -> Iterator[Feeder]:
         return iter(self.sent)
 
-    def __len__(self) -> int:
-        return len(self.sent)
-
-    def __contains__(self, feeder: object) -> bool:
-        return feeder in self.sent
-
     def past_share(self) -> list[Feeder]:
         """The feeders that sent at least an even share of the bytes: the ones a
         backlog is mostly made of (every feeder, when they sent alike)."""

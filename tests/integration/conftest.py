@@ -4,12 +4,12 @@ through a cluster (``amqp_port`` in tests/conftest.py)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
-import aio_pika
 import pytest
 from aio_pika.abc import AbstractRobustConnection
+
+from tests.support.aio import robust_connection
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +20,5 @@ def amqp_url(amqp_port: int) -> str:
 
 @pytest.fixture
 async def connection(amqp_url: str) -> AsyncIterator[AbstractRobustConnection]:
-    conn = await aio_pika.connect_robust(amqp_url, timeout=10)
-    try:
+    async for conn in robust_connection(amqp_url):
         yield conn
-    finally:
-        await asyncio.wait_for(conn.close(), 10)

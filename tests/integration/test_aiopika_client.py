@@ -17,17 +17,15 @@ from aio_pika.abc import AbstractRobustConnection
 
 from tests.brokerd_process import BrokerProcess
 from tests.conftest import uid
+from tests.support.aio import robust_connection
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
 @pytest.fixture
 async def second_connection(amqp_url: str) -> AsyncIterator[AbstractRobustConnection]:
-    conn = await aio_pika.connect_robust(amqp_url, timeout=10)
-    try:
+    async for conn in robust_connection(amqp_url):
         yield conn
-    finally:
-        await asyncio.wait_for(conn.close(), 10)
 
 
 async def test_declare_bind_publish_with_confirms(connection: AbstractRobustConnection) -> None:
