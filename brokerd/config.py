@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.model.auth import Permission, User, UserDatabase, hash_password, is_password_hash
-from brokerd.model.broker import Limits, VhostLimits
+from brokerd.model.limits import Limits, VhostLimits
 
 
 class ConfigError(Exception):
