@@ -16,12 +16,11 @@ from brokerd.cluster.config import ClusterConfig, parse_host
 from brokerd.config import BrokerConfig, parse_limits, parse_vhost_limits
 from brokerd.configdoc import ConfigDocumentError, document_checksum, validate_document
 from brokerd.consolelink import messages
+from brokerd.consolelink.host import HostRefused
 from brokerd.model.auth import Permission, User
-from brokerd.server import dump
-from brokerd.server.control import ControlError
 
 if TYPE_CHECKING:
-    from brokerd.server.app import Server
+    from brokerd.consolelink.host import ConsoleHost
 
 log = logging.getLogger("brokerd.console")
 
@@ -104,7 +103,7 @@ def merge_cluster_config(baseline: ClusterConfig, doc: dict[str, Any]) -> Cluste
 
 
 class ConsoleCommands:
-    """Runs the console's commands against one server; lives as long as the server,
+    """Runs the console's commands against one host (the server); lives as long as it,
     so the applied configuration survives reconnects.
 
     A configuration document is laid over the broker's own files (its baseline:
@@ -114,8 +113,8 @@ class ConsoleCommands:
     carries it, and it is what the console's convergence compares.
     """
 
-    def __init__(self, server: Server) -> None:
-        self.server = server
+    def __init__(self, host: ConsoleHost) -> None:
+        self.host = host
         #: the last document applied in this run, its version, checksum and push serial
         self.config_version: int | None = None
         self.config_checksum: str | None = None
@@ -136,24 +135,24 @@ class ConsoleCommands:
         doc = self._doc
         if doc is None:
             return None, None
-        server = self.server
-        if server.config is not self._installed_config:
+        host = self.host
+        if host.config is not self._installed_config:
             if any(part in doc for part in BROKER_PARTS):
                 return None, None
             # the document has no broker part: the reloaded file is what it means
-            self._file_config = self._installed_config = server.config
-        if server.cluster_config is not self._installed_cluster:
+            self._file_config = self._installed_config = host.config
+        if host.cluster_config is not self._installed_cluster:
             return None, None
         return self.config_version, self.config_checksum
 
     def _baselines(self) -> tuple[BrokerConfig, ClusterConfig | None]:
         """The broker's own configurations: what it read from its files, unless what is
         in force now is what an earlier apply() installed over them."""
-        server = self.server
-        if self._file_config is None or server.config is not self._installed_config:
-            self._file_config = server.config
-        if self._file_cluster is None or server.cluster_config is not self._installed_cluster:
-            self._file_cluster = server.cluster_config
+        host = self.host
+        if self._file_config is None or host.config is not self._installed_config:
+            self._file_config = host.config
+        if self._file_cluster is None or host.cluster_config is not self._installed_cluster:
+            self._file_cluster = host.cluster_config
         return self._file_config, self._file_cluster
 
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -182,12 +181,12 @@ class ConsoleCommands:
             return self.apply(args)
         if name in ("root.enable", "root.disable"):
             try:
-                result = self.server.control({"command": "root", "args": [name[5:]]})
-            except ControlError as exc:
+                enabled = self.host.set_root_enabled(name == "root.enable")
+            except HostRefused as exc:
                 raise CommandError(str(exc)) from None
-            return {"root_enabled": result["root_enabled"]}
+            return {"root_enabled": enabled}
         if name == "state.dump":
-            return {"dump": dump.full(self.server)}
+            return {"dump": self.host.state_dump()}
         raise CommandError(
             f"unknown command {name!r} (known: config.apply, root.enable, root.disable, state.dump)"
         )
@@ -225,20 +224,20 @@ class ConsoleCommands:
             doc = validate_document(args["config"])
         except ConfigDocumentError as exc:
             raise CommandError(f"config: {exc}") from None
-        server = self.server
+        host = self.host
         file_config, file_cluster = self._baselines()
         applied = [p for p in BROKER_PARTS if p in doc]
         skipped: list[str] = []
         broker_config = merge_broker_config(file_config, doc)
-        server.install_config(broker_config)
+        host.install_config(broker_config)
         self._installed_config = broker_config
         cluster_parts = [p for p in CLUSTER_PARTS if p in doc]
         if file_cluster is None:
             skipped += cluster_parts  # a standalone broker has no cluster to retime
         else:
             cluster_config = merge_cluster_config(file_cluster, doc)
-            server.reconfigure_cluster(cluster_config)
-            self._installed_cluster = server.cluster_config
+            host.reconfigure_cluster(cluster_config)
+            self._installed_cluster = host.cluster_config
             applied += cluster_parts
         self._doc = doc
         self.config_version = version
@@ -246,7 +245,7 @@ class ConsoleCommands:
         self.config_checksum = document_checksum(doc)
         # kept with the durable wiring: after a restart the broker runs it again at
         # once, even before (or without) the console answering
-        server.keep_console_config({"version": version, "serial": serial, "config": doc})
+        host.keep_console_config({"version": version, "serial": serial, "config": doc})
         log.warning(
             "console configuration applied version=%d checksum=%s applied=%s skipped=%s "
             "(missing parts: the broker's own files)",

@@ -24,7 +24,7 @@ from brokerd.consolelink.commands import ConsoleCommands
 from brokerd.consolelink.session import ConsoleSession
 
 if TYPE_CHECKING:
-    from brokerd.server.app import Server
+    from brokerd.consolelink.host import ConsoleHost
 
 log = logging.getLogger("brokerd.console")
 
@@ -48,11 +48,11 @@ def backoff_delays(
 
 
 class ConsoleLink:
-    def __init__(self, server: Server, url: str, token: str) -> None:
-        self.server = server
+    def __init__(self, host: ConsoleHost, url: str, token: str) -> None:
+        self.host = host
         self.url = url
         self.token = token
-        self.commands = ConsoleCommands(server)
+        self.commands = ConsoleCommands(host)
         self.connected = False
         self.statuses_skipped = 0
         self._task: asyncio.Task[None] | None = None
@@ -83,7 +83,7 @@ class ConsoleLink:
                     additional_headers={"Authorization": f"Bearer {self.token}"},
                     open_timeout=OPEN_TIMEOUT,
                     max_size=messages.MAX_MESSAGE,
-                    user_agent_header=f"brokerd/{self.server.spid}",
+                    user_agent_header=f"brokerd/{self.host.spid}",
                 ) as ws:
                     opened = time.monotonic()
                     self._ws = ws
@@ -118,7 +118,7 @@ class ConsoleLink:
             await asyncio.sleep(delay)
 
     async def _session(self, ws: ClientConnection) -> None:
-        session = ConsoleSession(self.server, self.commands)
+        session = ConsoleSession(self.host, self.commands)
         await ws.send(messages.encode(session.hello()))
         sender = asyncio.get_running_loop().create_task(self._statuses(ws, session))
         try:
@@ -157,7 +157,7 @@ class ConsoleLink:
                     )
                 else:
                     await ws.send(messages.encode(session.status()))
-                interval = self.server.status_interval
+                interval = self.host.status_interval
                 await asyncio.sleep(max(0.0, interval - (loop.time() - started)))
         except (asyncio.CancelledError, websockets.ConnectionClosed):
             raise

@@ -1,7 +1,8 @@
 """The console link's JSON messages (docs/protocol.md, "Console link").
 
-Builders turn the server's state into ``hello``/``status``/``ack`` bodies;
-``parse`` checks what the console sends. No sockets here.
+Builders turn the host's state (``ConsoleHost``: the server) into
+``hello``/``status``/``ack`` bodies; ``parse`` checks what the console sends.
+No sockets here.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import brokerd
 
 if TYPE_CHECKING:
-    from brokerd.server.app import Server
+    from brokerd.consolelink.host import ConsoleHost
 
 VERSION = 1
 #: the console may send configuration documents; anything bigger is malformed
@@ -62,28 +63,28 @@ def parse(text: str | bytes) -> dict[str, Any]:
     return message
 
 
-def hello(server: Server, config_version: int | None, config_checksum: str | None) -> dict:
-    cluster = server.cluster_config
+def hello(host: ConsoleHost, config_version: int | None, config_checksum: str | None) -> dict:
+    cluster = host.cluster_config
     return {
         "type": "hello",
-        "spid": server.spid,
-        "name": server.address,
-        "address": server.address,
-        "broker_type": server.options.server_type if cluster is not None else "standalone",
+        "spid": host.spid,
+        "name": host.address,
+        "address": host.address,
+        "broker_type": host.server_type if cluster is not None else "standalone",
         "version": brokerd.__version__,
-        "start_time": server.started,
+        "start_time": host.started,
         "cluster": cluster.name if cluster is not None else None,
-        "checksum": server.cluster.checksum if server.cluster is not None else None,
-        "heartbeat_interval": server.status_interval,
+        "checksum": host.cluster_checksum,
+        "heartbeat_interval": host.status_interval,
         "config_version": config_version,
         "config_checksum": config_checksum,
     }
 
 
-def view(server: Server) -> dict[str, Any]:
+def view(host: ConsoleHost) -> dict[str, Any]:
     """The cluster as this server sees it (a standalone broker: ready, no peers)."""
-    resources = server.resources
-    if server.cluster is None:
+    status = host.cluster_status()
+    if status is None:
         return {
             "is_root": False,
             "root": None,
@@ -93,31 +94,30 @@ def view(server: Server) -> dict[str, Any]:
             "vote": None,
             "reason": "standalone",
             "checksum": None,
-            "alarms": resources.alarm_list(),
-            "resources": resources.status(),
+            "alarms": host.resource_alarms(),
+            "resources": host.resource_status(),
             "peers": [],
         }
-    status = server.cluster.status()
     return {
         **{
             key: status.get(key)
             for key in ("is_root", "root", "ready", "root_enabled", "quorum", "vote", "reason")
         },
         "checksum": status["checksum"],
-        "alarms": status.get("alarms", []) + resources.alarm_list(),
-        "resources": resources.status(),
+        "alarms": status.get("alarms", []) + host.resource_alarms(),
+        "resources": host.resource_status(),
         "peers": [{key: peer.get(key) for key in PEER_FIELDS} for peer in status["peers"]],
         # the cluster under load: flow control, each link's backlog, unsettled forwards
         # and replica lag, the status-echo round trips and the event loop's lag
         "flow": status.get("flow"),
         "lanes": status.get("lanes"),
         "echo_rtt": status.get("echo_rtt"),
-        "loop": server.loopwatch.describe(),
+        "loop": host.loop_status(),
     }
 
 
 def status(
-    server: Server,
+    host: ConsoleHost,
     seq: int,
     full: bool,
     sections: dict[str, Any],
@@ -132,10 +132,10 @@ def status(
         "seq": seq,
         "time": time.time() if now is None else now,
         "full": full,
-        "view": view(server),
-        "counts": server.counts(),
-        "totals": server.broker.counters(),
-        "rates": dict(server.rates),
+        "view": view(host),
+        "counts": host.counts(),
+        "totals": host.broker.counters(),
+        "rates": dict(host.rates),
         "config_version": running[0],
         "config_checksum": running[1],
         **sections,

@@ -16,14 +16,14 @@ from brokerd.consolelink.commands import ConsoleCommands
 from brokerd.consolelink.tracker import SnapshotTracker, collect
 
 if TYPE_CHECKING:
-    from brokerd.server.app import Server
+    from brokerd.consolelink.host import ConsoleHost
 
 log = logging.getLogger("brokerd.console")
 
 
 class ConsoleSession:
-    def __init__(self, server: Server, commands: ConsoleCommands) -> None:
-        self.server = server
+    def __init__(self, host: ConsoleHost, commands: ConsoleCommands) -> None:
+        self.host = host
         self.commands = commands
         self.tracker = SnapshotTracker()
         self.seq = 0
@@ -31,15 +31,15 @@ class ConsoleSession:
         self.console_version: int | None = None
 
     def hello(self) -> dict[str, Any]:
-        return messages.hello(self.server, *self.commands.running())
+        return messages.hello(self.host, *self.commands.running())
 
     def status(self, now: float | None = None) -> dict[str, Any]:
-        server = self.server
-        cluster_vhost = server.cluster_config.vhost if server.cluster_config is not None else None
-        full, sections = self.tracker.next(collect(server.broker, cluster_vhost, server.spid))
+        host = self.host
+        cluster_vhost = host.cluster_config.vhost if host.cluster_config is not None else None
+        full, sections = self.tracker.next(collect(host.broker, cluster_vhost, host.spid))
         self.seq += 1
         running = self.commands.running()
-        return messages.status(server, self.seq, full, sections, now, running)
+        return messages.status(host, self.seq, full, sections, now, running)
 
     def receive(self, text: str | bytes) -> list[dict[str, Any]]:
         """Handle one console message; returns the messages to send back."""

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import MutableMapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.protocol import Connection, ConnectionState
 from brokerd.protocol.handshake import LoginCheck
 from brokerd.server.resources import CHECK_EVERY_BYTES
 
 if TYPE_CHECKING:
-    from brokerd.server.app import Server
+    from brokerd.model.broker import Broker
+    from brokerd.protocol.hooks import ConnectionHooks
+    from brokerd.server.login import LoginService
+    from brokerd.server.resources import ResourceMonitor
 
 log = logging.getLogger("brokerd.server")
 
@@ -30,8 +34,39 @@ WRITE_LOW_WATER = 1024 * 1024
 READ_BUDGET = 64 * 1024
 
 
+class AMQPHost(Protocol):
+    """What a client connection's Protocol needs of the server
+    (``brokerd.server.app.Server``)."""
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def hooks(self) -> ConnectionHooks | None:
+        """The cluster's connection hooks; None for a standalone server."""
+        ...
+
+    @property
+    def connections(self) -> MutableMapping[int, AMQPProtocol]:
+        """Open client connections by id: each registers itself and leaves."""
+        ...
+
+    @property
+    def logins(self) -> LoginService: ...
+
+    @property
+    def resources(self) -> ResourceMonitor:
+        """Counts the bytes read (``received``) and checks memory on a fast flood."""
+        ...
+
+    @property
+    def blocked_reason(self) -> str | None: ...
+
+    def server_properties(self) -> dict[str, Any]: ...
+
+
 class AMQPProtocol(asyncio.Protocol):
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: AMQPHost) -> None:
         self.server = server
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None

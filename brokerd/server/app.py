@@ -17,6 +17,7 @@ from brokerd.cluster.controller import ClusterController, ClusterSink
 from brokerd.cluster.identity import make_spid
 from brokerd.cluster.messages import CLUSTER_EXCHANGE, LINK_PROPERTY
 from brokerd.config import BrokerConfig, ConfigError, load_config
+from brokerd.consolelink.host import HostRefused
 from brokerd.consolelink.link import ConsoleLink
 from brokerd.model.auth import Permission, User, hash_password
 from brokerd.model.broker import Broker
@@ -58,6 +59,11 @@ class ServerOptions:
 
 
 class Server:
+    """One broker process. It is the host its parts are handed: the console link's
+    ``ConsoleHost`` (brokerd/consolelink/host.py), and ``AMQPHost``, ``DumpHost``,
+    ``MetricsHost`` in amqp.py, dump.py and metrics.py; each names only what its
+    part reads, and this class satisfies them structurally."""
+
     def __init__(self, options: ServerOptions) -> None:
         self.options = options
         self.started = time.time()
@@ -208,7 +214,7 @@ class Server:
         if command == "status":
             return self.status()
         if command == "dump":
-            return {"dump": dump.full(self)}
+            return {"dump": self.state_dump()}
         if command in ("root", "fault"):
             if self.cluster is None:
                 raise ControlError(f"'{command}' needs a clustered broker (started with --cluster)")
@@ -224,6 +230,43 @@ class Server:
                 raise ControlError(str(exc)) from None
             raise ControlError(f"bad arguments for '{command}': {args}")
         raise ControlError(f"unknown command '{command}'")
+
+    # -- the console link's host (brokerd.consolelink.host.ConsoleHost) -----------
+
+    @property
+    def server_type(self) -> str:
+        """primary or secondary: what a clustered server was started as."""
+        return self.options.server_type
+
+    @property
+    def cluster_checksum(self) -> str | None:
+        return self.cluster.checksum if self.cluster is not None else None
+
+    def cluster_status(self) -> dict[str, Any] | None:
+        """The cluster controller's status; None for a standalone server."""
+        return self.cluster.status() if self.cluster is not None else None
+
+    def resource_status(self) -> dict[str, Any]:
+        return self.resources.status()
+
+    def resource_alarms(self) -> list[dict[str, Any]]:
+        return self.resources.alarm_list()
+
+    def loop_status(self) -> dict[str, Any]:
+        return self.loopwatch.describe()
+
+    def state_dump(self) -> str:
+        """The full state dump (SIGUSR1, ``brokerd ctl dump``, the console's state.dump)."""
+        return dump.full(self)
+
+    def set_root_enabled(self, enabled: bool) -> bool:
+        """The console's root.enable / root.disable: the control socket's ``root``
+        command; what it refuses is refused with the same text."""
+        try:
+            result = self.control({"command": "root", "args": ["enable" if enabled else "disable"]})
+        except ControlError as exc:
+            raise HostRefused(str(exc)) from None
+        return result["root_enabled"]
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -457,7 +500,7 @@ class Server:
     # -- signals ------------------------------------------------------------------
 
     def dump_full(self) -> None:
-        for line in dump.full(self).splitlines():
+        for line in self.state_dump().splitlines():
             log.warning("dump %s", line)
 
     def dump_line(self) -> None:

@@ -2,15 +2,54 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.server.resources import format_bytes
 
 if TYPE_CHECKING:
-    from brokerd.server.app import Server
+    from brokerd.cluster.controller import ClusterController
+    from brokerd.model.broker import Broker
+    from brokerd.server.amqp import AMQPProtocol
+    from brokerd.server.loopwatch import LoopWatch
+    from brokerd.server.resources import ResourceMonitor
+    from brokerd.store.disk import DiskStore
 
 
-def one_line(server: Server) -> str:
+class DumpHost(Protocol):
+    """What a dump reads of the server (``brokerd.server.app.Server``)."""
+
+    @property
+    def spid(self) -> str: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def connections(self) -> Mapping[int, AMQPProtocol]: ...
+
+    @property
+    def rates(self) -> Mapping[str, float]: ...
+
+    @property
+    def resources(self) -> ResourceMonitor: ...
+
+    @property
+    def store(self) -> DiskStore: ...
+
+    @property
+    def loopwatch(self) -> LoopWatch: ...
+
+    @property
+    def cluster(self) -> ClusterController | None: ...
+
+    @property
+    def blocked_reason(self) -> str | None: ...
+
+    def cluster_summary(self) -> dict[str, Any]: ...
+
+
+def one_line(server: DumpHost) -> str:
     totals = server.broker.totals()
     queues = [q for v in server.broker.vhosts.values() for q in v.queues.values()]
     unacked = sum(
@@ -37,7 +76,7 @@ def one_line(server: Server) -> str:
     )
 
 
-def full(server: Server) -> str:
+def full(server: DumpHost) -> str:
     broker = server.broker
     lines = ["=== brokerd state dump ===", one_line(server)]
     lines.append(f"cluster: {server.cluster_summary()}")

@@ -21,14 +21,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 if TYPE_CHECKING:
-    from brokerd.server.app import Server
+    from brokerd.cluster.config import ClusterConfig
+    from brokerd.cluster.controller import ClusterController
+    from brokerd.model.broker import Broker
+    from brokerd.server.login import LoginService
+    from brokerd.server.loopwatch import LoopWatch
+    from brokerd.server.resources import ResourceMonitor
+    from brokerd.store.disk import DiskStore
 
 log = logging.getLogger("brokerd.metrics")
 
@@ -49,10 +55,42 @@ MAX_REQUEST_BYTES = 8192
 REQUEST_TIMEOUT = 5.0
 
 
+class MetricsHost(Protocol):
+    """What a scrape reads of the server (``brokerd.server.app.Server``)."""
+
+    @property
+    def spid(self) -> str: ...
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def logins(self) -> LoginService: ...
+
+    @property
+    def resources(self) -> ResourceMonitor: ...
+
+    @property
+    def store(self) -> DiskStore: ...
+
+    @property
+    def loopwatch(self) -> LoopWatch: ...
+
+    @property
+    def cluster(self) -> ClusterController | None: ...
+
+    @property
+    def cluster_config(self) -> ClusterConfig | None: ...
+
+    def counts(self) -> dict[str, int]: ...
+
+    def cluster_summary(self) -> dict[str, Any]: ...
+
+
 class BrokerCollector(Collector):
     """Builds every metric family from the server's model when scraped."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: MetricsHost) -> None:
         self.server = server
 
     def collect(self) -> Iterator[Metric]:
@@ -314,7 +352,7 @@ class BrokerCollector(Collector):
 class MetricsServer:
     """``GET /metrics`` over HTTP/1.0 on the broker's loop (one request per connection)."""
 
-    def __init__(self, server: Server, bind: str, port: int) -> None:
+    def __init__(self, server: MetricsHost, bind: str, port: int) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(BrokerCollector(server))
         self.bind = bind

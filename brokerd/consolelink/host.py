@@ -1,0 +1,118 @@
+"""What the console link needs from the server that runs it: ``ConsoleHost``.
+
+consolelink sits beside the server, below it: ``brokerd.server`` starts a
+``ConsoleLink`` with itself as the host, and nothing in consolelink imports
+``brokerd.server`` (tests/unit/test_layering.py checks it). The server
+satisfies this protocol structurally; a test can hand in any object with
+the members a path touches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from brokerd.cluster.config import ClusterConfig
+    from brokerd.config import BrokerConfig
+    from brokerd.model.broker import Broker
+
+
+class HostRefused(Exception):
+    """The host will not do what the console asked (root.enable on a standalone
+    broker, on a secondary); the message becomes the ack's ``error``."""
+
+
+class ConsoleHost(Protocol):
+    """The server as the console link sees it: identity for ``hello``, state for
+    ``status``, and the operations the console's commands run."""
+
+    # -- identity (hello) ---------------------------------------------------------
+
+    @property
+    def spid(self) -> str: ...
+
+    @property
+    def address(self) -> str:
+        """host:port this server is known by (the console's name for it)."""
+        ...
+
+    @property
+    def started(self) -> float:
+        """Start time, seconds since the epoch."""
+        ...
+
+    @property
+    def server_type(self) -> str:
+        """primary or secondary (what a clustered server was started as)."""
+        ...
+
+    @property
+    def status_interval(self) -> float:
+        """Seconds between statuses."""
+        ...
+
+    @property
+    def cluster_checksum(self) -> str | None:
+        """The cluster's known-hosts checksum; None without a running cluster."""
+        ...
+
+    # -- configuration ------------------------------------------------------------
+
+    @property
+    def config(self) -> BrokerConfig:
+        """The broker configuration in force."""
+        ...
+
+    @property
+    def cluster_config(self) -> ClusterConfig | None:
+        """The cluster configuration in force; None for a standalone broker."""
+        ...
+
+    def install_config(self, config: BrokerConfig) -> None: ...
+
+    def reconfigure_cluster(self, config: ClusterConfig) -> None: ...
+
+    def keep_console_config(self, record: dict[str, Any]) -> None:
+        """Keep the applied document with the durable wiring (applied again at start)."""
+        ...
+
+    # -- state (status) -----------------------------------------------------------
+
+    @property
+    def broker(self) -> Broker: ...
+
+    @property
+    def rates(self) -> Mapping[str, float]:
+        """Messages per second over the last second (published, routed, delivered)."""
+        ...
+
+    def counts(self) -> dict[str, int]: ...
+
+    def cluster_status(self) -> dict[str, Any] | None:
+        """The cluster controller's status; None for a standalone broker."""
+        ...
+
+    def resource_status(self) -> dict[str, Any]:
+        """Memory and disk readings against their limits."""
+        ...
+
+    def resource_alarms(self) -> list[dict[str, Any]]:
+        """The memory and disk alarms in effect."""
+        ...
+
+    def loop_status(self) -> dict[str, Any]:
+        """The event loop's lag and full collections."""
+        ...
+
+    # -- commands -----------------------------------------------------------------
+
+    def state_dump(self) -> str:
+        """The full multi-line state dump (as SIGUSR1 logs it)."""
+        ...
+
+    def set_root_enabled(self, enabled: bool) -> bool:
+        """Allow (or forbid) this server to be root; returns the setting now in
+        force. Raises ``HostRefused`` when the server cannot (not clustered, a
+        secondary)."""
+        ...

@@ -1,0 +1,79 @@
+"""The package layering docs/architecture.md describes, checked where it can break."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import brokerd
+
+BROKERD = Path(brokerd.__file__).resolve().parent
+HEAVY = ("lark", "pamqp", "brokerd.model.broker")
+
+
+@pytest.mark.parametrize("module", ["brokerd.config", "brokerd.configdoc"])
+def test_the_configuration_modules_load_no_parser_no_codec_no_model(module: str) -> None:
+    """The Django console and the Celery workers import these: neither lark (the
+    x-selector grammar), pamqp nor the broker model comes with them."""
+    code = f"import {module}, sys; print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def imported_modules(source: str, package: str) -> set[str]:
+    """Every module a file of ``package`` imports, wherever the import stands
+    (TYPE_CHECKING blocks, functions): relative names resolved against ``package``."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.rsplit(".", node.level - 1)[0]
+                base = f"{parent}.{base}" if base else parent
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_consolelink_never_imports_the_server() -> None:
+    """consolelink sits below the server and types against its ConsoleHost; not even
+    a TYPE_CHECKING import of brokerd.server."""
+    files = sorted((BROKERD / "consolelink").rglob("*.py"))
+    assert files
+    offending = {}
+    for path in files:
+        package = ".".join(path.relative_to(BROKERD.parent).parent.parts)
+        names = sorted(
+            name
+            for name in imported_modules(path.read_text(), package)
+            if name == "brokerd.server" or name.startswith("brokerd.server.")
+        )
+        if names:
+            offending[str(path.relative_to(BROKERD.parent))] = names
+    assert offending == {}
+
+
+def test_the_import_check_sees_type_checking_and_relative_imports() -> None:
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from brokerd.server.app import Server\n"
+        "def later():\n"
+        "    import brokerd.server.metrics\n"
+        "from ..server import dump\n"
+    )
+    names = imported_modules(source, "brokerd.consolelink")
+    assert {
+        "brokerd.server.app",
+        "brokerd.server.metrics",
+        "brokerd.server",
+        "brokerd.server.dump",
+    } <= names
