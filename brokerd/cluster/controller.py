@@ -1,12 +1,20 @@
 """The cluster controller: membership, wiring and messages, behind the connection hooks.
 
 ``ClusterController`` is the server's one cluster object. It *is* the
-membership state machine (``membership.Membership``: links, peers,
-heartbeats, admission, election) and owns the two planes built on it:
+membership (``membership.Membership``: links, peers, heartbeats, admission),
+which has the election loop (``standing``, a ``standing.Standing``), and it
+owns the objects built on it:
 
 - ``wiring`` (``wiring.WiringReplication``): the ordered cluster state;
 - ``plane`` (``forwarding.MessagePlane``): forwarded publishes, proxied
-  consumers and gets, the root's deliveries.
+  consumers and gets, the root's deliveries;
+- ``operations`` (``operations.OperatorCommands``): root enable/disable,
+  reconfiguration, fault injection and the status; the controller's methods
+  of the same names delegate to it.
+
+It implements the events membership and its standing announce
+(``standing.StandingEvents``: root taken or changed, a peer lost, a sync
+wanted, the lease renewed) by handing them to the planes.
 
 It installs the cluster's queue types into the clustered vhost (shared
 queues are ``queues.SharedQueue``; other servers' private queues are reached
@@ -84,7 +92,7 @@ class ClusterSink(Muxer):
         return ()
 
 
-class ClusterController(OperatorCommands, Membership):
+class ClusterController(Membership):
     def __init__(
         self,
         config: ClusterConfig,
@@ -95,6 +103,7 @@ class ClusterController(OperatorCommands, Membership):
         **kwargs: Any,
     ) -> None:
         super().__init__(config, broker=broker, **kwargs)
+        self.operations = OperatorCommands(self)
         self.plane = MessagePlane(self, broker, config.vhost, on_block)
         #: flow control: the server pauses and resumes reading connections with ``on_flow``
         self.flow = self.plane.flow
@@ -129,6 +138,23 @@ class ClusterController(OperatorCommands, Membership):
         stored decision is stale, and the stall check must demote us first."""
         return self.evaluate().is_root
 
+    # -- operator commands (``operations``) ---------------------------------------------
+
+    def set_root_enabled(self, enabled: bool) -> dict[str, Any]:
+        return self.operations.set_root_enabled(enabled)
+
+    def reconfigure(self, config: ClusterConfig) -> dict[str, Any]:
+        return self.operations.reconfigure(config)
+
+    def cut_link(self, spid: str) -> dict[str, Any]:
+        return self.operations.cut_link(spid)
+
+    def heal(self) -> dict[str, Any]:
+        return self.operations.heal()
+
+    def summary(self) -> dict[str, Any]:
+        return self.operations.summary()
+
     # -- connection hooks ---------------------------------------------------------------
 
     def delegate(self, conn: Connection, method: Method, done: WiringDone) -> bool:
@@ -143,7 +169,7 @@ class ClusterController(OperatorCommands, Membership):
         now = self.clock()
         hosts = dict.fromkeys(sorted(self.known))
         for peer in self.peers.values():
-            if peer.address and self.active(peer, now):
+            if peer.address and self.standing.active(peer, now):
                 hosts[peer.address] = None
         text = ""
         for host in hosts:
@@ -215,7 +241,7 @@ class ClusterController(OperatorCommands, Membership):
             for peer in self.peers.values()
             if peer.status is not None
             and peer.status.type == PRIMARY
-            and self.active(peer, now)
+            and self.standing.active(peer, now)
             and self.link_to(peer.spid) is not None
         ]
 
@@ -261,7 +287,8 @@ class ClusterController(OperatorCommands, Membership):
             self.raise_alarm("flow", f"flow control: publishers paced ({', '.join(kinds)} behind)")
 
     def status(self) -> dict[str, Any]:
-        out = super().status()
+        """Membership's status (``operations.status``) with the planes' added."""
+        out = self.operations.status()
         proxy = self.plane.proxy
         out.update(
             {

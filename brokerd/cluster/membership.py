@@ -1,13 +1,21 @@
 """Cluster membership: links, peers, heartbeats, statuses and admission.
 
-``Membership`` owns the outgoing links, learns peers from link handshakes and
-Cluster.Status messages, and answers the admission hooks: links are checked
-(cluster user, vhost, known-hosts checksum) and client connections wait in
-connection.open while the cluster has no root. Its base ``standing.Standing``
-runs the election loop over the view this builds. The wiring and message
-planes (``wiring``, ``forwarding``) build on it through a few methods:
-``root()``, ``link_to(spid)``, ``post(spid, kind, body)`` and the events it
-calls on itself (``peer_lost``, ``link_ready``, ``root_changed``), which the
+``Membership`` owns the identity, the configuration, the outgoing links, the
+peers (``peers.Peer``, learnt from link handshakes and Cluster.Status
+messages), the alarms and the heartbeat, and answers the admission hooks:
+links are checked (cluster user, vhost, known-hosts checksum) and client
+connections wait in connection.open while the cluster has no root.
+
+The election loop over the view this builds is an object membership has,
+``standing`` (``standing.Standing``), which owns the election's state: the
+decision, the announced role, the lease, readiness, the root recognised.
+Membership is both its ``StandingHost`` (what it reads) and its
+``StandingEvents`` (what it announces), and reads that state back through
+thin properties (``decision``, ``ready``, ``current_root``, ``root()``,
+``evaluate()``...). The wiring and message planes (``wiring``,
+``forwarding``) build on membership through a few methods: ``root()``,
+``link_to(spid)``, ``post(spid, kind, body)`` and the events it calls on
+itself (``peer_lost``, ``link_ready``, ``root_changed``), which the
 controller overrides.
 
 A peer is known to be *gone* at once, without waiting for the heartbeat
@@ -27,15 +35,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster import messages
 from brokerd.cluster.config import ClusterConfig
-from brokerd.cluster.election import PRIMARY, SECONDARY, Decision
+from brokerd.cluster.election import PRIMARY, SECONDARY, Decision, View
 from brokerd.cluster.latency import LatencyWindow
 from brokerd.cluster.link import Link
 from brokerd.cluster.messages import LINK_PROPERTY, MessageError, Root, Status
+from brokerd.cluster.peers import Alarm, Peer
 from brokerd.cluster.standing import Standing
 from brokerd.model.broker import Broker
 from brokerd.model.errors import (
@@ -52,41 +60,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("brokerd.cluster")
 
 
-@dataclass
-class Peer:
-    spid: str
-    type: str = PRIMARY
-    start_time: float = 0.0
-    address: str = ""
-    aliases: set[str] = field(default_factory=set)
-    status: Status | None = None
-    last_seen: float = float("-inf")
-    #: when its statuses started arriving again after a silence (it may not know the root yet)
-    active_since: float = float("-inf")
-    link: Link | None = None
-    inbound: set[int] = field(default_factory=set)
-    #: wall-clock time its latest status arrived (for the round-trip echo)
-    received_at: float = 0.0
-    #: link round-trip time from the echo of our own status, in milliseconds
-    rtt_ms: float | None = None
-    #: its connections closed and its port refused a new one: its process has ended
-    gone: bool = False
-    #: when we last answered a status of its that asked for one
-    answered_at: float = float("-inf")
-    #: since it was heard again, a status of its named the root we recognise: its
-    #: vote is current (it counts at once, no abstention after a rejoin)
-    caught_up: bool = False
-
-
-@dataclass
-class Alarm:
-    kind: str
-    message: str
-    since: float
-
-
-class Membership(Standing):
-    """One server's view of the cluster and its part in the election."""
+class Membership:
+    """One server's view of the cluster; its part in the election is ``standing``."""
 
     def __init__(
         self,
@@ -128,33 +103,16 @@ class Membership(Standing):
         self.listed = False
         #: known-host addresses that turned out to be this server
         self.own_addresses: set[str] = set()
-        self.decision = Decision(None, False, False, "starting")
-        self.role_root = False
-        self.elected = False
-        self.suspended_since: float | None = None
-        self.detached: str | None = None
-        self._unreached: tuple[str, float] | None = None
-        self.stopping = False
-        self._sent: dict[float, float] = {}
-        self._stance: tuple[str | None, bool] = (None, self.root_enabled)
-        self.stance_at = float("-inf")
+        #: the election loop and its state: this object is its host and its listener
+        self.standing = Standing(self, self)
         #: what our last broadcast status said (vote, role, candidacy, root, checksum)
         self._told: tuple[Any, ...] = ()
         self._asked_at = float("-inf")
         self._last_tick = float("-inf")
-        self.ready = False
-        self.not_ready_reason = "no root elected yet"
-        self.started = clock()
-        self._last_eval = 0.0
         self._task: asyncio.Task[None] | None = None
         self._sends: set[asyncio.Task[Any]] = set()
         # wiring replication
         self.broker = broker
-        #: the root recognised at the last evaluation (root_changed fires on a change)
-        self.current_root: str | None = None
-        self.last_root: str | None = None
-        #: peers active at the last evaluation (peer_lost fires when one drops out)
-        self._was_active: set[str] = set()
         #: status-echo round trips (the root's lease rests on them): p50/p99/max
         self.echo_rtt = LatencyWindow(1024)
         #: per peer and lane: the inbound connection its messages last came on
@@ -162,11 +120,60 @@ class Membership(Standing):
         #: the lane (control or data) of each inbound link connection
         self.lanes: dict[int, str] = {}
 
+    # -- the standing, read back (``standing`` owns it; see the module docstring) ----
+
+    @property
+    def decision(self) -> Decision:
+        return self.standing.decision
+
+    @property
+    def acting(self) -> bool:
+        return self.standing.acting
+
+    @property
+    def role_root(self) -> bool:
+        return self.standing.role_root
+
+    @property
+    def current_root(self) -> str | None:
+        return self.standing.current_root
+
+    @property
+    def ready(self) -> bool:
+        return self.standing.ready
+
+    @property
+    def not_ready_reason(self) -> str:
+        return self.standing.not_ready_reason
+
+    @property
+    def detached(self) -> str | None:
+        return self.standing.detached
+
+    @property
+    def stopping(self) -> bool:
+        return self.standing.stopping
+
+    def evaluate(self) -> Decision:
+        return self.standing.evaluate()
+
+    def root(self, view: View | None = None, now: float | None = None) -> str | None:
+        return self.standing.root(view, now)
+
+    def known_primaries(self, now: float) -> int:
+        return self.standing.known_primaries(now)
+
+    def step_down(self) -> None:
+        self.standing.step_down()
+
+    async def hand_over(self, limit: float | None = None) -> None:
+        await self.standing.hand_over(limit)
+
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
         for host in self.config.known_hosts:
-            self._add_link(str(host))
+            self.add_link(str(host))
         self._task = asyncio.get_running_loop().create_task(self._heartbeat())
         log.info(
             "cluster start spid=%s type=%s known_hosts=%s checksum=%s",
@@ -195,7 +202,7 @@ class Membership(Standing):
             "checksum": self.checksum,
         }
 
-    def _add_link(self, address: str) -> None:
+    def add_link(self, address: str) -> None:
         if address in self.links:
             return
         link = Link(
@@ -299,11 +306,13 @@ class Membership(Standing):
                 NOT_ALLOWED, f"this cluster serves vhost '{self.config.vhost}' only"
             )
         self.evaluate()
-        if self.detached is not None:
+        if self.standing.detached is not None:
             # waiting here would last as long as the cut: send the client elsewhere now
-            raise ConnectionError_(CONNECTION_FORCED, f"cluster: {self.not_ready_reason}")
-        if not self.ready:
-            return Wait(f"cluster not ready: {self.not_ready_reason}", self.config.open_timeout)
+            raise ConnectionError_(CONNECTION_FORCED, f"cluster: {self.standing.not_ready_reason}")
+        if not self.standing.ready:
+            return Wait(
+                f"cluster not ready: {self.standing.not_ready_reason}", self.config.open_timeout
+            )
         return None
 
     def _admit_link(self, conn: Connection, props: dict[str, Any]) -> None:
@@ -343,7 +352,7 @@ class Membership(Standing):
         if (peer.link is None or not peer.link.up) and callback and callback not in self.links:
             # an unknown server linked to us (a secondary, a new primary): link back
             log.info("link back peer=%s callback=%s", spid, callback)
-            self._add_link(callback)
+            self.add_link(callback)
         return None
 
     def login_refused(self, conn: Connection, reason: str) -> None:
@@ -384,10 +393,10 @@ class Membership(Standing):
         peer = self._peer(spid)
         if isinstance(message, Status):
             now = self.clock()
-            if not self.active(peer, now):
+            if not self.standing.active(peer, now):
                 peer.active_since = now
                 peer.caught_up = False
-            if message.root is not None and message.root == self.current_root:
+            if message.root is not None and message.root == self.standing.current_root:
                 peer.caught_up = True
             peer.status = message
             peer.type = message.type
@@ -411,6 +420,8 @@ class Membership(Standing):
         if isinstance(message, Status) and message.reply:
             self._answer(peer)
 
+    # -- events: the planes' (overridden by the controller), and the standing's ------
+
     def link_ready(self, spid: str) -> None:
         """The outgoing link to a peer came up."""
 
@@ -421,6 +432,36 @@ class Membership(Standing):
         """A message for the wiring or message plane (overridden by the controller)."""
         log.warning("cluster message refused from=%s: unknown kind %r", spid, kind)
 
+    def became_root(self) -> None:
+        """This server has just taken root."""
+
+    def root_changed(self, old: str | None, new: str | None) -> None:
+        """The root this server recognises changed (None: there is none)."""
+
+    def peer_lost(self, spid: str, why: str) -> None:
+        """A peer went inactive, or a link with it dropped: what was in flight with it
+        is void."""
+
+    def synced(self, root: str) -> None:
+        """This server has just taken the root's wiring."""
+
+    def in_sync(self, root: str) -> bool:
+        """Does this server hold the root's wiring (it may serve clients)?"""
+        return True
+
+    def want_sync(self, root: str) -> None:
+        """Ask the root for its wiring."""
+
+    def ready_changed(self, ready: bool, reason: str) -> None:
+        """This server became ready to serve clients, or stopped being so."""
+        if self.on_ready_change is not None:
+            self.on_ready_change(ready, reason)
+
+    def detach(self, reason: str) -> None:
+        """This server cannot reach the root the others reach: its clients go elsewhere."""
+        if self.on_detach is not None:
+            self.on_detach(reason)
+
     # -- heartbeats ------------------------------------------------------------------
 
     def status_message(self, *, ask: bool = False) -> Status:
@@ -428,30 +469,27 @@ class Membership(Standing):
         now = self.clock()
         wall = self.wall()
         copy = self.copy_position()
-        self._sent.setdefault(wall, now)  # the earlier send, if the clock did not move
-        if len(self._sent) > 8:  # forget sends too old to back a lease
-            horizon = now - self.config.heartbeat_timeout
-            self._sent = {w: t for w, t in self._sent.items() if t >= horizon}
+        self.standing.record_sent(wall, now)
         return Status(
             spid=self.spid,
             type=self.type,
             start_time=self.start_time,
             checksum=self.checksum,
-            root_enabled=self.candidate,
-            vote=self.decision.vote,
-            is_root=self.role_root,
+            root_enabled=self.standing.candidate,
+            vote=self.standing.decision.vote,
+            is_root=self.standing.role_root,
             listed=self.listed,
             address=self.address,
-            peers=[p.spid for p in self.peers.values() if self.active(p, now)],
+            peers=[p.spid for p in self.peers.values() if self.standing.active(p, now)],
             load=self.load(),
             state_seq=self.state_seq(),
             sent_at=wall,
             echo={
                 p.spid: (p.status.sent_at, round(wall - p.received_at, 6))
                 for p in self.peers.values()
-                if p.status is not None and self.active(p, now)
+                if p.status is not None and self.standing.active(p, now)
             },
-            root=self.current_root,
+            root=self.standing.current_root,
             syncing=not self.copy_complete(),
             copy_source=copy[0] if copy is not None else None,
             copy_seq=copy[1] if copy is not None else 0,
@@ -479,8 +517,8 @@ class Membership(Standing):
         if now - self._last_tick >= 0.9 * interval:
             self._last_tick = now
             self.tick()
-        self._send_status_all(now, ask=self.elected or self._suspect(now))
-        return interval / 2 if self.role_root else interval
+        self._send_status_all(now, ask=self.standing.elected or self.standing.suspect(now))
+        return interval / 2 if self.standing.role_root else interval
 
     def tick(self) -> None:
         """Once a heartbeat: retries and timeouts of the planes (overridden)."""
@@ -505,29 +543,21 @@ class Membership(Standing):
         """Send our status at once when what peers elect on changed (vote, role,
         candidacy, the root we recognise), or, at most every quarter interval,
         when we need answers (a root renewing its lease, a suspected cut)."""
-        told = (
-            self.decision.vote,
-            self.role_root,
-            self.candidate,
-            self.current_root,
-            self.checksum,
-        )
-        if told != self._told or (
+        if self._telling() != self._told or (
             ask and now - self._asked_at >= self.config.heartbeat_interval / 4
         ):
             self._send_status_all(now, ask=ask)
 
     def _send_status_all(self, now: float, *, ask: bool) -> None:
-        self._told = (
-            self.decision.vote,
-            self.role_root,
-            self.candidate,
-            self.current_root,
-            self.checksum,
-        )
+        self._told = self._telling()
         if ask:
             self._asked_at = now
-        self._broadcast(self.status_message(ask=ask))
+        self.broadcast(self.status_message(ask=ask))
+
+    def _telling(self) -> tuple[Any, ...]:
+        """What peers elect on, as our status says it now (see ``_told``)."""
+        s = self.standing
+        return (s.decision.vote, s.role_root, s.candidate, s.current_root, self.checksum)
 
     def _answer(self, peer: Peer) -> None:
         """A peer asked for our status: send it to that peer only (an answer never
@@ -545,7 +575,7 @@ class Membership(Standing):
         kind, body = messages.encode(self.status_message())
         link.post(kind, body)
 
-    def _broadcast(self, message: Status | Root) -> None:
+    def broadcast(self, message: Status | Root) -> None:
         self._send_all(*messages.encode(message))
 
     def _send_all(self, kind: str, body: bytes) -> None:
@@ -584,7 +614,7 @@ class Membership(Standing):
         """A control message is about to go to ``spid``: what was queued for it before
         must go first (the controller flushes the message plane's batch)."""
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> None:
         try:
             task = asyncio.get_running_loop().create_task(coro)
         except RuntimeError:  # no loop (unit tests of the pure parts)

@@ -1,10 +1,21 @@
 """Where this server stands: the election loop over its view, the root's lease,
 readiness, and whether it can reach the root at all.
 
-``Standing`` is the base of ``membership.Membership`` and works on its state
-(peers, links, the decision). ``evaluate`` runs on every status received, every
-heartbeat and every admission; it re-runs the pure election
-(``election.decide``) and turns its outcome into the server's *role*:
+``Standing`` is an object that ``membership.Membership`` has (``standing``).
+It owns the election's state outright: the decision, the announced role, the
+lease's bookkeeping (our statuses' send times, our stance), suspension,
+detachment, the root recognised, readiness and stopping. What it reads of
+membership (configuration, identity, the known hosts, the peers, the clock,
+the links, the copy's position, whether we hold the root's wiring) comes
+through the ``StandingHost`` protocol; what it announces (root taken or
+changed, a peer lost, a sync wanted, the lease renewed, readiness, a detach,
+our status, a ``cluster.root``) goes through the ``StandingEvents`` protocol.
+``Membership`` is both (the controller overrides the planes' part of the
+events), and reads the state here back through thin properties.
+
+``evaluate`` runs on every status received, every heartbeat and every
+admission; it re-runs the pure election (``election.decide``) and turns its
+outcome into the server's *role*:
 
 - **acting** (``decision.is_root``): elected and holding the lease, so it may
   order wiring and answer as root;
@@ -37,7 +48,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from brokerd.cluster.election import PRIMARY, Decision, Member, View, decide, holds_lease
 from brokerd.cluster.messages import Root
@@ -45,13 +56,13 @@ from brokerd.cluster.messages import Root
 if TYPE_CHECKING:
     from brokerd.cluster.config import ClusterConfig
     from brokerd.cluster.link import Link
-    from brokerd.cluster.membership import Peer
+    from brokerd.cluster.peers import Peer
 
 log = logging.getLogger("brokerd.cluster")
 
 
-class Standing:
-    """The election loop of ``Membership`` (which provides the state below)."""
+class StandingHost(Protocol):
+    """What the election reads of membership (``Membership`` provides it)."""
 
     config: ClusterConfig
     spid: str
@@ -59,52 +70,81 @@ class Standing:
     start_time: float
     checksum: str
     known: set[str]
+    #: known-host addresses that turned out to be this server
     own_addresses: set[str]
     listed: bool
     root_enabled: bool
     peers: dict[str, Peer]
     clock: Callable[[], float]
-    on_ready_change: Callable[[bool, str], None] | None
-    on_detach: Callable[[str], None] | None
-    decision: Decision
-    ready: bool
-    not_ready_reason: str
-    started: float
-    stopping: bool
-    #: the role announced to peers (see the module docstring)
-    role_root: bool
-    #: the election alone made this server root at the last evaluation
-    elected: bool
-    #: when the lease ran out while still elected (None: not suspended)
-    suspended_since: float | None
-    #: the root this server cannot reach while others can (None: not detached)
-    detached: str | None
-    #: the root ``unreachable_root`` names, and since when (detached after a grace)
-    _unreached: tuple[str, float] | None
-    #: the root recognised at the last evaluation (root_changed fires on a change)
-    current_root: str | None
-    #: the last root recognised (not None): the stream the copies follow
-    last_root: str | None
-    _last_eval: float
-    _was_active: set[str]
-    #: our own statuses: wall-clock ``sent_at`` -> our clock at sending (for echoes)
-    _sent: dict[float, float]
-    #: our vote and candidacy, and when they last changed (our clock)
-    _stance: tuple[str | None, bool]
-    stance_at: float
 
-    # provided by Membership
     def link_to(self, spid: str | None) -> Link | None: ...
-    def tell(self, now: float, *, ask: bool) -> None: ...
-    def _broadcast(self, message: Any) -> None: ...
     def copy_complete(self) -> bool: ...
     def copy_position(self) -> tuple[str, int] | None: ...
+    def in_sync(self, root: str) -> bool: ...
+
+
+class StandingEvents(Protocol):
+    """What the election announces (``Membership`` implements it; the controller
+    overrides the part the planes follow)."""
+
+    def became_root(self) -> None: ...
+    def root_changed(self, old: str | None, new: str | None) -> None: ...
+    def peer_lost(self, spid: str, why: str) -> None: ...
+    def want_sync(self, root: str) -> None: ...
     def lease_renewed(self) -> None: ...
+    def ready_changed(self, ready: bool, reason: str) -> None: ...
+    def detach(self, reason: str) -> None: ...
+    def tell(self, now: float, *, ask: bool) -> None: ...
+    def broadcast(self, message: Root) -> None: ...
+
+
+class Standing:
+    """The election loop of one server, over its host's view of the cluster."""
+
+    def __init__(self, host: StandingHost, events: StandingEvents) -> None:
+        self.host = host
+        self.events = events
+        self.decision = Decision(None, False, False, "starting")
+        #: the role announced to peers (see the module docstring)
+        self.role_root = False
+        #: the election alone made this server root at the last evaluation
+        self.elected = False
+        #: when the lease ran out while still elected (None: not suspended)
+        self.suspended_since: float | None = None
+        #: the root this server cannot reach while others can (None: not detached)
+        self.detached: str | None = None
+        #: the root ``unreachable_root`` names, and since when (detached after a grace)
+        self._unreached: tuple[str, float] | None = None
+        #: leaving the election (``step_down``): it abstains and is no candidate
+        self.stopping = False
+        #: our own statuses: wall-clock ``sent_at`` -> our clock at sending (for echoes)
+        self._sent: dict[float, float] = {}
+        #: our vote and candidacy, and when they last changed (our clock)
+        self._stance: tuple[str | None, bool] = (None, host.root_enabled)
+        self.stance_at = float("-inf")
+        self.ready = False
+        self.not_ready_reason = "no root elected yet"
+        #: the start of the start-up window (moved on a stall, see ``elect``)
+        self.started = host.clock()
+        self._last_eval = 0.0
+        #: the root recognised at the last evaluation (root_changed fires on a change)
+        self.current_root: str | None = None
+        #: the last root recognised (not None): the stream the copies follow
+        self.last_root: str | None = None
+        #: peers active at the last evaluation (peer_lost fires when one drops out)
+        self._was_active: set[str] = set()
 
     @property
     def acting(self) -> bool:
         """Elected and holding the lease: it may order wiring, confirm and deliver."""
         return self.decision.is_root
+
+    def record_sent(self, wall: float, now: float) -> None:
+        """A status of ours leaves, stamped ``wall`` (for the echoes that back the lease)."""
+        self._sent.setdefault(wall, now)  # the earlier send, if the clock did not move
+        if len(self._sent) > 8:  # forget sends too old to back a lease
+            horizon = now - self.host.config.heartbeat_timeout
+            self._sent = {w: t for w, t in self._sent.items() if t >= horizon}
 
     # -- the view ---------------------------------------------------------------------
 
@@ -123,8 +163,8 @@ class Standing:
         in the beat it falls, on either side: the followers still hear a paused
         root, and a root back from a pause still counts the followers it read last
         before it. The lease stays safe, since it rests on echoes, not on this."""
-        interval = self.config.heartbeat_interval
-        return self.config.heartbeat_timeout + (interval / 2 if root else interval)
+        interval = self.host.config.heartbeat_interval
+        return self.host.config.heartbeat_timeout + (interval / 2 if root else interval)
 
     @property
     def lease(self) -> float:
@@ -133,21 +173,21 @@ class Standing:
         clock running slow by up to interval/timeout still errs on the safe side.
         The root beats every half interval and its followers answer at once, so in
         steady state the echoes are half an interval old."""
-        return self.config.heartbeat_timeout - self.config.heartbeat_interval
+        return self.host.config.heartbeat_timeout - self.host.config.heartbeat_interval
 
     def echo_age(self, peer: Peer, now: float) -> float | None:
         """Seconds since we sent the status of ours that the peer's latest echoes;
         None if we sent it before our vote or candidacy last changed: a vote cast
         without knowing our present stance is not a vote for it (it may be counted
         by the server we voted for meanwhile)."""
-        echo = peer.status.echo.get(self.spid) if peer.status is not None else None
+        echo = peer.status.echo.get(self.host.spid) if peer.status is not None else None
         sent = self._sent.get(echo[0]) if echo is not None else None
         return None if sent is None or sent < self.stance_at else now - sent
 
     def view(self, now: float) -> View:
         members = []
         sitting = None
-        for peer in self.peers.values():
+        for peer in self.host.peers.values():
             status = peer.status
             if status is None:
                 continue
@@ -155,7 +195,9 @@ class Standing:
             # a peer heard again only just now voted before it could know the
             # sitting root: count it as abstaining for one timeout, unless it has
             # shown it knows our root already (a primary that rejoined and synced)
-            settled = peer.caught_up or now - peer.active_since >= self.config.heartbeat_timeout
+            settled = (
+                peer.caught_up or now - peer.active_since >= self.host.config.heartbeat_timeout
+            )
             if active and status.is_root and (sitting is None or peer.spid < sitting):
                 sitting = peer.spid
             members.append(
@@ -176,25 +218,25 @@ class Standing:
                 )
             )
         if self.role_root:
-            sitting = self.spid
+            sitting = self.host.spid
         me = Member(
-            spid=self.spid,
-            type=self.type,
-            start_time=self.start_time,
+            spid=self.host.spid,
+            type=self.host.type,
+            start_time=self.host.start_time,
             root_enabled=self.candidate,
-            checksum=self.checksum,
+            checksum=self.host.checksum,
             active=True,
             vote=self.decision.vote,
-            listed=self.listed,
-            syncing=not self.copy_complete(),
-            copy=self.copy_position(),
+            listed=self.host.listed,
+            syncing=not self.host.copy_complete(),
+            copy=self.host.copy_position(),
         )
         return View(me, tuple(members), self.known_primaries(now), sitting, self.last_root)
 
     @property
     def candidate(self) -> bool:
         """Root enabled, and not on its way out (a stopping server leaves the race)."""
-        return self.root_enabled and not self.stopping
+        return self.host.root_enabled and not self.stopping
 
     def known_primaries(self, now: float) -> int:
         """Distinct servers among the known hosts, the quorum's denominator.
@@ -204,12 +246,14 @@ class Standing:
         address may since belong to another server), so a listed name that no
         link has resolved yet still counts on its own: never fewer servers than
         there are, only sometimes more, which errs on the safe side."""
-        groups = [self.own_addresses & self.known]
-        groups += [p.aliases & self.known for p in self.peers.values() if self.active(p, now)]
+        groups = [self.host.own_addresses & self.host.known]
+        groups += [
+            p.aliases & self.host.known for p in self.host.peers.values() if self.active(p, now)
+        ]
         # a name claimed by two servers is ambiguous (moved, or a stale record): it merges nothing
         claims = Counter(name for group in groups for name in group)
         merged = (sum(claims[name] == 1 for name in group) for group in groups)
-        return len(self.known) - sum(n - 1 for n in merged if n > 1)
+        return len(self.host.known) - sum(n - 1 for n in merged if n > 1)
 
     # -- the election loop ------------------------------------------------------------
 
@@ -222,20 +266,20 @@ class Standing:
             log.warning(
                 "stalled for %.1fs spid=%s: abstaining for a while",
                 now - self._last_eval,
-                self.spid,
+                self.host.spid,
             )
             self.started = now
         self._last_eval = now
         decision = decide(view)
         heard = [m for m in view.members() if m.voter and m.active]
-        if self.type == PRIMARY and 2 * len(heard) <= view.known_primaries:
+        if self.host.type == PRIMARY and 2 * len(heard) <= view.known_primaries:
             # hearing too few primaries (just restarted, links still backing off,
             # the minority side of a partition): a vote from this view would only
             # unseat a root we cannot see, so abstain
             decision = Decision(None, False, False, decision.reason)
-        if now - self.started < self.config.heartbeat_timeout:
+        if now - self.started < self.host.config.heartbeat_timeout:
             if self._joined(now):
-                self.started = now - self.config.heartbeat_timeout  # the window is over
+                self.started = now - self.host.config.heartbeat_timeout  # the window is over
             else:
                 # give every known host a chance to link before the first vote,
                 # so the cluster forms around its most senior primary
@@ -251,11 +295,11 @@ class Standing:
         rejoin). After a stall every peer is stale, so this is false until the
         root is heard again."""
         root = self.root(now=now)
-        return root is not None and root != self.spid and self.in_sync(root)
+        return root is not None and root != self.host.spid and self.host.in_sync(root)
 
     def evaluate(self) -> Decision:
         """Re-run the election on the current view; act, announce and log changes."""
-        now = self.clock()
+        now = self.host.clock()
         view = self.view(now)
         decision = self.elect(view, now)
         stance = (decision.vote, self.candidate)
@@ -275,29 +319,29 @@ class Standing:
         self.decision = decision
         self._settle_role(now)
         root = self.root(now=now)
-        active = {p.spid for p in self.peers.values() if self.active(p, now)}
+        active = {p.spid for p in self.host.peers.values() if self.active(p, now)}
         for spid in self._was_active - active:
-            self.peer_lost(spid, "inactive")
+            self.events.peer_lost(spid, "inactive")
         self._was_active = active
         if root != self.current_root:
             old, self.current_root = self.current_root, root
             if root is not None:
                 self.last_root = root
-                for peer in self.peers.values():
+                for peer in self.host.peers.values():
                     if peer.status is not None and peer.status.root == root:
                         peer.caught_up = True  # it named this root first: its vote is current
-            log.warning("root changed spid=%s from=%s to=%s", self.spid, old, root)
-            self.root_changed(old, root)
-        if root is not None and root != self.spid and not self.in_sync(root):
-            self.want_sync(root)
+            log.warning("root changed spid=%s from=%s to=%s", self.host.spid, old, root)
+            self.events.root_changed(old, root)
+        if root is not None and root != self.host.spid and not self.host.in_sync(root):
+            self.events.want_sync(root)
         self._settle_readiness(view, root, now)
         # answers are asked for here only when needed at once: elected without the
         # lease (taking root, or suspended), the root fell silent for us, or a peer
         # says it hears a root we do not (that root answers at once if it can)
-        self.tell(
+        self.events.tell(
             now,
             ask=(self.elected and not decision.is_root)
-            or self._suspect(now)
+            or self.suspect(now)
             or (self._unreached is not None and self.detached is None),
         )
         return decision
@@ -308,50 +352,49 @@ class Standing:
         if decision.is_root:
             if self.suspended_since is not None:
                 self.suspended_since = None
-                log.warning("root taken spid=%s reason=lease renewed", self.spid)
-                self.lease_renewed()
+                log.warning("root taken spid=%s reason=lease renewed", self.host.spid)
+                self.events.lease_renewed()
             if not self.role_root:
                 self.role_root = True
-                self.became_root()
-                log.warning("root taken spid=%s reason=%s", self.spid, decision.reason)
-                self._broadcast(Root(self.spid, True, decision.reason))
+                self.events.became_root()
+                log.warning("root taken spid=%s reason=%s", self.host.spid, decision.reason)
+                self.events.broadcast(Root(self.host.spid, True, decision.reason))
             return
         if not self.role_root:
             return
         if self.elected and (
             self.suspended_since is None
-            or now - self.suspended_since < self.config.heartbeat_interval
+            or now - self.suspended_since < self.host.config.heartbeat_interval
         ):
             if self.suspended_since is None:
                 self.suspended_since = now
                 # logged as a release: it acts as root no more until the lease is back
                 log.warning(
                     "root released spid=%s reason=%s (suspended: asking for fresh echoes)",
-                    self.spid,
+                    self.host.spid,
                     decision.reason,
                 )
             return
         self.role_root = False
         if self.suspended_since is None:
-            log.warning("root released spid=%s reason=%s", self.spid, decision.reason)
+            log.warning("root released spid=%s reason=%s", self.host.spid, decision.reason)
         else:
-            log.warning("root given up spid=%s reason=%s", self.spid, decision.reason)
+            log.warning("root given up spid=%s reason=%s", self.host.spid, decision.reason)
         self.suspended_since = None
-        self._broadcast(Root(self.spid, False, decision.reason))
+        self.events.broadcast(Root(self.host.spid, False, decision.reason))
 
     def _settle_readiness(self, view: View, root: str | None, now: float) -> None:
-        in_sync = root is not None and (root == self.spid or self.in_sync(root))
+        in_sync = root is not None and (root == self.host.spid or self.host.in_sync(root))
         detached = self._detach_check(
-            None if root == self.spid else self.unreachable_root(now), now
+            None if root == self.host.spid else self.unreachable_root(now), now
         )
         if detached != self.detached:
             self.detached = detached
             if detached is not None:
-                log.warning("detached spid=%s: %s", self.spid, self.detached_reason())
-                if self.on_detach is not None:
-                    _soon(self.on_detach, f"cluster: {self.detached_reason()}")
+                log.warning("detached spid=%s: %s", self.host.spid, self.detached_reason())
+                _soon(self.events.detach, f"cluster: {self.detached_reason()}")
             else:
-                log.warning("reattached spid=%s root=%s", self.spid, root)
+                log.warning("reattached spid=%s root=%s", self.host.spid, root)
         ready = in_sync and detached is None
         if detached is not None:
             reason = self.detached_reason()
@@ -365,14 +408,13 @@ class Standing:
             log.warning(
                 "cluster %s spid=%s root=%s %s",
                 "ready" if ready else "not ready",
-                self.spid,
+                self.host.spid,
                 root,
                 reason,
             )
             self.ready = ready
             self.not_ready_reason = reason
-            if self.on_ready_change is not None:
-                self.on_ready_change(ready, reason)
+            self.events.ready_changed(ready, reason)
         self.not_ready_reason = reason
 
     def no_root_reason(self, view: View, decision: Decision) -> str:
@@ -383,18 +425,18 @@ class Standing:
                 f"no root: quorum lost, {len(voters)} of {view.known_primaries} "
                 "known primaries reachable"
             )
-        if not any(m.root_enabled and m.checksum == self.checksum for m in voters):
+        if not any(m.root_enabled and m.checksum == self.host.checksum for m in voters):
             return "no root: root is disabled on every reachable primary"
-        if self.type != PRIMARY:
+        if self.host.type != PRIMARY:
             return "no root: the primaries are electing one"
         return f"no root: {decision.reason}"
 
     def root(self, view: View | None = None, now: float | None = None) -> str | None:
         """The root this server recognises: itself, or an active peer that says it is."""
         if self.role_root:
-            return self.spid
-        now = self.clock() if now is None else now
-        for peer in self.peers.values():
+            return self.host.spid
+        now = self.host.clock() if now is None else now
+        for peer in self.host.peers.values():
             if peer.status is not None and peer.status.is_root and self.active(peer, now):
                 return peer.spid
         return None
@@ -407,7 +449,7 @@ class Standing:
         and abstain, so that no peer sees the port refused while this is root."""
         if not self.stopping:
             self.stopping = True
-            log.warning("stepping down spid=%s: stopping", self.spid)
+            log.warning("stepping down spid=%s: stopping", self.host.spid)
             self.evaluate()
 
     async def hand_over(self, limit: float | None = None) -> None:
@@ -418,22 +460,24 @@ class Standing:
         self.step_down()
         if not was_root:
             return
-        deadline = self.clock() + (self.config.heartbeat_timeout if limit is None else limit)
-        while self.clock() < deadline and self._successor_possible():
+        deadline = self.host.clock() + (
+            self.host.config.heartbeat_timeout if limit is None else limit
+        )
+        while self.host.clock() < deadline and self._successor_possible():
             await asyncio.sleep(0.005)
             self.evaluate()
-            if self.current_root not in (None, self.spid):
-                log.warning("handed over spid=%s root=%s", self.spid, self.current_root)
+            if self.current_root not in (None, self.host.spid):
+                log.warning("handed over spid=%s root=%s", self.host.spid, self.current_root)
                 return
-        log.warning("stepping down spid=%s: no successor", self.spid)
+        log.warning("stepping down spid=%s: no successor", self.host.spid)
 
     def _successor_possible(self) -> bool:
         """The primaries we hear, without us, can elect a root: a quorum of them, and
         one is a candidate (otherwise waiting for a successor is waiting in vain)."""
-        view = self.view(self.clock())
+        view = self.view(self.host.clock())
         voters = [m for m in view.peers if m.voter and m.active]
         return 2 * len(voters) > view.known_primaries and any(
-            m.root_enabled and m.checksum == self.checksum for m in voters
+            m.root_enabled and m.checksum == self.host.checksum for m in voters
         )
 
     # -- a root others reach and this server does not -----------------------------------
@@ -451,19 +495,19 @@ class Standing:
         servers and not others: one beat, not two), so this never fires on a
         failover; a server cut off from everyone has no witness, and waits (not
         ready) instead."""
-        interval = self.config.heartbeat_interval
-        for witness in self.peers.values():
+        interval = self.host.config.heartbeat_interval
+        for witness in self.host.peers.values():
             status = witness.status
             root = status.root if status is not None else None
-            if status is None or root in (None, self.spid, witness.spid):
+            if status is None or root in (None, self.host.spid, witness.spid):
                 continue
             if not self.active(witness, now) or now - witness.last_seen > 2 * interval:
                 continue
-            peer = self.peers.get(root) if root is not None else None
+            peer = self.host.peers.get(root) if root is not None else None
             if peer is None or peer.status is None or peer.gone:
                 continue
             silent = now - peer.last_seen
-            if silent <= (interval if self.link_to(root) is None else 2 * interval):
+            if silent <= (interval if self.host.link_to(root) is None else 2 * interval):
                 continue
             echo = status.echo.get(peer.spid)
             if echo is not None and echo[0] - peer.status.sent_at >= interval:
@@ -482,51 +526,29 @@ class Standing:
             return unreached
         if self._unreached is None or self._unreached[0] != unreached:
             self._unreached = (unreached, now)
-        if now - self._unreached[1] >= self.config.heartbeat_interval / 2:
+        if now - self._unreached[1] >= self.host.config.heartbeat_interval / 2:
             return unreached
         return None
 
-    def _suspect(self, now: float) -> bool:
+    def suspect(self, now: float) -> bool:
         """We have not heard our root for over an interval: ask peers for statuses, so
         that ``unreachable_root`` learns at once whether they still hear it."""
         root = self.current_root
-        peer = self.peers.get(root) if root is not None and root != self.spid else None
+        peer = self.host.peers.get(root) if root is not None and root != self.host.spid else None
         if peer is None or peer.status is None:
             return False
-        return now - peer.last_seen > self.config.heartbeat_interval
+        return now - peer.last_seen > self.host.config.heartbeat_interval
 
     def detached_reason(self) -> str:
         witnesses = [
             p.spid
-            for p in self.peers.values()
+            for p in self.host.peers.values()
             if p.status is not None and p.status.root == self.detached and p.spid != self.detached
         ]
         return (
             f"this server cannot reach root {self.detached} (reached by "
             f"{', '.join(sorted(witnesses)) or 'others'}): connect to another server"
         )
-
-    # -- events for the planes built on membership (the controller overrides them) -----
-
-    def became_root(self) -> None:
-        """This server has just taken root."""
-
-    def root_changed(self, old: str | None, new: str | None) -> None:
-        """The root this server recognises changed (None: there is none)."""
-
-    def peer_lost(self, spid: str, why: str) -> None:
-        """A peer went inactive, or a link with it dropped: what was in flight with it
-        is void."""
-
-    def synced(self, root: str) -> None:
-        """This server has just taken the root's wiring."""
-
-    def in_sync(self, root: str) -> bool:
-        """Does this server hold the root's wiring (it may serve clients)?"""
-        return True
-
-    def want_sync(self, root: str) -> None:
-        """Ask the root for its wiring."""
 
 
 def _soon(callback: Callable[[str], None], arg: str) -> None:

@@ -119,7 +119,7 @@ class Net:
             node.on_detach = lambda reason, node=node: node.detaches.append((node.clock(), reason))
             node.listed = True
             node.own_addresses = {f"h{i}:1"}
-            node.started = self.clock.now - 10  # past the start-up window
+            node.standing.started = self.clock.now - 10  # past the start-up window
             self.nodes.append(node)
         for i, node in enumerate(self.nodes):
             for j in range(size):

@@ -31,7 +31,7 @@ def make(
     ctl = ClusterController(
         CONFIG, spid=spid, server_type=server_type, start_time=start, address="h1:1", clock=clock
     )
-    ctl.started = clock.now - 10  # past the start-up grace
+    ctl.standing.started = clock.now - 10  # past the start-up grace
     ctl.listed = True
     return ctl, clock
 
@@ -174,7 +174,7 @@ def test_fault_injection_is_refused_unless_enabled() -> None:
     assert ctl.decision.is_root
     ctl.cut_link("s2")
     status(ctl, 11, "s2", 2.0, vote="s1")  # dropped while cut, like a real cut
-    clock.now += ctl.lease
+    clock.now += ctl.standing.lease
     ctl.evaluate()
     assert not ctl.decision.is_root  # s2's vote aged past the lease: no quorum
     assert ctl.peers["s2"].last_seen == 100.0
@@ -195,11 +195,11 @@ def test_a_cut_off_root_steps_down_before_its_followers_time_it_out() -> None:
     t0 = clock.now
     assert root.decision.is_root and root.role_root
     interval, timeout = CONFIG.heartbeat_interval, CONFIG.heartbeat_timeout
-    assert root.lease == timeout - interval
+    assert root.standing.lease == timeout - interval
     # nothing arrives any more (a cut): the root keeps acting until the lease runs out
-    clock.now = t0 + root.lease - 0.01
+    clock.now = t0 + root.standing.lease - 0.01
     assert root.evaluate().is_root
-    clock.now = t0 + root.lease
+    clock.now = t0 + root.standing.lease
     assert not root.evaluate().is_root and "lease" in root.decision.reason
     assert root.role_root and root.status()["suspended"]  # announced still, acting no more
     assert clock.now < t0 + timeout  # the followers still see it: no other root yet
@@ -251,7 +251,7 @@ def test_names_that_led_to_the_same_server_count_once_in_the_quorum() -> None:
     ctl = ClusterController(
         config, spid="s1", server_type="primary", start_time=1.0, address="h1:1", clock=clock
     )
-    ctl.started = clock.now - 10
+    ctl.standing.started = clock.now - 10
     ctl.listed = True
     assert ctl.known_primaries(clock.now) == 5  # nothing resolved yet: every name counts
     ctl.own_addresses |= {"h1:1", "localhost:1"}
