@@ -70,6 +70,14 @@ class BrokerProcess:
         return f"amqp://guest:guest@127.0.0.1:{self.port}/"
 
     def start(self) -> BrokerProcess:
+        """Spawn and wait until the AMQP port listens."""
+        self.spawn()
+        self.wait_listening()
+        return self
+
+    def spawn(self) -> BrokerProcess:
+        """Only start the process (``wait_listening`` waits for it): several brokers
+        spawned first and awaited after start in parallel."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child, closed below
         cmd = [
@@ -89,8 +97,10 @@ class BrokerProcess:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
-        wait_for_port(self.port, proc=self.proc, log_path=self.log_path)
         return self
+
+    def wait_listening(self, timeout: float = 15.0) -> None:
+        wait_for_port(self.port, timeout, proc=self.proc, log_path=self.log_path)
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -45,27 +45,29 @@ def test_standalone_broker_ignores_cluster_commands(tmp_path: Path) -> None:
 
 def test_aliases_collapse_by_spid_and_dumps_show_the_cluster_view(make_cluster) -> None:
     cluster = make_cluster(3, 0)
-    # the first server is listed twice, under two names
+    # one server (the first listed) is listed twice, under two names
+    port = cluster.primary_ports[0]
     text = cluster.file.read_text().replace(
-        "known_hosts = [", f'known_hosts = ["localhost:{cluster.primary_ports[0]}", '
+        "known_hosts = [", f'known_hosts = ["localhost:{port}", '
     )
     cluster.file.write_text(text)
     cluster.start_all()
+    twice = cluster.ports.index(port)
+    other = next(i for i in range(3) if i != twice)
     root = cluster.wait_until(cluster.agreed_root)
-    first, second = cluster.status(0), cluster.status(1)
+    first, second = cluster.status(twice), cluster.status(other)
     assert first is not None and second is not None
-    assert root == first["spid"]
-    # on the first server both names led to itself: one is kept as 'self'
+    assert root == cluster.spid(0)  # the eldest, however it is listed
+    # on the server listed twice both names led to itself: one is kept as 'self'
     assert "self" in first["links"].values()
     peer = next(p for p in second["peers"] if p["spid"] == first["spid"])
-    port = cluster.primary_ports[0]
     assert {f"127.0.0.1:{port}", f"localhost:{port}"} <= set(peer["aliases"])
     assert "duplicate" in second["links"].values()
     assert len(second["peers"]) == 2  # two peers, not three
     # the server listed twice counts once in the quorum's denominator
-    assert cluster.wait_until(lambda: (cluster.status(1) or {}).get("known_primaries") == 3)
+    assert cluster.wait_until(lambda: (cluster.status(other) or {}).get("known_primaries") == 3)
     assert first["known_primaries"] == 3
-    server = cluster.nodes[1].process
+    server = cluster.nodes[other].process
     assert server is not None
     server.signal(signal.SIGUSR2)
     server.signal(signal.SIGUSR1)
