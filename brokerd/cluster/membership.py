@@ -1,21 +1,31 @@
-"""Cluster membership: links, peers, heartbeats, statuses and admission.
+"""Cluster membership: identity, links, peers, admission, receipt and alarms.
 
-``Membership`` owns the identity, the configuration, the outgoing links, the
-peers (``peers.Peer``, learnt from link handshakes and Cluster.Status
-messages), the alarms and the heartbeat, and answers the admission hooks:
-links are checked (cluster user, vhost, known-hosts checksum) and client
-connections wait in connection.open while the cluster has no root.
+``Membership`` owns the identity, the configuration and the known hosts, the
+outgoing links, the peers (``peers.Peer``, learnt from link handshakes and
+Cluster.Status messages) and the alarms; it receives the cluster messages,
+posts to the links, and answers the admission hooks: links are checked
+(cluster user, vhost, known-hosts checksum) and client connections wait in
+connection.open while the cluster has no root.
 
-The election loop over the view this builds is an object membership has,
-``standing`` (``standing.Standing``), which owns the election's state: the
-decision, the announced role, the lease, readiness, the root recognised.
-Membership is both its ``StandingHost`` (what it reads) and its
-``StandingEvents`` (what it announces), and reads that state back through
-thin properties (``decision``, ``ready``, ``current_root``, ``root()``,
-``evaluate()``...). The wiring and message planes (``wiring``,
-``forwarding``) build on membership through a few methods: ``root()``,
-``link_to(spid)``, ``post(spid, kind, body)`` and the events it calls on
-itself (``peer_lost``, ``link_ready``, ``root_changed``), which the
+It has two objects that own the rest, each reaching membership through a
+protocol membership provides:
+
+- ``standing`` (``standing.Standing``), the election loop over the view this
+  builds, owns the election's state: the decision, the announced role, the
+  lease, readiness, the root recognised. Membership is both its
+  ``StandingHost`` (what it reads) and its ``StandingEvents`` (what it
+  announces), and reads that state back through thin properties
+  (``decision``, ``ready``, ``current_root``, ``root()``, ``evaluate()``...).
+- ``heartbeat`` (``heartbeat.Heartbeat``) owns the heartbeat task and our
+  Cluster.Status: building it, when it goes out (every interval, at once on
+  a change peers elect on, as an answer) and to whom. Membership is its
+  ``HeartbeatHost``; ``status_message``, ``beat``, ``tell``, ``broadcast``
+  (and ``_send_all``, which the wiring uses) delegate to it.
+
+The wiring and message planes (``wiring``, ``forwarding``) build on
+membership through a few methods: ``root()``, ``link_to(spid)``,
+``post(spid, kind, body)`` and the events it calls on itself (``peer_lost``,
+``link_ready``, ``root_changed``, ``tick``, ``before_send``), which the
 controller overrides.
 
 A peer is known to be *gone* at once, without waiting for the heartbeat
@@ -40,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.cluster import messages
 from brokerd.cluster.config import ClusterConfig
 from brokerd.cluster.election import PRIMARY, SECONDARY, Decision, View
+from brokerd.cluster.heartbeat import Heartbeat
 from brokerd.cluster.latency import LatencyWindow
 from brokerd.cluster.link import Link
 from brokerd.cluster.messages import LINK_PROPERTY, MessageError, Root, Status
@@ -105,11 +116,8 @@ class Membership:
         self.own_addresses: set[str] = set()
         #: the election loop and its state: this object is its host and its listener
         self.standing = Standing(self, self)
-        #: what our last broadcast status said (vote, role, candidacy, root, checksum)
-        self._told: tuple[Any, ...] = ()
-        self._asked_at = float("-inf")
-        self._last_tick = float("-inf")
-        self._task: asyncio.Task[None] | None = None
+        #: our statuses, built, timed and sent: this object is its host
+        self.heartbeat = Heartbeat(self)
         self._sends: set[asyncio.Task[Any]] = set()
         # wiring replication
         self.broker = broker
@@ -174,7 +182,7 @@ class Membership:
     async def start(self) -> None:
         for host in self.config.known_hosts:
             self.add_link(str(host))
-        self._task = asyncio.get_running_loop().create_task(self._heartbeat())
+        self.heartbeat.start()
         log.info(
             "cluster start spid=%s type=%s known_hosts=%s checksum=%s",
             self.spid,
@@ -189,8 +197,7 @@ class Membership:
         deadline = self.clock() + 0.5
         while any(link.pending for link in self.links.values()) and self.clock() < deadline:
             await asyncio.sleep(0.005)
-        if self._task is not None:
-            self._task.cancel()
+        self.heartbeat.cancel()
         await asyncio.gather(*(link.stop() for link in self.links.values()), return_exceptions=True)
 
     def identity(self) -> dict[str, Any]:
@@ -244,7 +251,7 @@ class Membership:
         peer.link = link
         self.clear_alarm(f"link:{link.address}")
         log.info("link up address=%s peer=%s", link.address, spid)
-        self._send_status(link)
+        self.heartbeat.send_status(link)
         self.link_ready(spid)
 
     def _retire(self, link: Link, why: str) -> None:
@@ -418,7 +425,7 @@ class Membership:
             peer.status.is_root = message.is_root
         self.evaluate()
         if isinstance(message, Status) and message.reply:
-            self._answer(peer)
+            self.heartbeat.answer(peer)
 
     # -- events: the planes' (overridden by the controller), and the standing's ------
 
@@ -452,6 +459,9 @@ class Membership:
     def want_sync(self, root: str) -> None:
         """Ask the root for its wiring."""
 
+    def lease_renewed(self) -> None:
+        """A suspended root holds its lease again (overridden by the controller)."""
+
     def ready_changed(self, ready: bool, reason: str) -> None:
         """This server became ready to serve clients, or stopped being so."""
         if self.on_ready_change is not None:
@@ -462,69 +472,30 @@ class Membership:
         if self.on_detach is not None:
             self.on_detach(reason)
 
-    # -- heartbeats ------------------------------------------------------------------
+    # -- the heartbeat (``heartbeat`` owns it; these delegate) ---------------------
 
     def status_message(self, *, ask: bool = False) -> Status:
-        """Our status now; ``ask`` asks every receiver to answer with theirs at once."""
-        now = self.clock()
-        wall = self.wall()
-        copy = self.copy_position()
-        self.standing.record_sent(wall, now)
-        return Status(
-            spid=self.spid,
-            type=self.type,
-            start_time=self.start_time,
-            checksum=self.checksum,
-            root_enabled=self.standing.candidate,
-            vote=self.standing.decision.vote,
-            is_root=self.standing.role_root,
-            listed=self.listed,
-            address=self.address,
-            peers=[p.spid for p in self.peers.values() if self.standing.active(p, now)],
-            load=self.load(),
-            state_seq=self.state_seq(),
-            sent_at=wall,
-            echo={
-                p.spid: (p.status.sent_at, round(wall - p.received_at, 6))
-                for p in self.peers.values()
-                if p.status is not None and self.standing.active(p, now)
-            },
-            root=self.standing.current_root,
-            syncing=not self.copy_complete(),
-            copy_source=copy[0] if copy is not None else None,
-            copy_seq=copy[1] if copy is not None else 0,
-            reply=ask,
-        )
-
-    async def _heartbeat(self) -> None:
-        while True:
-            try:
-                pause = self.beat()
-            except Exception:  # the heartbeat must outlive any single bad peer
-                log.exception("heartbeat failed")
-                pause = self.config.heartbeat_interval
-            await asyncio.sleep(pause)
+        return self.heartbeat.status_message(ask=ask)
 
     def beat(self) -> float:
-        """One heartbeat; returns the seconds until the next. Statuses go out every
-        interval, the root's every half interval, so that its followers never miss
-        it for more than half an interval: a root paused for less than the timeout
-        minus half an interval is still active for them when it resumes. The root
-        asks for answers, which keeps its lease's echoes fresh."""
-        self.evaluate()
-        now = self.clock()
-        interval = self.config.heartbeat_interval
-        if now - self._last_tick >= 0.9 * interval:
-            self._last_tick = now
-            self.tick()
-        self._send_status_all(now, ask=self.standing.elected or self.standing.suspect(now))
-        return interval / 2 if self.standing.role_root else interval
+        return self.heartbeat.beat()
+
+    def tell(self, now: float, *, ask: bool) -> None:
+        self.heartbeat.tell(now, ask=ask)
+
+    def broadcast(self, message: Status | Root) -> None:
+        self.heartbeat.broadcast(message)
+
+    def _send_all(self, kind: str, body: bytes) -> None:
+        self.heartbeat.send_all(kind, body)
+
+    def _send_status_all(self, now: float, *, ask: bool) -> None:
+        self.heartbeat.send_status_all(now, ask=ask)
+
+    # -- the heartbeat's hooks (overridden by the controller) -----------------------
 
     def tick(self) -> None:
         """Once a heartbeat: retries and timeouts of the planes (overridden)."""
-
-    def lease_renewed(self) -> None:
-        """A suspended root holds its lease again (overridden by the controller)."""
 
     def copy_complete(self) -> bool:
         """This server's copy of the shared queues is whole (overridden by the controller)."""
@@ -539,51 +510,7 @@ class Membership:
         """The last wiring entry this server applied (carried in its statuses)."""
         return 0
 
-    def tell(self, now: float, *, ask: bool) -> None:
-        """Send our status at once when what peers elect on changed (vote, role,
-        candidacy, the root we recognise), or, at most every quarter interval,
-        when we need answers (a root renewing its lease, a suspected cut)."""
-        if self._telling() != self._told or (
-            ask and now - self._asked_at >= self.config.heartbeat_interval / 4
-        ):
-            self._send_status_all(now, ask=ask)
-
-    def _send_status_all(self, now: float, *, ask: bool) -> None:
-        self._told = self._telling()
-        if ask:
-            self._asked_at = now
-        self.broadcast(self.status_message(ask=ask))
-
-    def _telling(self) -> tuple[Any, ...]:
-        """What peers elect on, as our status says it now (see ``_told``)."""
-        s = self.standing
-        return (s.decision.vote, s.role_root, s.candidate, s.current_root, self.checksum)
-
-    def _answer(self, peer: Peer) -> None:
-        """A peer asked for our status: send it to that peer only (an answer never
-        asks back, so two askers cannot echo each other forever)."""
-        now = self.clock()
-        if now - peer.answered_at < self.config.heartbeat_interval / 8:
-            return
-        link = self.link_to(peer.spid)
-        if link is not None:
-            peer.answered_at = now
-            self.before_send(peer.spid)
-            link.post(*messages.encode(self.status_message()))
-
-    def _send_status(self, link: Link) -> None:
-        kind, body = messages.encode(self.status_message())
-        link.post(kind, body)
-
-    def broadcast(self, message: Status | Root) -> None:
-        self._send_all(*messages.encode(message))
-
-    def _send_all(self, kind: str, body: bytes) -> None:
-        """Send one message to every linked peer (not to cut ones)."""
-        for peer in list(self.peers.values()):
-            if peer.link is not None and peer.link.up and peer.spid not in self.cut:
-                self.before_send(peer.spid)
-                peer.link.post(kind, body)
+    # -- posting to links -----------------------------------------------------------
 
     def data_lane(self, spid: str) -> int | None:
         """The inbound connection the peer's data lane last came on (flow control
