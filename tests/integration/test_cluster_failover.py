@@ -22,7 +22,8 @@ from pika.adapters.blocking_connection import BlockingConnection
 from tests.cluster_harness import Cluster
 from tests.conftest import uid
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
+# serial: its timing is measured against the heartbeat, so it runs alone
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.slow, pytest.mark.timeout(180)]
 
 
 @pytest.fixture

@@ -30,7 +30,8 @@ from pika.exceptions import AMQPConnectionError, AMQPError, ConnectionClosedByBr
 from tests.cluster_harness import Cluster, Sampler
 from tests.conftest import uid
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
+# serial: its timing is measured against the heartbeat, so it runs alone
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.slow, pytest.mark.timeout(180)]
 
 LONG_TIMEOUT = 10.0
 

@@ -25,7 +25,8 @@ from brokerd.bench.flood.run import run_flood
 from brokerd.bench.flood.targets import Target, start_cluster
 from brokerd.server.control import request
 
-pytestmark = pytest.mark.integration
+# serial: its timing is measured against the heartbeat, so it runs alone
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 #: the lines that must never appear under load without a fault
 SIGNATURES = (

@@ -31,7 +31,8 @@ from tests.cluster_harness import (
     write_cluster_file,
 )
 
-pytestmark = pytest.mark.integration
+# serial: its timing is measured against the heartbeat, so it runs alone
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 MakeCluster = Callable[..., Cluster]
 

@@ -22,7 +22,8 @@ import pytest
 from tests.faults.nemesis import KINDS
 from tests.faults.run import Outcome, RunConfig, run
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
+# serial: its timing is measured against the heartbeat, so it runs alone
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.slow, pytest.mark.timeout(300)]
 
 CONFIG = RunConfig(seed=2, faults=len(KINDS))
 
