@@ -31,7 +31,12 @@ from tests.cluster_harness import Cluster, Sampler
 from tests.conftest import uid
 
 # serial: its timing is measured against the heartbeat, so it runs alone
-pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.serial,
+    pytest.mark.slow,
+    pytest.mark.timeout(180),
+]
 
 LONG_TIMEOUT = 10.0
 

@@ -23,7 +23,12 @@ from tests.faults.nemesis import KINDS
 from tests.faults.run import Outcome, RunConfig, run
 
 # serial: its timing is measured against the heartbeat, so it runs alone
-pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.serial,
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+]
 
 CONFIG = RunConfig(seed=2, faults=len(KINDS))
 
