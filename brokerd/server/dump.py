@@ -3,27 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from brokerd.server.host import ServerState
 from brokerd.server.resources import format_bytes
 
 if TYPE_CHECKING:
-    from brokerd.cluster.controller import ClusterController
-    from brokerd.model.broker import Broker
     from brokerd.server.amqp import AMQPProtocol
-    from brokerd.server.loopwatch import LoopWatch
-    from brokerd.server.resources import ResourceMonitor
-    from brokerd.store.disk import DiskStore
 
 
-class DumpHost(Protocol):
+class DumpHost(ServerState, Protocol):
     """What a dump reads of the server (``brokerd.server.app.Server``)."""
-
-    @property
-    def spid(self) -> str: ...
-
-    @property
-    def broker(self) -> Broker: ...
 
     @property
     def connections(self) -> Mapping[int, AMQPProtocol]: ...
@@ -32,21 +22,7 @@ class DumpHost(Protocol):
     def rates(self) -> Mapping[str, float]: ...
 
     @property
-    def resources(self) -> ResourceMonitor: ...
-
-    @property
-    def store(self) -> DiskStore: ...
-
-    @property
-    def loopwatch(self) -> LoopWatch: ...
-
-    @property
-    def cluster(self) -> ClusterController | None: ...
-
-    @property
     def blocked_reason(self) -> str | None: ...
-
-    def cluster_summary(self) -> dict[str, Any]: ...
 
 
 def one_line(server: DumpHost) -> str:

@@ -21,20 +21,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from brokerd.server.host import ServerState
+
 if TYPE_CHECKING:
     from brokerd.cluster.config import ClusterConfig
-    from brokerd.cluster.controller import ClusterController
-    from brokerd.model.broker import Broker
     from brokerd.server.login import LoginService
-    from brokerd.server.loopwatch import LoopWatch
-    from brokerd.server.resources import ResourceMonitor
-    from brokerd.store.disk import DiskStore
 
 log = logging.getLogger("brokerd.metrics")
 
@@ -55,36 +52,16 @@ MAX_REQUEST_BYTES = 8192
 REQUEST_TIMEOUT = 5.0
 
 
-class MetricsHost(Protocol):
+class MetricsHost(ServerState, Protocol):
     """What a scrape reads of the server (``brokerd.server.app.Server``)."""
-
-    @property
-    def spid(self) -> str: ...
-
-    @property
-    def broker(self) -> Broker: ...
 
     @property
     def logins(self) -> LoginService: ...
 
     @property
-    def resources(self) -> ResourceMonitor: ...
-
-    @property
-    def store(self) -> DiskStore: ...
-
-    @property
-    def loopwatch(self) -> LoopWatch: ...
-
-    @property
-    def cluster(self) -> ClusterController | None: ...
-
-    @property
     def cluster_config(self) -> ClusterConfig | None: ...
 
     def counts(self) -> dict[str, int]: ...
-
-    def cluster_summary(self) -> dict[str, Any]: ...
 
 
 class BrokerCollector(Collector):
