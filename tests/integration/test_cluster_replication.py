@@ -16,16 +16,28 @@ from tests.cluster_harness import Cluster
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
+def _started(base: Path) -> Iterator[Cluster]:
     """Three primaries and a secondary on loopback with a fast heartbeat."""
-    c = Cluster(tmp_path, primaries=3, secondaries=1, open_timeout=8, fault_injection=False)
+    c = Cluster(base, primaries=3, secondaries=1, open_timeout=8, fault_injection=False)
     try:
         c.start_all()
         c.wait_until(c.agreed_root)
         yield c
     finally:
         c.close()
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One cluster for the tests that only wire and route (none kills a server):
+    they use names of their own and compare state sequence numbers relatively."""
+    yield from _started(tmp_path_factory.mktemp("shared"))
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster of the test's own, for a test that kills a server."""
+    yield from _started(tmp_path)
 
 
 def agreed(cluster: Cluster, key: str) -> set[Any] | None:
@@ -57,7 +69,9 @@ def exists(port: int, kind: str, name: str) -> bool:
             conn.close()
 
 
-def test_wiring_declared_on_a_secondary_exists_everywhere_in_order(cluster: Cluster) -> None:
+def test_wiring_declared_on_a_secondary_exists_everywhere_in_order(shared: Cluster) -> None:
+    cluster = shared
+    (seq,) = cluster.wait_until(lambda: agreed(cluster, "state_seq"))
     conn, ch = channel(cluster.ports[3])
     try:
         ch.exchange_declare("orders", "topic", durable=True)
@@ -74,19 +88,22 @@ def test_wiring_declared_on_a_secondary_exists_everywhere_in_order(cluster: Clus
         assert not exists(port, "queue", private) or port == cluster.ports[3]
     # 4 shared changes, the private queue's meta.bind (which does not hold the client)
     # and its meta.unbind when the connection closed, on every server in the same order
-    cluster.wait_until(lambda: agreed(cluster, "state_seq") == {6})
+    cluster.wait_until(lambda: agreed(cluster, "state_seq") == {seq + 6})
 
 
-def test_a_private_queue_withdraws_its_meta_bindings_when_it_goes(cluster: Cluster) -> None:
+def test_a_private_queue_withdraws_its_meta_bindings_when_it_goes(shared: Cluster) -> None:
+    cluster = shared
+    (seq,) = cluster.wait_until(lambda: agreed(cluster, "state_seq"))
     conn, ch = channel(cluster.ports[2])
     private = ch.queue_declare("", exclusive=True).method.queue
     ch.queue_bind(private, "amq.fanout")
-    cluster.wait_until(lambda: agreed(cluster, "state_log") == {1})
+    cluster.wait_until(lambda: agreed(cluster, "state_seq") == {seq + 1})
     conn.close()  # the exclusive queue goes with its connection
-    cluster.wait_until(lambda: agreed(cluster, "state_seq") == {2})
+    cluster.wait_until(lambda: agreed(cluster, "state_seq") == {seq + 2})
 
 
-def test_routing_uses_replicated_bindings_on_every_server(cluster: Cluster) -> None:
+def test_routing_uses_replicated_bindings_on_every_server(shared: Cluster) -> None:
+    cluster = shared
     conn, ch = channel(cluster.ports[1])
     ch.exchange_declare("fan", "fanout")
     ch.queue_declare("fan-q")
@@ -103,7 +120,8 @@ def test_routing_uses_replicated_bindings_on_every_server(cluster: Cluster) -> N
         conn.close()
 
 
-def test_inequivalent_redeclare_and_delete_propagate(cluster: Cluster) -> None:
+def test_inequivalent_redeclare_and_delete_propagate(shared: Cluster) -> None:
+    cluster = shared
     conn, ch = channel(cluster.ports[0])
     ch.exchange_declare("shape", "direct")
     conn.close()
