@@ -23,6 +23,7 @@ from pika.exceptions import (
 )
 
 from tests.conftest import uid
+from tests.support.eventually import eventually
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -873,8 +874,9 @@ def test_dead_letter_on_expiry_with_routing_key(ch: BlockingChannel) -> None:
         },
     )
     publish(ch, queue, b"too late")
-    time.sleep(0.4)
-    method, props, body = ch.basic_get(dead, auto_ack=True)
+    method, props, body = eventually(
+        lambda: (got := ch.basic_get(dead, auto_ack=True))[0] and got, 5, "the dead letter"
+    )
     assert body == b"too late"
     assert method.routing_key == "expired"
     assert death_summary(props.headers) == [("expired", queue, 1, [queue])]
