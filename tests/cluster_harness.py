@@ -43,6 +43,8 @@ OPEN_TIMEOUT = 5.0
 SECRET = "cluster-secret-123"
 
 View = dict[str, Any]
+#: what the ``make_cluster`` fixture (tests/integration/conftest.py) hands a test
+MakeCluster = Callable[..., "Cluster"]
 ROOT_EVENT = re.compile(r"^(\S+ \S+) WARNING brokerd\.cluster: root (taken|released) spid=(\S+)")
 
 

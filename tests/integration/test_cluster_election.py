@@ -5,31 +5,14 @@ refusals are in test_cluster_membership.py."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.brokerd_process import BrokerProcess
-from tests.cluster_harness import Cluster
+from tests.cluster_harness import MakeCluster
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator:
-    made: list[Cluster] = []
-
-    def factory(primaries: int = 3, secondaries: int = 0, **kw) -> Cluster:
-        cluster = Cluster(tmp_path / f"c{len(made)}", primaries, secondaries, **kw)
-        made.append(cluster)
-        return cluster
-
-    try:
-        yield factory
-    finally:
-        for cluster in made:
-            cluster.close()
 
 
 def test_standalone_broker_ignores_cluster_commands(tmp_path: Path) -> None:
@@ -43,7 +26,9 @@ def test_standalone_broker_ignores_cluster_commands(tmp_path: Path) -> None:
         proc.stop()
 
 
-def test_aliases_collapse_by_spid_and_dumps_show_the_cluster_view(make_cluster) -> None:
+def test_aliases_collapse_by_spid_and_dumps_show_the_cluster_view(
+    make_cluster: MakeCluster,
+) -> None:
     cluster = make_cluster(3, 0)
     # one server (the first listed) is listed twice, under two names
     port = cluster.primary_ports[0]

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pika
@@ -24,7 +23,7 @@ from pika.exceptions import AMQPConnectionError, ConnectionClosedByBroker
 from tests.cluster_harness import (
     INTERVAL,
     TIMEOUT,
-    Cluster,
+    MakeCluster,
     Sampler,
     brief,
     roots_with_quorum,
@@ -33,25 +32,6 @@ from tests.cluster_harness import (
 
 # serial: its timing is measured against the heartbeat, so it runs alone
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
-
-MakeCluster = Callable[..., Cluster]
-
-
-@pytest.fixture
-def make_cluster(tmp_path: Path) -> Iterator[MakeCluster]:
-    """Clusters under tmp_path; every process is resumed and stopped at the end."""
-    made: list[Cluster] = []
-
-    def factory(primaries: int = 3, secondaries: int = 0, **kw: object) -> Cluster:
-        cluster = Cluster(tmp_path / f"c{len(made)}", primaries, secondaries, **kw)  # type: ignore[arg-type]
-        made.append(cluster)
-        return cluster
-
-    try:
-        yield factory
-    finally:
-        for cluster in made:
-            cluster.close()
 
 
 def active_peers(view: dict) -> set[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
@@ -18,21 +18,8 @@ from clusterapi.models import (
     HeartbeatSample,
     QueueSnapshot,
 )
-from clusterapi.roles import OPERATORS_GROUP
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("in_memory_layer")]
-
-
-@pytest.fixture
-def viewer() -> User:
-    return User.objects.create_user("viewer", password="pw-viewer-1")
-
-
-@pytest.fixture
-def operator() -> User:
-    user = User.objects.create_user("op", password="pw-op-1")
-    user.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
-    return user
 
 
 def client_for(user: User | None) -> APIClient:

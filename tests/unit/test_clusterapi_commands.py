@@ -25,13 +25,6 @@ def broker() -> Broker:
 
 
 @pytest.fixture
-def operator(django_user_model):
-    return django_user_model.objects.create_user(
-        "ops", is_superuser=True
-    )  # no password: hashing is slow
-
-
-@pytest.fixture
 def link_channel(broker: Broker) -> str:
     """A channel in the broker's group, standing in for its link consumer."""
     layer = get_channel_layer()
@@ -96,7 +89,7 @@ def test_issue_records_audits_and_schedules(
     assert (entry.action, entry.target, entry.username) == (
         "command.root.disable",
         broker.name,
-        "ops",
+        "op",
     )
     assert entry.details == {"id": str(command.id)}
 

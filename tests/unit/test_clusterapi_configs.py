@@ -26,13 +26,6 @@ def brokers() -> list[Broker]:
     ]
 
 
-@pytest.fixture
-def operator(django_user_model):
-    return django_user_model.objects.create_user(
-        "ops", is_superuser=True
-    )  # no password: hashing is slow
-
-
 def ack(broker: Broker, version: ConfigVersion, ok: bool = True, error: str = "") -> None:
     """The broker answers its open config.apply of ``version``."""
     command = Command.objects.get(broker=broker, args__version=version.number, state="pending")
@@ -99,7 +92,7 @@ def test_a_version_is_saved_normalised_and_pushed_to_every_broker_that_is_up(
     assert sorted(scheduled) == sorted(c.id for c in pushed)
     push = AuditEntry.objects.get(action="config.push")
     assert (push.username, push.target, push.details["checksum"]) == (
-        "ops",
+        "op",
         "version 1",
         version.checksum,
     )

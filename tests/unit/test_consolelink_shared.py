@@ -7,21 +7,9 @@ tests/unit/cluster_net.py; A is root.
 
 from __future__ import annotations
 
-import pytest
-
 from brokerd.cluster.queues import RemoteQueues
 from brokerd.consolelink.tracker import SnapshotTracker, collect
 from tests.unit.cluster_net import Net, Sink, message
-
-
-@pytest.fixture
-def net() -> Net:
-    net = Net()
-    for spid in ("A", "B", "C"):
-        net.add(spid)
-    net.elect("A")
-    net.declare("q")
-    return net
 
 
 def entry(net: Net, spid: str, name: str = "q") -> dict:

@@ -34,18 +34,18 @@ PAGES += ["/audit/", "/alarms/"]
 
 
 @pytest.fixture
-def operator() -> Client:
-    user = User.objects.create_user("op", password="pw-op-1")
-    user.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
+def operator(operator: User) -> Client:
+    """The shared operator (``tests/unit/conftest.py``), logged in."""
     client = Client()
-    client.force_login(user)
+    client.force_login(operator)
     return client
 
 
 @pytest.fixture
-def viewer() -> Client:
+def viewer(viewer: User) -> Client:
+    """The shared viewer, logged in, with CSRF checks on."""
     client = Client(enforce_csrf_checks=True)
-    client.force_login(User.objects.create_user("viewer", password="pw-viewer-1"))
+    client.force_login(viewer)
     return client
 
 

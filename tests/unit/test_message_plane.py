@@ -3,7 +3,6 @@ the test pumps (tests/unit/cluster_net.py)."""
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,16 +12,6 @@ from brokerd.cluster.pacing import BACKLOG_HIGH, OVERRUN
 from brokerd.cluster.replicated import LAG_HIGH
 from tests.support.examples import examples
 from tests.unit.cluster_net import Net, Sink, Waiter, message
-
-
-@pytest.fixture
-def net() -> Net:
-    net = Net()
-    for spid in ("A", "B", "C"):
-        net.add(spid)
-    net.elect("A")
-    net.declare("q")
-    return net
 
 
 def consuming_on_b(net: Net, count: int, prefetch: int) -> Sink:

@@ -12,16 +12,6 @@ from tests.support.examples import examples
 from tests.unit.cluster_net import Net, Sink, Waiter, message
 
 
-@pytest.fixture
-def net() -> Net:
-    net = Net()
-    for spid in ("A", "B", "C"):
-        net.add(spid)
-    net.elect("A")
-    net.declare("q")
-    return net
-
-
 def bodies(net: Net, spid: str) -> list[tuple[bytes, bool]]:
     queue = net.queue(spid, "q")
     return [(m.body, redelivered) for m, redelivered in queue.ready()]

@@ -21,14 +21,13 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from django.contrib.auth.models import Group, User
+from django.contrib.auth.models import User
 from django.test import Client
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from clusterapi import reports
 from clusterapi.models import AuditEntry, Broker, HeartbeatSample, QueueSample, ReportRun
-from clusterapi.roles import OPERATORS_GROUP
 from pipeline.generate import generate
 
 pytestmark = pytest.mark.django_db
@@ -112,18 +111,6 @@ def stand_in(tmp_path: Path, settings: Any, generated_lake: Path) -> Path:
     settings.REPORT_TIMEOUT_SECONDS = 60
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
     return script
-
-
-@pytest.fixture
-def operator() -> User:
-    user = User.objects.create_user("op", password="pw-op-1")
-    user.groups.add(Group.objects.get_or_create(name=OPERATORS_GROUP)[0])
-    return user
-
-
-@pytest.fixture
-def viewer() -> User:
-    return User.objects.create_user("viewer", password="pw-viewer-1")
 
 
 def api_for(user: User) -> APIClient:
