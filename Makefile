@@ -21,7 +21,8 @@ $(NPM_STAMP): package.json package-lock.json
 	touch $(NPM_STAMP)
 
 # Two phases. Every test not marked `serial` runs on two workers, one module per
-# worker at a time (module-scoped brokers and clusters stay shared); then the
+# worker at a time (module-scoped brokers and clusters stay shared; the pipeline
+# tests share one worker and one Spark session: tests/conftest.py); then the
 # `serial` ones (fault runs, failover timings, floods) run alone, so their timing
 # sees no neighbour. Both phases run even if the first fails; a phase that
 # PYTEST_ARGS leaves empty (pytest's exit 5) is no failure.

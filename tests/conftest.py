@@ -6,6 +6,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,19 +14,44 @@ from tests.brokerd_process import BrokerProcess
 
 #: test directories whose every test starts real processes (brokers, browsers, a console)
 PROCESS_DIRS = ("integration", "browser", "faults")
+#: the tests that share the session's Spark (tests/pipeline/conftest.py)
+PIPELINE = "tests/pipeline/"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The ``integration`` marker for every test that starts processes, so that
     ``make test-fast`` (``-m "not integration"``) runs the unit tests alone:
     everything under ``PROCESS_DIRS``, and the pipeline tests that take a real
-    Spark session."""
+    Spark session. And ``tests/pipeline`` first: ``make test``'s longest unit
+    of work (see ``pytest_xdist_make_scheduler``) starts early instead of
+    leaving one worker busy at the end."""
     root = Path(__file__).parent
     for item in items:
         parts = Path(item.fspath).relative_to(root).parts
         spark = parts[0] == "pipeline" and "spark" in getattr(item, "fixturenames", ())
         if parts[0] in PROCESS_DIRS or spark:
             item.add_marker(pytest.mark.integration)
+    items.sort(key=lambda item: not item.nodeid.startswith(PIPELINE))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` (``make test``), with ``tests/pipeline`` as one file.
+
+    A module's tests stay on one worker, so module-scoped brokers and clusters
+    start once; the pipeline's modules share the session's Spark
+    (tests/pipeline/conftest.py), which takes most of a minute to start and
+    feed, so they share a worker too. (xdist's ``loadgroup`` would do this
+    with marks, but it renames test ids in a way pytest 9 no longer sees.)
+    """
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class PipelineTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return PIPELINE if nodeid.startswith(PIPELINE) else super()._split_scope(nodeid)
+
+    return PipelineTogether(config, log)
 
 
 @pytest.fixture(scope="module")
