@@ -11,11 +11,28 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from brokerd.bench import ports
+
+_given: set[int] = set()
+
+
+def _worker_slice() -> tuple[int, int]:
+    """This process's share of the ports below the ephemeral range: one slice per
+    xdist worker, so two workers never hand out the same port."""
+    low, high = ports.LOWEST_PORT, ports.ephemeral_low()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    width = (high - low) // max(count, 1)
+    return low + index * width, low + (index + 1) * width
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port for a server the test starts: below the ephemeral range,
+    where no outgoing connection can take it first (``brokerd.bench.ports``), from
+    this worker's slice, and none twice in one process."""
+    low, high = _worker_slice()
+    return ports.free_port(low, high, avoid=_given)
 
 
 def log_tail(path: Path | None, lines: int = 40) -> str:

@@ -29,7 +29,6 @@ import json
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from typing import Any
 
 from pamqp import commands
 
-from brokerd.bench import frames
+from brokerd.bench import frames, ports
 from brokerd.bench.client import Client, ServerClosed
 from brokerd.bench.frames import AMQPURL, FrameError
 from brokerd.server.control import request
@@ -53,10 +52,12 @@ GUEST = "amqp://guest:guest@127.0.0.1:{port}/"
 _children: set[subprocess.Popen[bytes]] = set()
 
 
+_given: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port below the ephemeral range (``ports.free_port``), none twice."""
+    return ports.free_port(avoid=_given)
 
 
 def _kill_children() -> None:

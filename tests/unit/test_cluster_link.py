@@ -5,17 +5,11 @@ drops the connection is a reset (a process being killed), neither is the other."
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import aiormq
 
 from brokerd.cluster.link import Link, is_refused, is_reset
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.brokerd_process import free_port
 
 
 def link_to(port: int) -> Link:
