@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +53,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return PIPELINE if nodeid.startswith(PIPELINE) else super()._split_scope(nodeid)
 
     return PipelineTogether(config, log)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_process(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test without the ``integration`` marker that starts a process fails,
+    so ``make test-fast`` stays a loop of unit tests."""
+    if request.node.get_closest_marker("integration") is not None:
+        yield
+        return
+
+    def refuse(self: subprocess.Popen, args: Any, *rest: Any, **kwargs: Any) -> None:
+        raise AssertionError(
+            f"{request.node.nodeid} starts a process ({args!r}): mark it integration"
+        )
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(subprocess.Popen, "_execute_child", refuse)
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -102,6 +102,7 @@ def test_generate_refuses_bad_arguments(tmp_path: Path) -> None:
     generate(tmp_path, seed=1, overwrite=True, **SMALL)
 
 
+@pytest.mark.integration  # runs the CLI as a process
 def test_cli_reports_errors_with_exit_status_2(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pipeline", "generate", "--lake", str(tmp_path), "--brokers",

@@ -170,6 +170,7 @@ def _settings_in_subprocess(env: dict[str, str]) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.integration  # starts a Python process
 def test_settings_read_the_environment(tmp_path: Path) -> None:
     s = _settings_in_subprocess(
         {
@@ -208,6 +209,7 @@ def test_settings_read_the_environment(tmp_path: Path) -> None:
     assert not (tmp_path / "secret_key").exists()
 
 
+@pytest.mark.integration  # starts a Python process
 def test_settings_defaults(tmp_path: Path) -> None:
     s = _settings_in_subprocess({"DATA_DIR": str(tmp_path)})
     assert s["DEBUG"] is False

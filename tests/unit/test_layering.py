@@ -15,6 +15,7 @@ BROKERD = Path(brokerd.__file__).resolve().parent
 HEAVY = ("lark", "pamqp", "brokerd.model.broker")
 
 
+@pytest.mark.integration  # starts a Python process
 @pytest.mark.parametrize("module", ["brokerd.config", "brokerd.configdoc"])
 def test_the_configuration_modules_load_no_parser_no_codec_no_model(module: str) -> None:
     """The Django console and the Celery workers import these: neither lark (the

@@ -92,6 +92,9 @@ summary = {
 (out / "summary.json").write_text(json.dumps(summary))
 '''
 
+#: the tests that run the stand-in job (a Python process) through the real runner
+runs_the_job = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def generated_lake(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -132,6 +135,7 @@ def done(operator: User) -> ReportRun:
 # -- the service --------------------------------------------------------------------------------
 
 
+@runs_the_job
 def test_a_run_passes_the_settings_to_the_job_and_keeps_its_summary(
     done: ReportRun, settings: Any
 ) -> None:
@@ -161,6 +165,7 @@ def test_a_run_passes_the_settings_to_the_job_and_keeps_its_summary(
     assert entry.username == "op" and entry.details["from"] == "2026-01-05T00:00:00Z"
 
 
+@runs_the_job
 def test_chart_series_come_from_the_output_tables(done: ReportRun) -> None:
     charts = reports.chart_series(done)
     cluster, brokers = charts["cluster"], charts["brokers"]
@@ -171,6 +176,7 @@ def test_chart_series_come_from_the_output_tables(done: ReportRun) -> None:
     assert any(v for series in brokers["in"] for v in series)
 
 
+@runs_the_job
 def test_a_failing_job_fails_the_run_with_its_message(
     operator: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -199,6 +205,7 @@ def test_a_period_without_samples_fails_at_once_saying_so(
     assert "from 2030-01-01T00:00:00Z to 2030-01-01T01:00:00Z" in later.error
 
 
+@runs_the_job
 def test_a_fresh_install_reports_on_the_samples_not_archived_yet(
     operator: User, tmp_path: Path, settings: Any
 ) -> None:
@@ -223,6 +230,7 @@ def test_a_fresh_install_reports_on_the_samples_not_archived_yet(
     assert not (Path(run.output_path) / "lake").exists()  # the run's lake is gone, its tables stay
 
 
+@runs_the_job
 def test_a_crash_keeps_the_tail_of_the_log(operator: User, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STAND_IN_MODE", "crash")
     run = reports.request_run(operator)
@@ -232,6 +240,7 @@ def test_a_crash_keeps_the_tail_of_the_log(operator: User, monkeypatch: pytest.M
     assert "RuntimeError: stand-in crashed" in run.error
 
 
+@runs_the_job
 def test_a_job_past_its_timeout_is_stopped(operator: User, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("STAND_IN_MODE", "hang")
     run = reports.request_run(operator)
@@ -242,6 +251,7 @@ def test_a_job_past_its_timeout_is_stopped(operator: User, monkeypatch: pytest.M
     assert "did not finish within 1 s" in run.error
 
 
+@runs_the_job
 def test_a_run_is_executed_once(done: ReportRun) -> None:
     finished = done.finished_at
     assert reports.execute(done.pk) == "succeeded"
@@ -286,6 +296,7 @@ def test_abandoned_runs_are_failed(operator: User, settings: Any) -> None:
 # -- the API -----------------------------------------------------------------------------------
 
 
+@runs_the_job
 def test_api_lists_and_shows_runs_with_their_summary(done: ReportRun, viewer: User) -> None:
     api = api_for(viewer)
     listed = api.get("/api/v1/reports/").json()
@@ -306,6 +317,7 @@ def test_api_lists_and_shows_runs_with_their_summary(done: ReportRun, viewer: Us
     assert api.get("/api/v1/reports/?state=failed").json()["count"] == 0
 
 
+@runs_the_job
 def test_api_downloads(done: ReportRun, viewer: User) -> None:
     api = api_for(viewer)
     summary = api.get(f"/api/v1/reports/{done.pk}/summary.json")
@@ -330,6 +342,7 @@ MISSING = [
 ]
 
 
+@runs_the_job
 def test_api_missing_files_are_json_404s(done: ReportRun, viewer: User) -> None:
     api = api_for(viewer)
     for path in MISSING:
@@ -389,6 +402,7 @@ def client_for(user: User, csrf: bool = False) -> Client:
     return client
 
 
+@runs_the_job
 def test_reports_page_lists_runs_and_offers_the_button_to_operators(
     done: ReportRun, operator: User, viewer: User
 ) -> None:
@@ -402,6 +416,7 @@ def test_reports_page_lists_runs_and_offers_the_button_to_operators(
     assert f"Report {done.pk}" in as_viewer and "Run report now" not in as_viewer
 
 
+@runs_the_job
 def test_report_page_shows_charts_incidents_and_downloads(done: ReportRun, viewer: User) -> None:
     page = client_for(viewer).get(f"/reports/{done.pk}/")
     assert page.status_code == 200
@@ -442,6 +457,7 @@ def test_run_now_from_the_dashboard(operator: User, viewer: User) -> None:
     assert ReportRun.objects.count() == 1
 
 
+@runs_the_job
 def test_the_celery_task_archives_then_runs_the_job(
     operator: User, settings: Any, tmp_path: Path
 ) -> None:
