@@ -282,6 +282,17 @@ class Server:
         self.store.start()
         self.resources.start()
         self.loopwatch.start()
+        # before the port listens: a client (or a test) that saw it listening may
+        # signal at once, and a signal with no handler yet would end the process
+        # (SIGHUP, SIGTERM) or, inherited as ignored from the parent, be lost
+        for sig, handler in (
+            (signal.SIGUSR1, self.dump_full),
+            (signal.SIGUSR2, self.dump_line),
+            (signal.SIGTERM, self.stop),
+            (signal.SIGINT, self.stop),
+            (signal.SIGHUP, self.reload),
+        ):
+            loop.add_signal_handler(sig, handler)
         self._listener = await loop.create_server(
             lambda: AMQPProtocol(self),
             self.options.bind,
@@ -296,14 +307,6 @@ class Server:
 
             host = socket.getfqdn()
         self.address = f"{host}:{self.port}"
-        for sig, handler in (
-            (signal.SIGUSR1, self.dump_full),
-            (signal.SIGUSR2, self.dump_line),
-            (signal.SIGTERM, self.stop),
-            (signal.SIGINT, self.stop),
-            (signal.SIGHUP, self.reload),
-        ):
-            loop.add_signal_handler(sig, handler)
         self._ticker_task = loop.create_task(self._ticker())
         self._control = await serve_control(self.options.data_dir, self.control)
         if self.options.metrics_port is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -307,3 +308,26 @@ def test_bad_config_at_start_is_a_clear_error(tmp_path: Path):
         broker.proc.wait(5)
     except subprocess.TimeoutExpired:  # pragma: no cover
         broker.proc.kill()
+
+
+def test_a_signal_the_moment_the_port_listens_is_handled(tmp_path: Path) -> None:
+    """The handlers are in place before the port listens. A SIGHUP sent the moment a
+    connection is first accepted reloads the configuration; it used to be able to
+    land between the listen and the handlers and end the broker (CI, under load)."""
+    path = tmp_path / "brokerd.toml"
+    path.write_text(config_text("alice", "alice-pw"))
+    broker = BrokerProcess(tmp_path / "data", extra_args=["--config", str(path)]).spawn()
+    try:
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", broker.port), timeout=0.2).close()
+                break
+            except OSError:
+                assert broker.alive() and time.monotonic() < deadline, broker.log_text()
+                time.sleep(0.001)
+        broker.signal(signal.SIGHUP)
+        wait_for_log(broker, 0, lambda text: "reloaded config=" in text)
+        assert broker.alive()
+    finally:
+        assert broker.stop() == 0, broker.log_text()
