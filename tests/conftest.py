@@ -33,6 +33,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if parts[0] in PROCESS_DIRS or spark:
             item.add_marker(pytest.mark.integration)
     items.sort(key=lambda item: not item.nodeid.startswith(PIPELINE))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        _refuse_shared_ids(items)
+
+
+def _refuse_shared_ids(items: list[pytest.Item]) -> None:
+    """xdist schedules by test id: of several tests with one id (schemathesis gives
+    all the operations of a schema one) it would run one alone, silently. The one it
+    runs fails instead, saying why."""
+    first: dict[str, pytest.Item] = {}
+    for item in items:
+        if item.get_closest_marker("serial") is not None:
+            continue  # make test runs these without xdist
+        if item.nodeid not in first:
+            first[item.nodeid] = item
+            continue
+
+        def refuse(nodeid: str = item.nodeid) -> None:
+            pytest.fail(
+                f"{nodeid}: several tests share this id, and xdist would run one of them;"
+                " mark the module serial (make test runs those without xdist)"
+            )
+
+        first[item.nodeid].runtest = refuse  # type: ignore[method-assign]
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

@@ -40,7 +40,14 @@ from clusterapi.models import (
 )
 from clusterapi.roles import OPERATORS_GROUP
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
+# serial: schemathesis gives every operation's test the same id, and xdist, which
+# schedules by id, would run only the first of them (tests/conftest.py refuses that)
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.serial,
+    pytest.mark.slow,
+    pytest.mark.timeout(240),
+]
 
 #: examples per operation: 35 operations x this many requests, plus the checks' probes
 EXAMPLES = 25
