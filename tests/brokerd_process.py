@@ -13,8 +13,6 @@ from pathlib import Path
 
 from brokerd.bench import ports
 
-_given: set[int] = set()
-
 
 def _worker_slice() -> tuple[int, int]:
     """This process's share of the ports below the ephemeral range: one slice per
@@ -32,7 +30,7 @@ def free_port() -> int:
     where no outgoing connection can take it first (``brokerd.bench.ports``), from
     this worker's slice, and none twice in one process."""
     low, high = _worker_slice()
-    return ports.free_port(low, high, avoid=_given)
+    return ports.free_port(low, high)
 
 
 def log_tail(path: Path | None, lines: int = 40) -> str:

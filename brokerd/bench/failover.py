@@ -52,12 +52,9 @@ GUEST = "amqp://guest:guest@127.0.0.1:{port}/"
 _children: set[subprocess.Popen[bytes]] = set()
 
 
-_given: set[int] = set()
-
-
 def free_port() -> int:
     """A port below the ephemeral range (``ports.free_port``), none twice."""
-    return ports.free_port(avoid=_given)
+    return ports.free_port()
 
 
 def _kill_children() -> None:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 #: the lowest port handed out
 LOWEST_PORT = 10_000
+#: every port handed out in this process (for servers that may not have bound yet)
+GIVEN: set[int] = set()
 
 
 def ephemeral_low() -> int:
@@ -25,22 +27,19 @@ def ephemeral_low() -> int:
         return 32_768
 
 
-def free_port(
-    low: int = LOWEST_PORT, high: int | None = None, avoid: set[int] | None = None
-) -> int:
-    """A loopback port in [low, high) that nothing is bound to now (and not in
-    ``avoid``: ports already handed out for servers not yet started)."""
+def free_port(low: int = LOWEST_PORT, high: int | None = None) -> int:
+    """A loopback port in [low, high) that nothing is bound to now and that this
+    process never handed out before (its server may not have bound it yet)."""
     high = ephemeral_low() if high is None else high
     for _ in range(1_000):
         port = random.randrange(low, high)
-        if avoid is not None and port in avoid:
+        if port in GIVEN:
             continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-        if avoid is not None:
-            avoid.add(port)
+        GIVEN.add(port)
         return port
     raise RuntimeError(f"no free loopback port in {low}-{high}")
