@@ -4,6 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 NPM_STAMP := node_modules/.installed
+# make test's workers per phase (pytest-xdist). Two, for two cores: a third
+# made the first phase CPU-bound (100 % busy) and won about 10 %, while every
+# timing in it stretched (docs/benchmarks.md, "Test suite").
+TEST_WORKERS ?= 2
+SERIAL_WORKERS ?= 2
 
 .PHONY: setup test test-fast run lint bench clean
 
@@ -20,16 +25,17 @@ $(NPM_STAMP): package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $(NPM_STAMP)
 
-# Two phases. Every test not marked `serial` runs on two workers, one module per
-# worker at a time (module-scoped brokers and clusters stay shared; the pipeline
-# tests share one worker and one Spark session: tests/conftest.py); then the
-# `serial` ones (fault runs, failover timings, floods) run alone, so their timing
-# sees no neighbour. Both phases run even if the first fails; a phase that
-# PYTEST_ARGS leaves empty (pytest's exit 5) is no failure.
+# Two phases. Every test not marked `serial` runs on TEST_WORKERS workers, one
+# module per worker at a time (module-scoped brokers and clusters stay shared;
+# the pipeline tests share one worker and one Spark session: tests/conftest.py).
+# Then the `serial` ones (fault runs, failover timings, floods), SERIAL_WORKERS
+# modules at a time, so their timing sees no browser, Spark or unit test beside
+# it. Both phases run even if the first fails; a phase that PYTEST_ARGS leaves
+# empty (pytest's exit 5) is no failure.
 test: setup
 	@rc=0; \
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not serial" $(PYTEST_ARGS) || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
-	$(PY) -m pytest -q -m serial $(PYTEST_ARGS) || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS) || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
+	$(PY) -m pytest -q -n $(SERIAL_WORKERS) --dist loadfile -m serial $(PYTEST_ARGS) || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
 	exit $$rc
 
 # The unit tests alone (nothing that starts a process: the integration marker).

@@ -25,16 +25,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     everything under ``PROCESS_DIRS``, and the pipeline tests that take a real
     Spark session. And ``tests/pipeline`` first: ``make test``'s longest unit
     of work (see ``pytest_xdist_make_scheduler``) starts early instead of
-    leaving one worker busy at the end."""
+    leaving one worker busy at the end. (Every long module first was slower: the
+    long modules mostly wait, and the unit modules' computing fills that wait
+    only when the two run together.)"""
     root = Path(__file__).parent
     for item in items:
         parts = Path(item.fspath).relative_to(root).parts
         spark = parts[0] == "pipeline" and "spark" in getattr(item, "fixturenames", ())
         if parts[0] in PROCESS_DIRS or spark:
             item.add_marker(pytest.mark.integration)
+        _name_the_operation(item)
     items.sort(key=lambda item: not item.nodeid.startswith(PIPELINE))
     if os.environ.get("PYTEST_XDIST_WORKER"):
         _refuse_shared_ids(items)
+
+
+def _name_the_operation(item: pytest.Item) -> None:
+    """One id per API operation for schemathesis's tests. Its items pass their bare
+    function name as ``originalname``, from which pytest 9 builds the id, so every
+    operation's test had the same one, and xdist (which schedules by id) would run
+    only the first. The operation's label goes in the id's brackets, where
+    parametrization puts it."""
+    label = getattr(item, "operation_label", None)
+    if label is None or item.id.params is not None:
+        return
+    item._id = item.id.with_params(label)  # type: ignore[attr-defined]
 
 
 def _refuse_shared_ids(items: list[pytest.Item]) -> None:
@@ -43,8 +58,6 @@ def _refuse_shared_ids(items: list[pytest.Item]) -> None:
     runs fails instead, saying why."""
     first: dict[str, pytest.Item] = {}
     for item in items:
-        if item.get_closest_marker("serial") is not None:
-            continue  # make test runs these without xdist
         if item.nodeid not in first:
             first[item.nodeid] = item
             continue
@@ -52,7 +65,7 @@ def _refuse_shared_ids(items: list[pytest.Item]) -> None:
         def refuse(nodeid: str = item.nodeid) -> None:
             pytest.fail(
                 f"{nodeid}: several tests share this id, and xdist would run one of them;"
-                " mark the module serial (make test runs those without xdist)"
+                " give each its own (see _name_the_operation)"
             )
 
         first[item.nodeid].runtest = refuse  # type: ignore[method-assign]

@@ -40,11 +40,10 @@ from clusterapi.models import (
 )
 from clusterapi.roles import OPERATORS_GROUP
 
-# serial: schemathesis gives every operation's test the same id, and xdist, which
-# schedules by id, would run only the first of them (tests/conftest.py refuses that)
+# each operation's test gets its own id from tests/conftest.py (_name_the_operation):
+# xdist schedules by id, and schemathesis gives them all the same one under pytest 9
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.serial,
     pytest.mark.slow,
     pytest.mark.timeout(240),
 ]

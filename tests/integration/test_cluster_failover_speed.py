@@ -22,13 +22,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingConnection
 from pika.exceptions import AMQPConnectionError, AMQPError, ConnectionClosedByBroker
 
 from tests.cluster_harness import Cluster, Sampler
 from tests.conftest import uid
+from tests.support.clients import connect as client
 
 # serial: its timing is measured against the heartbeat, so it runs alone
 pytestmark = [
@@ -67,14 +67,7 @@ def formed(clusters: list[Cluster], base: Path, **timing: float) -> Cluster:
 
 
 def connect(cluster: Cluster, index: int) -> BlockingConnection:
-    params = pika.ConnectionParameters(
-        "127.0.0.1",
-        cluster.ports[index],
-        connection_attempts=1,
-        socket_timeout=10,
-        blocked_connection_timeout=30,
-    )
-    return BlockingConnection(params)
+    return client(cluster.ports[index], blocked_timeout=30)
 
 
 def publish_confirmed(cluster: Cluster, index: int, queue: str, body: bytes) -> None:

@@ -349,7 +349,8 @@ def apply_targeted(frames: list[bytes], kind: str, index: int, param: int) -> li
     elif kind == "bad_end":
         frames[index] = f[:-1] + bytes(((0xCE + 1 + param % 255) % 256,))
     elif kind == "unknown_method":
-        unknown = [(99, 1), (0, 0), (60, 99), (10, 0), (65535, 65535), (85, 10 + param % 100)]
+        # confirm's methods are 10 (select) and 11 (select-ok): above them, none
+        unknown = [(99, 1), (0, 0), (60, 99), (10, 0), (65535, 65535), (85, 12 + param % 100)]
         class_id, method_id = unknown[param % len(unknown)]
         frames[index] = set_ids(f, class_id, method_id)
     elif kind == "bad_table":
