@@ -5,8 +5,8 @@ membership (``membership.Membership``: links, peers, heartbeats, admission),
 which has the election loop (``standing``, a ``standing.Standing``), and it
 owns the objects built on it:
 
-- ``wiring`` (``wiring.WiringReplication``): the ordered cluster state;
-- ``plane`` (``forwarding.MessagePlane``): forwarded publishes, proxied
+- ``wiring`` (``wiring.replication.WiringReplication``): the ordered cluster state;
+- ``plane`` (``plane.forwarding.MessagePlane``): forwarded publishes, proxied
   consumers and gets, the root's deliveries;
 - ``operations`` (``operations.OperatorCommands``): root enable/disable,
   reconfiguration, fault injection and the status; the controller's methods
@@ -17,8 +17,8 @@ It implements the events membership and its standing announce
 wanted, the lease renewed) by handing them to the planes.
 
 It installs the cluster's queue types into the clustered vhost (shared
-queues are ``queues.SharedQueue``; other servers' private queues are reached
-through ``queues.MetaQueue``) and routes what arrives on the cluster
+queues are ``queues.shared.SharedQueue``; other servers' private queues are reached
+through ``queues.shared.MetaQueue``) and routes what arrives on the cluster
 exchange to the plane it belongs to. The broker model and the channel know
 none of this: they see queues.
 """
@@ -29,14 +29,14 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from brokerd.cluster import wiring
 from brokerd.cluster.config import ClusterConfig
 from brokerd.cluster.election import PRIMARY
-from brokerd.cluster.forwarding import DATA, MessagePlane
 from brokerd.cluster.membership import Membership
 from brokerd.cluster.operations import OperatorCommands
-from brokerd.cluster.pacing import OVERRUN
-from brokerd.cluster.queues import RemoteQueues, SharedQueue
+from brokerd.cluster.plane.forwarding import DATA, MessagePlane
+from brokerd.cluster.plane.pacing import OVERRUN
+from brokerd.cluster.queues.shared import RemoteQueues, SharedQueue
+from brokerd.cluster.wiring import replication as wiring
 from brokerd.model.broker import Broker
 from brokerd.model.errors import AMQPError, access_refused
 from brokerd.model.message import Message

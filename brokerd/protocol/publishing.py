@@ -3,7 +3,7 @@
 A publish reaches its queues at once, but a queue may *defer* it (the
 ``PublishWaiter`` protocol): a shared queue mastered on another server takes
 it only when that server has. The channel then keeps the publish's
-``Completion`` and sends its confirm (and its basic.return if it was
+``PublishCompletion`` and sends its confirm (and its basic.return if it was
 mandatory and nothing took it) when the last deferring queue answers.
 Confirms still go out in publish order, folded into ``multiple`` acks.
 """
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from pamqp import commands
 
+from brokerd.model.completion import Completion
 from brokerd.model.errors import NO_ROUTE, ChannelError, access_refused, precondition_failed
 from brokerd.model.exchange import Exchange
 from brokerd.model.expiry import check_expiration
@@ -27,37 +28,22 @@ if TYPE_CHECKING:
     from brokerd.protocol.connection import Connection
 
 
-class Completion:
-    """One publish that a queue completes later: counts the queues still to
-    answer and gathers their outcome."""
+class PublishCompletion(Completion):
+    """A client's publish that some queue completes later: its confirm (and its
+    basic.return, if mandatory and nothing took it) waits for the answers."""
 
-    __slots__ = ("armed", "channel", "deferred", "message", "ok", "routed", "seq", "waiting")
+    __slots__ = ("channel", "message", "seq")
 
     def __init__(self, channel: Publishing) -> None:
+        super().__init__()
         self.channel = channel
         #: confirm sequence number (0: the channel is not in confirm mode)
         self.seq = 0
-        #: queues that deferred it, and those of them still to answer
-        self.deferred = 0
-        self.waiting = 0
-        self.ok = True
-        self.routed = 0
         #: the message, kept only while a mandatory return may still be owed
         self.message: Message | None = None
-        #: set once routing is over: no queue can defer it any more
-        self.armed = False
 
-    def done(self, accepted: bool, routed: int) -> None:
-        """One deferring queue answered."""
-        self.waiting -= 1
-        self.ok = self.ok and accepted
-        self.routed += routed
-        if self.waiting == 0 and self.armed:
-            self.channel.publish_completed(self)
-
-    @property
-    def finished(self) -> bool:
-        return self.armed and self.waiting == 0
+    def complete(self) -> None:
+        self.channel.publish_completed(self)
 
 
 class Publishing:
@@ -84,10 +70,10 @@ class Publishing:
 
     def _init_publishing(self) -> None:
         #: the publish being routed now, once a queue deferred it
-        self._deferring: Completion | None = None
+        self._deferring: PublishCompletion | None = None
         #: confirms in publish order while any is deferred: seq ints are ready, a
         #: Completion is still waiting (empty whenever nothing is deferred)
-        self._inflight: deque[Completion | tuple[int, bool]] = deque()
+        self._inflight: deque[PublishCompletion | tuple[int, bool]] = deque()
 
     # -- content complete -----------------------------------------------------------
 
@@ -137,10 +123,8 @@ class Publishing:
         """PublishWaiter: a queue will answer for the publish being routed later."""
         completion = self._deferring
         if completion is None:
-            completion = self._deferring = Completion(self)
-        completion.deferred += 1
-        completion.waiting += 1
-        return completion.done
+            completion = self._deferring = PublishCompletion(self)
+        return completion.defer()
 
     def _route(self, message: Message, mandatory: bool) -> None:
         conn = self.connection
@@ -176,24 +160,25 @@ class Publishing:
                 conn._confirm_dirty.add(self)
 
     def _arm(
-        self, completion: Completion, message: Message, mandatory: bool, ok: bool, routed: int
+        self,
+        completion: PublishCompletion,
+        message: Message,
+        mandatory: bool,
+        ok: bool,
+        routed: int,
     ) -> None:
         """Routing is over and some queue deferred: the publish completes when they answer.
 
         ``routed`` counted the deferring queues as taking the message; their answers
         say how many of their queues really did."""
-        completion.routed += routed - completion.deferred
-        completion.ok = completion.ok and ok
-        if mandatory and completion.routed == 0:
+        if mandatory and completion.routed + routed - completion.deferred == 0:
             completion.message = message
         if self.confirm:
             completion.seq = self.publish_seq
             self._inflight.append(completion)
-        completion.armed = True
-        if completion.waiting == 0:
-            self.publish_completed(completion)
+        completion.arm(ok, routed)
 
-    def publish_completed(self, completion: Completion) -> None:
+    def publish_completed(self, completion: PublishCompletion) -> None:
         """The last deferring queue answered: return if owed, then confirm in order."""
         if not self.open:
             return
@@ -207,7 +192,7 @@ class Publishing:
             inflight = self._inflight
             while inflight:
                 head = inflight[0]
-                if isinstance(head, Completion):
+                if isinstance(head, PublishCompletion):
                     if not head.finished:
                         break
                     head = (head.seq, head.ok)

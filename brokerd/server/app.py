@@ -412,7 +412,7 @@ class Server:
 
     def _flow(self, conn_id: int, paused: bool) -> None:
         """Flow control pauses (or resumes) reading from one connection: a client
-        publishing into a backlog, or a peer's data lane (``brokerd.cluster.flow``)."""
+        publishing into a backlog, or a peer's data lane (``brokerd.cluster.plane.flow``)."""
         proto = self.connections.get(conn_id)
         if proto is not None:
             proto.set_flow(paused)

@@ -6,7 +6,7 @@ deep queue's millions of objects, a starved CPU) everything does. The watch
 wakes every ``PERIOD`` and records how late it woke (``lag``), times each
 collection of the oldest generation, and tells flow control (``on_lag``), so
 that a loop falling behind slows the publishers feeding it instead of
-letting statuses age (``brokerd.cluster.flow``, cause ``event-loop``).
+letting statuses age (``brokerd.cluster.plane.flow``, cause ``event-loop``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     python -m tests.support.docnames          # make lint runs it; exit 1 on a stale name
 
 Checks README.md, docs/ and deploy/ (Markdown): repository paths in inline
-code, code blocks and links (``brokerd/cluster/flow.py``, ``deploy/runbooks/``,
+code, code blocks and links (``brokerd/cluster/plane/flow.py``, ``deploy/runbooks/``,
 ``store-integrity.md`` beside the page naming it), ``make`` targets,
 ``python -m`` modules and ``brokerd ctl`` subcommands. Whether a sentence is
 true is a reviewer's job; whether the names in it still exist is the

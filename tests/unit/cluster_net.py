@@ -7,8 +7,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from brokerd.cluster.forwarding import DATA, MessagePlane
-from brokerd.cluster.queues import SharedQueue
+from brokerd.cluster.plane.forwarding import DATA, MessagePlane
+from brokerd.cluster.queues.shared import SharedQueue
 from brokerd.config import default_config
 from brokerd.model.broker import Broker
 from brokerd.model.message import Message

@@ -10,7 +10,7 @@ from brokerd.cluster import messages
 from brokerd.cluster.config import parse_cluster_config
 from brokerd.cluster.controller import ClusterController
 from brokerd.cluster.messages import LINK_PROPERTY, Status
-from brokerd.cluster.replication import encode_bucket
+from brokerd.cluster.wiring.entries import encode_bucket
 from brokerd.model.errors import AMQPError, ChannelError
 from brokerd.protocol.hooks import Wait
 from tests.support.fakes import Clock, Conn, User, VHost

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brokerd.cluster import records as rec
+from brokerd.cluster.plane import records as rec
 from tests.support.examples import examples
 
 text = st.text(max_size=40)

@@ -7,7 +7,7 @@ tests/unit/cluster_net.py; A is root.
 
 from __future__ import annotations
 
-from brokerd.cluster.queues import RemoteQueues
+from brokerd.cluster.queues.shared import RemoteQueues
 from brokerd.consolelink.tracker import SnapshotTracker, collect
 from tests.unit.cluster_net import Net, Sink, message
 

@@ -18,7 +18,7 @@ def test_the_repository_docs_name_only_what_exists() -> None:
 def test_each_kind_of_stale_name_is_caught(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text(
-        "See `brokerd/cluster/flow.py` and `brokerd/cluster/no_such_module.py`.\n"
+        "See `brokerd/cluster/plane/flow.py` and `brokerd/cluster/no_such_module.py`.\n"
         "Runbook: [here](deploy/runbooks/gone.md), `cluster-root.md`, `missing-page.md`.\n"
         "```sh\n"
         "make test-fast\n"

@@ -1,10 +1,10 @@
-"""Flow control's bookkeeping (``brokerd.cluster.flow``): which connections a cause
+"""Flow control's bookkeeping (``brokerd.cluster.plane.flow``): which connections a cause
 pauses, and that a connection resumes only when no cause holds it any more."""
 
 from __future__ import annotations
 
-from brokerd.cluster.flow import FlowControl
 from brokerd.cluster.latency import LatencyWindow
+from brokerd.cluster.plane.flow import FlowControl
 
 
 def make() -> tuple[FlowControl, list[tuple[int, bool]]]:

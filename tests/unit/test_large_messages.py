@@ -138,7 +138,7 @@ def test_message_body_may_be_any_bytes_like():
 
 def test_a_large_body_crosses_a_cluster_link_intact():
     """Links send ``message.body`` as it is: a view of a large one encodes as bytes would."""
-    from brokerd.cluster import records
+    from brokerd.cluster.plane import records
 
     body = os.urandom(LARGE_BODY + 3)
     buffer = body_buffer(len(body))

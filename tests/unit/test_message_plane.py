@@ -6,10 +6,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brokerd.cluster.flow import Feeders
-from brokerd.cluster.master import _GetFor
-from brokerd.cluster.pacing import BACKLOG_HIGH, OVERRUN
-from brokerd.cluster.replicated import LAG_HIGH
+from brokerd.cluster.plane.flow import Feeders
+from brokerd.cluster.plane.pacing import BACKLOG_HIGH, OVERRUN
+from brokerd.cluster.queues.master import _GetFor
+from brokerd.cluster.queues.replicated import LAG_HIGH
 from tests.support.examples import examples
 from tests.unit.cluster_net import Net, Sink, Waiter, message
 

@@ -35,7 +35,7 @@ def cluster() -> Net:
 
 def replica_bodies(net: Net, spid: str, name: str) -> list[bytes]:
     replica = net.servers[spid].plane.replica.queues[name]
-    return [e[0].body for e in replica.entries.values()]
+    return [e.message.body for e in replica.entries.values()]
 
 
 def test_ttl_runs_on_the_master_and_replicas_see_the_expiry(timers: FakeTimers) -> None:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brokerd.cluster.replicated import ReplicatedQueueStore
+from brokerd.cluster.queues.replicated import ReplicatedQueueStore
 from tests.support.examples import examples
 from tests.unit.cluster_net import Net, Sink, Waiter, message
 
@@ -27,7 +27,7 @@ def test_a_confirm_waits_until_every_replica_has_the_message(net: Net) -> None:
     assert waiter.answers == [(True, 1)]
     for spid in ("B", "C"):
         replica = net.servers[spid].plane.replica.queues["q"]
-        assert [e[0].body for e in replica.entries.values()] == [b"m"]
+        assert [e.message.body for e in replica.entries.values()] == [b"m"]
 
 
 def test_a_lone_root_confirms_at_once() -> None:
@@ -106,7 +106,7 @@ def test_a_replica_that_joins_late_gets_a_snapshot(net: Net) -> None:
     net.pump()
     replica = net.servers["D"].plane.replica.queues["q"]
     assert replica.synced
-    assert [(e[0].body, e[1]) for _, e in replica.ordered()] == [
+    assert [(e.message.body, e.acquired) for _, e in replica.ordered()] == [
         (b"0", True),
         (b"1", False),
         (b"2", False),
@@ -134,12 +134,12 @@ def test_a_joining_replica_follows_the_live_stream_and_never_stalls_confirms(
     net.queue("B", "q").push(message(b"new"), waiter)
     net.pump()
     assert waiter.answers == [(True, 1)]  # confirmed while D's snapshot is still due
-    assert [e[0].body for _, e in side.queues["q"].ordered()] == [b"new"]
+    assert [e.message.body for _, e in side.queues["q"].ordered()] == [b"new"]
     while replicas.sync_step():  # the snapshot, chunk by chunk, behind the live stream
         net.pump()
     net.pump()
     assert side.complete
-    assert [e[0].body for _, e in side.queues["q"].ordered()] == [
+    assert [e.message.body for _, e in side.queues["q"].ordered()] == [
         b"0",
         b"1",
         b"2",
@@ -196,7 +196,7 @@ def test_a_gap_in_the_stream_asks_for_a_resync(net: Net) -> None:
     root.push(message(b"2"))
     net.pump()
     replica = net.servers["C"].plane.replica.queues["q"]
-    assert [e[0].body for _, e in replica.ordered()] == [b"1", b"2"]
+    assert [e.message.body for _, e in replica.ordered()] == [b"1", b"2"]
 
 
 def test_the_old_root_keeps_its_content_as_a_replica_until_reset(net: Net) -> None:
@@ -205,9 +205,9 @@ def test_the_old_root_keeps_its_content_as_a_replica_until_reset(net: Net) -> No
     net.elect("B")  # a handover: A demotes, B promotes and resets A
     assert bodies(net, "B") == [(b"m", False)]
     assert net.queue("A", "q").messages == type(net.queue("A", "q").messages)()
-    assert [e[0].body for e in net.servers["A"].plane.replica.queues["q"].entries.values()] == [
-        b"m"
-    ]
+    assert [
+        e.message.body for e in net.servers["A"].plane.replica.queues["q"].entries.values()
+    ] == [b"m"]
     assert isinstance(net.queue("B", "q").store, ReplicatedQueueStore)
     assert net.queue("A", "q").store is None  # the proxy's journal store (none here)
 
@@ -271,10 +271,10 @@ def test_no_confirmed_message_is_lost_across_root_failures(actions: list[str], r
             queue = net.queue(spid, "q")
             if action == "ack":
                 root = net.queue(net.root, "q")  # type: ignore[arg-type]
-                before = {e[0].body for e in root.store.entries.values()}  # type: ignore[union-attr]
+                before = {e.message.body for e in root.store.entries.values()}  # type: ignore[union-attr]
                 queue.ack([m])
                 net.pump()
-                after = {e[0].body for e in net.queue(net.root, "q").store.entries.values()}  # type: ignore[arg-type,union-attr]
+                after = {e.message.body for e in net.queue(net.root, "q").store.entries.values()}  # type: ignore[arg-type,union-attr]
                 if m.body in before and m.body not in after:  # type: ignore[attr-defined]
                     acked.add(m.body)  # type: ignore[attr-defined]
             else:
@@ -300,7 +300,7 @@ def test_no_confirmed_message_is_lost_across_root_failures(actions: list[str], r
     root = net.queue(net.root, "q")  # type: ignore[arg-type]
     store = root.store
     assert isinstance(store, ReplicatedQueueStore)
-    kept = {e[0].body for e in store.entries.values()}
+    kept = {e.message.body for e in store.entries.values()}
     for body, w in confirmed:
         if w.confirmed():
             assert body in acked or body in kept, body

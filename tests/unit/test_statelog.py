@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brokerd.cluster import statelog as sl
-from brokerd.cluster.statelog import Entry, compact, replay
+from brokerd.cluster.wiring import statelog as sl
+from brokerd.cluster.wiring.statelog import Entry, compact, replay
 from tests.support.examples import examples
 
 NAMES = ["a", "b", "c", "amq.topic"]

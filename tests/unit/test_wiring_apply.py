@@ -1,4 +1,4 @@
-"""Applying replicated wiring entries (``cluster.replication.apply_entry``) to a
+"""Applying replicated wiring entries (``cluster.wiring.entries.apply_entry``) to a
 server's model, as the root and then every server does."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pamqp import commands
 
-from brokerd.cluster.replication import apply_entry, entry_for
+from brokerd.cluster.wiring.entries import apply_entry, entry_for
 from brokerd.config import default_config
 from brokerd.model.broker import Broker
 from brokerd.model.errors import AMQPError

@@ -26,17 +26,16 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from brokerd.cluster import records as rec
+from brokerd.cluster.plane import records as rec
+from brokerd.cluster.queues.entry import Entry
+from brokerd.model.completion import Completion, Done
 from brokerd.model.message import Message
 
 if TYPE_CHECKING:
-    from brokerd.cluster.forwarding import MessagePlane, Outbound
+    from brokerd.cluster.plane.forwarding import MessagePlane, Outbound
     from brokerd.store.queues import JournalQueueStore
 
-log = logging.getLogger("brokerd.cluster.replica")
-
-#: one copied message: [message or paged stand-in, acquired, redelivered, persistent]
-Entry = list[Any]
+log = logging.getLogger("brokerd.cluster.queues.replica")
 
 
 class QueueReplica:
@@ -57,28 +56,33 @@ class QueueReplica:
         return sorted(self.entries.items())
 
 
-class _Write:
-    """The journal write of one replicated event (a ``PublishWaiter``): the stream
-    is acked past ``seq`` only once it is on disk."""
+class _Write(Completion):
+    """The journal write of one replicated event: the stream is acked past ``seq``
+    only once it is on disk (``ReplicaSide.pending`` counts the writes of each
+    event still outstanding)."""
 
     __slots__ = ("seq", "side")
 
     def __init__(self, side: ReplicaSide, seq: int) -> None:
+        super().__init__()
         self.side = side
         self.seq = seq
 
-    def defer(self) -> Any:
-        self.side.pending[self.seq] = self.side.pending.get(self.seq, 0) + 1
-        return self._done
+    def defer(self) -> Done:
+        if not self.deferred:
+            self.side.pending[self.seq] = self.side.pending.get(self.seq, 0) + 1
+        return super().defer()
 
-    def _done(self, ok: bool, _routed: int) -> None:
+    def complete(self) -> None:
+        if not self.deferred:
+            return  # nothing to write (a transient message): nothing was pending
         side = self.side
         left = side.pending.get(self.seq, 0) - 1
         if left > 0:
             side.pending[self.seq] = left
         else:
             side.pending.pop(self.seq, None)
-        if not ok:
+        if not self.ok:
             log.error("replica write of event %d failed: resync asked", self.seq)
             side.resync()
         side.ack_soon()
@@ -214,8 +218,7 @@ class ReplicaSide:
         elif op == rec.R_REQUEUE:
             entry = self._entry(r.queue, r.mid)
             if entry is not None:
-                entry[1] = False
-                entry[2] = True
+                entry.requeue()
         elif op == rec.R_PURGE:
             self._purge(r.queue)
         elif op == rec.R_RESET:
@@ -247,38 +250,40 @@ class ReplicaSide:
         message = Message(r.exchange, r.routing_key, r.props, r.body, "", 0)
         persistent = bool(r.flags & rec.F_PERSISTENT)
         acquired = bool(r.flags & rec.F_ACQUIRED)
-        entry: Entry = [message, acquired, bool(r.flags & rec.F_REDELIVERED), persistent]
+        entry = Entry(message, acquired, bool(r.flags & rec.F_REDELIVERED), persistent)
         replica.entries[r.mid] = entry
         replica.top = max(replica.top, r.mid)
         store = self._store(r.queue)
         if store is not None:
             # a snapshot entry (seq 0) holds the ack where the live stream is
-            store.enqueued(message, _Write(self, r.seq or self.applied + 1), jid=r.mid)
+            write = _Write(self, r.seq or self.applied + 1)
+            store.enqueued(message, write, jid=r.mid)
+            write.arm(True, 1)
             if acquired:
                 store.delivered(message, None, False)
             queue = self.plane.vhost().queues[r.queue]  # type: ignore[union-attr]
             if replica.bytes > queue.page_limit:
                 stub = store.page_out(message, jid=r.mid)
                 if stub is not None:
-                    entry[0] = stub
+                    entry.message = stub
                     return
         replica.bytes += len(r.body)
 
     def _acquire(self, name: str, mid: int) -> None:
         entry = self._entry(name, mid)
-        if entry is None or entry[1]:
+        if entry is None or entry.acquired:
             return
-        entry[1] = True
+        entry.acquired = True
         store = self._store(name)
         if store is not None:
-            store.delivered(entry[0], None, False)
+            store.delivered(entry.message, None, False)
 
     def _settle(self, name: str, mid: int) -> None:
         replica = self.queues.get(name)
         entry = replica.entries.pop(mid, None) if replica is not None else None
         if entry is None:
             return
-        message = entry[0]
+        message = entry.message
         if not message.paged:
             replica.bytes -= len(message.body)  # type: ignore[union-attr]
         store = self._store(name)
@@ -289,14 +294,14 @@ class ReplicaSide:
         replica = self.queues.get(name)
         if replica is None:
             return
-        ready = [(mid, e) for mid, e in replica.entries.items() if not e[1]]
+        ready = [(mid, e) for mid, e in replica.entries.items() if not e.acquired]
         for mid, entry in ready:
             del replica.entries[mid]
-            if not entry[0].paged:
-                replica.bytes -= len(entry[0].body)
+            if not entry.message.paged:
+                replica.bytes -= len(entry.message.body)
         store = self._store(name)
         if store is not None and ready:
-            store.purged([e[0] for _, e in ready])
+            store.purged([e.message for _, e in ready])
 
     def drop(self, name: str, *, write: bool) -> None:
         """Forget a queue's copy; ``write``: its journal forgets it too (a reset)."""

@@ -14,7 +14,7 @@
   queue; a push forwards the message to that server.
 
 The channel only ever calls the ``Queue`` interface; what crosses servers is
-in ``brokerd.cluster.master`` (root side) and ``brokerd.cluster.proxy``.
+in ``brokerd.cluster.queues.master`` (root side) and ``brokerd.cluster.queues.proxy``.
 
 A shared queue is replicated: as master its store is a
 ``replicated.ReplicatedQueueStore`` over the local journal store, so every
@@ -27,16 +27,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from brokerd.cluster.replica import QueueReplica
-from brokerd.cluster.replicated import ReplicatedQueueStore
+from brokerd.cluster.queues.entry import Entry
+from brokerd.cluster.queues.replica import QueueReplica
+from brokerd.cluster.queues.replicated import ReplicatedQueueStore
 from brokerd.model.interfaces import ConsumerSink, PublishWaiter, Reply
 from brokerd.model.message import Message
 from brokerd.model.queue import Queue
 from brokerd.model.storage import QueueStore
 
 if TYPE_CHECKING:
-    from brokerd.cluster.forwarding import MessagePlane
-    from brokerd.cluster.proxy import ProxiedConsumer
+    from brokerd.cluster.plane.forwarding import MessagePlane
+    from brokerd.cluster.queues.proxy import ProxiedConsumer
     from brokerd.store.queues import JournalQueueStore
 
 
@@ -85,7 +86,7 @@ class SharedQueue(Queue):
                 mid = store.ids.get(id(message), 0) if store is not None else 0
             if not mid:
                 continue
-            replica.entries[mid] = [message, False, redelivered, True]
+            replica.entries[mid] = Entry(message, redelivered=redelivered, persistent=True)
             replica.top = max(replica.top, mid)
             if not message.paged:
                 replica.bytes += len(message.body)
@@ -192,11 +193,10 @@ class SharedQueue(Queue):
         entries = {}
         ready = []
         for mid, entry in replica.ordered():
-            if entry[1]:
-                entry[1] = False
-                entry[2] = True
+            if entry.acquired:
+                entry.requeue()
             entries[mid] = entry
-            ready.append((entry[0], entry[2]))
+            ready.append((entry.message, entry.redelivered))
         self.replicated = ReplicatedQueueStore(
             self.name, self.plane.replicas, self.journal_store, entries
         )
@@ -219,8 +219,8 @@ class SharedQueue(Queue):
         if replicated is not None:
             for mid, entry in replicated.entries.items():
                 replica.entries[mid] = entry
-                if not entry[0].paged:
-                    replica.bytes += len(entry[0].body)
+                if not entry.message.paged:
+                    replica.bytes += len(entry.message.body)
             replica.top = replicated.next_mid - 1
         self.plane.replica.hand(self.name, replica)
         self._clear()  # and its timers stop: the new root's copy expires

@@ -42,16 +42,16 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from brokerd.cluster import records as rec
-from brokerd.cluster.flow import FlowControl, feeder
-from brokerd.cluster.master import MasterSide
-from brokerd.cluster.orphans import Orphans
-from brokerd.cluster.outbound import Outbound, SettleWaiter
-from brokerd.cluster.pacing import Pacing
-from brokerd.cluster.proxy import ProxySide
-from brokerd.cluster.queues import SharedQueue
-from brokerd.cluster.replica import ReplicaSide
-from brokerd.cluster.replicated import Gate, ReplicaSet
+from brokerd.cluster.plane import records as rec
+from brokerd.cluster.plane.flow import FlowControl, feeder
+from brokerd.cluster.plane.orphans import Orphans
+from brokerd.cluster.plane.outbound import Outbound, SettleWaiter
+from brokerd.cluster.plane.pacing import Pacing
+from brokerd.cluster.queues.master import MasterSide
+from brokerd.cluster.queues.proxy import ProxySide
+from brokerd.cluster.queues.replica import ReplicaSide
+from brokerd.cluster.queues.replicated import Gate, ReplicaSet
+from brokerd.cluster.queues.shared import SharedQueue
 from brokerd.model.interfaces import PublishWaiter
 from brokerd.model.message import Message
 
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from brokerd.model.broker import Broker
     from brokerd.model.vhost import VirtualHost
 
-log = logging.getLogger("brokerd.cluster.forwarding")
+log = logging.getLogger("brokerd.cluster.plane.forwarding")
 
 DATA = "cluster.data"
 #: a batch this large leaves at once instead of at the end of the loop turn

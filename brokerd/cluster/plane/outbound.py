@@ -4,18 +4,17 @@ turn queue outcomes into settlements (``forwarding`` uses them)."""
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from brokerd.cluster import records as rec
-from brokerd.cluster.flow import Feeders
+from brokerd.cluster.plane import records as rec
+from brokerd.cluster.plane.flow import Feeders
+from brokerd.model.completion import Completion, Done
 from brokerd.model.message import Message
 
 if TYPE_CHECKING:
-    from brokerd.cluster.forwarding import MessagePlane
-    from brokerd.cluster.replicated import Gate
+    from brokerd.cluster.plane.forwarding import MessagePlane
+    from brokerd.cluster.queues.replicated import Gate
 
-Done = Callable[[bool, int], None]
 #: an unsettled forward: the message, its targets, the publishers' callbacks, and
 #: whether it went flagged redelivered
 Unsettled = tuple[Message, list[tuple[str, str]], list[Done] | None, bool]
@@ -73,73 +72,32 @@ class Outbound:
         self.feeders = Feeders()
 
 
-class SettleWaiter:
+class SettleWaiter(Completion):
     """A forward received from a peer, settled once every queue it reached took it
-    (some may defer: a relay to another server). Implements ``PublishWaiter``."""
+    (some may defer: a relay to another server)."""
 
-    __slots__ = ("armed", "deferred", "ok", "out", "plane", "routed", "seq", "waiting")
+    __slots__ = ("out", "plane", "seq")
 
     def __init__(self, plane: MessagePlane, out: Outbound, seq: int) -> None:
+        super().__init__()
         self.plane = plane
         self.out = out
         self.seq = seq
-        self.deferred = 0
-        self.waiting = 0
-        self.ok = True
-        self.routed = 0
-        self.armed = False
 
-    def defer(self) -> Done:
-        self.deferred += 1
-        self.waiting += 1
-        return self._done
-
-    def _done(self, ok: bool, routed: int) -> None:
-        self.waiting -= 1
-        self.ok = self.ok and ok
-        self.routed += routed
-        if self.waiting == 0 and self.armed:
-            self.plane.settle(self.out, self.seq, self.ok, self.routed)
-
-    def arm(self, ok: bool, routed: int) -> None:
-        self.ok = self.ok and ok
-        self.routed += routed - self.deferred
-        self.armed = True
-        if self.waiting == 0:
-            self.plane.settle(self.out, self.seq, self.ok, self.routed)
+    def complete(self) -> None:
+        self.plane.settle(self.out, self.seq, self.ok, self.routed)
 
 
-class Callbacks:
+class Callbacks(Completion):
     """A kept forward pushed into this server's queues once it became root: the
-    publishers' callbacks are called as a settlement would (implements
-    ``PublishWaiter``)."""
+    publishers' callbacks are called as a settlement would."""
 
-    __slots__ = ("armed", "done", "ok", "routed", "waiting")
+    __slots__ = ("callbacks",)
 
-    def __init__(self, done: list[Done]) -> None:
-        self.done = done
-        self.waiting = 0
-        self.ok = True
-        self.routed = 0
-        self.armed = False
+    def __init__(self, callbacks: list[Done]) -> None:
+        super().__init__()
+        self.callbacks = callbacks
 
-    def defer(self) -> Done:
-        self.waiting += 1
-        return self._one
-
-    def _one(self, ok: bool, routed: int) -> None:
-        self.waiting -= 1
-        self.ok = self.ok and ok
-        if self.waiting == 0 and self.armed:
-            self._finish()
-
-    def arm(self, ok: bool, routed: int) -> None:
-        self.ok = self.ok and ok
-        self.routed = routed
-        self.armed = True
-        if self.waiting == 0:
-            self._finish()
-
-    def _finish(self) -> None:
-        for i, callback in enumerate(self.done):
+    def complete(self) -> None:
+        for i, callback in enumerate(self.callbacks):
             callback(self.ok, self.routed if i == 0 else 0)

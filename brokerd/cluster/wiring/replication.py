@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from pamqp import commands
 from pamqp.base import Frame as Method
 
-from brokerd.cluster import replication as rep
-from brokerd.cluster import statelog as sl
-from brokerd.cluster.statelog import Entry, compact, freeze, replay
+from brokerd.cluster.wiring import entries as rep
+from brokerd.cluster.wiring import statelog as sl
+from brokerd.cluster.wiring.statelog import Entry, compact, freeze, replay
 from brokerd.model.errors import INTERNAL_ERROR, AMQPError, ChannelError, ConnectionError_
 from brokerd.model.exchange import Exchange
 from brokerd.model.muxers import Binding

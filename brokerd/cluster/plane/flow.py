@@ -30,7 +30,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-log = logging.getLogger("brokerd.cluster.flow")
+log = logging.getLogger("brokerd.cluster.plane.flow")
 
 #: a feeder: a local connection id, or a peer's spid (its inbound data lane)
 Feeder = int | str

@@ -15,15 +15,15 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
-from brokerd.cluster.flow import feeder
-from brokerd.cluster.outbound import Callbacks, Outbound, Unsettled
+from brokerd.cluster.plane.flow import feeder
+from brokerd.cluster.plane.outbound import Callbacks, Outbound, Unsettled
 from brokerd.model.message import Message
 
 if TYPE_CHECKING:
-    from brokerd.cluster.forwarding import MessagePlane
+    from brokerd.cluster.plane.forwarding import MessagePlane
     from brokerd.model.interfaces import PublishWaiter
 
-log = logging.getLogger("brokerd.cluster.forwarding")
+log = logging.getLogger("brokerd.cluster.plane.forwarding")
 
 #: bytes of orphaned forwards kept for the next root; past it the oldest are nacked
 ORPHAN_BYTES_MAX = 64 * 1024 * 1024

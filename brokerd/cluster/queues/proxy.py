@@ -21,17 +21,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from brokerd.cluster import records as rec
+from brokerd.cluster.plane import records as rec
 from brokerd.model.errors import INTERNAL_ERROR, AMQPError, ChannelError, ConnectionError_
 from brokerd.model.interfaces import ConsumerSink, Reply
 from brokerd.model.message import Message
 from brokerd.model.queue import Queue
 
 if TYPE_CHECKING:
-    from brokerd.cluster.forwarding import MessagePlane, Outbound
-    from brokerd.cluster.queues import SharedQueue
+    from brokerd.cluster.plane.forwarding import MessagePlane, Outbound
+    from brokerd.cluster.queues.shared import SharedQueue
 
-log = logging.getLogger("brokerd.cluster.proxy")
+log = logging.getLogger("brokerd.cluster.queues.proxy")
 
 #: requests (gets, purges, counts) that may wait for a root at once; more are refused
 MAX_WAITING = 10_000

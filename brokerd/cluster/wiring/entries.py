@@ -16,8 +16,8 @@ from typing import Any, Protocol
 from pamqp import commands
 from pamqp.base import Frame as Method
 
-from brokerd.cluster import statelog as sl
-from brokerd.cluster.statelog import Entry, freeze
+from brokerd.cluster.wiring import statelog as sl
+from brokerd.cluster.wiring.statelog import Entry, freeze
 from brokerd.model.broker import Broker
 from brokerd.model.errors import AMQPError, not_found
 from brokerd.model.interfaces import Destination

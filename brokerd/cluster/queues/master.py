@@ -19,16 +19,16 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from brokerd.cluster import records as rec
+from brokerd.cluster.plane import records as rec
 from brokerd.model.errors import INTERNAL_ERROR, NOT_ALLOWED, NOT_FOUND, AMQPError
 from brokerd.model.message import Message
 from brokerd.model.queue import Queue
 
 if TYPE_CHECKING:
-    from brokerd.cluster.forwarding import MessagePlane, Outbound
+    from brokerd.cluster.plane.forwarding import MessagePlane, Outbound
     from brokerd.model.storage import Gate
 
-log = logging.getLogger("brokerd.cluster.master")
+log = logging.getLogger("brokerd.cluster.queues.master")
 
 #: deliveries in flight to a consumer that has no prefetch window of its own
 DEFAULT_WINDOW = 8192

@@ -21,12 +21,12 @@ import asyncio
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from brokerd.cluster.flow import Feeder, Feeders
-from brokerd.cluster.outbound import UNSETTLED_BYTES_HIGH
-from brokerd.cluster.replicated import LAG_HIGH, LAG_LOW
+from brokerd.cluster.plane.flow import Feeder, Feeders
+from brokerd.cluster.plane.outbound import UNSETTLED_BYTES_HIGH
+from brokerd.cluster.queues.replicated import LAG_HIGH, LAG_LOW
 
 if TYPE_CHECKING:
-    from brokerd.cluster.forwarding import MessagePlane
+    from brokerd.cluster.plane.forwarding import MessagePlane
 
 #: bytes waiting on a link's data lane above which the connections feeding it are
 #: paused (flow control). Statuses no longer wait behind it (they take the control

@@ -38,19 +38,21 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from brokerd.cluster import records as rec
-from brokerd.cluster.flow import Feeder, Feeders, feeder
+from brokerd.cluster.plane import records as rec
+from brokerd.cluster.plane.flow import Feeder, Feeders, feeder
+from brokerd.cluster.queues.entry import Entry
+from brokerd.model.completion import Done
 from brokerd.model.message import Message
 from brokerd.model.storage import CorruptMessage, Paged
 from brokerd.wire.codec import delivery_mode
 
 if TYPE_CHECKING:
-    from brokerd.cluster.forwarding import MessagePlane, Outbound
-    from brokerd.cluster.queues import SharedQueue
+    from brokerd.cluster.plane.forwarding import MessagePlane, Outbound
+    from brokerd.cluster.queues.shared import SharedQueue
     from brokerd.model.interfaces import PublishWaiter
     from brokerd.store.queues import JournalQueueStore
 
-log = logging.getLogger("brokerd.cluster.replicated")
+log = logging.getLogger("brokerd.cluster.queues.replicated")
 
 #: events the replicas confirms wait for may be behind before the publishers feeding
 #: the master queues are paused (flow control), and where they resume
@@ -70,8 +72,6 @@ SYNC_REST = 8
 SYNC_BACKLOG_MAX = 1024 * 1024
 #: how soon a snapshot waiting for its link looks again (seconds)
 SYNC_WAIT = 0.005
-
-Done = Callable[[bool, int], None]
 
 
 class Gate:
@@ -453,7 +453,7 @@ class ReplicaSet:
                     if entry is None:
                         continue  # settled since the snapshot began: nothing to send
                     try:
-                        message, body = entry[0], store.body(entry[0])
+                        message, body = entry.message, store.body(entry.message)
                     except CorruptMessage:
                         continue  # corrupt here (logged, quarantined): the queue drops it
 
@@ -462,7 +462,7 @@ class ReplicaSet:
                         rec.R_SYNC,
                         name,
                         mid,
-                        store.flags(entry),
+                        entry.flags,
                         message.exchange,
                         message.routing_key,
                         message.props_raw,
@@ -485,10 +485,6 @@ class ReplicaSet:
         return more
 
 
-#: one master message: [message or paged stand-in, acquired, redelivered, persistent]
-Entry = list[Any]
-
-
 class ReplicatedQueueStore:
     """The ``QueueStore`` of a master shared queue: numbers its messages, replicates
     every event, and delegates writing to the local journal store."""
@@ -509,15 +505,8 @@ class ReplicatedQueueStore:
         #: mid -> entry, in mid order (dicts keep insertion order; mids only grow)
         self.entries: dict[int, Entry] = entries or {}
         #: id(message) -> mid for what the queue holds or has delivered
-        self.mids: dict[int, int] = {id(e[0]): mid for mid, e in self.entries.items()}
+        self.mids: dict[int, int] = {id(e.message): mid for mid, e in self.entries.items()}
         self.next_mid = max(self.entries, default=0) + 1
-
-    def flags(self, entry: Entry) -> int:
-        return (
-            (rec.F_ACQUIRED if entry[1] else 0)
-            | (rec.F_REDELIVERED if entry[2] else 0)
-            | (rec.F_PERSISTENT if entry[3] else 0)
-        )
 
     def body(self, message: Message) -> bytes:
         """A message's body, read back from the journal if it is paged out."""
@@ -532,7 +521,7 @@ class ReplicatedQueueStore:
         self.next_mid = mid + 1
         persistent = delivery_mode(message.props_raw) == 2
         self.mids[id(message)] = mid
-        self.entries[mid] = [message, False, False, persistent]
+        self.entries[mid] = Entry(message, persistent=persistent)
         if self.local is not None:
             self.local.enqueued(message, waiter, jid=mid)
         seq = self.replicas.emit(
@@ -556,7 +545,7 @@ class ReplicatedQueueStore:
         else:
             entry = self.entries.get(mid)
             if entry is not None:
-                entry[1] = True
+                entry.acquired = True
             seq = self.replicas.emit(rec.R_ACQUIRE, self.name, mid)
         if seq and consumer is not None:
             gate = self.replicas.gate()
@@ -590,8 +579,7 @@ class ReplicatedQueueStore:
             mid = self.mids.get(id(message))
             entry = self.entries.get(mid) if mid is not None else None
             if entry is not None:
-                entry[1] = False
-                entry[2] = True
+                entry.requeue()
                 self.replicas.emit(rec.R_REQUEUE, self.name, mid)  # type: ignore[arg-type]
 
     def page_out(self, message: Message) -> Paged | None:
@@ -605,7 +593,7 @@ class ReplicatedQueueStore:
         else:
             if mid is not None:
                 self.mids[id(stub)] = mid
-                self.entries[mid][0] = stub
+                self.entries[mid].message = stub
         return stub
 
     def load(self, paged: Paged) -> Message:
@@ -624,7 +612,7 @@ class ReplicatedQueueStore:
             self.mids[id(message)] = mid
             entry = self.entries.get(mid)
             if entry is not None:
-                entry[0] = message
+                entry.message = message
         return message
 
     def deleted(self) -> None:
