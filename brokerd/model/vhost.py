@@ -26,6 +26,7 @@ from brokerd.model.interfaces import Destination
 from brokerd.model.message import Message
 from brokerd.model.muxers import Binding, lookup
 from brokerd.model.queue import Queue
+from brokerd.model.queuetypes import check_queue_type
 from brokerd.model.storage import MessageStore
 
 PREDECLARED = (
@@ -52,6 +53,9 @@ EQUIVALENT_QUEUE_ARGUMENTS = (
     "x-single-active-consumer",
     "x-queue-type",
     "x-queue-master-locator",
+    "x-dead-letter-strategy",
+    "x-quorum-initial-group-size",
+    "x-queue-leader-locator",
 )
 
 
@@ -236,6 +240,14 @@ class VirtualHost:
             existing.touch()
             return existing, False
         validate_queue_arguments(name, self.name, arguments)
+        check_queue_type(
+            name,
+            self.name,
+            durable=durable,
+            exclusive=exclusive,
+            auto_delete=auto_delete,
+            arguments=arguments,
+        )
         queue = self.queue_factory(
             name,
             self.name,
