@@ -355,10 +355,10 @@ class Queue(QueueExpiry):
         self.stats_in += 1
         store = self.store
         if store is not None:
-            store.enqueued(message, waiter)
-            # and flagged in the store too: a replicated queue's replicas must keep the
-            # flag, or a copy promoted after a failover would lose it
-            store.requeued((message,))
+            # flagged in the store too: a journal must bring it back flagged after a
+            # restart, and a replicated queue's replicas must keep the flag, or a copy
+            # promoted after a failover would lose it
+            store.enqueued(message, waiter, redelivered=True)
         deadline = self._deadline(message)
         if not self.messages and not self._returned and self.consumers:
             consumer = self._next_ready(message)

@@ -81,9 +81,13 @@ class QueueStore(Protocol):
     #: routed, which fanout to many queues feels
     tracks_enqueues: bool
 
-    def enqueued(self, message: Message, waiter: PublishWaiter | None) -> None:
+    def enqueued(
+        self, message: Message, waiter: PublishWaiter | None, *, redelivered: bool = False
+    ) -> None:
         """A message entered the queue; a store that must write it first defers the
-        publish (``waiter.defer()``) and answers when it is safe."""
+        publish (``waiter.defer()``) and answers when it is safe. ``redelivered``: it
+        was delivered before (``Queue.restore``), and must come back flagged from the
+        store (after a restart, at a replica promoted after a failover)."""
 
     def delivered(self, message: Message, consumer: Recipient | None, no_ack: bool) -> None:
         """Handed to a consumer or a get (its recipient): *acquired* (unacked), or gone

@@ -79,10 +79,17 @@ class JournalQueueStore:
     # -- events -----------------------------------------------------------------------
 
     def enqueued(
-        self, message: Message, waiter: PublishWaiter | None, *, jid: int | None = None
+        self,
+        message: Message,
+        waiter: PublishWaiter | None,
+        *,
+        jid: int | None = None,
+        redelivered: bool = False,
     ) -> None:
         """``jid``: the id to keep it under (a replicated queue numbers its messages
-        the same on every server; else the journal numbers them)."""
+        the same on every server; else the journal numbers them). ``redelivered``: it
+        was delivered before it came here (a replica's copy of a message its master
+        had delivered, or restored flagged), so a restart must bring it back flagged."""
         if not self.durable or delivery_mode(message.props_raw) != 2:
             return
         journal = self._journal()
@@ -92,6 +99,7 @@ class JournalQueueStore:
             message.props_raw,
             message.body,
             persistent=True,
+            redelivered=redelivered,
             id=jid,
         )
         self.ids[id(message)] = jid

@@ -199,3 +199,39 @@ def test_recovery_keeps_a_deep_queue_on_disk_past_its_memory(tmp_path: Path) -> 
     recovered.add_consumer(sink)
     assert sink.bodies() == [f"body-{i:04d}".encode() * 8 for i in range(200)]
     assert recovered.stats_corrupt == 0
+
+
+def recovered_flags(tmp_path: Path, name: str = "q") -> list[tuple[bytes, bool]]:
+    """The queue as a restart brings it back: (body, redelivered) in order."""
+    config = default_config()
+    again = DiskStore(tmp_path)
+    broker = Broker(config.user_database(), config.vhosts, config.limits, again)
+    again.recover(broker)
+    return [(m.body, r) for m, r in broker.vhosts["/"].queues[name].ready()]
+
+
+def test_a_restored_message_comes_back_flagged_after_a_restart(tmp_path: Path) -> None:
+    """``Queue.restore`` (a forward sent again after a failover, a former master's
+    message) writes the message flagged: a restart must not offer it as a first
+    delivery to a consumer that may have seen it."""
+    disk = DiskStore(tmp_path)
+    queue = durable_queue(disk)
+    queue.push(msg("first", delivery_mode=2))
+    queue.restore(msg("again", delivery_mode=2))
+    disk.committer.commit_now()
+    assert recovered_flags(tmp_path) == [(b"first", False), (b"again", True)]
+
+
+def test_a_replicas_copy_written_flagged_comes_back_flagged(tmp_path: Path) -> None:
+    """A replica writes what its master sends under the master's ids; a copy the
+    master had flagged (restored, or requeued before the replica's snapshot) keeps
+    the flag on the replica's disk, through a restart and so through a full-cluster
+    crash that this replica then leads."""
+    disk = DiskStore(tmp_path)
+    queue = durable_queue(disk)
+    store = queue.store
+    assert isinstance(store, JournalQueueStore)
+    store.enqueued(msg("plain", delivery_mode=2), None, jid=7)
+    store.enqueued(msg("seen", delivery_mode=2), None, jid=9, redelivered=True)
+    disk.committer.commit_now()
+    assert recovered_flags(tmp_path) == [(b"plain", False), (b"seen", True)]

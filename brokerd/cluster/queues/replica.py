@@ -250,14 +250,17 @@ class ReplicaSide:
         message = Message(r.exchange, r.routing_key, r.props, r.body, "", 0)
         persistent = bool(r.flags & rec.F_PERSISTENT)
         acquired = bool(r.flags & rec.F_ACQUIRED)
-        entry = Entry(message, acquired, bool(r.flags & rec.F_REDELIVERED), persistent)
+        redelivered = bool(r.flags & rec.F_REDELIVERED)
+        entry = Entry(message, acquired, redelivered, persistent)
         replica.entries[r.mid] = entry
         replica.top = max(replica.top, r.mid)
         store = self._store(r.queue)
         if store is not None:
             # a snapshot entry (seq 0) holds the ack where the live stream is
             write = _Write(self, r.seq or self.applied + 1)
-            store.enqueued(message, write, jid=r.mid)
+            # flagged on disk too: a copy restored or requeued at the master comes back
+            # flagged after a restart here, not as a first delivery
+            store.enqueued(message, write, jid=r.mid, redelivered=redelivered)
             write.arm(True, 1)
             if acquired:
                 store.delivered(message, None, False)

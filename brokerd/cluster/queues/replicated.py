@@ -516,17 +516,17 @@ class ReplicatedQueueStore:
 
     # -- QueueStore ------------------------------------------------------------------
 
-    def enqueued(self, message: Message, waiter: PublishWaiter | None) -> None:
+    def enqueued(
+        self, message: Message, waiter: PublishWaiter | None, *, redelivered: bool = False
+    ) -> None:
         mid = self.next_mid
         self.next_mid = mid + 1
         persistent = delivery_mode(message.props_raw) == 2
         self.mids[id(message)] = mid
-        self.entries[mid] = Entry(message, persistent=persistent)
+        entry = self.entries[mid] = Entry(message, redelivered=redelivered, persistent=persistent)
         if self.local is not None:
-            self.local.enqueued(message, waiter, jid=mid)
-        seq = self.replicas.emit(
-            rec.R_ENQUEUE, self.name, mid, message, rec.F_PERSISTENT if persistent else 0
-        )
+            self.local.enqueued(message, waiter, jid=mid, redelivered=redelivered)
+        seq = self.replicas.emit(rec.R_ENQUEUE, self.name, mid, message, entry.flags)
         if seq and waiter is not None:
             self.replicas.wait(seq, waiter.defer())
         elif seq:
