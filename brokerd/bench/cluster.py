@@ -37,7 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from brokerd.bench.failover import Node, free_port
+from brokerd.bench.failover import Node
+from brokerd.bench.ports import free_port
 from brokerd.bench.scenarios import BenchError, Options, run_scenario
 
 GUEST = "amqp://guest:guest@127.0.0.1:{port}/"

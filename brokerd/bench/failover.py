@@ -17,8 +17,8 @@ killed server is restarted before the next run.
 
 Prints each run on stderr, then the median and maximum. Every process it
 started is stopped on the way out, however it ends (a finally block, atexit
-and SIGTERM/SIGHUP handlers that kill what is left). ``Node`` and
-``free_port`` are shared with the other cluster benchmarks.
+and SIGTERM/SIGHUP handlers that kill what is left). ``Node`` is shared
+with the other cluster benchmarks; ports come from ``brokerd.bench.ports``.
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ from typing import Any
 
 from pamqp import commands
 
-from brokerd.bench import frames, ports
+from brokerd.bench import frames
 from brokerd.bench.client import Client, ServerClosed
 from brokerd.bench.frames import AMQPURL, FrameError
+from brokerd.bench.ports import free_port
 from brokerd.server.control import request
 
 QUEUE = "failover-bench"
@@ -50,11 +51,6 @@ GUEST = "amqp://guest:guest@127.0.0.1:{port}/"
 
 #: every brokerd this module started and has not seen end (killed at exit)
 _children: set[subprocess.Popen[bytes]] = set()
-
-
-def free_port() -> int:
-    """A port below the ephemeral range (``ports.free_port``), none twice."""
-    return ports.free_port()
 
 
 def _kill_children() -> None:
