@@ -33,6 +33,7 @@ from brokerd.cluster.config import ClusterConfig
 from brokerd.cluster.election import PRIMARY
 from brokerd.cluster.membership import Membership
 from brokerd.cluster.operations import OperatorCommands
+from brokerd.cluster.placing import Placer
 from brokerd.cluster.plane.forwarding import DATA, MessagePlane
 from brokerd.cluster.plane.pacing import OVERRUN
 from brokerd.cluster.queues.shared import RemoteQueues, SharedQueue
@@ -112,14 +113,18 @@ class ClusterController(Membership):
         self._flow_since: float | None = None
         self.remote = RemoteQueues(self.plane)
         self.wiring = wiring.WiringReplication(self, broker, self.remote)
+        #: the root's placement of classic shared queues
+        self.placer = Placer(self, self.plane, self.wiring)
+        self.wiring.placer = self.placer.place_declare
         vhost = broker.vhosts.get(config.vhost) if broker is not None else None
         if vhost is not None:
             vhost.queue_factory = self.make_queue
             vhost.on_queue_deleted.append(self.wiring.private_queue_removed)
+            vhost.on_queue_deleted.append(self.plane.queue_deleted)
 
     def make_queue(self, name: str, vhost: str, **kwargs: Any) -> Queue:
         """The clustered vhost's queue types: exclusive ones are private (local),
-        the others shared (master on the root, proxy elsewhere)."""
+        the others shared (master on their owner, proxy elsewhere)."""
         if kwargs.get("exclusive_owner") is not None:
             return Queue(name, vhost, **kwargs)
         queue = SharedQueue(name, vhost, plane=self.plane, **kwargs)
@@ -129,9 +134,12 @@ class ClusterController(Membership):
     def _shared_unused(self, queue: Queue) -> None:
         """An auto-delete shared queue lost its last consumer, anywhere, or an
         x-expires one went unused (its timer runs on the master): the root removes
-        it for the whole cluster, ordered like any deletion."""
+        it for the whole cluster, ordered like any deletion (a classic queue's owner
+        that is not root asks it to)."""
         if self.root_now():
             self.wiring.order_delete(queue)
+        elif isinstance(queue, SharedQueue) and not queue.follows_root and queue.local:
+            self.wiring.request_delete(queue)
 
     def root_now(self) -> bool:
         """Re-run the election before acting as root: after a freeze (SIGSTOP) the
@@ -203,11 +211,13 @@ class ClusterController(Membership):
 
     def root_changed(self, old: str | None, new: str | None) -> None:
         self.plane.root_changed(old, new)
+        self.placer.root_changed(new == self.spid)
 
     def peer_lost(self, spid: str, why: str) -> None:
         self.plane.peer_lost(spid, why)
         if why == "inactive" and self.decision.is_root:
             self.wiring.server_gone(spid)
+            self.placer.check(lost=spid)
 
     def loop_lag(self, lag: float) -> None:
         """The event loop woke ``lag`` seconds late: past ``LOOP_LAG_HIGH`` what feeds
@@ -269,6 +279,7 @@ class ClusterController(Membership):
     def tick(self) -> None:
         self.wiring.tick()
         self.plane.tick()
+        self.placer.check()
         self._flow_alarm()
 
     def _flow_alarm(self) -> None:
@@ -298,7 +309,11 @@ class ClusterController(Membership):
                 "pending_changes": len(self.wiring.pending),
                 "session": None
                 if proxy.session is None
-                else {"root": proxy.session.root, "epoch": proxy.session.epoch},
+                else {"root": proxy.session.peer, "epoch": proxy.session.epoch},
+                "sessions": {spid: s.epoch for spid, s in sorted(proxy.sessions.items())},
+                "owned_queues": sorted(
+                    q.name for q in self.plane.shared_queues() if q.local and not q.follows_root
+                ),
                 "proxied_consumers": len(proxy.by_tag),
                 "remote_consumers": sum(len(c) for c in self.plane.master.consumers.values()),
                 "replication": self.plane.replicas.describe()

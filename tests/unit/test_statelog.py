@@ -26,9 +26,9 @@ def logs(draw: st.DrawFn) -> list[Entry]:
                 source=draw(st.sampled_from(NAMES)),
                 routing_key=draw(st.sampled_from(["", "k", "k.#"])),
                 arguments=draw(st.sampled_from([(), (("x-match", "any"),)])),
-                props=draw(st.sampled_from([(), (("durable", True),)])),
+                props=draw(st.sampled_from([(), (("durable", True),), (("epoch", 2),)])),
                 spid=draw(st.sampled_from(["", "s1", "s2"]))
-                if "meta" in op or op == sl.SERVER_GONE
+                if "meta" in op or op in (sl.SERVER_GONE, sl.QUEUE_PLACE, sl.QUEUE_DECLARE)
                 else "",
             )
         )
@@ -79,3 +79,25 @@ def test_server_gone_drops_its_meta_bindings_only() -> None:
         Entry(4, sl.SERVER_GONE, spid="s1"),
     ]
     assert [e.seq for e in compact(log)] == [1, 3]
+
+
+def test_the_latest_placement_survives_compaction_with_its_declare() -> None:
+    log = [
+        Entry(1, sl.QUEUE_DECLARE, name="q", spid="s1"),
+        Entry(2, sl.QUEUE_PLACE, name="q", spid="", props=(("epoch", 2), ("home", "s1"))),
+        Entry(3, sl.QUEUE_PLACE, name="q", spid="s1", props=(("epoch", 3),)),
+        Entry(4, sl.QUEUE_DECLARE, name="r"),
+    ]
+    assert [e.seq for e in compact(log)] == [1, 3, 4]
+    assert replay(log).owners == {("/", "q"): ("s1", (("epoch", 3),))}
+
+
+def test_a_deleted_queue_takes_its_placement_with_it() -> None:
+    log = [
+        Entry(1, sl.QUEUE_DECLARE, name="q", spid="s1"),
+        Entry(2, sl.QUEUE_PLACE, name="q", spid="s2", props=(("epoch", 2),)),
+        Entry(3, sl.QUEUE_DELETE, name="q"),
+        Entry(4, sl.QUEUE_PLACE, name="q", spid="s3"),
+    ]
+    assert compact(log) == []
+    assert replay(log).owners == {}

@@ -48,6 +48,7 @@ from brokerd.cluster.plane.orphans import Orphans
 from brokerd.cluster.plane.outbound import Outbound, SettleWaiter
 from brokerd.cluster.plane.pacing import Pacing
 from brokerd.cluster.queues.master import MasterSide
+from brokerd.cluster.queues.placement import Placement, PlacementTable
 from brokerd.cluster.queues.proxy import ProxySide
 from brokerd.cluster.queues.replica import ReplicaSide
 from brokerd.cluster.queues.replicated import Gate, ReplicaSet
@@ -99,6 +100,8 @@ class MessagePlane:
         self.orphans = Orphans(self)
         #: the root before the last change (its forwards are kept after it)
         self.root_was: str | None = None
+        #: where the classic shared queues live, as the state log placed them
+        self.placements = PlacementTable()
         self._last_id: tuple[Any, str] = (None, "")
 
     @property
@@ -116,6 +119,35 @@ class MessagePlane:
         if vhost is None:
             return []
         return [q for q in vhost.queues.values() if isinstance(q, SharedQueue)]
+
+    def owner_of(self, name: str) -> str | None:
+        """The server holding shared queue ``name``'s master copy now."""
+        vhost = self.vhost()
+        queue = vhost.queues.get(name) if vhost is not None else None
+        if isinstance(queue, SharedQueue):
+            return queue.owner_spid()
+        return self.root_spid()
+
+    def follows_root(self, name: str) -> bool:
+        """Shared queue ``name`` is mastered on the root (gone: taken as such)."""
+        vhost = self.vhost()
+        queue = vhost.queues.get(name) if vhost is not None else None
+        return not isinstance(queue, SharedQueue) or queue.follows_root
+
+    def placed(self, queue: SharedQueue) -> None:
+        """A classic queue took its placement (``SharedQueue.place``): the table follows,
+        and the proxies move to the new owner."""
+        self.placements.set(
+            queue.name,
+            Placement(queue.kind, queue.durable, queue.owner, (), queue.epoch, queue.home),
+        )
+        if not queue.local:
+            self.proxy.replaced(queue)
+
+    def queue_deleted(self, queue: object) -> None:
+        """VirtualHost hook: a shared queue went, and its placement with it."""
+        if isinstance(queue, SharedQueue):
+            self.placements.delete(queue.name)
 
     def cluster_id(self, message: Message) -> str:
         """``spid/connection/channel`` of the message's publisher (the last one made is
@@ -494,7 +526,7 @@ class MessagePlane:
             self.replica.forget_source()
         else:
             self.replica.root_changed(new)
-        queues = self.shared_queues()
+        queues = [q for q in self.shared_queues() if q.follows_root]
         for queue in queues:
             if self.is_root:
                 queue.become_master()

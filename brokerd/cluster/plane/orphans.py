@@ -40,9 +40,9 @@ class Orphans:
 
     def keep(self, out: Outbound, *, maybe_taken: bool) -> None:
         """The peer will not settle its forwards (it failed, or voided our session).
-        Those to the root are kept, to go again to whichever server is root next
-        (``send``), flagged redelivered if the peer may have taken them;
-        others (a private queue's server) can go nowhere else and are nacked.
+        Those to the root for queues that follow it are kept, to go again to
+        whichever server is root next (``send``), flagged redelivered if the peer
+        may have taken them; others (a private queue's server) can go nowhere else and are nacked.
         ``maybe_taken``: the peer may have taken them (their settlements lost with a
         link); a void counts as that too, as its settlements may have been dropped
         with the link that ended the session."""
@@ -53,7 +53,9 @@ class Orphans:
         out.unsettled_bytes = 0
         to_root = out.spid == plane.root_spid() or out.spid == plane.root_was
         for message, targets, done, redelivered in unsettled.values():
-            if to_root and all(not spid for spid, _name in targets):
+            # a classic queue's forwards were its owner's alone: no other server may
+            # take them (``SharedQueue.push``)
+            if to_root and all(not spid and plane.follows_root(name) for spid, name in targets):
                 if not self.kept:
                     self.since = plane.members.clock()
                 self.kept.append((message, targets, done, redelivered or maybe_taken))

@@ -1,9 +1,11 @@
-"""The root's side of the shared queues: consumers and gets from other servers.
+"""An owner's side of the shared queues: consumers and gets from other servers.
 
-A consumer connected to another server attaches to the master queue as a
-``RemoteConsumer``, a ``ConsumerSink`` like any local consumer, so the
+The owner of a shared queue is the root, or the server a classic queue's
+placement names. A consumer connected to another server attaches to the
+master queue as a ``RemoteConsumer``, a ``ConsumerSink`` like any local
+consumer, so the
 queue's round robin, prefetch and exclusivity rules span the cluster. Its
-deliveries travel as ``Deliver`` records; the root remembers each one it
+deliveries travel as ``Deliver`` records; the owner remembers each one it
 must see settled (``deliveries``), so that the consumer's server can ack,
 reject or requeue it, and so that everything a server held is requeued
 (redelivered) when its session ends or the server goes away.
@@ -33,7 +35,7 @@ log = logging.getLogger("brokerd.cluster.queues.master")
 #: deliveries in flight to a consumer that has no prefetch window of its own
 DEFAULT_WINDOW = 8192
 
-#: a delivery the root waits to see settled: its queue, the message, the consumer
+#: a delivery the owner waits to see settled: its queue, the message, the consumer
 #: (None for basic.get)
 Held = tuple[Queue, Message, "RemoteConsumer | None"]
 
@@ -119,7 +121,7 @@ class _GetFor:
 
 
 class MasterSide:
-    """Everything the root holds for consumers and gets of other servers."""
+    """Everything an owner holds for consumers and gets of other servers."""
 
     def __init__(self, plane: MessagePlane) -> None:
         self.plane = plane
@@ -220,7 +222,7 @@ class MasterSide:
         queue = vhost.queues.get(name) if vhost is not None else None
         if queue is None or queue.exclusive:
             return AMQPError(NOT_FOUND, f"no queue '{name}' in vhost '{self.plane.vhost_name}'")
-        if not queue.local or not self.plane.is_root:
+        if not queue.local:
             return AMQPError(INTERNAL_ERROR, f"queue '{name}' is not mastered on this server")
         return queue
 
@@ -372,10 +374,40 @@ class MasterSide:
 
     def release_all(self) -> None:
         """This server stops being root: what other servers held goes back into the
-        queues (handed over to the new root with them); they re-attach there."""
+        queues (handed over to the new root with them); they re-attach there. A
+        server that also holds something of a queue this one still owns (a classic
+        queue) has its session voided instead: released the same way, but told, so
+        it attaches again here too (it may have re-opened the session already)."""
         for spid in list(self.consumers.keys() | self.deliveries.keys()):
-            self.release(self.plane.out(spid), gone=False)
+            out = self.plane.out(spid)
+            if self._holds_owned(spid):
+                self.void(out, gone=False)
+            else:
+                self.release(out, gone=False)
         self._reset.clear()
+
+    def _holds_owned(self, spid: str) -> bool:
+        """``spid`` has consumers or deliveries of a queue with an owner of its own."""
+        if any(not _follows_root(c.queue) for c in self.consumers.get(spid, {}).values()):
+            return True
+        return any(not _follows_root(q) for q, _m, _c in self.deliveries.get(spid, {}).values())
+
+    def release_queue(self, queue: Queue) -> None:
+        """This server stops owning ``queue`` (its placement moved): its consumers from
+        elsewhere are detached (their servers re-attach at the new owner) and what
+        they held goes back into it first."""
+        for spid, consumers in self.consumers.items():
+            for tag, consumer in list(consumers.items()):
+                if consumer.queue is queue:
+                    del consumers[tag]
+                    if consumer in queue.consumers:
+                        queue.consumers.remove(consumer)
+            held = self.deliveries.get(spid, {})
+            mine = sorted(d for d, (q, _m, _c) in held.items() if q is queue)
+            if mine:
+                messages = [held.pop(d)[1] for d in mine]
+                queue.unacked -= len(messages)
+                queue.requeue(messages)
 
     def link_ready(self, out: Outbound) -> None:
         voided = self.voided.get(out.spid)
@@ -390,6 +422,10 @@ def _stat(queue: Queue) -> tuple[int, int]:
     """A declare's counts for another server: a use of the queue (x-expires)."""
     queue.touch()
     return queue.message_count, queue.consumer_count
+
+
+def _follows_root(queue: Queue) -> bool:
+    return bool(getattr(queue, "follows_root", True))
 
 
 def _maybe_unused(queue: Queue) -> None:

@@ -4,9 +4,11 @@ queue ownership"; issue 23). Pure decisions, no I/O.
 The root takes these decisions and orders them in the state log, so every
 server applies the same placements in the same order; the root carries no
 queue's traffic unless it owns the queue. This module is the rule book: the
-table of placements and what changes it. Wiring it into the state log, the
-message plane and the replication streams is the rest of issue 23: today
-every shared queue is still mastered on the root.
+table of placements and what changes it. Wired so far (issue 23): classic
+queues (``x-queue-type: classic``) are placed on declare, lost with their
+owner (transient) or kept for it (durable), and mastered where they are
+placed (``SharedQueue.place``). Replicated and quorum queues still follow the
+root: per-owner replication streams are the next step.
 
 - **Placement on declare** follows RabbitMQ's ``x-queue-leader-locator``:
   ``client-local`` (the default, and what an unknown value means, as in 3.10)
@@ -43,6 +45,33 @@ QUORUM = "quorum"
 REPLICATED = "replicated"
 #: x-quorum-initial-group-size's default, as RabbitMQ's
 QUORUM_GROUP = 3
+
+
+def kind_of(durable: bool, arguments: Mapping[str, object]) -> str:
+    """How the cluster keeps a shared queue: the type its declare names, else
+    replicated (durable or not: transient queues become classic by default once
+    the replicated kinds have owners of their own too)."""
+    named = arguments.get("x-queue-type")
+    if isinstance(named, bytes):
+        named = named.decode("utf-8", "replace")
+    if named == CLASSIC:
+        return CLASSIC
+    if named == QUORUM:
+        return QUORUM
+    return REPLICATED
+
+
+def locator_of(arguments: Mapping[str, object]) -> str:
+    """Where a declare asks its queue to live: ``x-queue-leader-locator`` (quorum),
+    or a classic queue's ``x-queue-master-locator``, whose ``min-masters`` and
+    ``random`` both mean the least loaded primary here."""
+    for key in ("x-queue-leader-locator", "x-queue-master-locator"):
+        value = arguments.get(key)
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        if value in (BALANCED, "min-masters", "random"):
+            return BALANCED
+    return CLIENT_LOCAL
 
 
 class PlacementError(ValueError):
@@ -136,6 +165,10 @@ class PlacementTable:
 
     def delete(self, name: str) -> None:
         self.queues.pop(name, None)
+
+    def set(self, name: str, placement: Placement) -> None:
+        """A placement the root ordered (every server applies it from the state log)."""
+        self.queues[name] = placement
 
     def move(self, name: str, to: str) -> Placement:
         """Hand a queue's ownership to one of its replicas."""

@@ -1,16 +1,19 @@
-"""A server's side of the shared queues it does not master: proxied consumers and gets.
+"""A server's side of the shared queues it does not own: proxied consumers and gets.
 
-Every shared queue a non-root server holds is a proxy (``SharedQueue`` in
-its proxy role); this module does its talking to the root, within one
-*session* with it (``records.Session`` opens one; the root then releases
-everything of the previous one). A local consumer is attached at the root
-under its cluster tag ``spid/connection/tag``; the root's deliveries wait in
-the consumer's ``pending`` until it is ready (prefetch, flow, socket) and
-carry the root's delivery id in ``Message.ref``, so the channel's acks,
-rejects and requeues go back as ``Ack`` / ``Reject`` records. When the
-session ends (the root changed, a link dropped) every consumer is attached
-again under a new one; settlements of deliveries from an old session are
-dropped: the root has already requeued those messages.
+A shared queue is owned (mastered) by one server: the root, for a queue that
+follows it (replicated and quorum queues, today), or the owner its placement
+names (a classic queue, issue 23). Everywhere else it is a proxy
+(``SharedQueue`` in its proxy role), and this module does the proxy's
+talking to the owner, within one *session* per owner (``records.Session``
+opens one; the owner then releases everything of the previous one). A local
+consumer is attached at its queue's owner under its cluster tag
+``spid/connection/tag``; the owner's deliveries wait in the consumer's
+``pending`` until it is ready (prefetch, flow, socket) and carry the session
+and the owner's delivery id in ``Message.ref``, so the channel's acks,
+rejects and requeues go back as ``Ack`` / ``Reject`` records. When a session
+ends (the root changed, a link dropped) every consumer attached under it is
+attached again under a new one; settlements of deliveries from an old
+session are dropped: the owner has already requeued those messages.
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.plane import records as rec
-from brokerd.model.errors import INTERNAL_ERROR, AMQPError, ChannelError, ConnectionError_
+from brokerd.model.errors import (
+    INTERNAL_ERROR,
+    NOT_FOUND,
+    AMQPError,
+    ChannelError,
+    ConnectionError_,
+)
 from brokerd.model.interfaces import ConsumerSink, Reply
 from brokerd.model.message import Message
 from brokerd.model.queue import Queue
@@ -33,23 +42,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("brokerd.cluster.queues.proxy")
 
-#: requests (gets, purges, counts) that may wait for a root at once; more are refused
+#: requests (gets, purges, counts) that may wait for an owner at once; more are refused
 MAX_WAITING = 10_000
 
 
 class Session:
-    """One attachment of this server's proxies to a root."""
+    """One attachment of this server's proxies to the owner ``peer``."""
 
-    __slots__ = ("epoch", "out", "root")
+    __slots__ = ("epoch", "out", "peer")
 
-    def __init__(self, root: str, epoch: int, out: Outbound) -> None:
-        self.root = root
+    def __init__(self, peer: str, epoch: int, out: Outbound) -> None:
+        self.peer = peer
         self.epoch = epoch
         self.out = out
 
 
 class ProxiedConsumer:
-    """A local consumer of a proxied shared queue, as attached at the root."""
+    """A local consumer of a proxied shared queue, as attached at its owner."""
 
     __slots__ = (
         "attached",
@@ -59,6 +68,7 @@ class ProxiedConsumer:
         "pending",
         "queue",
         "reply",
+        "session",
         "tag",
         "windowed",
     )
@@ -69,11 +79,13 @@ class ProxiedConsumer:
         self.queue = queue
         self.consumer = consumer
         self.tag = tag
-        #: the client's consume-ok, until the root first accepts it
+        #: the client's consume-ok, until the owner first accepts it
         self.reply = reply
         self.created = now
+        #: the session its consume went out under (None: not sent yet, or that ended)
+        self.session: Session | None = None
         self.attached = False
-        #: deliveries from the root the consumer was not ready for yet
+        #: deliveries from the owner the consumer was not ready for yet
         self.pending: deque[tuple[Message, bool]] = deque()
         #: no prefetch window in ack mode: credit goes back as deliveries are written
         self.windowed = bool(getattr(consumer, "no_ack", False)) or not _window(consumer)
@@ -86,21 +98,24 @@ def _window(consumer: ConsumerSink) -> int:
 
 @dataclass
 class Request:
-    """A get, purge or count asked of the root, re-asked under a new session."""
+    """A get, purge or count asked of a queue's owner, re-asked under a new session."""
 
+    queue: SharedQueue | None
     issue: Callable[[Session, int], None]
     answer: Callable[[Any], None]
     created: float
     consume: ProxiedConsumer | None = None
+    session: Session | None = None
     retries: int = field(default=0)
 
 
 class ProxySide:
-    """This server's proxied consumers and requests, and its session with the root."""
+    """This server's proxied consumers and requests, and its sessions with the owners."""
 
     def __init__(self, plane: MessagePlane) -> None:
         self.plane = plane
-        self.session: Session | None = None
+        #: by owner spid
+        self.sessions: dict[str, Session] = {}
         self._epoch = 0
         self._req = 0
         self.requests: dict[int, Request] = {}
@@ -108,53 +123,83 @@ class ProxySide:
         self.waiting: list[Request] = []
         self._owing: set[ProxiedConsumer] = set()
 
-    # -- the session -------------------------------------------------------------
+    @property
+    def session(self) -> Session | None:
+        """The session with the root (the status shows it)."""
+        root = self.plane.root_spid()
+        return self.sessions.get(root) if root is not None else None
+
+    # -- sessions ------------------------------------------------------------------
+
+    def _owners(self) -> set[str]:
+        """The servers this one needs a session with: the root, and the owners of the
+        classic queues it proxies."""
+        plane = self.plane
+        wanted = {state.queue.owner_spid() for state in self.by_tag.values()}
+        wanted |= {r.queue.owner_spid() for r in self.waiting if r.queue is not None}
+        root = plane.root_spid()
+        if root is not None:
+            wanted.add(root)
+        wanted.discard(None)
+        wanted.discard(plane.spid)
+        return wanted  # type: ignore[return-value]
 
     def session_check(self) -> None:
-        """Open a session with the root when there is one to open."""
+        """Open a session with each owner there is one to open with."""
         plane = self.plane
         root = plane.root_spid()
-        if root is None or root == plane.spid:
-            return
-        if self.session is not None and self.session.root == root:
-            return
-        out = plane.out(root)
-        if not out.up or not plane.members.in_sync(root):
-            return
+        if root is None or (not plane.members.in_sync(root) and root != plane.spid):
+            return  # this server's wiring is not the cluster's yet
+        for peer in sorted(self._owners()):
+            if peer not in self.sessions:
+                self._open(peer)
+
+    def _open(self, peer: str) -> Session | None:
+        plane = self.plane
+        out = plane.out(peer)
+        if not out.up:
+            return None
         self._epoch += 1
-        session = self.session = Session(root, self._epoch, out)
+        session = self.sessions[peer] = Session(peer, self._epoch, out)
         plane.batch(out).session(self._epoch)
-        log.info("session opened root=%s epoch=%d", root, self._epoch)
+        log.info("session opened with=%s epoch=%d", peer, self._epoch)
         for state in list(self.by_tag.values()):
-            self._send_consume(session, state)
+            if state.session is None and state.queue.owner_spid() == peer:
+                self._send_consume(session, state)
         waiting, self.waiting = self.waiting, []
         for request in waiting:
-            self._send(session, request)
+            if request.queue is not None and request.queue.owner_spid() == peer:
+                self._send(session, request)
+            else:
+                self.waiting.append(request)
+        return session
 
     def session_lost(self, spid: str) -> None:
-        session = self.session
-        if session is None or session.root != spid:
+        session = self.sessions.pop(spid, None)
+        if session is None:
             return
-        self.session = None
-        log.warning("session with root %s ended: re-attaching consumers", spid)
-        requests, self.requests = self.requests, {}
-        for request in requests.values():
-            if request.consume is None:
-                self.waiting.append(request)  # asked again of the next root
+        log.warning("session with %s ended: re-attaching its consumers", spid)
+        for req, request in list(self.requests.items()):
+            if request.session is session:
+                del self.requests[req]
+                if request.consume is None:
+                    self.waiting.append(request)  # asked again of the next owner
         for state in self.by_tag.values():
-            state.attached = False
-            state.pending.clear()
-            state.owed = 0
-        self._owing.clear()
+            if state.session is session:
+                state.session = None
+                state.attached = False
+                state.pending.clear()
+                state.owed = 0
+                self._owing.discard(state)
 
     def voided(self, spid: str) -> None:
-        """The root ended our session on its own (``records.Void``): open a new one."""
-        if self.session is not None and self.session.root == spid:
+        """The owner ended our session on its own (``records.Void``): open a new one."""
+        if spid in self.sessions:
             self.session_lost(spid)
             self.session_check()
 
     def tick(self) -> None:
-        """Open a session if one is due; give up on what waited too long for a root."""
+        """Open sessions that are due; give up on what waited too long for an owner."""
         self.session_check()
         members = self.plane.members
         now = members.clock()
@@ -163,12 +208,12 @@ class ProxySide:
         if expired:
             self.waiting = [r for r in self.waiting if now - r.created <= limit]
             for request in expired:
-                request.answer(_not_ready(members))
+                request.answer(_not_ready(members, request.queue))
         for state in list(self.by_tag.values()):
             if state.reply is not None and not state.attached and now - state.created > limit:
                 self._drop(state)
                 reply, state.reply = state.reply, None
-                reply(_not_ready(members))
+                reply(_not_ready(members, state.queue))
 
     # -- requests ----------------------------------------------------------------------
 
@@ -178,45 +223,69 @@ class ProxySide:
 
     def _send(self, session: Session, request: Request) -> None:
         req = self._next_req()
+        request.session = session
         self.requests[req] = request
         request.issue(session, req)
 
-    def _ask(self, issue: Callable[[Session, int], None], answer: Callable[[Any], None]) -> None:
-        request = Request(issue, answer, self.plane.members.clock())
-        if self.session is not None:
-            self._send(self.session, request)
+    def _session_for(self, queue: SharedQueue) -> Session | None:
+        owner = queue.owner_spid()
+        if owner is None or owner == self.plane.spid:
+            return None
+        session = self.sessions.get(owner)
+        if session is None:
+            root = self.plane.root_spid()
+            if root is not None and (root == self.plane.spid or self.plane.members.in_sync(root)):
+                session = self._open(owner)
+        return session
+
+    def _ask(
+        self,
+        queue: SharedQueue,
+        issue: Callable[[Session, int], None],
+        answer: Callable[[Any], None],
+    ) -> None:
+        if _unavailable(queue):
+            answer(_not_ready(self.plane.members, queue))
+            return
+        request = Request(queue, issue, answer, self.plane.members.clock())
+        session = self._session_for(queue)
+        if session is not None:
+            self._send(session, request)
         elif len(self.waiting) < MAX_WAITING:
             self.waiting.append(request)
         else:
-            answer(_not_ready(self.plane.members))
+            answer(_not_ready(self.plane.members, queue))
 
-    def get(self, queue: Queue, no_ack: bool, reply: Reply) -> None:
+    def get(self, queue: SharedQueue, no_ack: bool, reply: Reply) -> None:
+        asked: list[Session] = []
+
         def issue(session: Session, req: int) -> None:
+            asked.append(session)
             self.plane.batch(session.out).get(req, queue.name, no_ack)
 
         def answer(r: Any) -> None:
             if isinstance(r, rec.Got):
                 message = Message(r.exchange, r.routing_key, r.props, r.body)
-                message.ref = (self.session, r.delivery) if r.delivery else None
+                message.ref = (asked[-1], r.delivery) if r.delivery else None
                 reply((message, r.redelivered, r.remaining))
             elif isinstance(r, rec.Reply) and r.code == 0:
                 reply(None)  # get-empty
             else:
                 reply(_error(r))
 
-        self._ask(issue, answer)
+        self._ask(queue, issue, answer)
 
-    def purge(self, queue: Queue, reply: Reply) -> None:
+    def purge(self, queue: SharedQueue, reply: Reply) -> None:
         def issue(session: Session, req: int) -> None:
             self.plane.batch(session.out).purge(req, queue.name)
 
-        self._ask(issue, lambda r: reply(r.a if _ok(r) else _error(r)))
+        self._ask(queue, issue, lambda r: reply(r.a if _ok(r) else _error(r)))
 
-    def stat(self, queue: Queue, reply: Reply) -> None:
+    def stat(self, queue: SharedQueue, reply: Reply) -> None:
         def issue(session: Session, req: int) -> None:
             self.plane.batch(session.out).stat(req, queue.name)
 
-        self._ask(issue, lambda r: reply((r.a, r.b) if _ok(r) else _error(r)))
+        self._ask(queue, issue, lambda r: reply((r.a, r.b) if _ok(r) else _error(r)))
 
     # -- consumers ---------------------------------------------------------------------
 
@@ -229,37 +298,82 @@ class ProxySide:
         return tag
 
     def attach(self, queue: SharedQueue, consumer: ConsumerSink, reply: Reply | None) -> None:
-        """basic.consume on a proxied queue: the root decides (exclusivity counts
+        """basic.consume on a proxied queue: its owner decides (exclusivity counts
         consumers everywhere); ``reply`` answers when it has."""
+        if _unavailable(queue) and reply is not None:
+            reply(_not_ready(self.plane.members, queue))
+            return
         state = ProxiedConsumer(
             queue, consumer, self._tag(consumer), reply, self.plane.members.clock()
         )
         queue.proxied[consumer] = state
         self.by_tag[state.tag] = state
-        if self.session is not None:
-            self._send_consume(self.session, state)
+        session = self._session_for(queue)
+        if session is not None:
+            self._send_consume(session, state)
 
     def adopt(self, queue: SharedQueue) -> None:
-        """The queue became a proxy: attach its local consumers at the new root."""
+        """The queue became a proxy: attach its local consumers at its new owner."""
         now = self.plane.members.clock()
+        session = self._session_for(queue)
         for consumer in queue.consumers:
             if consumer in queue.proxied:
                 continue
             state = ProxiedConsumer(queue, consumer, self._tag(consumer), None, now)
             queue.proxied[consumer] = state
             self.by_tag[state.tag] = state
-            if self.session is not None:
-                self._send_consume(self.session, state)
+            if session is not None:
+                self._send_consume(session, state)
 
     def forget(self, queue: SharedQueue) -> None:
-        """The queue became the master here: its consumers are local ones now."""
+        """The queue's owner is this server now: its consumers are local ones."""
         for consumer, state in list(queue.proxied.items()):
             self.by_tag.pop(state.tag, None)
             self._owing.discard(state)
             reply, state.reply = state.reply, None
-            if reply is not None:  # its consume was still waiting for the old root
+            if reply is not None:  # its consume was still waiting for the old owner
                 Queue.add_consumer(queue, consumer, reply)
         queue.proxied.clear()
+        waiting, self.waiting = self.waiting, []
+        for request in waiting:  # asked of the old owner, answered here now
+            if request.queue is queue:
+                request.answer(_not_ready(self.plane.members, queue))
+            else:
+                self.waiting.append(request)
+
+    def replaced(self, queue: SharedQueue) -> None:
+        """A proxied classic queue has another owner now (or none): its consumers
+        leave the old owner and attach at the new one. With nobody to own it they are
+        cancelled, as RabbitMQ cancels consumers of a queue whose node went down."""
+        owner = queue.owner_spid()
+        for consumer, state in list(queue.proxied.items()):
+            session = state.session
+            if session is not None and session.peer == owner:
+                continue
+            if session is not None and self.sessions.get(session.peer) is session:
+                returned = [m.ref[1] for m, _ in state.pending if _current(m, session)]
+                batch = self.plane.batch(session.out)
+                batch.cancel(state.tag)
+                if returned:
+                    batch.reject(returned, True)
+            state.session = None
+            state.attached = False
+            state.pending.clear()
+            state.owed = 0
+            self._owing.discard(state)
+            if owner is None:
+                self._drop(state)
+                reply, state.reply = state.reply, None
+                if reply is not None:
+                    reply(_not_ready(self.plane.members, queue))
+                else:
+                    if consumer in queue.consumers:
+                        queue.consumers.remove(consumer)
+                    consumer.cancelled(queue)
+                continue
+            new = self._session_for(queue)
+            if new is not None:
+                self._send_consume(new, state)
 
     def _send_consume(self, session: Session, state: ProxiedConsumer) -> None:
         consumer = state.consumer
@@ -273,7 +387,8 @@ class ProxySide:
             consumer.no_local,
             f"{self.plane.spid}/{consumer.connection_id}",
         )
-        request = Request(lambda s, req: None, lambda r: self._consumed(state, r), 0.0, state)
+        request = Request(None, lambda s, req: None, lambda r: self._consumed(state, r), 0.0, state)
+        request.session = state.session = session
         r.req = self._next_req()
         self.requests[r.req] = request
         self.plane.batch(session.out).consume(r)
@@ -292,7 +407,7 @@ class ProxySide:
             return
         error = _error(r)
         if error.reply_code == INTERNAL_ERROR:
-            return  # the root moved meanwhile: attached again under the next session
+            return  # the owner moved meanwhile: attached again under the next session
         self._drop(state)
         reply, state.reply = state.reply, None
         if reply is not None:
@@ -313,8 +428,8 @@ class ProxySide:
         if state is None:
             return
         self._drop(state)
-        session = self.session
-        if session is None or queue.deleted:
+        session = state.session
+        if session is None or self.sessions.get(session.peer) is not session or queue.deleted:
             return
         returned = [m.ref[1] for m, _ in state.pending if _current(m, session)]
         state.pending.clear()
@@ -326,15 +441,16 @@ class ProxySide:
     # -- deliveries --------------------------------------------------------------------
 
     def receive(self, out: Outbound, r: rec.Record) -> None:
-        """A ``Deliver``, ``Got`` or ``Reply`` from the root."""
-        session = self.session
+        """A ``Deliver``, ``Got`` or ``Reply`` from an owner."""
+        session = self.sessions.get(out.spid)
         if session is None or out is not session.out:
-            return  # from a session that ended: the root has released it
+            return  # from a session that ended: the owner has released it
         if isinstance(r, rec.Deliver):
             self._deliver(session, r)
             return
-        request = self.requests.pop(r.req, None)  # type: ignore[union-attr]
-        if request is not None:
+        request = self.requests.get(r.req)  # type: ignore[union-attr]
+        if request is not None and request.session is session:
+            del self.requests[r.req]  # type: ignore[union-attr]
             request.answer(r)
 
     def _deliver(self, session: Session, r: rec.Deliver) -> None:
@@ -342,7 +458,7 @@ class ProxySide:
         message = Message(r.exchange, r.routing_key, r.props, r.body)
         if r.delivery:
             message.ref = (session, r.delivery)
-        if state is None or not state.attached:
+        if state is None or not state.attached or state.session is not session:
             if r.delivery:  # cancelled meanwhile: back to the queue
                 self.plane.batch(session.out).reject([r.delivery], True)
             return
@@ -365,29 +481,35 @@ class ProxySide:
             self.plane.schedule()
 
     def pay_credit(self, out: Outbound) -> None:
-        """At a flush: tell the root how many deliveries windowed consumers took."""
-        session = self.session
+        """At a flush: tell an owner how many deliveries windowed consumers took."""
+        session = self.sessions.get(out.spid)
         if not self._owing or session is None or out is not session.out:
             return
+        paid = []
         for state in self._owing:
-            if state.owed:
-                out.batch.credit(state.tag, state.owed)
-                state.owed = 0
-        self._owing.clear()
+            if state.session is session:
+                if state.owed:
+                    out.batch.credit(state.tag, state.owed)
+                    state.owed = 0
+                paid.append(state)
+        self._owing.difference_update(paid)
 
     def settle(self, messages: Any, outcome: str) -> None:
-        """The channel settled deliveries of this session's root: tell it."""
-        session = self.session
-        if session is None:
-            return
-        ids = [m.ref[1] for m in messages if _current(m, session)]
-        if not ids:
-            return
-        batch = self.plane.batch(session.out)
-        if outcome == "ack":
-            batch.ack(ids)
-        else:
-            batch.reject(ids, outcome == "requeue")
+        """The channel settled deliveries of current sessions: tell their owners."""
+        by_session: dict[Session, list[int]] = {}
+        for m in messages:
+            ref = m.ref
+            if ref is None:
+                continue
+            session = ref[0]
+            if session is not None and self.sessions.get(session.peer) is session:
+                by_session.setdefault(session, []).append(ref[1])
+        for session, ids in by_session.items():
+            batch = self.plane.batch(session.out)
+            if outcome == "ack":
+                batch.ack(ids)
+            else:
+                batch.reject(ids, outcome == "requeue")
 
 
 def _current(message: Message, session: Session) -> bool:
@@ -408,6 +530,17 @@ def _error(r: Any) -> AMQPError:
     return ConnectionError_(INTERNAL_ERROR, "unexpected answer from the root")
 
 
-def _not_ready(members: Any) -> AMQPError:
-    reason = members.not_ready_reason or "no session with the root"
+def _unavailable(queue: SharedQueue) -> bool:
+    """A classic queue whose owner is away: RabbitMQ answers for it at once."""
+    return not queue.follows_root and queue.owner_spid() is None
+
+
+def _not_ready(members: Any, queue: SharedQueue | None = None) -> AMQPError:
+    if queue is not None and _unavailable(queue):
+        return ChannelError(
+            NOT_FOUND,
+            f"home node '{queue.home or 'unknown'}' of durable queue '{queue.name}' in vhost "
+            f"'{queue.vhost}' is down or inaccessible",
+        )
+    reason = members.not_ready_reason or "no session with the queue's owner"
     return ConnectionError_(INTERNAL_ERROR, f"cluster not ready: {reason}")

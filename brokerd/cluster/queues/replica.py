@@ -160,7 +160,8 @@ class ReplicaSide:
         """The root reset this replica: every copy goes, its snapshot follows, and the
         live stream goes on after event ``seq``."""
         for name in list(self.queues):
-            self.drop(name, write=True)
+            if self.plane.follows_root(name):  # a classic queue's copy is its owner's own
+                self.drop(name, write=True)
         self.joined = True
         self.complete = False  # until the snapshot's last record
         self._asked = False

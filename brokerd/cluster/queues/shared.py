@@ -2,13 +2,15 @@
 
 - ``SharedQueue``: a queue of the cluster vhost declared with exclusive=0.
   There is one such queue for the whole cluster, and its master copy lives
-  on the root. On the root the object *is* that master (the local queue
-  type; consumers connected to other servers attach to it as
-  ``RemoteConsumer``). On every other server it is a proxy: pushes are
-  forwarded to the root, consumers, gets, purges, counts and settlements
-  are proxied there. When the root changes, each server flips its shared
-  queues between the two roles; the objects stay, so channels holding them
-  never notice.
+  on its *owner*: the root, for a queue that follows it (replicated and
+  quorum queues, today), or the primary its placement names (a classic
+  queue: ``place``, from the state log; issue 23). On the owner the object
+  *is* that master (the local queue type; consumers connected to other
+  servers attach to it as ``RemoteConsumer``). On every other server it is a
+  proxy: pushes are forwarded to the owner, consumers, gets, purges, counts
+  and settlements are proxied there. When the owner changes (the root did,
+  or a placement), each server flips the queue between the two roles; the
+  object stays, so channels holding it never notice.
 - ``MetaQueue``: another server's private (exclusive) queue as this server's
   exchanges are bound to it by meta-bindings. Routing reaches it like a
   queue; a push forwards the message to that server.
@@ -16,10 +18,12 @@
 The channel only ever calls the ``Queue`` interface; what crosses servers is
 in ``brokerd.cluster.queues.master`` (root side) and ``brokerd.cluster.queues.proxy``.
 
-A shared queue is replicated: as master its store is a
+A queue that follows the root is replicated: as master its store is a
 ``replicated.ReplicatedQueueStore`` over the local journal store, so every
 event reaches the other primaries, whose copies (``replica.ReplicaSide``) a
-new master starts from.
+new master starts from. A classic queue is its owner's alone, as RabbitMQ's
+classic queue is its node's: no copy elsewhere; transient, it goes with its
+owner; durable, it waits for it (``placement``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.queues.entry import Entry
+from brokerd.cluster.queues.placement import CLASSIC, kind_of
 from brokerd.cluster.queues.replica import QueueReplica
 from brokerd.cluster.queues.replicated import ReplicatedQueueStore
 from brokerd.model.interfaces import ConsumerSink, PublishWaiter, Reply
@@ -47,16 +52,33 @@ class SharedQueue(Queue):
     def __init__(self, name: str, vhost: str, *, plane: MessagePlane, **kwargs: Any) -> None:
         #: this server's journal of the queue (the vhost's store sets it)
         self.journal_store: JournalQueueStore | None = None
-        #: the master's store (master role only)
+        #: the master's store (master role only, of a queue that follows the root)
         self.replicated: ReplicatedQueueStore | None = None
-        #: master (True, on the root) or proxy
+        #: master (True) or proxy; a new queue is the master on the root until its
+        #: placement says otherwise
         self.local = plane.is_root
         self.plane = plane
         super().__init__(name, vhost, **kwargs)
-        if self.local:
+        #: how the cluster keeps it (``placement.kind_of``)
+        self.kind = kind_of(self.durable, self.arguments)
+        #: a classic queue's owner (None until placed, and while it is unavailable),
+        #: the placement's epoch, and the owner it waits for while unavailable
+        self.owner: str | None = None
+        self.epoch = 0
+        self.home: str | None = None
+        if self.local and self.follows_root:
             self.replicated = ReplicatedQueueStore(name, plane.replicas, None)
         #: this server's consumers as attached at the root (proxy role)
         self.proxied: dict[ConsumerSink, ProxiedConsumer] = {}
+
+    @property
+    def follows_root(self) -> bool:
+        """Mastered on the root (replicated), not on an owner of its own."""
+        return self.kind != CLASSIC
+
+    def owner_spid(self) -> str | None:
+        """The server holding the master copy now (None: nobody, for the moment)."""
+        return self.plane.root_spid() if self.follows_root else self.owner
 
     @property  # type: ignore[override]
     def store(self) -> QueueStore | None:
@@ -100,6 +122,10 @@ class SharedQueue(Queue):
             return super().push(message, waiter)
         self.stats_in += 1
         plane = self.plane
+        if not self.follows_root:
+            # straight to its owner; away or unreachable, the publisher is nacked (no
+            # other server may take it: it would be a second copy of the queue)
+            return plane.forward(self.owner, message, ("", self.name), waiter)
         root = plane.root_spid()
         if plane.forward(root, message, ("", self.name), waiter):
             return True
@@ -182,11 +208,64 @@ class SharedQueue(Queue):
 
     # -- the role -----------------------------------------------------------------------
 
+    def place(self, owner: str | None, epoch: int, home: str | None) -> None:
+        """A classic queue's placement, from the state log: its owner serves it, every
+        other server proxies it (a queue that follows the root ignores this)."""
+        if self.follows_root or epoch < self.epoch:
+            return
+        self.owner, self.epoch, self.home = owner, epoch, home
+        if owner == self.plane.spid:
+            self._own()
+        else:
+            self._disown()
+        self.plane.placed(self)
+
+    def _own(self) -> None:
+        """This server owns the classic queue: what its journal kept (a restart) is
+        the content, in order."""
+        if self.local:
+            return
+        self.local = True
+        replica = self.plane.replica.take(self.name)
+        if replica is not None:
+            ready = []
+            for _mid, entry in replica.ordered():
+                if entry.acquired:
+                    entry.requeue()
+                ready.append((entry.message, entry.redelivered))
+            self.replace_messages(ready)
+        self.plane.proxy.forget(self)
+        self.start_timers()
+        self.dispatch()
+
+    def _disown(self) -> None:
+        """Another server owns it, or nobody for now: what this server held stays in its
+        journal (unavailable, it returns with its owner); consumers go to the owner."""
+        if not self.local:
+            return
+        self.plane.master.release_queue(self)
+        self.local = False
+        replica = QueueReplica()
+        store = self.journal_store
+        for message, redelivered in self.ready():
+            if message.paged:
+                mid = message.jid  # type: ignore[attr-defined]
+            else:
+                mid = store.ids.get(id(message), 0) if store is not None else 0
+            if mid:
+                replica.entries[mid] = Entry(message, redelivered=redelivered, persistent=True)
+                replica.top = max(replica.top, mid)
+        if replica.entries:
+            self.plane.replica.hand(self.name, replica)
+        self._clear()
+        self.consumers = [c for c in self.consumers if not getattr(c, "remote", False)]
+        self.plane.proxy.adopt(self)
+
     def become_master(self) -> None:
         """This server is root now: serve the queue from its replica. What the old
         root had delivered comes back ready and flagged redelivered, in the order
         the old root numbered it (its consumers' sessions ended with it)."""
-        if self.local:
+        if self.local or not self.follows_root:
             return
         self.local = True
         replica = self.plane.replica.take(self.name) or QueueReplica()
@@ -211,7 +290,7 @@ class SharedQueue(Queue):
         master role and go (their servers re-attach to the new root); this
         server's own consumers are attached there by the proxy. The master's
         content stays as this server's replica until the new root resets it."""
-        if not self.local:
+        if not self.local or not self.follows_root:
             return
         self.local = False
         replicated, self.replicated = self.replicated, None
@@ -229,7 +308,9 @@ class SharedQueue(Queue):
 
     def __repr__(self) -> str:
         role = "master" if self.local else "proxy"
-        return f"<SharedQueue {self.vhost}:{self.name} {role} {self.message_count} ready>"
+        return (
+            f"<SharedQueue {self.vhost}:{self.name} {self.kind} {role} {self.message_count} ready>"
+        )
 
 
 class MetaQueue:

@@ -51,9 +51,10 @@ def method_payload(method: Method) -> bytes:
 def entry_for(
     method: Method, vhost: str, *, seq: int = 0, origin: str = "", meta_spid: str = ""
 ) -> Entry:
-    """The state-log entry a wiring method makes (``meta_spid``: a private queue's binding)."""
+    """The state-log entry a wiring method makes (``meta_spid``: a private queue's
+    binding, or a shared queue's owner on its declare)."""
     op = OPERATIONS[type(method)]
-    if meta_spid:
+    if meta_spid and op in (sl.QUEUE_BIND, sl.QUEUE_UNBIND):
         op = sl.META_BIND if op == sl.QUEUE_BIND else sl.META_UNBIND
     frame = getattr(method, "raw_payload", None) or method_payload(method)
     args = freeze(getattr(method, "arguments", None) or {})
@@ -78,7 +79,10 @@ def entry_for(
                 "arguments": method.arguments or {},
             }
         )
-        return Entry(seq, op, vhost, method.queue, props=props, frame=frame, origin=origin)
+        # ``meta_spid`` is its owner here: set by the root for a queue with one of its own
+        return Entry(
+            seq, op, vhost, method.queue, props=props, spid=meta_spid, frame=frame, origin=origin
+        )
     if isinstance(method, commands.Queue.Delete):
         return Entry(seq, op, vhost, method.queue, frame=frame, origin=origin)
     if isinstance(method, commands.Queue.Bind | commands.Queue.Unbind):
@@ -140,6 +144,8 @@ def apply_entry(
         raise not_found(f"vhost '{entry.vhost}' not found")
     if entry.op in (sl.META_BIND, sl.META_UNBIND, sl.SERVER_GONE):
         return _apply_meta(vhost, entry, own_spid, remote)
+    if entry.op == sl.QUEUE_PLACE:
+        return apply_placement(vhost, entry), None
     m = codec.decode_method(entry.frame)
     if isinstance(m, commands.Exchange.Declare):
         _exchange, created = vhost.declare_exchange(
@@ -163,6 +169,8 @@ def apply_entry(
             arguments=m.arguments or {},
             reserved_ok=m.queue.startswith("amq.gen-"),
         )
+        if created and entry.spid:
+            apply_placement(vhost, entry)
         return created, [queue.message_count, queue.consumer_count]
     if isinstance(m, commands.Queue.Delete):
         existed = m.queue in vhost.queues
@@ -190,6 +198,24 @@ def apply_entry(
         op(source, vhost.exchange(m.destination), m.routing_key, m.arguments or {})
         return len(source.bindings) != before, None
     raise ValueError(f"not a replicated method: {m.name}")  # pragma: no cover
+
+
+def apply_placement(vhost: Any, entry: Entry) -> bool:
+    """A shared queue's owner, from its declare or a ``queue.place`` entry: the queue
+    takes its role (``SharedQueue.place``)."""
+    queue = vhost.queues.get(entry.name)
+    place = getattr(queue, "place", None)
+    if place is None:
+        return False
+    props = dict(entry.props)
+    place(entry.spid or None, int(props.get("epoch", 1)), props.get("home") or None)
+    return True
+
+
+def place_entry(vhost: str, name: str, owner: str | None, epoch: int, home: str | None) -> Entry:
+    """The state-log entry that gives queue ``name`` its owner (None: unavailable)."""
+    props = freeze({"epoch": epoch, **({"home": home} if home else {})})
+    return Entry(0, sl.QUEUE_PLACE, vhost, name, props=props, spid=owner or "")
 
 
 def _apply_meta(vhost: Any, entry: Entry, own_spid: str, remote: RemoteQueues | None) -> Applied:
@@ -269,13 +295,17 @@ def decode_bucket(body: bytes) -> tuple[dict[str, Any], list[bytes]]:
 
 
 def entry_header(entry: Entry) -> dict[str, Any]:
-    return {
+    header = {
         "seq": entry.seq,
         "op": entry.op,
         "vhost": entry.vhost,
         "origin": entry.origin,
         "spid": entry.spid,
     }
+    if entry.op == sl.QUEUE_PLACE:  # no AMQP method says this: its fields travel here
+        header["name"] = entry.name
+        header["props"] = dict(entry.props)
+    return header
 
 
 def entry_from_header(header: dict[str, Any], frame: bytes) -> Entry:
@@ -283,6 +313,19 @@ def entry_from_header(header: dict[str, Any], frame: bytes) -> Entry:
     op = header.get("op")
     if op == sl.SERVER_GONE:
         return Entry(int(header["seq"]), op, spid=str(header.get("spid", "")))
+    if op == sl.QUEUE_PLACE:
+        props = header.get("props") or {}
+        if not isinstance(props, dict):
+            raise BucketError("bad placement in bucket")
+        return Entry(
+            int(header["seq"]),
+            op,
+            str(header.get("vhost", "/")),
+            str(header.get("name", "")),
+            props=freeze(props),
+            spid=str(header.get("spid", "")),
+            origin=str(header.get("origin", "")),
+        )
     try:
         method = codec.decode_method(frame)
     except Exception as exc:

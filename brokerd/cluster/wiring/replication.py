@@ -16,6 +16,7 @@ joins, or finds a gap in the stream, takes the root's compacted log
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +77,9 @@ class WiringReplication:
         self._compacted_size = 0
         #: the state sequence the root's previous status claimed
         self._claimed = 0
+        #: gives a shared queue's declare its owner before the root orders it
+        #: (``placing.Placer.place_declare``)
+        self.placer: Callable[[Entry], Entry] | None = None
 
     @property
     def spid(self) -> str:
@@ -148,6 +152,16 @@ class WiringReplication:
         method = commands.Queue.Delete(queue=queue.name)
         self._order(rep.entry_for(method, queue.vhost, origin=self.spid), None)
 
+    def order(self, entry: Entry) -> None:
+        """Root only: order an entry the cluster itself decided (a placement)."""
+        self._order(entry, None)
+
+    def request_delete(self, queue: Queue) -> None:
+        """An owner that is not root asks the root to remove a queue (auto-delete or
+        x-expires: its timers and consumer counts live on the owner)."""
+        method = commands.Queue.Delete(queue=queue.name)
+        self._request(rep.entry_for(method, queue.vhost, origin=self.spid), None)
+
     def server_gone(self, spid: str) -> None:
         """The root withdraws the meta-bindings of a server that went away."""
         if not any(e.op == sl.META_BIND and e.spid == spid for e in self.log):
@@ -207,6 +221,8 @@ class WiringReplication:
         next sequence number, broadcast. Returns the error, or whether it was
         ordered and the result for the requester's -Ok."""
         result = None
+        if self.placer is not None:
+            entry = self.placer(entry)
         if not applied and self.broker is not None:
             outcome = rep.try_apply(self.broker, entry, own_spid=self.spid, remote=self.remote)
             if isinstance(outcome, AMQPError):
@@ -229,6 +245,10 @@ class WiringReplication:
             entry.origin,
         )
         self._append(ordered)
+        if applied and ordered.spid and ordered.op == sl.QUEUE_DECLARE:
+            vhost = self._vhost()
+            if vhost is not None:  # declared here before it had an owner
+                rep.apply_placement(vhost, ordered)
         header = {**rep.entry_header(ordered), "request": request, "result": result}
         self.members._send_all(STATE, rep.encode_bucket(header, [ordered.frame]))
         log.info(
@@ -317,6 +337,10 @@ class WiringReplication:
                 entry.name,
                 outcome.text,
             )
+        elif entry.op == sl.QUEUE_DECLARE and entry.spid and not outcome[0]:
+            vhost = self._vhost()
+            if vhost is not None:  # it was here already (recovered from disk): placed now
+                rep.apply_placement(vhost, entry)
 
     def _on_refuse(self, header: dict[str, Any]) -> None:
         change = self.pending.pop(str(header.get("request")), None)

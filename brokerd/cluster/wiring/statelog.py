@@ -1,11 +1,11 @@
 """The cluster state log: ordered wiring changes, compaction and replay (seed 000).
 
-Wiring changes (exchange and shared-queue declares/deletes, bindings, and
-meta-bindings for private queues) are ordered by the root with sequence
-numbers. Every primary keeps the log; a joining server receives the
-compacted log and replays it. These functions are pure: compaction must
-never change what a replay builds, which tests/unit/test_statelog.py checks
-with hypothesis.
+Wiring changes (exchange and shared-queue declares/deletes, bindings,
+meta-bindings for private queues, and where each shared queue lives: its
+owner, issue 23) are ordered by the root with sequence numbers. Every
+primary keeps the log; a joining server receives the compacted log and
+replays it. These functions are pure: compaction must never change what a
+replay builds, which tests/unit/test_statelog.py checks with hypothesis.
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ EXCHANGE_UNBIND = "exchange.unbind"
 META_BIND = "meta.bind"
 META_UNBIND = "meta.unbind"
 SERVER_GONE = "server.gone"
+#: a shared queue's owner changes (``spid``; "" while it is unavailable); a declare
+#: carries its first owner in ``spid`` too ("" for a queue that follows the root)
+QUEUE_PLACE = "queue.place"
 
 OPS = (
     EXCHANGE_DECLARE,
@@ -38,6 +41,7 @@ OPS = (
     META_BIND,
     META_UNBIND,
     SERVER_GONE,
+    QUEUE_PLACE,
 )
 
 
@@ -94,6 +98,8 @@ class Wiring:
     queue_bindings: set[Fact] = field(default_factory=set)
     exchange_bindings: set[Fact] = field(default_factory=set)
     meta_bindings: set[Fact] = field(default_factory=set)
+    #: shared queues with an owner of their own: (vhost, name) -> (owner, props)
+    owners: dict[tuple[str, str], tuple[str, tuple[Any, ...]]] = field(default_factory=dict)
 
     def apply(self, entry: Entry) -> tuple[list[Fact], list[Fact]]:
         """Apply one entry; returns the facts it added and removed.
@@ -124,9 +130,20 @@ class Wiring:
             if (vhost, name) not in self.queues:
                 self.queues[(vhost, name)] = entry.props
                 added.append(("q", vhost, name))
+                if entry.spid:
+                    self.owners[(vhost, name)] = (entry.spid, ())
+                    added.append(("o", vhost, name))
+        elif op == QUEUE_PLACE:
+            if (vhost, name) in self.queues:
+                if (vhost, name) in self.owners:
+                    removed.append(("o", vhost, name))
+                self.owners[(vhost, name)] = (entry.spid, entry.props)
+                added.append(("o", vhost, name))
         elif op == QUEUE_DELETE:
             if self.queues.pop((vhost, name), None) is not None:
                 removed.append(("q", vhost, name))
+                if self.owners.pop((vhost, name), None) is not None:
+                    removed.append(("o", vhost, name))
                 doomed = {b for b in self.queue_bindings if b[0] == vhost and b[2] == name}
                 self.queue_bindings -= doomed
                 removed += [("qb", *b) for b in doomed]

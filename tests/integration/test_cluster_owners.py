@@ -1,0 +1,210 @@
+"""Classic shared queues live on an owner of their own, not on the root (issue 23).
+
+Real brokerd processes on loopback (three primaries and a secondary) and pika.
+A queue declared with ``x-queue-type: classic`` is placed by the root on the
+declaring primary (RabbitMQ's ``client-local``) or on the primary owning the
+fewest (``x-queue-master-locator: min-masters``); it is mastered there, and
+publishes and consumers on other servers go straight to it. Owner loss and
+return are in ``test_cluster_owner_loss.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pika
+import pytest
+from pika.adapters.blocking_connection import BlockingConnection
+from pika.exceptions import ChannelClosedByBroker
+
+from tests.cluster_harness import Cluster
+from tests.conftest import uid
+from tests.support.eventually import eventually
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
+
+CLASSIC = {"x-queue-type": "classic"}
+
+
+class Servers:
+    def __init__(self, cluster: Cluster, root: int) -> None:
+        self.cluster = cluster
+        self.root = root
+        self.a, self.b = cluster.followers(root)
+        self.s = 3
+        self.primaries = [root, self.a, self.b]
+
+    def connect(self, index: int) -> BlockingConnection:
+        return BlockingConnection(
+            pika.ConnectionParameters("127.0.0.1", self.cluster.ports[index])
+        )
+
+    def status(self, index: int) -> dict[str, Any]:
+        return self.cluster.ctl(index, "status")
+
+    def owner(self, queue: str) -> int | None:
+        """The server whose status lists ``queue`` as owned (None: none does)."""
+        owners = [i for i in self.primaries if queue in self.status(i).get("owned_queues", [])]
+        assert len(owners) <= 1, f"{queue} owned by {owners}"
+        return owners[0] if owners else None
+
+    def sent(self, index: int, to: int) -> int:
+        """Bytes server ``index`` sent on its data lane to server ``to``."""
+        lanes = self.status(index)["lanes"]
+        return int(lanes[self.cluster.spid(to)].get("sent", 0))
+
+    def depth(self, index: int, queue: str) -> tuple[int, int]:
+        with self.connect(index) as conn:
+            ok = conn.channel().queue_declare(queue, passive=True)
+            return ok.method.message_count, ok.method.consumer_count
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
+    cluster = Cluster(
+        tmp_path_factory.mktemp("owners"), primaries=3, secondaries=1, interval=0.5, timeout=2.5
+    )
+    try:
+        yield Servers(cluster, cluster.start_settled())
+    except BaseException:
+        print(cluster.describe())
+        raise
+    finally:
+        cluster.close()
+
+
+def consume(conn: BlockingConnection, queue: str, count: int, timeout: float = 15.0) -> list[bytes]:
+    """``count`` bodies from ``queue``, acked, in the order they came."""
+    got: list[bytes] = []
+    ch = conn.channel()
+    ch.basic_qos(prefetch_count=50)
+
+    def on_message(channel: Any, method: Any, _props: Any, body: bytes) -> None:
+        got.append(body)
+        channel.basic_ack(method.delivery_tag)
+
+    tag = ch.basic_consume(queue, on_message)
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        conn.process_data_events(time_limit=0.05)
+    ch.basic_cancel(tag)
+    return got
+
+
+def test_a_classic_queue_is_owned_where_it_was_declared_and_its_traffic_skips_the_root(
+    servers: Servers,
+) -> None:
+    queue = uid("classic")
+    with servers.connect(servers.a) as conn:
+        conn.channel().queue_declare(queue, arguments=CLASSIC)
+    eventually(lambda: servers.owner(queue) == servers.a, 10, f"{queue} owned by a")
+
+    bodies = [(b"%05d|" % i) + bytes([i % 251]) * 10_000 for i in range(200)]
+    via_root = servers.sent(servers.b, servers.root)
+    direct = servers.sent(servers.b, servers.a)
+    with servers.connect(servers.b) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for body in bodies:
+            ch.basic_publish("", queue, body)  # raises if nacked
+    # 2 MB went from b to a, not through the root
+    assert servers.sent(servers.b, servers.a) - direct >= 2_000_000
+    assert servers.sent(servers.b, servers.root) - via_root < 200_000
+    assert {servers.depth(i, queue) for i in (servers.root, servers.a, servers.b, servers.s)} == {
+        (200, 0)
+    }
+    # consumers on the secondary and on the root attach to the owner, byte for byte
+    with servers.connect(servers.s) as conn:
+        first = consume(conn, queue, 120)
+    with servers.connect(servers.root) as conn:
+        rest = consume(conn, queue, 80)
+    assert first + rest == bodies
+    assert servers.depth(servers.b, queue) == (0, 0)
+
+
+def test_get_purge_and_counts_are_answered_by_the_owner(servers: Servers) -> None:
+    queue = uid("classic-get")
+    with servers.connect(servers.b) as conn:
+        ch = conn.channel()
+        ch.queue_declare(queue, arguments=CLASSIC)
+        ch.confirm_delivery()
+        for i in range(10):
+            ch.basic_publish("", queue, b"m%d" % i)
+    eventually(lambda: servers.owner(queue) == servers.b, 10, f"{queue} owned by b")
+    with servers.connect(servers.a) as conn:
+        ch = conn.channel()
+        method, _props, body = ch.basic_get(queue)
+        assert body == b"m0" and method is not None
+        ch.basic_reject(method.delivery_tag, requeue=True)
+        method, _props, body = ch.basic_get(queue, auto_ack=True)
+        assert body == b"m0" and method.redelivered
+        assert ch.queue_declare(queue, passive=True).method.message_count == 9
+        assert ch.queue_purge(queue).method.message_count == 9
+    assert servers.depth(servers.root, queue) == (0, 0)
+
+
+def test_min_masters_and_a_secondary_place_on_the_primary_owning_fewest(
+    servers: Servers,
+) -> None:
+    for declaring, arguments in [
+        (servers.s, {**CLASSIC, "x-queue-master-locator": "min-masters"}),
+        (servers.root, {**CLASSIC, "x-queue-master-locator": "min-masters"}),
+        (servers.s, CLASSIC),  # client-local on a secondary: a primary, the least loaded
+        (servers.a, {**CLASSIC, "x-queue-master-locator": "min-masters"}),
+    ]:
+        owned = {i: len(servers.status(i)["owned_queues"]) for i in servers.primaries}
+        name = uid("spread")
+        with servers.connect(declaring) as conn:
+            conn.channel().queue_declare(name, arguments=arguments)
+        eventually(lambda n=name: servers.owner(n) is not None, 10, f"{name} owned")
+        assert owned[servers.owner(name)] == min(owned.values()), (owned, servers.owner(name))
+
+
+def test_a_fanned_out_publish_reaches_queues_on_every_owner_once(servers: Servers) -> None:
+    exchange = uid("fan")
+    on_a, on_b, replicated = uid("on-a"), uid("on-b"), uid("replicated")
+    with servers.connect(servers.a) as conn:
+        conn.channel().queue_declare(on_a, arguments=CLASSIC)
+    with servers.connect(servers.b) as conn:
+        conn.channel().queue_declare(on_b, arguments=CLASSIC)
+    with servers.connect(servers.s) as conn:
+        ch = conn.channel()
+        ch.exchange_declare(exchange, "fanout")
+        ch.queue_declare(replicated)
+        for queue in (on_a, on_b, replicated):
+            ch.queue_bind(queue, exchange)
+        ch.confirm_delivery()
+        for i in range(50):
+            ch.basic_publish(exchange, "", b"f%d" % i, mandatory=True)
+    expected = [b"f%d" % i for i in range(50)]
+    for queue in (on_a, on_b, replicated):
+        with servers.connect(servers.root) as conn:
+            assert consume(conn, queue, 50) == expected, queue
+
+
+def test_an_auto_delete_classic_queue_owned_off_the_root_goes_with_its_last_consumer(
+    servers: Servers,
+) -> None:
+    queue = uid("classic-ad")
+    with servers.connect(servers.a) as conn:
+        conn.channel().queue_declare(queue, auto_delete=True, arguments=CLASSIC)
+        eventually(lambda: servers.owner(queue) == servers.a, 10, f"{queue} owned by a")
+        with servers.connect(servers.b) as consumer:
+            ch = consumer.channel()
+            tag = ch.basic_consume(queue, lambda *args: None)
+            assert servers.depth(servers.root, queue) == (0, 1)
+            ch.basic_cancel(tag)
+
+    def gone_everywhere() -> bool:
+        for index in (servers.root, servers.a, servers.b, servers.s):
+            try:
+                servers.depth(index, queue)
+            except ChannelClosedByBroker as exc:
+                assert exc.reply_code == 404
+                continue
+            return False
+        return True
+
+    eventually(gone_everywhere, 10, f"{queue} deleted on every server")
