@@ -156,7 +156,7 @@ class QueueSnapshot(models.Model):
     master = models.BooleanField(
         default=True,
         help_text="this broker holds the queue's messages (false: a proxy of a shared queue, "
-        "whose messages are on the root)",
+        "whose messages are on its owner)",
     )
     messages = models.BigIntegerField(default=0)
     unacked = models.BigIntegerField(default=0)
@@ -173,6 +173,20 @@ class QueueSnapshot(models.Model):
     delivered = models.BigIntegerField(default=0)
     arguments = models.JSONField(default=dict, blank=True)
     updated_at = models.DateTimeField()
+
+    #: how the cluster keeps a queue (docs/protocol.md, "Queue types")
+    KINDS = ("classic", "quorum", "replicated")
+
+    @property
+    def kind(self) -> str:
+        """``classic`` (a private queue, or a shared one on its owner alone), ``quorum``,
+        or ``replicated`` (a shared queue declared without a type)."""
+        named = (
+            (self.arguments or {}).get("x-queue-type") if isinstance(self.arguments, dict) else None
+        )
+        if named in ("classic", "quorum"):
+            return named
+        return "replicated" if self.shared else "classic"
 
     class Meta:
         ordering = ["broker", "vhost", "name"]

@@ -26,6 +26,14 @@ class ConsumerServerSerializer(serializers.Serializer):
 
 
 class QueueSerializer(BrokerRowSerializer):
+    type = serializers.ChoiceField(
+        source="kind",
+        choices=QueueSnapshot.KINDS,
+        read_only=True,
+        help_text="how the cluster keeps the queue: classic (a private queue, or a shared one "
+        "on its owner alone, as x-queue-type classic asks), quorum, or replicated (a shared "
+        "queue declared without a type: mastered on the root, copied to every primary)",
+    )
     consumer_servers = serializers.SerializerMethodField(
         help_text="where the queue's consumers are connected, per broker: a shared queue as "
         "its master counts them, a private queue's all on its broker (empty when master is "
@@ -42,6 +50,7 @@ class QueueSerializer(BrokerRowSerializer):
             "exclusive",
             "auto_delete",
             "shared",
+            "type",
             "master",
             "messages",
             "unacked",
@@ -57,13 +66,13 @@ class QueueSerializer(BrokerRowSerializer):
         extra_kwargs = {
             "broker": {
                 "help_text": "the broker that reported this row; in the list, the one holding "
-                "the queue's messages (a shared queue's master, the root)"
+                "the queue's messages (a shared queue's master: its owner)"
             },
             "master": {
                 "help_text": "the broker holds the queue's messages: true for a private queue "
                 "and a shared queue's master; false for a proxy, whose messages (0 here) are "
-                "on the root. The list shows a shared queue with master false only while no "
-                "broker reports mastering it: its depth is then not known"
+                "on the queue's owner. The list shows a shared queue with master false only "
+                "while no broker reports mastering it: its depth is then not known"
             },
             "consumers": {
                 "help_text": "consumers of the queue (a shared queue's master counts those of "

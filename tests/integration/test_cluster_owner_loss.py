@@ -55,9 +55,7 @@ def test_a_dead_owner_takes_its_transient_queue_and_keeps_its_durable_one_for_it
             ch.queue_declare(durable, durable=True, arguments=CLASSIC)
             ch.confirm_delivery()
             for body in bodies:
-                ch.basic_publish(
-                    "", durable, body, pika.BasicProperties(delivery_mode=2)
-                )
+                ch.basic_publish("", durable, body, pika.BasicProperties(delivery_mode=2))
         with connect(cluster, b) as conn:
             conn.channel().queue_declare(elsewhere, arguments=CLASSIC)
         eventually(lambda: {transient, durable} <= set(owned(cluster, a)), 10, "owned by a")

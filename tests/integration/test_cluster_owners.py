@@ -37,9 +37,7 @@ class Servers:
         self.primaries = [root, self.a, self.b]
 
     def connect(self, index: int) -> BlockingConnection:
-        return BlockingConnection(
-            pika.ConnectionParameters("127.0.0.1", self.cluster.ports[index])
-        )
+        return BlockingConnection(pika.ConnectionParameters("127.0.0.1", self.cluster.ports[index]))
 
     def status(self, index: int) -> dict[str, Any]:
         return self.cluster.ctl(index, "status")

@@ -107,7 +107,9 @@ def test_cluster_wide_queues_exchanges_bindings(viewer: User, cluster: list[Brok
     api = client_for(viewer)
     assert api.get("/api/v1/queues/").json()["count"] == 3  # the shared queue once
     shared = api.get("/api/v1/queues/?shared=true").json()["results"]
-    assert [(q["broker"], q["master"]) for q in shared] == [("127.0.0.1:5701", True)]
+    assert [(q["broker"], q["master"], q["type"]) for q in shared] == [
+        ("127.0.0.1:5701", True, "replicated")
+    ]
     assert api.get("/api/v1/queues/?name_contains=ORDERS").json()["count"] == 2
     on_two = api.get("/api/v1/queues/?broker=127.0.0.1:5702&name=orders-1").json()["results"]
     assert [(q["name"], q["messages"]) for q in on_two] == [("orders-1", 5)]
@@ -210,3 +212,14 @@ def test_malformed_json_is_a_400(operator: User, cluster: list[Broker]) -> None:
     )
     assert response.status_code == 400
     assert "JSON" in response.json()["error"]
+
+
+def test_a_queue_type_is_what_its_declare_named_else_replicated_if_shared() -> None:
+    def kind(shared: bool, arguments: object) -> str:
+        return QueueSnapshot(shared=shared, arguments=arguments).kind
+
+    assert kind(True, {"x-queue-type": "classic"}) == "classic"
+    assert kind(True, {"x-queue-type": "quorum"}) == "quorum"
+    assert kind(True, {}) == "replicated"
+    assert kind(False, {}) == "classic"  # a private queue lives on its broker
+    assert kind(True, ["not", "a", "table"]) == "replicated"
