@@ -172,6 +172,13 @@ class QueueSnapshot(models.Model):
     enqueued = models.BigIntegerField(default=0)
     delivered = models.BigIntegerField(default=0)
     arguments = models.JSONField(default=dict, blank=True)
+    queue_type = models.CharField(
+        max_length=16,
+        blank=True,
+        default="",
+        help_text="how the broker keeps the queue: classic, quorum or replicated (empty: "
+        "not reported)",
+    )
     updated_at = models.DateTimeField()
 
     #: how the cluster keeps a queue (docs/protocol.md, "Queue types")
@@ -180,12 +187,14 @@ class QueueSnapshot(models.Model):
     @property
     def kind(self) -> str:
         """``classic`` (a private queue, or a shared one on its owner alone), ``quorum``,
-        or ``replicated`` (a shared queue declared without a type)."""
-        named = (
-            (self.arguments or {}).get("x-queue-type") if isinstance(self.arguments, dict) else None
-        )
+        or ``replicated``: as the broker reported it, else from the declare's type (a
+        broker that reports none kept a shared queue without a type replicated)."""
+        if self.queue_type in self.KINDS:
+            return self.queue_type
+        arguments = self.arguments if isinstance(self.arguments, dict) else {}
+        named = arguments.get("x-queue-type")
         if named in ("classic", "quorum"):
-            return named
+            return str(named)
         return "replicated" if self.shared else "classic"
 
     class Meta:

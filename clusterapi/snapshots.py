@@ -48,6 +48,7 @@ QUEUE_SNAPSHOT_COLUMNS = (
     "enqueued",
     "delivered",
     "arguments",
+    "queue_type",
     "updated_at",
 )
 QUEUE_SAMPLE_COLUMNS = (
@@ -120,6 +121,7 @@ def apply_queues(link: LinkState, section: Section, full: bool, now: dt.datetime
                 enqueued,
                 delivered,
                 json_field.get_db_prep_save(linkparse.arguments(entry, where), connection),
+                queue_type(entry, where),
                 db_now,
             )
         )
@@ -304,3 +306,9 @@ def _delete_keys(
         chunk = keys[start : start + DELETE_CHUNK]
         match = reduce(or_, (Q(**dict(zip(fields, key, strict=True))) for key in chunk))
         model.objects.filter(match, broker_id=broker_id).delete()
+
+
+def queue_type(entry: dict[str, Any], where: str) -> str:
+    """The type a broker reports for a queue ("" from a broker that reports none)."""
+    value = linkparse.optional(entry, "type", str, where, "")
+    return value if value in QueueSnapshot.KINDS else ""

@@ -5,6 +5,8 @@
     secret = "..."                  # cluster user's password on every link
     user = "cluster"                # optional, default "cluster"
     known_hosts = ["h1:5672", "h2:5672", "h3:5672"]   # the primary servers
+    default_queue_type = "quorum"   # optional: what a shared queue declared without
+                                    # x-queue-type is (classic | quorum | replicated)
 
     [heartbeat]
     interval = 1.0                  # seconds between Cluster.Status messages
@@ -13,6 +15,12 @@
 
 A server's type (primary/secondary) is on its command line, never here.
 The secret may also come from the environment (``secret_env = "VAR"``).
+
+``default_queue_type`` is the clustered vhost's default queue type, as
+RabbitMQ 3.11+ keeps one per vhost. Without it, a durable shared queue
+declared without ``x-queue-type`` is replicated and a transient one classic
+(``cluster.queues.placement.kind_of``). Every server must resolve a queue's
+type alike, so the checksum covers it when it is set.
 """
 
 from __future__ import annotations
@@ -26,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 _PORT = re.compile(r"[0-9]{1,5}")
+#: what ``default_queue_type`` may say (``replicated``: a shared queue on the root,
+#: copied to every primary, durable or not)
+QUEUE_TYPES = ("classic", "quorum", "replicated")
 
 
 class ClusterConfigError(Exception):
@@ -51,10 +62,12 @@ class ClusterConfig:
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 3.0
     open_timeout: float = 10.0
+    #: the type of a shared queue declared without x-queue-type (None: by durability)
+    default_queue_type: str | None = None
 
     @property
     def checksum(self) -> str:
-        return known_hosts_checksum(self.known_hosts)
+        return known_hosts_checksum(self.known_hosts, self.default_queue_type)
 
 
 def parse_host(value: Any, where: str) -> HostPort:
@@ -75,9 +88,14 @@ def parse_host(value: Any, where: str) -> HostPort:
     return HostPort(host, number)
 
 
-def known_hosts_checksum(hosts: tuple[HostPort, ...] | list[HostPort]) -> str:
-    """SHA-256 (first 16 hex digits) of the sorted, lower-cased, de-duplicated list."""
+def known_hosts_checksum(
+    hosts: tuple[HostPort, ...] | list[HostPort], default_queue_type: str | None = None
+) -> str:
+    """SHA-256 (first 16 hex digits) of the sorted, lower-cased, de-duplicated list,
+    and of the default queue type when one is set (servers must agree on it too)."""
     normalised = "\n".join(sorted({str(h) for h in hosts}))
+    if default_queue_type is not None:
+        normalised += f"\ndefault_queue_type={default_queue_type}"
     return hashlib.sha256(normalised.encode()).hexdigest()[:16]
 
 
@@ -92,7 +110,16 @@ def load_cluster_config(path: Path) -> ClusterConfig:
 
 
 def parse_cluster_config(raw: dict[str, Any], where: str = "cluster file") -> ClusterConfig:
-    allowed = {"name", "vhost", "secret", "secret_env", "user", "known_hosts", "heartbeat"}
+    allowed = {
+        "name",
+        "vhost",
+        "secret",
+        "secret_env",
+        "user",
+        "known_hosts",
+        "heartbeat",
+        "default_queue_type",
+    }
     unknown = set(raw) - allowed
     if unknown:
         raise ClusterConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}")
@@ -141,6 +168,11 @@ def parse_cluster_config(raw: dict[str, Any], where: str = "cluster file") -> Cl
             f"{where}: heartbeat timeout ({values['timeout']}) must exceed the interval "
             f"({values['interval']})"
         )
+    default_type = raw.get("default_queue_type")
+    if default_type is not None and default_type not in QUEUE_TYPES:
+        raise ClusterConfigError(
+            f"{where}: default_queue_type must be one of {', '.join(QUEUE_TYPES)}"
+        )
     return ClusterConfig(
         name=name,
         vhost=vhost,
@@ -150,4 +182,5 @@ def parse_cluster_config(raw: dict[str, Any], where: str = "cluster file") -> Cl
         heartbeat_interval=values["interval"],
         heartbeat_timeout=values["timeout"],
         open_timeout=values["open_timeout"],
+        default_queue_type=default_type,
     )

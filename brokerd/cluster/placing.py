@@ -68,7 +68,8 @@ class Placer:
             return entry
         props = dict(entry.props)
         arguments = dict(props.get("arguments") or ())
-        if kind_of(bool(props.get("durable")), arguments) != CLASSIC:
+        durable = bool(props.get("durable"))
+        if kind_of(durable, arguments, self.plane.default_queue_type) != CLASSIC:
             return entry
         spids = [spid for spid, _address in self.primaries()]
         if not spids:

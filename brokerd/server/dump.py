@@ -139,7 +139,7 @@ def full(server: DumpHost) -> str:
                 f"durable={q.durable} exclusive={q.exclusive} auto_delete={q.auto_delete} "
                 f"in={q.stats_in} out={q.stats_out} dropped={q.stats_dropped} "
                 f"expired={q.stats_expired} dead_lettered={q.stats_dead_lettered} "
-                f"corrupt={q.stats_corrupt}"
+                f"corrupt={q.stats_corrupt}{_placement(q)}"
             )
         for b in vhost.binding_list():
             kind = "queue" if hasattr(b.destination, "messages") else "exchange"
@@ -149,3 +149,12 @@ def full(server: DumpHost) -> str:
             )
     lines.append("=== end of dump ===")
     return "\n".join(lines)
+
+
+def _placement(queue: object) -> str:
+    """A shared queue's place in the cluster (duck typed: ``SharedQueue``)."""
+    owner_spid = getattr(queue, "owner_spid", None)
+    if owner_spid is None:
+        return ""
+    role = "master" if getattr(queue, "local", False) else "proxy"
+    return f" type={getattr(queue, 'kind', '-')} owner={owner_spid() or '-'} role={role}"

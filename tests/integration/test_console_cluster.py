@@ -118,14 +118,15 @@ def root_and_others(stack: ConsoleStack, api: Api) -> tuple[str, list[int]]:
 
 
 def test_queues_declared_on_a_broker_show_in_the_api(stack: ConsoleStack, api: Api) -> None:
-    """A shared queue shows once, from the root that holds its messages, whichever broker
-    the client used; its exchange and binding (wiring on every broker) once too."""
+    """A replicated shared queue (durable, no type) shows once, from the root that holds
+    its messages, whichever broker the client used; its exchange and binding (wiring on
+    every broker) once too."""
     name = f"api-q-{uuid.uuid4().hex[:8]}"
     root, _ = root_and_others(stack, api)
     conn = connect(stack, 1)
     try:
         channel = conn.channel()
-        channel.queue_declare(name, durable=False)
+        channel.queue_declare(name, durable=True)
         channel.exchange_declare(f"{name}-x", "direct")
         channel.queue_bind(name, f"{name}-x", routing_key="jobs")
         channel.basic_publish(f"{name}-x", "jobs", b"hello")
@@ -138,12 +139,13 @@ def test_queues_declared_on_a_broker_show_in_the_api(stack: ConsoleStack, api: A
             return rows[0] if body["count"] == 1 and rows[0]["messages"] == 2 else None
 
         queue = stack.wait(listed, 10, "queue in the API with its real depth")
-        assert (queue["broker"], queue["vhost"], queue["shared"], queue["master"]) == (
-            root,
-            "/",
-            True,
-            True,
-        )
+        assert (
+            queue["broker"],
+            queue["vhost"],
+            queue["shared"],
+            queue["master"],
+            queue["type"],
+        ) == (root, "/", True, True, "replicated")
         detail = stack.wait(
             lambda: (
                 (body := api.ok(f"/api/v1/queues/{queue['id']}/"))
@@ -217,7 +219,12 @@ def test_consumers_on_two_brokers_show_as_one_queue_and_private_queues_per_serve
             return rows[0]
 
         queue = stack.wait(spread, 15, "one queue with three consumers")
-        assert (queue["broker"], queue["master"]) == (root, True)
+        # transient, no type: classic, owned by the broker it was declared on
+        assert (queue["broker"], queue["master"], queue["type"]) == (
+            stack.broker_name(first),
+            True,
+            "classic",
+        )
         assert {s["broker"]: s["consumers"] for s in queue["consumer_servers"]} == {
             stack.broker_name(first): 1,
             stack.broker_name(second): 2,

@@ -24,6 +24,9 @@ class Config:
     open_timeout: float = 10.0
     heartbeat_timeout: float = 3.0
     heartbeat_interval: float = 1.0
+    #: these tests make shared queues directly, with no placement from a state log:
+    #: replicated ones (mastered on the root) whatever their durability
+    default_queue_type: str | None = "replicated"
 
 
 class Link:

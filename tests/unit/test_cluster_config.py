@@ -31,6 +31,15 @@ def test_checksum_ignores_order_case_and_duplicates() -> None:
     assert a != known_hosts_checksum([HostPort("h1", 1), HostPort("h3", 2)])
 
 
+def test_a_default_queue_type_is_kept_and_changes_the_checksum() -> None:
+    plain = parse_cluster_config(GOOD)
+    quorum = parse_cluster_config({**GOOD, "default_queue_type": "quorum"})
+    assert plain.default_queue_type is None and quorum.default_queue_type == "quorum"
+    # servers that resolve an untyped queue differently must not link
+    assert quorum.checksum != plain.checksum
+    assert plain.checksum == known_hosts_checksum(plain.known_hosts)  # unset: as before
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -43,6 +52,7 @@ def test_checksum_ignores_order_case_and_duplicates() -> None:
         ({**GOOD, "heartbeat": {"interval": 2, "timeout": 1}}, "must exceed"),
         ({**GOOD, "heartbeat": {"interval": -1}}, "positive"),
         ({**GOOD, "secret_env": "ROOKERY_TEST_UNSET_VAR"}, "not set"),
+        ({**GOOD, "default_queue_type": "stream"}, "default_queue_type must be one of"),
     ],
 )
 def test_errors_name_the_problem(raw: dict, message: str) -> None:

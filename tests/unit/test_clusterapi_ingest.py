@@ -434,6 +434,15 @@ def test_shared_queue_fields_are_stored_and_the_masters_own_consumers_counted() 
     jobs = QueueSnapshot.objects.get(name="jobs")
     assert (jobs.master, jobs.local_consumers, jobs.consumer_servers) == (False, 1, {})
 
+    # the type a broker reports wins over the declare's; an unknown one is not kept
+    typed = queue("jobs", shared=True, type="classic")
+    ingest.apply_status(link, status(2, False, {"upsert": [typed], "remove": []}))
+    assert QueueSnapshot.objects.get(name="jobs").kind == "classic"
+    odd = queue("jobs", shared=True, type="stream")
+    ingest.apply_status(link, status(3, False, {"upsert": [odd], "remove": []}))
+    jobs = QueueSnapshot.objects.get(name="jobs")
+    assert (jobs.queue_type, jobs.kind) == ("", "replicated")
+
 
 @pytest.mark.parametrize(
     "bad",

@@ -75,6 +75,7 @@ def test_collect_lists_queues_exchanges_bindings_with_protocol_fields(fresh: Ser
         "enqueued": 0,
         "delivered": 0,
         "arguments": {"x-a": "b"},
+        "type": "classic",
     }
     assert snap["exchanges"][("/", "t.x")]["type"] == "topic"
     assert snap["exchanges"][("/", "t.x")]["shared"] is False  # standalone: nothing shared

@@ -25,6 +25,8 @@ from brokerd.cluster.queues.placement import (
     PlacementError,
     PlacementTable,
     choose_owner,
+    kind_of,
+    locator_of,
     replica_count,
 )
 from tests.support.examples import examples
@@ -253,3 +255,31 @@ TestPlacements = Placements.TestCase
 TestPlacements.settings = settings(
     max_examples=examples(300), stateful_step_count=40, deadline=None
 )
+
+
+@pytest.mark.parametrize(
+    ("durable", "arguments", "default", "kind"),
+    [
+        (True, {}, None, REPLICATED),  # our promise: no confirmed message lost
+        (False, {}, None, CLASSIC),  # RPC replies, results: on their owner alone
+        (True, {"x-queue-type": "classic"}, None, CLASSIC),
+        (True, {"x-queue-type": b"quorum"}, None, QUORUM),
+        (True, {}, QUORUM, QUORUM),
+        (False, {}, QUORUM, CLASSIC),  # a quorum queue is durable only
+        (True, {}, CLASSIC, CLASSIC),
+        (False, {}, REPLICATED, REPLICATED),
+        (False, {"x-queue-type": "classic"}, REPLICATED, CLASSIC),
+    ],
+)
+def test_kind_of_an_untyped_queue_follows_its_durability_or_the_default(
+    durable: bool, arguments: dict, default: str | None, kind: str
+) -> None:
+    assert kind_of(durable, arguments, default) == kind
+
+
+def test_locators_of_both_families_map_to_client_local_or_balanced() -> None:
+    assert locator_of({}) == CLIENT_LOCAL
+    assert locator_of({"x-queue-leader-locator": "balanced"}) == BALANCED
+    assert locator_of({"x-queue-master-locator": b"min-masters"}) == BALANCED
+    assert locator_of({"x-queue-master-locator": "random"}) == BALANCED
+    assert locator_of({"x-queue-master-locator": "client-local"}) == CLIENT_LOCAL

@@ -120,13 +120,10 @@ class MessagePlane:
             return []
         return [q for q in vhost.queues.values() if isinstance(q, SharedQueue)]
 
-    def owner_of(self, name: str) -> str | None:
-        """The server holding shared queue ``name``'s master copy now."""
-        vhost = self.vhost()
-        queue = vhost.queues.get(name) if vhost is not None else None
-        if isinstance(queue, SharedQueue):
-            return queue.owner_spid()
-        return self.root_spid()
+    @property
+    def default_queue_type(self) -> str | None:
+        """The cluster file's type for shared queues declared without one."""
+        return self.members.config.default_queue_type
 
     def follows_root(self, name: str) -> bool:
         """Shared queue ``name`` is mastered on the root (gone: taken as such)."""

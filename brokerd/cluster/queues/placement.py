@@ -5,10 +5,11 @@ The root takes these decisions and orders them in the state log, so every
 server applies the same placements in the same order; the root carries no
 queue's traffic unless it owns the queue. This module is the rule book: the
 table of placements and what changes it. Wired so far (issue 23): classic
-queues (``x-queue-type: classic``) are placed on declare, lost with their
-owner (transient) or kept for it (durable), and mastered where they are
-placed (``SharedQueue.place``). Replicated and quorum queues still follow the
-root: per-owner replication streams are the next step.
+queues (``x-queue-type: classic``, and transient queues declared without a
+type) are placed on declare, lost with their owner (transient) or kept for
+it (durable), and mastered where they are placed (``SharedQueue.place``).
+Replicated and quorum queues still follow the root: per-owner replication
+streams are the next step.
 
 - **Placement on declare** follows RabbitMQ's ``x-queue-leader-locator``:
   ``client-local`` (the default, and what an unknown value means, as in 3.10)
@@ -47,10 +48,11 @@ REPLICATED = "replicated"
 QUORUM_GROUP = 3
 
 
-def kind_of(durable: bool, arguments: Mapping[str, object]) -> str:
-    """How the cluster keeps a shared queue: the type its declare names, else
-    replicated (durable or not: transient queues become classic by default once
-    the replicated kinds have owners of their own too)."""
+def kind_of(durable: bool, arguments: Mapping[str, object], default: str | None = None) -> str:
+    """How the cluster keeps a shared queue: the type its declare names; else the
+    vhost's ``default`` (a transient queue cannot be quorum: classic then); else
+    replicated if durable (no confirmed message lost with any one server) and
+    classic if transient (RPC replies, results: on their owner alone)."""
     named = arguments.get("x-queue-type")
     if isinstance(named, bytes):
         named = named.decode("utf-8", "replace")
@@ -58,7 +60,11 @@ def kind_of(durable: bool, arguments: Mapping[str, object]) -> str:
         return CLASSIC
     if named == QUORUM:
         return QUORUM
-    return REPLICATED
+    if default == QUORUM:
+        return QUORUM if durable else CLASSIC
+    if default in (CLASSIC, REPLICATED):
+        return default
+    return REPLICATED if durable else CLASSIC
 
 
 def locator_of(arguments: Mapping[str, object]) -> str:

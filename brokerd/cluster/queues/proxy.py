@@ -308,8 +308,8 @@ class ProxySide:
         )
         queue.proxied[consumer] = state
         self.by_tag[state.tag] = state
-        session = self._session_for(queue)
-        if session is not None:
+        session = self._session_for(queue)  # a session it opens sends the consume
+        if session is not None and state.session is None:
             self._send_consume(session, state)
 
     def adopt(self, queue: SharedQueue) -> None:
@@ -322,7 +322,7 @@ class ProxySide:
             state = ProxiedConsumer(queue, consumer, self._tag(consumer), None, now)
             queue.proxied[consumer] = state
             self.by_tag[state.tag] = state
-            if session is not None:
+            if session is not None and state.session is None:
                 self._send_consume(session, state)
 
     def forget(self, queue: SharedQueue) -> None:
@@ -372,7 +372,7 @@ class ProxySide:
                     consumer.cancelled(queue)
                 continue
             new = self._session_for(queue)
-            if new is not None:
+            if new is not None and state.session is None:
                 self._send_consume(new, state)
 
     def _send_consume(self, session: Session, state: ProxiedConsumer) -> None:

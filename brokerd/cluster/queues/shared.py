@@ -60,7 +60,7 @@ class SharedQueue(Queue):
         self.plane = plane
         super().__init__(name, vhost, **kwargs)
         #: how the cluster keeps it (``placement.kind_of``)
-        self.kind = kind_of(self.durable, self.arguments)
+        self.kind = kind_of(self.durable, self.arguments, plane.default_queue_type)
         #: a classic queue's owner (None until placed, and while it is unavailable),
         #: the placement's epoch, and the owner it waits for while unavailable
         self.owner: str | None = None
