@@ -67,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--prefetch", type=int, default=defaults.prefetch)
     parser.add_argument(
-        "--durable", action="store_true", help="durable queues, persistent messages"
+        "--durable",
+        action="store_true",
+        help="persistent messages (the queues are durable, hence replicated, either way)",
     )
     parser.add_argument("--dir", type=Path, help="where the servers keep data and logs (kept)")
     parser.add_argument("--json", type=Path, help="write the history and the report here")

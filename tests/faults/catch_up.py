@@ -48,7 +48,7 @@ def publish(port: int, queue: str, confirms: Confirms) -> None:
         pika.ConnectionParameters("127.0.0.1", port, blocked_connection_timeout=60)
     )
     channel = conn.channel()
-    channel.queue_declare(queue)
+    channel.queue_declare(queue, durable=True)
     channel.confirm_delivery()
     sent = 0
     try:
@@ -68,7 +68,7 @@ def fill(port: int, depth: int) -> None:
     """The deep queue holds exactly ``depth`` messages."""
     conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
     channel = conn.channel()
-    channel.queue_declare("deep")
+    channel.queue_declare("deep", durable=True)
     have = channel.queue_declare("deep", passive=True).method.message_count
     if have > depth:
         channel.queue_purge("deep")

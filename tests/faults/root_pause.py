@@ -44,7 +44,7 @@ def run(cluster: Cluster, opts: argparse.Namespace) -> int:
         )
     )
     channel = conn.channel()
-    channel.queue_declare("root-pause")
+    channel.queue_declare("root-pause", durable=True)
     channel.confirm_delivery()
     worst_all = 0.0
     for run in range(opts.runs):

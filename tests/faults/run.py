@@ -36,7 +36,7 @@ class RunConfig:
     #: per consumer until the drain: below the publishers' total, so the queues hold a backlog
     consume_rate: float | None = 25.0
     prefetch: int = 32
-    durable: bool = False  # durable queues and persistent messages
+    durable: bool = False  # persistent messages (the queues are always durable: replicated)
     pad: int = 64  # body bytes beyond the publisher:seq prefix
     warmup: float = 2.0
     quiet: float = 2.0  # the drain ends when nothing arrived for this long
@@ -128,7 +128,7 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
     try:
         cluster.start_all()
         cluster.wait_until(cluster.settled_root, timeout=30, what="a settled root")
-        declare(cluster.ports, queues, durable=config.durable)
+        declare(cluster.ports, queues)
         for client in clients:
             client.start()
         time.sleep(config.warmup)

@@ -387,12 +387,15 @@ def depths(ports: Sequence[int], queues: Sequence[str]) -> dict[str, int] | None
     return None
 
 
-def declare(ports: Sequence[int], queues: Sequence[str], *, durable: bool) -> None:
-    """The shared queues (wiring goes through the root, so any server will do)."""
+def declare(ports: Sequence[int], queues: Sequence[str]) -> None:
+    """The shared queues (wiring goes through the root, so any server will do). They are
+    durable, so replicated, whether the messages are persistent or not: a transient
+    shared queue is classic, lost with its owner, and the checker holds the cluster to
+    losing no confirmed message."""
     conn = connect(ports[0])
     try:
         channel = conn.channel()
         for queue in queues:
-            channel.queue_declare(queue, durable=durable)
+            channel.queue_declare(queue, durable=True)
     finally:
         close_quietly(conn)

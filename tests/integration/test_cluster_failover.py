@@ -65,7 +65,7 @@ def test_consumers_elsewhere_keep_receiving_after_the_root_dies(cluster: Cluster
     consumer = connect(cluster, a)
     try:
         ch = consumer.channel()
-        ch.queue_declare(queue)
+        ch.queue_declare(queue, durable=True)
         got: list[bytes] = []
         ch.basic_consume(queue, lambda c, m, p, body: got.append(body), auto_ack=True)
         with connect(cluster, b) as conn:
@@ -110,7 +110,7 @@ def test_no_confirmed_message_is_lost_when_the_root_is_killed(cluster: Cluster) 
     def publisher() -> None:
         conn = connect(cluster, a, blocked_connection_timeout=60)
         ch = conn.channel()
-        ch.queue_declare(queue)
+        ch.queue_declare(queue, durable=True)
         ch.confirm_delivery()
         n = 0
         while not stop.is_set() and n < 3000:
@@ -165,7 +165,7 @@ def test_what_the_dead_root_delivered_unacked_comes_back_flagged(cluster: Cluste
     queue = uid("redeliver")
     with connect(cluster, a) as conn:
         pub = conn.channel()
-        pub.queue_declare(queue)
+        pub.queue_declare(queue, durable=True)
         pub.confirm_delivery()
         for i in range(10):
             pub.basic_publish("", queue, b"%d" % i)
@@ -202,7 +202,7 @@ def test_quorum_loss_blocks_publishers_and_names_the_cause(cluster: Cluster) -> 
     conn = connect(cluster, 3, blocked_connection_timeout=60)
     conn.add_on_connection_blocked_callback(lambda c, frame: blocked.append(frame.method.reason))
     ch = conn.channel()
-    ch.queue_declare(queue)
+    ch.queue_declare(queue, durable=True)
     ch.confirm_delivery()
     ch.basic_publish("", queue, b"ready")
     for index in (root, a):
@@ -240,7 +240,7 @@ def test_root_handover_keeps_messages_and_consumers(cluster: Cluster) -> None:
     consumer = connect(cluster, b)
     try:
         cch = consumer.channel()
-        cch.queue_declare(queue)
+        cch.queue_declare(queue, durable=True)
         with connect(cluster, a) as conn:
             pub = conn.channel()
             pub.confirm_delivery()
@@ -331,7 +331,7 @@ def test_a_restarted_primary_syncs_a_deep_queue_while_publishers_go_on(
     deep = 20_000  # 80 MiB, 40 snapshot chunks, partly paged out
     with connect(cluster, root) as conn:
         ch = conn.channel()
-        ch.queue_declare(queue)
+        ch.queue_declare(queue, durable=True)
         for i in range(deep):
             ch.basic_publish("", queue, body)
             if i % 2000 == 1999:  # a round trip now and then: a steady fill, not a flood

@@ -101,7 +101,7 @@ def publish_until_confirmed(
 def declare(cluster: Cluster, index: int, queue: str) -> None:
     conn = connect(cluster, index)
     try:
-        conn.channel().queue_declare(queue)
+        conn.channel().queue_declare(queue, durable=True)
     finally:
         conn.close()
 

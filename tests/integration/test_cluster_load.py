@@ -189,8 +189,8 @@ def test_a_hot_queue_paces_its_own_publisher_not_a_light_one_to_another_queue(
 
     hot, cool = connect("hot"), connect("cool")
     flood, trickle = hot.channel(), cool.channel()
-    flood.queue_declare("hot")
-    trickle.queue_declare("cool")
+    flood.queue_declare("hot", durable=True)
+    trickle.queue_declare("cool", durable=True)
     trickle.confirm_delivery()
     stop = threading.Event()
     confirmed: list[float] = []
@@ -257,7 +257,7 @@ def test_a_restarted_primary_catches_up_a_deep_queue_without_stalling_confirms(
     root, _other, restarted = cluster.nodes
     deep = pika.BlockingConnection(pika.URLParameters(root.url))
     channel = deep.channel()
-    channel.queue_declare("deep")
+    channel.queue_declare("deep", durable=True)
     body = b"d" * 250
     for _ in range(60_000):
         channel.basic_publish("", "deep", body)
@@ -270,7 +270,7 @@ def test_a_restarted_primary_catches_up_a_deep_queue_without_stalling_confirms(
     try:
         confirmed = live.channel()
         confirmed.confirm_delivery()
-        confirmed.queue_declare("live")
+        confirmed.queue_declare("live", durable=True)
         before = _confirm_latencies(confirmed, 2.0)
         root_log = Path(cluster.logs[0] or "")
         offset = root_log.stat().st_size  # filling the deep queue may pace; catch-up not

@@ -113,7 +113,7 @@ def test_a_resumed_old_root_does_not_order_changes_as_root(make_cluster: MakeClu
 
     def declare() -> None:  # the connection is used by this thread only from here on
         try:
-            channel.queue_declare("declared-while-frozen")
+            channel.queue_declare("declared-while-frozen", durable=True)
             outcome["ok"] = True
         except Exception as exc:  # reported below
             outcome["error"] = exc
