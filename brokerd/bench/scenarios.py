@@ -152,6 +152,9 @@ class Options:
     queue_arguments: dict[str, Any] | None = None
     #: durable queues and persistent (delivery-mode 2) messages: the disk path
     persistent: bool = False
+    #: durable queues with transient messages (a cluster replicates a durable queue
+    #: declared without a type, and keeps a transient one on its owner alone)
+    durable_queues: bool = False
 
 
 class BenchError(Exception):
@@ -209,7 +212,12 @@ class Run:
             c.exchange_declare(ch, self.exchange, "fanout")
             self.declared_exchange = True
         for name in self.queue_names:
-            c.queue_declare(ch, name, arguments=self.opts.queue_arguments, durable=self.persistent)
+            c.queue_declare(
+                ch,
+                name,
+                arguments=self.opts.queue_arguments,
+                durable=self.persistent or self.opts.durable_queues,
+            )
             self.declared_queues.append(name)
             if self.scenario.fanout:
                 c.queue_bind(ch, name, self.exchange)

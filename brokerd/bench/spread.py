@@ -15,9 +15,10 @@ to server *i+2*: every message crosses two links. With ``--layout local`` both
 connect to the owner. Set-ups, brokers alternating run by run:
 
 - brokerd, one server, every queue on it;
-- brokerd cluster, classic queues (``x-queue-type: classic``): spread over
-  their owners;
-- brokerd cluster, queues without a type (replicated, all on the root);
+- brokerd cluster, classic queues (``x-queue-type: classic``; a transient
+  queue without a type is classic too): spread over their owners;
+- brokerd cluster, durable queues without a type (replicated, all on the
+  root), transient messages;
 - RabbitMQ cluster, classic queues (masters spread as declared);
 - RabbitMQ node 1 alone.
 
@@ -48,7 +49,12 @@ CLASSIC = {"x-queue-type": "classic"}
 
 
 def run_spread(
-    ports: list[int], opts: Options, queues: int, layout: str, arguments: dict[str, Any] | None
+    ports: list[int],
+    opts: Options,
+    queues: int,
+    layout: str,
+    arguments: dict[str, Any] | None,
+    durable: bool = False,
 ) -> dict[str, Any]:
     """``queues`` queue scenarios at once over the servers at ``ports``; their total."""
     n = len(ports)
@@ -63,6 +69,7 @@ def run_spread(
                 "publish_url": GUEST.format(port=publisher),
                 "consume_url": GUEST.format(port=consumer),
                 "queue_arguments": arguments,
+                "durable_queues": durable,
             }
         )
         runs.append(Run(GUEST.format(port=owner), SCENARIOS["queue-250"], options))
@@ -119,20 +126,25 @@ def main(argv: list[str] | None = None) -> int:
         if rabbit is not None:
             rabbit.start()
         time.sleep(1.0)
-        setups: list[tuple[str, list[int], dict[str, Any] | None]] = [
-            ("brokerd, one server", [single.port], None),
-            ("brokerd, 3 primaries, classic queues spread", brokerd.ports, CLASSIC),
-            ("brokerd, 3 primaries, no type (replicated, on the root)", brokerd.ports, None),
+        setups: list[tuple[str, list[int], dict[str, Any] | None, bool]] = [
+            ("brokerd, one server", [single.port], None, False),
+            ("brokerd, 3 primaries, classic queues spread", brokerd.ports, CLASSIC, False),
+            (
+                "brokerd, 3 primaries, durable, no type (replicated, on the root)",
+                brokerd.ports,
+                None,
+                True,
+            ),
         ]
         if rabbit is not None:
             setups += [
-                ("RabbitMQ, 3 nodes, classic queues spread", rabbit.ports, None),
-                ("RabbitMQ, one node", rabbit.ports[:1], None),
+                ("RabbitMQ, 3 nodes, classic queues spread", rabbit.ports, None, False),
+                ("RabbitMQ, one node", rabbit.ports[:1], None, False),
             ]
         for _ in range(args.repeat):
-            for label, ports, arguments in setups:
+            for label, ports, arguments, durable in setups:
                 print(f"bench: {label} ...", file=sys.stderr, flush=True)
-                result = run_spread(ports, opts, args.queues, args.layout, arguments)
+                result = run_spread(ports, opts, args.queues, args.layout, arguments, durable)
                 print(f"bench:   {result.get('value', result.get('error'))}", file=sys.stderr)
                 results.setdefault(label, []).append(result)
     finally:

@@ -139,7 +139,12 @@ class ClusterController(Membership):
         if self.root_now():
             self.wiring.order_delete(queue)
         elif isinstance(queue, SharedQueue) and not queue.follows_root and queue.local:
+            # gone here at once, as on a single broker (a declare that follows sees a
+            # 404); the other servers drop it when the root orders the delete
             self.wiring.request_delete(queue)
+            vhost = self.plane.vhost()
+            if vhost is not None:
+                vhost.remove_queue(queue)
 
     def root_now(self) -> bool:
         """Re-run the election before acting as root: after a freeze (SIGSTOP) the

@@ -26,7 +26,13 @@ from pamqp.base import Frame as Method
 from brokerd.cluster.wiring import entries as rep
 from brokerd.cluster.wiring import statelog as sl
 from brokerd.cluster.wiring.statelog import Entry, compact, freeze, replay
-from brokerd.model.errors import INTERNAL_ERROR, AMQPError, ChannelError, ConnectionError_
+from brokerd.model.errors import (
+    INTERNAL_ERROR,
+    PRECONDITION_FAILED,
+    AMQPError,
+    ChannelError,
+    ConnectionError_,
+)
 from brokerd.model.exchange import Exchange
 from brokerd.model.muxers import Binding
 
@@ -100,10 +106,47 @@ class WiringReplication:
             return False
         if type(method) not in rep.OPERATIONS or not _would_change(vhost, method):
             return False
+        if isinstance(method, commands.Queue.Delete) and self._owned_elsewhere(
+            vhost, method, done
+        ):
+            return True
         if self.members.root_now():
             return False
         entry = rep.entry_for(method, vhost.name, origin=self.spid)
         self._request(entry, done)
+        return True
+
+    def _owned_elsewhere(
+        self, vhost: VirtualHost, method: commands.Queue.Delete, done: WiringDone
+    ) -> bool:
+        """A delete of a classic queue its owner holds, asked on another server (the
+        root too) or on the owner when it is not root: only the owner knows the counts
+        that ``if-empty``/``if-unused`` and the delete-ok's message count need. They
+        are taken there (the proxy asks), then the root orders the delete."""
+        queue = vhost.queues.get(method.queue)
+        if queue is None or getattr(queue, "follows_root", True):
+            return False
+        if queue.local and self.members.root_now():
+            return False  # the owner is root: the channel applies and orders it here
+        name = f"queue '{method.queue}' in vhost '{vhost.name}'"
+
+        def counted(counts: Any) -> None:
+            if isinstance(counts, AMQPError):
+                done(counts, None)
+                return
+            messages, consumers = counts
+            if method.if_unused and consumers:
+                done(ChannelError(PRECONDITION_FAILED, f"{name} in use"), None)
+            elif method.if_empty and messages:
+                done(ChannelError(PRECONDITION_FAILED, f"{name} not empty"), None)
+            else:
+                entry = rep.entry_for(method, vhost.name, origin=self.spid)
+                self._request(entry, lambda error, _r: done(error, None if error else [messages]))
+
+        if queue.local:
+            counted((queue.message_count, queue.consumer_count))
+        else:
+            queue.stat(counted)
         return True
 
     def replicate(self, conn: Connection, method: Method) -> None:
