@@ -239,22 +239,18 @@ class SharedQueue(Queue):
         self.dispatch()
 
     def _disown(self) -> None:
-        """Another server owns it, or nobody for now: what this server held stays in its
-        journal (unavailable, it returns with its owner); consumers go to the owner."""
+        """Another server owns it, or nobody for now (this one was found lost while it
+        was only slow): what it held is kept, in order, for when it owns the queue
+        again (its journal keeps the persistent part across a restart too); consumers
+        from elsewhere go, and its own are attached at the owner."""
         if not self.local:
             return
         self.plane.master.release_queue(self)
         self.local = False
         replica = QueueReplica()
-        store = self.journal_store
-        for message, redelivered in self.ready():
-            if message.paged:
-                mid = message.jid  # type: ignore[attr-defined]
-            else:
-                mid = store.ids.get(id(message), 0) if store is not None else 0
-            if mid:
-                replica.entries[mid] = Entry(message, redelivered=redelivered, persistent=True)
-                replica.top = max(replica.top, mid)
+        for position, (message, redelivered) in enumerate(self.ready(), start=1):
+            replica.entries[position] = Entry(message, redelivered=redelivered, persistent=True)
+            replica.top = position
         if replica.entries:
             self.plane.replica.hand(self.name, replica)
         self._clear()

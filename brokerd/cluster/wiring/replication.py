@@ -106,9 +106,7 @@ class WiringReplication:
             return False
         if type(method) not in rep.OPERATIONS or not _would_change(vhost, method):
             return False
-        if isinstance(method, commands.Queue.Delete) and self._owned_elsewhere(
-            vhost, method, done
-        ):
+        if isinstance(method, commands.Queue.Delete) and self._owned_elsewhere(vhost, method, done):
             return True
         if self.members.root_now():
             return False
