@@ -67,6 +67,12 @@ def main(argv: list[str] | None = None) -> int:
         help="brokerd cluster: keep watching (logs, status) this long after the run (10 s)",
     )
     p.add_argument("--status-poll", type=float, default=1.0, help="status poll period, 0 = off")
+    p.add_argument(
+        "--durable-queues",
+        action="store_true",
+        help="durable queues, transient messages: replicated in a brokerd cluster (transient "
+        "queues are classic, each on the server it was declared on)",
+    )
     p.add_argument("--context", type=int, default=3, help="log lines shown before a signature")
     p.add_argument("--cluster", action="store_true", help="the brokerd cluster (the default)")
     p.add_argument("--single", action="store_true", help="one standalone brokerd (reference)")
@@ -91,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         after=args.after,
         status_poll=args.status_poll,
         context=args.context,
+        durable_queues=args.durable_queues,
     )
     kinds = [
         k

@@ -25,6 +25,8 @@ class FloodOptions:
     setup_timeout: float = 60.0
     status_poll: float = 1.0
     context: int = 3
+    #: durable queues (a cluster replicates them; transient ones are classic)
+    durable_queues: bool = False
 
 
 @dataclass(frozen=True)

@@ -29,14 +29,17 @@ from brokerd.bench.frames import AMQPURL, FrameError
 from brokerd.bench.workers import DONE, FAILED, READY
 
 
-def _declare(urls: list[str], plan: Plan, names: list[str], deadline: float) -> None:
-    """Each queue through its home server (retrying while a cluster settles)."""
+def _declare(
+    urls: list[str], plan: Plan, names: list[str], deadline: float, durable: bool = False
+) -> None:
+    """Each queue through its home server (retrying while a cluster settles); durable
+    ones are replicated in a cluster, transient ones classic (on their home server)."""
     for q, name in enumerate(names):
         for _attempt in range(1000):
             client = Client(AMQPURL(urls[plan.home[q]]), timeout=10.0, name="flood-declare")
             try:
                 client.connect()
-                client.queue_declare(client.open_channel(), name)
+                client.queue_declare(client.open_channel(), name, durable=durable)
                 client.close()
                 break
             except (OSError, ServerClosed, FrameError):
@@ -92,7 +95,7 @@ def run_flood(target: Target, opts: FloodOptions) -> dict[str, Any]:
     tag = f"flood-{os.getpid()}-{int(time.time() * 1000) % 100000}"
     names = [f"{tag}-q{q}" for q in range(opts.queues)]
     setup_deadline = time.monotonic() + opts.setup_timeout
-    _declare(target.urls, plan, names, setup_deadline)
+    _declare(target.urls, plan, names, setup_deadline, opts.durable_queues)
     shared = FloodShared(ctx, opts.queues, opts.publishers)
     # the workers' own bound; the coordinator stops them earlier through ``stop``
     worker_deadline = time.monotonic() + opts.setup_timeout + opts.timeout + 30.0
