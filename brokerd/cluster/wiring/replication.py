@@ -25,6 +25,7 @@ from pamqp.base import Frame as Method
 
 from brokerd.cluster.wiring import entries as rep
 from brokerd.cluster.wiring import statelog as sl
+from brokerd.cluster.wiring.recovered import shared_wiring
 from brokerd.cluster.wiring.statelog import Entry, compact, freeze, replay
 from brokerd.model.errors import (
     INTERNAL_ERROR,
@@ -428,52 +429,7 @@ class WiringReplication:
         if vhost is None:
             return
         name = vhost.name
-        methods: list[Method] = []
-        for x in vhost.exchanges.values():
-            if x.name and not x.name.startswith("amq."):
-                methods.append(
-                    commands.Exchange.Declare(
-                        exchange=x.name,
-                        exchange_type=x.type_name,
-                        durable=x.durable,
-                        auto_delete=x.auto_delete,
-                        internal=x.internal,
-                        arguments=x.arguments or None,
-                    )
-                )
-        for q in vhost.queues.values():
-            if not q.exclusive:
-                methods.append(
-                    commands.Queue.Declare(
-                        queue=q.name,
-                        durable=q.durable,
-                        auto_delete=q.auto_delete,
-                        arguments=q.arguments or None,
-                    )
-                )
-        for x in vhost.exchanges.values():
-            if not x.name:
-                continue  # the default exchange's bindings are implicit
-            for b in x.bindings.values():
-                dest = b.destination
-                if isinstance(dest, Exchange):
-                    methods.append(
-                        commands.Exchange.Bind(
-                            destination=dest.name,
-                            source=x.name,
-                            routing_key=b.routing_key,
-                            arguments=b.arguments or None,
-                        )
-                    )
-                elif not getattr(dest, "exclusive", True):  # a shared queue (not a meta one)
-                    methods.append(
-                        commands.Queue.Bind(
-                            queue=dest.name,
-                            exchange=x.name,
-                            routing_key=b.routing_key,
-                            arguments=b.arguments or None,
-                        )
-                    )
+        methods = shared_wiring(vhost)
         for method in methods:
             self._order(rep.entry_for(method, name, origin=self.spid), None, applied=True)
         if methods:
