@@ -264,6 +264,9 @@ def messages_ready(brokers: Iterable[Broker]) -> int:
 
 def brokers() -> QuerySet[Broker]:
     """Brokers with ``queues_held``: the queues whose messages each holds (its private
-    queues and, on the root, the shared ones; not its proxies)."""
+    queues and the shared ones it owns; not its proxies), and ``shared_owned``: those
+    shared ones (the root's replicated queues, each broker's classic ones)."""
     held = Count("queues", filter=Q(queues__master=True))
-    return Broker.objects.annotate(queues_held=held).order_by("name")  # GROUP BY drops Meta
+    owned = Count("queues", filter=Q(queues__master=True, queues__shared=True))
+    # GROUP BY drops Meta's ordering
+    return Broker.objects.annotate(queues_held=held, shared_owned=owned).order_by("name")

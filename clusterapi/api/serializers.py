@@ -65,7 +65,12 @@ class BrokerSerializer(serializers.ModelSerializer):
     queues_held = serializers.IntegerField(
         read_only=True,
         help_text="queues whose messages the broker holds: its private queues and the shared "
-        "queues it masters (the root); `counts.queues` also counts its proxies",
+        "queues it owns; `counts.queues` also counts its proxies",
+    )
+    shared_owned = serializers.IntegerField(
+        read_only=True,
+        help_text="shared queues the broker owns (masters): on the root, the replicated and "
+        "quorum ones; on every primary, the classic ones placed on it",
     )
 
     class Meta:
@@ -92,6 +97,7 @@ class BrokerSerializer(serializers.ModelSerializer):
             "config_version",
             "config_checksum",
             "queues_held",
+            "shared_owned",
             "counts",
             "totals",
             "rates",

@@ -230,6 +230,9 @@ def test_cluster_counts_count_shared_objects_once(
     held = {b["name"]: b["queues_held"] for b in listed(api, "/api/v1/brokers/")}
     assert held == {A: 1, B: 1, C: 1, S: 0}
     assert api.get(f"/api/v1/brokers/{B}/").json()["queues_held"] == 1
+    # the shared queue counts on its owner only; B's private queue is not shared
+    owned = {b["name"]: b["shared_owned"] for b in listed(api, "/api/v1/brokers/")}
+    assert owned == {A: 1, B: 0, C: 0, S: 0}
 
 
 # -- the dashboard shows the same ------------------------------------------------------------
