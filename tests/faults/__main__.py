@@ -71,6 +71,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="persistent messages (the queues are durable, hence replicated, either way)",
     )
+    parser.add_argument(
+        "--queue-type",
+        choices=["classic"],
+        default="",
+        help="classic queues, each owned by a primary (implies --durable: a dead owner's "
+        "queue waits for its return and must then hold every confirmed message)",
+    )
     parser.add_argument("--dir", type=Path, help="where the servers keep data and logs (kept)")
     parser.add_argument("--json", type=Path, help="write the history and the report here")
     parser.add_argument("--check", type=Path, help="only check a history saved with --json")
@@ -95,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         rate=args.rate,
         prefetch=args.prefetch,
         consume_rate=consume_rate or None,
-        durable=args.durable,
+        durable=args.durable or bool(args.queue_type),
+        queue_type=args.queue_type,
         flood_publishers=args.flood,
         flood_rate=args.flood_rate,
         flood_size=args.flood_size,

@@ -37,6 +37,8 @@ class RunConfig:
     consume_rate: float | None = 25.0
     prefetch: int = 32
     durable: bool = False  # persistent messages (the queues are always durable: replicated)
+    #: "classic": the queues are classic, spread over the primaries (``durable`` needed)
+    queue_type: str = ""
     pad: int = 64  # body bytes beyond the publisher:seq prefix
     warmup: float = 2.0
     quiet: float = 2.0  # the drain ends when nothing arrived for this long
@@ -128,7 +130,7 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
     try:
         cluster.start_all()
         cluster.wait_until(cluster.settled_root, timeout=30, what="a settled root")
-        declare(cluster.ports, queues)
+        declare(cluster.primary_ports, queues, config.queue_type)
         for client in clients:
             client.start()
         time.sleep(config.warmup)

@@ -302,12 +302,18 @@ class Consumer(Client):
         def on_message(ch: BlockingChannel, method: Any, properties: Any, payload: bytes) -> None:
             buffer.append((method.delivery_tag, bool(method.redelivered), payload))
 
+        cancelled: list[Any] = []
+        # a classic queue whose owner died: RabbitMQ and brokerd cancel its consumers;
+        # like a real client, this one consumes again (after a back-off)
+        channel.add_on_cancel_callback(cancelled.append)
         channel.basic_qos(prefetch_count=self.prefetch)
         channel.basic_consume(self.queue, on_message)
         self.consuming = True
         due = time.monotonic()
         try:
             while not self.stop.is_set():
+                if cancelled and not buffer:
+                    raise RuntimeError(f"consumer of {self.queue} cancelled by the server")
                 now = time.monotonic()
                 rate = self.rate
                 if not buffer or (rate is not None and now < due):
@@ -387,15 +393,17 @@ def depths(ports: Sequence[int], queues: Sequence[str]) -> dict[str, int] | None
     return None
 
 
-def declare(ports: Sequence[int], queues: Sequence[str]) -> None:
-    """The shared queues (wiring goes through the root, so any server will do). They are
-    durable, so replicated, whether the messages are persistent or not: a transient
-    shared queue is classic, lost with its owner, and the checker holds the cluster to
-    losing no confirmed message."""
-    conn = connect(ports[0])
-    try:
-        channel = conn.channel()
-        for queue in queues:
-            channel.queue_declare(queue, durable=True)
-    finally:
-        close_quietly(conn)
+def declare(ports: Sequence[int], queues: Sequence[str], queue_type: str = "") -> None:
+    """The shared queues. They are durable, so replicated, whether the messages are
+    persistent or not: a transient shared queue is classic, lost with its owner, and
+    the checker holds the cluster to losing no confirmed message. With ``queue_type``
+    classic, queue *i* is declared through server *i* and owned there (client-local):
+    durable classic queues with persistent messages wait for a dead owner's return and
+    must then hold every confirmed message."""
+    for i, queue in enumerate(queues):
+        conn = connect(ports[i % len(ports)] if queue_type else ports[0])
+        try:
+            arguments = {"x-queue-type": queue_type} if queue_type else None
+            conn.channel().queue_declare(queue, durable=True, arguments=arguments)
+        finally:
+            close_quietly(conn)
