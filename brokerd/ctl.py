@@ -27,6 +27,10 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="the server's cluster view and counts")
     status.add_argument("--json", action="store_true", help="print JSON")
     sub.add_parser("dump", help="the full state dump (as SIGUSR1 logs it)")
+    queues = sub.add_parser(
+        "queues", help="every queue: its type, its owner, and this server's role"
+    )
+    queues.add_argument("--json", action="store_true", help="print JSON")
     root = sub.add_parser("root", help="enable or disable root candidacy on this server")
     root.add_argument("action", choices=["enable", "disable"])
     fault = sub.add_parser(
@@ -106,6 +110,22 @@ def _print_status(status: dict[str, Any]) -> None:
         print(f"alarm      {alarm.get('kind')}: {alarm.get('message')}")
 
 
+def _print_queues(result: dict[str, Any]) -> None:
+    """A table: a shared queue's messages are counted on its owner (``master``); a
+    proxy's are shown as ``-``, its consumers are the ones connected here."""
+    me = result.get("spid")
+    print(f"{'vhost':<10} {'queue':<32} {'type':<10} {'role':<6} {'owner':<28} ready consumers")
+    for q in result.get("queues", []):
+        owner = q.get("owner") or "- (away)"
+        if owner == me:
+            owner += " (here)"
+        ready = "-" if q.get("messages") is None else str(q["messages"])
+        print(
+            f"{q['vhost']:<10} {q['name']:<32} {q['type']:<10} {q['role']:<6} {owner:<28} "
+            f"{ready:>5} {q['consumers']:>9}"
+        )
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     extra: list[str] = []
@@ -127,6 +147,8 @@ def main(argv: list[str]) -> int:
     result = reply.get("result", {})
     if args.command == "status" and not args.json:
         _print_status(result)
+    elif args.command == "queues" and not args.json:
+        _print_queues(result)
     elif args.command == "dump":
         print(result.get("dump", ""))
     else:

@@ -215,6 +215,8 @@ class Server:
             return self.status()
         if command == "dump":
             return {"dump": self.state_dump()}
+        if command == "queues":
+            return {"spid": self.spid, "queues": dump.queue_table(self)}
         if command in ("root", "fault"):
             if self.cluster is None:
                 raise ControlError(f"'{command}' needs a clustered broker (started with --cluster)")

@@ -1,10 +1,12 @@
-"""State dumps for SIGUSR1 (full, multi-line) and SIGUSR2 (one line)."""
+"""State dumps for SIGUSR1 (full, multi-line) and SIGUSR2 (one line), and the queue
+table ``brokerd ctl queues`` prints."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from brokerd.model.queuetypes import queue_type
 from brokerd.server.host import ServerState
 from brokerd.server.resources import format_bytes
 
@@ -158,3 +160,29 @@ def _placement(queue: object) -> str:
         return ""
     role = "master" if getattr(queue, "local", False) else "proxy"
     return f" type={getattr(queue, 'kind', '-')} owner={owner_spid() or '-'} role={role}"
+
+
+def queue_table(server: ServerState) -> list[dict[str, Any]]:
+    """Every queue as ``brokerd ctl queues`` lists it: a shared queue with its type,
+    its owner and this server's role (``master`` here, else ``proxy``: its messages
+    are on the owner); any other queue is this server's own (``local``)."""
+    rows = []
+    for vhost in server.broker.vhosts.values():
+        for q in vhost.queues.values():
+            owner_spid = getattr(q, "owner_spid", None)
+            local = bool(getattr(q, "local", True))
+            rows.append(
+                {
+                    "vhost": vhost.name,
+                    "name": q.name,
+                    "type": getattr(q, "kind", None) or queue_type(q.arguments),
+                    "shared": owner_spid is not None,
+                    "owner": owner_spid() if owner_spid is not None else server.spid,
+                    "role": "local" if owner_spid is None else ("master" if local else "proxy"),
+                    "durable": q.durable,
+                    "exclusive": q.exclusive,
+                    "messages": q.message_count if local else None,
+                    "consumers": q.consumer_count if local else len(q.consumers),
+                }
+            )
+    return sorted(rows, key=lambda r: (r["vhost"], r["name"]))

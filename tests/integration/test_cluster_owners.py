@@ -98,6 +98,12 @@ def test_a_classic_queue_is_owned_where_it_was_declared_and_its_traffic_skips_th
     with servers.connect(servers.a) as conn:
         conn.channel().queue_declare(queue, arguments=CLASSIC)
     eventually(lambda: servers.owner(queue) == servers.a, 10, f"{queue} owned by a")
+    # brokerd ctl queues: the same owner seen from every server, master on it alone
+    for index in (servers.root, servers.a, servers.b, servers.s):
+        listed = servers.cluster.ctl(index, "queues")
+        [row] = [q for q in listed["queues"] if q["name"] == queue]
+        assert (row["type"], row["owner"]) == ("classic", servers.cluster.spid(servers.a))
+        assert row["role"] == ("master" if index == servers.a else "proxy")
 
     bodies = [(b"%05d|" % i) + bytes([i % 251]) * 10_000 for i in range(200)]
     via_root = servers.sent(servers.b, servers.root)

@@ -51,6 +51,31 @@ def test_status_json_has_the_fixed_keys(broker: BrokerProcess) -> None:
         conn.close()
 
 
+def test_queues_lists_each_queue_with_its_type_and_role(broker: BrokerProcess) -> None:
+    conn = pika.BlockingConnection(pika.URLParameters(broker.url))
+    try:
+        channel = conn.channel()
+        channel.queue_declare("ctl-q-classic", durable=True)
+        channel.queue_declare("ctl-q-quorum", durable=True, arguments={"x-queue-type": "quorum"})
+        result = ctl(broker, "queues", "--json")
+        assert result.returncode == 0, result.stderr
+        listed = json.loads(result.stdout)
+        rows = {q["name"]: q for q in listed["queues"]}
+        # on a broker alone every queue is its own: local, with its declared type
+        assert (rows["ctl-q-classic"]["type"], rows["ctl-q-classic"]["role"]) == (
+            "classic",
+            "local",
+        )
+        assert rows["ctl-q-quorum"]["type"] == "quorum"
+        assert rows["ctl-q-quorum"]["owner"] == listed["spid"]
+        plain = ctl(broker, "queues")
+        assert plain.returncode == 0, plain.stderr
+        line = next(x for x in plain.stdout.splitlines() if "ctl-q-quorum" in x)
+        assert line.split()[2:4] == ["quorum", "local"] and "(here)" in line
+    finally:
+        conn.close()
+
+
 def test_dump_and_plain_status(broker: BrokerProcess) -> None:
     dumped = ctl(broker, "dump")
     assert dumped.returncode == 0 and "=== brokerd state dump ===" in dumped.stdout
