@@ -75,8 +75,15 @@ def _explain(result: dict[str, Any]) -> str:
 
 
 def _flood(cluster: Target, **kwargs: Any) -> dict[str, Any]:
+    """The flood into durable queues: replicated, mastered on the root, the path these
+    tests are about (transient ones would be classic, each on its own server)."""
     opts = FloodOptions(
-        messages=kwargs.pop("messages", 12_000), quiet=3.0, timeout=90.0, after=2.0, **kwargs
+        messages=kwargs.pop("messages", 12_000),
+        quiet=3.0,
+        timeout=90.0,
+        after=2.0,
+        durable_queues=True,
+        **kwargs,
     )
     return run_flood(cluster, opts)
 
