@@ -278,16 +278,27 @@ def main(argv: list[str] | None = None) -> int:
     if medians.get(labels[0]) and medians.get(labels[1]):
         print(f"brokerd cluster / brokerd single: {medians[labels[1]] / medians[labels[0]]:.2f}")
     if args.json:
-        doc = {
-            "tool": "python -m brokerd.bench.cluster",
-            "host": {"node": platform.node(), "python": platform.python_version()},
-            "options": vars(args),
-            "results": results,
-            "medians": medians,
-        }
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        write_report(args.json, "python -m brokerd.bench.cluster", vars(args), results, medians)
     shutil.rmtree(base, ignore_errors=True)
     return 0 if all("value" in r for runs in results.values() for r in runs) else 1
+
+
+def write_report(
+    path: str,
+    tool: str,
+    options: dict[str, Any],
+    results: dict[str, list[dict[str, Any]]],
+    medians: dict[str, float | None],
+) -> None:
+    """A cluster benchmark's runs and medians as JSON (``--json``)."""
+    doc = {
+        "tool": tool,
+        "host": {"node": platform.node(), "python": platform.python_version()},
+        "options": options,
+        "results": results,
+        "medians": medians,
+    }
+    Path(path).write_text(json.dumps(doc, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -29,8 +29,6 @@ stops everything.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import shutil
 import statistics
 import sys
@@ -40,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from brokerd.bench.cluster import GUEST, BrokerdCluster, RabbitCluster
+from brokerd.bench.cluster import GUEST, BrokerdCluster, RabbitCluster, write_report
 from brokerd.bench.failover import Node
 from brokerd.bench.ports import free_port
 from brokerd.bench.scenarios import SCENARIOS, BenchError, Options, Run
@@ -173,14 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"brokerd classic spread / RabbitMQ 3 nodes classic: {ratio(1, 3)}")
         print(f"RabbitMQ 3 nodes / RabbitMQ one node: {ratio(3, 4)}")
     if args.json:
-        doc = {
-            "tool": "python -m brokerd.bench.spread",
-            "host": {"node": platform.node(), "python": platform.python_version()},
-            "options": vars(args),
-            "results": results,
-            "medians": medians,
-        }
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        write_report(args.json, "python -m brokerd.bench.spread", vars(args), results, medians)
     shutil.rmtree(base, ignore_errors=True)
     return 0 if all("value" in r for runs in results.values() for r in runs) else 1
 

@@ -120,7 +120,6 @@ class ClusterController(Membership):
         if vhost is not None:
             vhost.queue_factory = self.make_queue
             vhost.on_queue_deleted.append(self.wiring.private_queue_removed)
-            vhost.on_queue_deleted.append(self.plane.queue_deleted)
 
     def make_queue(self, name: str, vhost: str, **kwargs: Any) -> Queue:
         """The clustered vhost's queue types: exclusive ones are private (local),

@@ -22,6 +22,7 @@ reports a peer inactive.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,7 @@ from brokerd.cluster.wiring import statelog as sl
 if TYPE_CHECKING:
     from brokerd.cluster.membership import Membership
     from brokerd.cluster.plane.forwarding import MessagePlane
+    from brokerd.cluster.queues.shared import SharedQueue
     from brokerd.cluster.wiring.replication import WiringReplication
     from brokerd.cluster.wiring.statelog import Entry
 
@@ -74,9 +76,8 @@ class Placer:
         spids = [spid for spid, _address in self.primaries()]
         if not spids:
             return entry  # no primary is live: the declare is refused by the root's checks
-        owner = choose_owner(
-            locator_of(arguments), entry.origin, spids, self.plane.placements.owned()
-        )
+        owned = Counter(q.owner for q in self.plane.placed_queues() if q.owner is not None)
+        owner = choose_owner(locator_of(arguments), entry.origin, spids, owned)
         log.info("queue=%s placed on owner=%s", entry.name, owner)
         return replace(entry, spid=owner)
 
@@ -91,32 +92,26 @@ class Placer:
         settled = self.members.clock() - self.root_since >= self.members.config.heartbeat_timeout
         if lost is None and not settled:
             return
-        vhost = self.plane.vhost()
-        if vhost is None:
-            return
         live = self.primaries()
         live_spids = {spid for spid, _a in live}
         by_address = {address: spid for spid, address in live if address}
-        for name, placement in list(self.plane.placements.queues.items()):
-            queue = vhost.queues.get(name)
-            if queue is None:
-                continue
-            owner = placement.owner
+        for queue in self.plane.placed_queues():
+            owner = queue.owner
             if owner is not None and (owner == lost or (settled and owner not in live_spids)):
                 self._lost(queue, owner)
-            elif owner is None and placement.home in by_address:
-                self._order_place(name, by_address[placement.home], placement.epoch + 1, None)
+            elif owner is None and queue.home in by_address:
+                self._order_place(queue.name, by_address[queue.home], queue.epoch + 1, None)
 
-    def _lost(self, queue: object, owner: str) -> None:
-        name = queue.name  # type: ignore[attr-defined]
-        if not queue.durable:  # type: ignore[attr-defined]
+    def _lost(self, queue: SharedQueue, owner: str) -> None:
+        name = queue.name
+        if not queue.durable:
             log.warning("owner %s of transient queue=%s lost: the queue goes with it", owner, name)
-            self.wiring.order_delete(queue)  # type: ignore[arg-type]
+            self.wiring.order_delete(queue)
             return
         peer = self.members.peers.get(owner)
         home = peer.address if peer is not None and peer.address else owner
         log.warning("owner %s of durable queue=%s lost: unavailable until it returns", owner, name)
-        self._order_place(name, None, queue.epoch + 1, home)  # type: ignore[attr-defined]
+        self._order_place(name, None, queue.epoch + 1, home)
 
     def _order_place(self, name: str, owner: str | None, epoch: int, home: str | None) -> None:
         entry = rep.place_entry(self.members.config.vhost, name, owner, epoch, home)

@@ -16,7 +16,7 @@ from typing import Any
 from brokerd.model.broker import Broker
 from brokerd.model.exchange import Exchange
 from brokerd.model.queue import Queue
-from brokerd.model.queuetypes import queue_type
+from brokerd.model.queuetypes import reported_type
 
 SECTIONS = ("queues", "exchanges", "bindings")
 #: a full snapshot every this many statuses, so a console that missed a delta heals
@@ -82,7 +82,7 @@ def queue_entry(queue: Queue, shared: bool, spid: str = "") -> Entry:
         "arguments": jsonable(queue.arguments),
         # classic, quorum or replicated: how the cluster keeps a shared one; any other,
         # the type its declare named
-        "type": getattr(queue, "kind", None) or queue_type(queue.arguments),
+        "type": reported_type(queue),
     }
     if shared and master:
         entry["consumer_servers"] = consumer_servers(queue, spid)

@@ -81,6 +81,12 @@ def queue_type(arguments: dict[str, Any], default: str = CLASSIC) -> str:
     return value if isinstance(value, str) and value else default
 
 
+def reported_type(queue: Any) -> str:
+    """A queue's type as brokers report it (dumps, ``ctl queues``, the console): how a
+    cluster keeps a shared queue (its ``kind``), else the type its declare named."""
+    return getattr(queue, "kind", None) or queue_type(queue.arguments)
+
+
 def check_queue_type(
     name: str,
     vhost: str,

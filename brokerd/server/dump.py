@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from brokerd.model.queuetypes import queue_type
+from brokerd.model.queuetypes import reported_type
 from brokerd.server.host import ServerState
 from brokerd.server.resources import format_bytes
 
@@ -175,7 +175,7 @@ def queue_table(server: ServerState) -> list[dict[str, Any]]:
                 {
                     "vhost": vhost.name,
                     "name": q.name,
-                    "type": getattr(q, "kind", None) or queue_type(q.arguments),
+                    "type": reported_type(q),
                     "shared": owner_spid is not None,
                     "owner": owner_spid() if owner_spid is not None else server.spid,
                     "role": "local" if owner_spid is None else ("master" if local else "proxy"),

@@ -48,7 +48,6 @@ from brokerd.cluster.plane.orphans import Orphans
 from brokerd.cluster.plane.outbound import Outbound, SettleWaiter
 from brokerd.cluster.plane.pacing import Pacing
 from brokerd.cluster.queues.master import MasterSide
-from brokerd.cluster.queues.placement import Placement, PlacementTable
 from brokerd.cluster.queues.proxy import ProxySide
 from brokerd.cluster.queues.replica import ReplicaSide
 from brokerd.cluster.queues.replicated import Gate, ReplicaSet
@@ -100,8 +99,6 @@ class MessagePlane:
         self.orphans = Orphans(self)
         #: the root before the last change (its forwards are kept after it)
         self.root_was: str | None = None
-        #: where the classic shared queues live, as the state log placed them
-        self.placements = PlacementTable()
         self._last_id: tuple[Any, str] = (None, "")
 
     @property
@@ -131,20 +128,10 @@ class MessagePlane:
         queue = vhost.queues.get(name) if vhost is not None else None
         return not isinstance(queue, SharedQueue) or queue.follows_root
 
-    def placed(self, queue: SharedQueue) -> None:
-        """A classic queue took its placement (``SharedQueue.place``): the table follows,
-        and the proxies move to the new owner."""
-        self.placements.set(
-            queue.name,
-            Placement(queue.kind, queue.durable, queue.owner, (), queue.epoch, queue.home),
-        )
-        if not queue.local:
-            self.proxy.replaced(queue)
-
-    def queue_deleted(self, queue: object) -> None:
-        """VirtualHost hook: a shared queue went, and its placement with it."""
-        if isinstance(queue, SharedQueue):
-            self.placements.delete(queue.name)
+    def placed_queues(self) -> list[SharedQueue]:
+        """The classic shared queues the state log has placed (their owners are theirs,
+        not the root's)."""
+        return [q for q in self.shared_queues() if not q.follows_root and q.epoch]
 
     def cluster_id(self, message: Message) -> str:
         """``spid/connection/channel`` of the message's publisher (the last one made is

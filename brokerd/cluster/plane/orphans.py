@@ -42,7 +42,8 @@ class Orphans:
         """The peer will not settle its forwards (it failed, or voided our session).
         Those to the root for queues that follow it are kept, to go again to
         whichever server is root next (``send``), flagged redelivered if the peer
-        may have taken them; others (a private queue's server) can go nowhere else and are nacked.
+        may have taken them; the others (to a private queue's server, or a classic
+        queue's owner) can go nowhere else and are nacked.
         ``maybe_taken``: the peer may have taken them (their settlements lost with a
         link); a void counts as that too, as its settlements may have been dropped
         with the link that ended the session."""

@@ -3,8 +3,8 @@
 The owner of a shared queue is the root, or the server a classic queue's
 placement names. A consumer connected to another server attaches to the
 master queue as a ``RemoteConsumer``, a ``ConsumerSink`` like any local
-consumer, so the
-queue's round robin, prefetch and exclusivity rules span the cluster. Its
+consumer, so the queue's round robin, prefetch and exclusivity rules span
+the cluster. Its
 deliveries travel as ``Deliver`` records; the owner remembers each one it
 must see settled (``deliveries``), so that the consumer's server can ack,
 reject or requeue it, and so that everything a server held is requeued

@@ -172,10 +172,6 @@ class PlacementTable:
     def delete(self, name: str) -> None:
         self.queues.pop(name, None)
 
-    def set(self, name: str, placement: Placement) -> None:
-        """A placement the root ordered (every server applies it from the state log)."""
-        self.queues[name] = placement
-
     def move(self, name: str, to: str) -> Placement:
         """Hand a queue's ownership to one of its replicas."""
         placement = self.queues.get(name)

@@ -146,9 +146,7 @@ class ProxySide:
 
     def session_check(self) -> None:
         """Open a session with each owner there is one to open with."""
-        plane = self.plane
-        root = plane.root_spid()
-        if root is None or (not plane.members.in_sync(root) and root != plane.spid):
+        if not self._synced():
             return  # this server's wiring is not the cluster's yet
         for peer in sorted(self._owners()):
             if peer not in self.sessions:
@@ -186,11 +184,7 @@ class ProxySide:
                     self.waiting.append(request)  # asked again of the next owner
         for state in self.by_tag.values():
             if state.session is session:
-                state.session = None
-                state.attached = False
-                state.pending.clear()
-                state.owed = 0
-                self._owing.discard(state)
+                self._unattach(state)
 
     def voided(self, spid: str) -> None:
         """The owner ended our session on its own (``records.Void``): open a new one."""
@@ -232,11 +226,15 @@ class ProxySide:
         if owner is None or owner == self.plane.spid:
             return None
         session = self.sessions.get(owner)
-        if session is None:
-            root = self.plane.root_spid()
-            if root is not None and (root == self.plane.spid or self.plane.members.in_sync(root)):
-                session = self._open(owner)
+        if session is None and self._synced():
+            session = self._open(owner)
         return session
+
+    def _synced(self) -> bool:
+        """This server's wiring is the root's: sessions may open (the queues they name
+        exist at their owners)."""
+        root = self.plane.root_spid()
+        return root is not None and (root == self.plane.spid or self.plane.members.in_sync(root))
 
     def _ask(
         self,
@@ -350,17 +348,8 @@ class ProxySide:
             session = state.session
             if session is not None and session.peer == owner:
                 continue
-            if session is not None and self.sessions.get(session.peer) is session:
-                returned = [m.ref[1] for m, _ in state.pending if _current(m, session)]
-                batch = self.plane.batch(session.out)
-                batch.cancel(state.tag)
-                if returned:
-                    batch.reject(returned, True)
-            state.session = None
-            state.attached = False
-            state.pending.clear()
-            state.owed = 0
-            self._owing.discard(state)
+            self._leave(state)
+            self._unattach(state)
             if owner is None:
                 self._drop(state)
                 reply, state.reply = state.reply, None
@@ -374,6 +363,26 @@ class ProxySide:
             new = self._session_for(queue)
             if new is not None and state.session is None:
                 self._send_consume(new, state)
+
+    def _leave(self, state: ProxiedConsumer) -> None:
+        """Cancel the consumer at its owner, and give back what it never handed on
+        (nothing to tell a session that ended: the owner released it all)."""
+        session = state.session
+        if session is None or self.sessions.get(session.peer) is not session:
+            return
+        returned = [m.ref[1] for m, _ in state.pending if _current(m, session)]
+        batch = self.plane.batch(session.out)
+        batch.cancel(state.tag)
+        if returned:
+            batch.reject(returned, True)
+
+    def _unattach(self, state: ProxiedConsumer) -> None:
+        """Its session is over for it: attached again under the next one."""
+        state.session = None
+        state.attached = False
+        state.pending.clear()
+        state.owed = 0
+        self._owing.discard(state)
 
     def _send_consume(self, session: Session, state: ProxiedConsumer) -> None:
         consumer = state.consumer
@@ -428,15 +437,9 @@ class ProxySide:
         if state is None:
             return
         self._drop(state)
-        session = state.session
-        if session is None or self.sessions.get(session.peer) is not session or queue.deleted:
-            return
-        returned = [m.ref[1] for m, _ in state.pending if _current(m, session)]
+        if not queue.deleted:
+            self._leave(state)
         state.pending.clear()
-        batch = self.plane.batch(session.out)
-        batch.cancel(state.tag)
-        if returned:
-            batch.reject(returned, True)
 
     # -- deliveries --------------------------------------------------------------------
 

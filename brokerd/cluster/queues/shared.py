@@ -218,7 +218,7 @@ class SharedQueue(Queue):
             self._own()
         else:
             self._disown()
-        self.plane.placed(self)
+            self.plane.proxy.replaced(self)  # its consumers here follow the owner
 
     def _own(self) -> None:
         """This server owns the classic queue: what its journal kept (a restart) is
