@@ -249,3 +249,18 @@ def test_the_schedule_is_a_function_of_the_seed_and_covers_every_kind_early() ->
     assert [p.kind for p in only] == ["kill-root"] * 5
     with pytest.raises(ValueError):
         schedule(1, 3, kinds=["kill-everything"])
+
+
+def test_a_publish_whose_connection_failed_may_come_after_the_next_connections() -> None:
+    """Kept by its server while the root was out of reach, it reaches the root after
+    what the publisher sent on its next connection: AMQP orders nothing across
+    connections, so only an acked (or nacked) publish is held to the order."""
+    outcomes = {2: UNKNOWN, 4: NACK}
+    publishes = [pub("p0", i, outcomes.get(i, ACK)) for i in range(1, 6)]
+    deliveries = [got("p0", 1, at=1.0), got("p0", 3, at=2.0), got("p0", 2, at=3.0)]
+    deliveries += [got("p0", 5, at=4.0), got("p0", 4, at=5.0)]
+    report = check(history(publishes, deliveries))
+    assert report.order_violations == {"p0": 1}  # the nacked one, on the same connection
+    assert report.examples["order_violations"] == ["c0/1 got p0:4 after p0:5"]
+    assert report.unknown_late == 1
+    assert "1 of those after the next connection's" in report.format()

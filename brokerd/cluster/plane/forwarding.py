@@ -424,7 +424,10 @@ class MessagePlane:
         # it may have taken some: their settlements may have been dropped with the
         # link that ended the session (the void itself comes on the next one)
         self.orphans.keep(out, maybe_taken=True)
-        log.warning(
+        # a void of a session that never was (epoch 0) with nothing to resend is routine:
+        # the peer ended the data lane's session on a cut link, whatever it carried
+        log.log(
+            logging.WARNING if count or r.epoch else logging.INFO,
             "session voided by %s (epoch %d): %d unsettled forwards to send again",
             out.spid,
             r.epoch,
