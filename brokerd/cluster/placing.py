@@ -65,8 +65,13 @@ class Placer:
         return [(spid, address) for _t, spid, address in sorted(live)]
 
     def place_declare(self, entry: Entry) -> Entry:
-        """A shared queue's declare, about to be ordered: a classic queue gets its owner."""
+        """A shared queue's declare, about to be ordered: a classic queue gets its owner.
+        One placed already keeps it (a redeclare: the placement entries decide); so
+        does a declare that names one (recovered wiring)."""
         if entry.op != sl.QUEUE_DECLARE or entry.spid:
+            return entry
+        vhost = self.plane.vhost()
+        if getattr(vhost.queues.get(entry.name) if vhost is not None else None, "epoch", 0):
             return entry
         props = dict(entry.props)
         arguments = dict(props.get("arguments") or ())

@@ -169,7 +169,7 @@ def apply_entry(
             arguments=m.arguments or {},
             reserved_ok=m.queue.startswith("amq.gen-"),
         )
-        if created and entry.spid:
+        if entry.spid:  # its owner (one recovered from disk is placed now, too)
             apply_placement(vhost, entry)
         return created, [queue.message_count, queue.consumer_count]
     if isinstance(m, commands.Queue.Delete):

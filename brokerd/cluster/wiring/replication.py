@@ -289,7 +289,7 @@ class WiringReplication:
         self._append(ordered)
         if applied and ordered.spid and ordered.op == sl.QUEUE_DECLARE:
             vhost = self._vhost()
-            if vhost is not None:  # declared here before it had an owner
+            if vhost is not None:  # the channel declared it here first: its owner now
                 rep.apply_placement(vhost, ordered)
         header = {**rep.entry_header(ordered), "request": request, "result": result}
         self.members._send_all(STATE, rep.encode_bucket(header, [ordered.frame]))
@@ -379,10 +379,6 @@ class WiringReplication:
                 entry.name,
                 outcome.text,
             )
-        elif entry.op == sl.QUEUE_DECLARE and entry.spid and not outcome[0]:
-            vhost = self._vhost()
-            if vhost is not None:  # it was here already (recovered from disk): placed now
-                rep.apply_placement(vhost, entry)
 
     def _on_refuse(self, header: dict[str, Any]) -> None:
         change = self.pending.pop(str(header.get("request")), None)
