@@ -112,9 +112,13 @@ def _print_status(status: dict[str, Any]) -> None:
 
 def _print_queues(result: dict[str, Any]) -> None:
     """A table: a shared queue's messages are counted on its owner (``master``); a
-    proxy's are shown as ``-``, its consumers are the ones connected here."""
+    proxy's are shown as ``-``, its consumers are the ones connected here. The replicas
+    of a queue mastered here: how many are in sync, and the spids still syncing."""
     me = result.get("spid")
-    print(f"{'vhost':<10} {'queue':<32} {'type':<10} {'role':<6} {'owner':<28} ready consumers")
+    print(
+        f"{'vhost':<10} {'queue':<32} {'type':<10} {'role':<6} {'owner':<28} ready consumers "
+        "replicas"
+    )
     for q in result.get("queues", []):
         owner = q.get("owner") or "- (away)"
         if owner == me:
@@ -122,8 +126,18 @@ def _print_queues(result: dict[str, Any]) -> None:
         ready = "-" if q.get("messages") is None else str(q["messages"])
         print(
             f"{q['vhost']:<10} {q['name']:<32} {q['type']:<10} {q['role']:<6} {owner:<28} "
-            f"{ready:>5} {q['consumers']:>9}"
+            f"{ready:>5} {q['consumers']:>9} {_replica_text(q.get('replicas'))}"
         )
+
+
+def _replica_text(replicas: list[dict[str, Any]] | None) -> str:
+    """``2/3 in sync (syncing: spid)``; ``-`` where this server does not know (a proxy, a
+    local queue) and for a queue with no copy elsewhere."""
+    if not replicas:
+        return "-"
+    syncing = [r["spid"] for r in replicas if not r.get("in_sync")]
+    text = f"{len(replicas) - len(syncing)}/{len(replicas)} in sync"
+    return text + (f" (syncing: {', '.join(syncing)})" if syncing else "")
 
 
 def main(argv: list[str]) -> int:

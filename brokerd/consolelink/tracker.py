@@ -63,8 +63,10 @@ def queue_entry(queue: Queue, shared: bool, spid: str = "") -> Entry:
     """A queue as the console sees it. ``master``: this server holds its messages (every
     local queue; a shared queue only on the root, a proxy elsewhere: its ``messages``
     are not here and its ``consumers`` are this server's own). A shared master also says
-    where its consumers are (``consumer_servers``); other entries leave it out, so a
-    thousand private queues cost no more than before."""
+    where its consumers are (``consumer_servers``) and which servers hold a copy, each
+    in sync or not (``replicas``: [] for a classic queue); other entries leave them
+    out, so a thousand private queues cost no more than before. ``replica_states`` is
+    duck typed (``SharedQueue``) so the link need not import the cluster."""
     master = bool(getattr(queue, "local", True))
     entry: Entry = {
         "vhost": queue.vhost,
@@ -86,6 +88,10 @@ def queue_entry(queue: Queue, shared: bool, spid: str = "") -> Entry:
     }
     if shared and master:
         entry["consumer_servers"] = consumer_servers(queue, spid)
+        replica_states = getattr(queue, "replica_states", None)
+        replicas = replica_states() if replica_states is not None else None
+        if replicas is not None:
+            entry["replicas"] = replicas
     return entry
 
 

@@ -159,13 +159,38 @@ def _placement(queue: object) -> str:
     if owner_spid is None:
         return ""
     role = "master" if getattr(queue, "local", False) else "proxy"
-    return f" type={getattr(queue, 'kind', '-')} owner={owner_spid() or '-'} role={role}"
+    text = f" type={getattr(queue, 'kind', '-')} owner={owner_spid() or '-'} role={role}"
+    replicas = replica_states(queue)
+    if replicas is not None and getattr(queue, "follows_root", False):
+        text += f" replicas={replica_marks(replicas)}"
+    return text
+
+
+def replica_states(queue: object) -> list[dict[str, Any]] | None:
+    """A shared master's replicas with their in-sync state (duck typed:
+    ``SharedQueue.replica_states``); None where this server does not know them."""
+    states = getattr(queue, "replica_states", None)
+    return states() if states is not None else None
+
+
+def replica_marks(replicas: list[dict[str, Any]]) -> str:
+    """``spid:in-sync:behind,...`` (``syncing`` for one that does not hold every message
+    yet), ``-`` for none: one token, so a dump line stays ``key=value`` words."""
+    return (
+        ",".join(
+            f"{r['spid']}:{'in-sync' if r['in_sync'] else 'syncing'}:{r['behind']}"
+            for r in replicas
+        )
+        or "-"
+    )
 
 
 def queue_table(server: ServerState) -> list[dict[str, Any]]:
     """Every queue as ``brokerd ctl queues`` lists it: a shared queue with its type,
     its owner and this server's role (``master`` here, else ``proxy``: its messages
-    are on the owner); any other queue is this server's own (``local``)."""
+    are on the owner); any other queue is this server's own (``local``). ``replicas``:
+    on a shared master, the servers holding a copy, each in sync or not ([] for a
+    classic queue); null elsewhere (a proxy does not know, a local queue has none)."""
     rows = []
     for vhost in server.broker.vhosts.values():
         for q in vhost.queues.values():
@@ -183,6 +208,7 @@ def queue_table(server: ServerState) -> list[dict[str, Any]]:
                     "exclusive": q.exclusive,
                     "messages": q.message_count if local else None,
                     "consumers": q.consumer_count if local else len(q.consumers),
+                    "replicas": replica_states(q),
                 }
             )
     return sorted(rows, key=lambda r: (r["vhost"], r["name"]))

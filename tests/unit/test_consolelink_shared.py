@@ -1,5 +1,7 @@
 """What a clustered broker tells the console about shared objects (docs/protocol.md,
-"Broker to console"): who holds a shared queue's messages and where its consumers are.
+"Broker to console"): who holds a shared queue's messages, where its consumers are,
+and which servers hold a copy, in sync or not (also as ``brokerd ctl queues`` and the
+state dump show them).
 
 Three servers with real planes and queues on the in-memory network of
 tests/unit/cluster_net.py; A is root.
@@ -9,6 +11,8 @@ from __future__ import annotations
 
 from brokerd.cluster.queues.shared import RemoteQueues
 from brokerd.consolelink.tracker import SnapshotTracker, collect
+from brokerd.ctl import _replica_text
+from brokerd.server.dump import _placement, queue_table
 from tests.unit.cluster_net import Net, Sink, message
 
 
@@ -97,3 +101,60 @@ def test_deltas_carry_a_master_whose_consumer_spread_changed(net: Net) -> None:
     # nothing changed since: an empty delta
     _, body = tracker.next(collect(net.servers["A"].broker, "/", "A"))
     assert body["queues"] == {"upsert": [], "remove": []}
+
+
+def test_a_replicated_master_reports_its_replicas_a_classic_one_none(net: Net) -> None:
+    net.queue("A", "q").push(message(b"m"))
+    net.pump()
+    assert entry(net, "A")["replicas"] == [
+        {"spid": "B", "in_sync": True, "behind": 0},
+        {"spid": "C", "in_sync": True, "behind": 0},
+    ]
+    assert "replicas" not in entry(net, "B")  # a proxy: its master reports them
+    vhost = net.servers["A"].broker.vhosts["/"]
+    vhost.declare_queue("mine", connection_id=7, exclusive=True)
+    assert "replicas" not in entry(net, "A", "mine")  # private: no copies
+    for server in net.servers.values():  # a classic queue owned by B: its own alone
+        server.broker.vhosts["/"].declare_queue(
+            "c", connection_id=0, durable=True, arguments={"x-queue-type": "classic"}
+        )
+        server.broker.vhosts["/"].queues["c"].place("B", 1, None)  # type: ignore[attr-defined]
+    net.pump()
+    assert entry(net, "B", "c")["replicas"] == []
+    assert "replicas" not in entry(net, "A", "c")
+
+
+def test_deltas_carry_a_master_whose_replica_fell_out_of_sync(net: Net) -> None:
+    tracker = SnapshotTracker()
+    tracker.next(collect(net.servers["A"].broker, "/", "A"))
+    net.cut.add(("C", "A"))  # C's acks stop coming back
+    net.queue("A", "q").push(message(b"m"))
+    net.pump()
+    net.servers["A"].members.now += 10
+    net.servers["A"].plane.tick()  # C stalled: the replication alarm
+    _, body = tracker.next(collect(net.servers["A"].broker, "/", "A"))
+    [changed] = body["queues"]["upsert"]
+    replicas = {r["spid"]: r for r in changed["replicas"]}
+    assert (replicas["B"]["in_sync"], replicas["C"]["in_sync"]) == (True, False)
+    assert replicas["C"]["behind"] >= 1
+
+
+def test_ctl_queues_and_the_dump_show_the_replicas_in_sync(net: Net) -> None:
+    net.cut.add(("C", "A"))
+    net.queue("A", "q").push(message(b"m"))
+    net.pump()
+    net.servers["A"].members.now += 10
+    net.servers["A"].plane.tick()
+
+    class Server:  # what queue_table reads of the server
+        spid = "A"
+        broker = net.servers["A"].broker
+
+    [row] = queue_table(Server())  # type: ignore[arg-type]
+    assert row["role"] == "master"
+    assert [(r["spid"], r["in_sync"]) for r in row["replicas"]] == [("B", True), ("C", False)]
+    assert _replica_text(row["replicas"]) == "1/2 in sync (syncing: C)"
+    assert _replica_text(None) == "-"
+    line = _placement(net.queue("A", "q"))
+    assert line.endswith(" role=master replicas=B:in-sync:0,C:syncing:1"), line
+    assert "replicas=" not in _placement(net.queue("B", "q"))  # a proxy does not know

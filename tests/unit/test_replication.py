@@ -212,6 +212,49 @@ def test_the_old_root_keeps_its_content_as_a_replica_until_reset(net: Net) -> No
     assert net.queue("A", "q").store is None  # the proxy's journal store (none here)
 
 
+def test_members_says_which_replicas_hold_every_message(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In sync (what the console and ctl show) is a snapshot proven in and no stall:
+    a replica still taking its snapshot counts for the quorum, yet is not in sync."""
+    root = net.queue("A", "q")
+    for i in range(3):
+        root.push(message(b"%d" % i))
+    net.pump()
+    replicas = net.servers["A"].plane.replicas
+    assert replicas.members() == [
+        {"spid": "B", "in_sync": True, "behind": 0},
+        {"spid": "C", "in_sync": True, "behind": 0},
+    ]
+    monkeypatch.setattr(replicas, "_schedule_sync", lambda: None)  # D's snapshot waits
+    net.join("D")
+    net.pump()
+    assert replicas.whole(replicas.replicas["D"])  # it counts for the quorum...
+    d = replicas.members()[2]
+    assert (d["spid"], d["in_sync"]) == ("D", False)  # ...but lacks the older messages
+    while replicas.sync_step():
+        net.pump()
+    net.pump()
+    assert [m["in_sync"] for m in replicas.members()] == [True, True, True]
+
+    net.cut.add(("C", "A"))  # C's acks stop coming back: behind, in sync until stalled
+    root.push(message(b"late"))
+    net.pump()
+    c = {m["spid"]: m for m in replicas.members()}["C"]
+    assert c["behind"] >= 1 and c["in_sync"]
+    net.servers["A"].members.now += 10
+    net.servers["A"].plane.tick()
+    assert "C" in replicas.stalled
+    assert {m["spid"]: m["in_sync"] for m in replicas.members()} == {
+        "B": True,
+        "C": False,
+        "D": True,
+    }
+    # the queue reports the master's set; a proxy does not know
+    assert net.queue("A", "q").replica_states() == replicas.members()
+    assert net.queue("B", "q").replica_states() is None
+
+
 def settle_syncs(net: Net) -> None:
     """The guarantee is for one failure at a time: a replica still taking its snapshot
     holds only part of the queue, so a kill waits until every snapshot is in (the

@@ -385,6 +385,26 @@ class ReplicaSet:
             },
         }
 
+    def members(self) -> list[dict[str, Any]]:
+        """Each replica, by spid, as the console and ``brokerd ctl queues`` show it:
+        ``in_sync`` once it holds every message of the replicated queues (its
+        snapshot is proven in: it acked the live event that followed it) and is not
+        stalled, as RabbitMQ calls a mirror synchronised; ``behind``: the events it
+        has not acked yet. Not ``whole``: that also counts a replica still taking
+        its snapshot once the floor passed its join (others hold the older events),
+        right for the quorum and wrong for "holds every message"."""
+        seq, stalled = self.seq, self.stalled
+        return [
+            {
+                "spid": spid,
+                "in_sync": r.synced_at is not None
+                and r.acked >= r.synced_at
+                and spid not in stalled,
+                "behind": seq - r.acked,
+            }
+            for spid, r in sorted(self.replicas.items())
+        ]
+
     def check(self, now: float, patience: float) -> list[str]:
         """Replicas behind that have acked nothing for longer than ``patience``
         seconds (an alarm: they stay in the set, slow is not dead)."""

@@ -80,6 +80,15 @@ class SharedQueue(Queue):
         """The server holding the master copy now (None: nobody, for the moment)."""
         return self.plane.root_spid() if self.follows_root else self.owner
 
+    def replica_states(self) -> list[dict[str, Any]] | None:
+        """The master copy's replicas with their in-sync state (``ReplicaSet.members``:
+        the root's set, the same for every queue that follows it), for the console and
+        ``brokerd ctl queues``. [] for a classic queue (its owner's alone: no copy
+        elsewhere); None on a proxy, which does not know (its master reports them)."""
+        if not self.local:
+            return None
+        return self.plane.replicas.members() if self.follows_root else []
+
     @property  # type: ignore[override]
     def store(self) -> QueueStore | None:
         """The master numbers and replicates (over the journal); a proxy's journal
