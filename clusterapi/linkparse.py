@@ -265,3 +265,33 @@ def consumer_servers(entry: dict[str, Any], where: str) -> dict[str, int]:
         if n:
             spread[spid] = n
     return spread
+
+
+#: a queue has at most a copy on every other server of its cluster
+MAX_REPLICAS = MAX_CONSUMER_SERVERS
+
+
+def replicas(entry: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """A shared master's replica set, ``[{spid, in_sync, behind}]``: checked field by
+    field and rebuilt (no other key is stored), since the pages and the API show it."""
+    raw = optional(entry, "replicas", list, where, [])
+    if len(raw) > MAX_REPLICAS:
+        raise LinkProtocolError(f"{where}.replicas has more than {MAX_REPLICAS} servers")
+    out = []
+    for i, replica in enumerate(raw):
+        spid = replica.get("spid") if isinstance(replica, dict) else None
+        in_sync = replica.get("in_sync") if isinstance(replica, dict) else None
+        behind = replica.get("behind") if isinstance(replica, dict) else None
+        if (
+            not isinstance(spid, str)
+            or not 1 <= len(spid) <= 64
+            or not isinstance(in_sync, bool)
+            or not is_a(behind, int)
+            or behind < 0
+        ):
+            raise LinkProtocolError(
+                f"{where}.replicas[{i}] must be {{spid (1 to 64 characters), in_sync (bool), "
+                "behind (a count)}"
+            )
+        out.append({"spid": spid, "in_sync": in_sync, "behind": behind})
+    return out

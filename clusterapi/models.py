@@ -169,6 +169,12 @@ class QueueSnapshot(models.Model):
         blank=True,
         help_text="a shared queue's master: {spid: consumers} of every server with consumers",
     )
+    replicas = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="a shared queue's master: [{spid, in_sync, behind}] of every server holding "
+        "a copy (empty: a classic queue, a root alone, a proxy, a private queue)",
+    )
     enqueued = models.BigIntegerField(default=0)
     delivered = models.BigIntegerField(default=0)
     arguments = models.JSONField(default=dict, blank=True)

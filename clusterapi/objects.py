@@ -233,6 +233,27 @@ def consumer_spread(queue: QueueSnapshot, names: dict[str, str]) -> list[dict[st
     return sorted(rows, key=lambda r: (r["broker"] is None, r["broker"] or "", r["spid"]))
 
 
+def replica_set(queue: QueueSnapshot, names: dict[str, str]) -> list[dict[str, Any]]:
+    """The servers holding a copy of a shared queue as its master reports them, each
+    with its broker name (None: not linked to the console), in-sync state and lag,
+    sorted like the consumer spread. Empty for a proxy row (it does not know), a
+    classic or private queue (no copies), or a root alone. Ingest checked each item;
+    a row written some other way (the admin) is read leniently, never a 500."""
+    if not queue.master or not isinstance(queue.replicas, list):
+        return []
+    rows = [
+        {
+            "broker": names.get(r["spid"]),
+            "spid": r["spid"],
+            "in_sync": r.get("in_sync") is True,
+            "behind": r.get("behind") if isinstance(r.get("behind"), int) else 0,
+        }
+        for r in queue.replicas
+        if isinstance(r, dict) and isinstance(r.get("spid"), str)
+    ]
+    return sorted(rows, key=lambda r: (r["broker"] is None, r["broker"] or "", r["spid"]))
+
+
 def counts() -> dict[str, int]:
     """How many queues, exchanges and bindings the cluster has, each shared one once
     (what the lists count): a few COUNT queries over the (vhost, name) indexes."""

@@ -45,6 +45,7 @@ QUEUE_SNAPSHOT_COLUMNS = (
     "consumers",
     "local_consumers",
     "consumer_servers",
+    "replicas",
     "enqueued",
     "delivered",
     "arguments",
@@ -100,6 +101,7 @@ def apply_queues(link: LinkState, section: Section, full: bool, now: dt.datetime
         shared = bool(entry.get("shared"))
         master = linkparse.optional(entry, "master", bool, where, True)
         spread = linkparse.consumer_servers(entry, where)
+        replicas = linkparse.replicas(entry, where)
         local = consumers
         if shared and master and "consumer_servers" in entry:
             local = spread.get(link.spid, 0)  # a master counts every server's consumers
@@ -118,6 +120,7 @@ def apply_queues(link: LinkState, section: Section, full: bool, now: dt.datetime
                 consumers,
                 local,
                 json_field.get_db_prep_save(spread, connection),
+                json_field.get_db_prep_save(replicas, connection),
                 enqueued,
                 delivered,
                 json_field.get_db_prep_save(linkparse.arguments(entry, where), connection),

@@ -25,6 +25,20 @@ class ConsumerServerSerializer(serializers.Serializer):
     consumers = serializers.IntegerField(help_text="consumers connected to it")
 
 
+class ReplicaSerializer(serializers.Serializer):
+    broker = serializers.CharField(
+        allow_null=True, help_text="broker name (null: a server not linked to the console)"
+    )
+    spid = serializers.CharField(help_text="the server's process id in this run")
+    in_sync = serializers.BooleanField(
+        help_text="its copy holds every message of the queue (a synchronised mirror, as "
+        "RabbitMQ says); false while its snapshot is still being sent, or it has stalled"
+    )
+    behind = serializers.IntegerField(
+        min_value=0, help_text="replication events of the root it has not acknowledged yet"
+    )
+
+
 class QueueSerializer(BrokerRowSerializer):
     type = serializers.ChoiceField(
         source="kind",
@@ -38,6 +52,12 @@ class QueueSerializer(BrokerRowSerializer):
         help_text="where the queue's consumers are connected, per broker: a shared queue as "
         "its master counts them, a private queue's all on its broker (empty when master is "
         "false: not known)"
+    )
+
+    replicas = serializers.SerializerMethodField(
+        help_text="the servers holding a copy of a replicated or quorum queue, as its master "
+        "reports them, each in sync or not (empty for a classic or private queue, a root "
+        "alone, and when master is false: not known)"
     )
 
     class Meta:
@@ -57,6 +77,7 @@ class QueueSerializer(BrokerRowSerializer):
             "consumers",
             "local_consumers",
             "consumer_servers",
+            "replicas",
             "enqueued",
             "delivered",
             "arguments",
@@ -89,6 +110,10 @@ class QueueSerializer(BrokerRowSerializer):
     @extend_schema_field(ConsumerServerSerializer(many=True))
     def get_consumer_servers(self, queue: QueueSnapshot) -> list[dict[str, Any]]:
         return objects.consumer_spread(queue, self._names())
+
+    @extend_schema_field(ReplicaSerializer(many=True))
+    def get_replicas(self, queue: QueueSnapshot) -> list[dict[str, Any]]:
+        return objects.replica_set(queue, self._names())
 
 
 class QueueCopySerializer(BrokerRowSerializer):

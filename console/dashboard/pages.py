@@ -307,11 +307,15 @@ build_bindings = _list_page(
 
 
 def with_spread(queues: Iterable[QueueSnapshot]) -> list[QueueSnapshot]:
-    """The queues, each with ``spread``: where its consumers are connected, by broker."""
+    """The queues, each with ``spread``: where its consumers are connected, by broker;
+    and ``replica_set`` with ``replicas_in_sync``: the servers holding a copy of a
+    shared queue as its master reports them (one query of names for the page)."""
     names = objects.spid_names()
     out = list(queues)
     for queue in out:
         queue.spread = objects.consumer_spread(queue, names)
+        queue.replica_set = objects.replica_set(queue, names)
+        queue.replicas_in_sync = sum(1 for r in queue.replica_set if r["in_sync"])
     return out
 
 

@@ -309,3 +309,63 @@ def test_overview_and_broker_pages_count_shared_queues_once(
     html = page.get(f"/brokers/{B}/").content.decode()
     assert "1 of them is a proxy" in html
     assert re.search(r'<tr data-queue="jobs"[^>]*data-master="false"', html)
+
+
+# -- a replicated queue's replica set, as its master reports it ------------------------------
+
+REPLICAS = [
+    {"spid": "spid-3", "in_sync": False, "behind": 12},
+    {"spid": "<b>gone</b>", "in_sync": True, "behind": 0},  # not linked to the console
+    {"spid": "spid-2", "in_sync": True, "behind": 0},
+]
+
+
+def test_the_api_lists_the_replicas_by_broker_with_their_sync_state(
+    api: APIClient, brokers: dict[str, Broker]
+) -> None:
+    QueueSnapshot.objects.filter(broker=brokers[A], name="jobs").update(
+        queue_type="replicated", replicas=REPLICAS
+    )
+    expected = [
+        {"broker": B, "spid": "spid-2", "in_sync": True, "behind": 0},
+        {"broker": C, "spid": "spid-3", "in_sync": False, "behind": 12},
+        {"broker": None, "spid": "<b>gone</b>", "in_sync": True, "behind": 0},
+    ]
+    [jobs] = listed(api, "/api/v1/queues/?name=jobs")
+    assert jobs["replicas"] == expected
+    master = QueueSnapshot.objects.get(broker=brokers[A], name="jobs")
+    assert api.get(f"/api/v1/queues/{master.pk}/").json()["replicas"] == expected
+    proxy = QueueSnapshot.objects.get(broker=brokers[B], name="jobs")
+    assert api.get(f"/api/v1/queues/{proxy.pk}/").json()["replicas"] == []  # not known there
+    assert [q["replicas"] for q in listed(api, "/api/v1/queues/?name=mine")] == [[], []]
+
+
+def test_the_pages_show_the_replicas_in_sync_escaped(
+    page: Client, brokers: dict[str, Broker]
+) -> None:
+    QueueSnapshot.objects.filter(broker=brokers[A], name="jobs").update(
+        queue_type="replicated", replicas=REPLICAS
+    )
+    html = page.get("/queues/").content.decode()
+    assert re.search(r'class="replica-summary state state-warn"[^>]*>3 replicas, 2 in sync<', html)
+    proxy = QueueSnapshot.objects.get(broker=brokers[C], name="jobs")
+    html = page.get(f"/queues/{proxy.pk}/").content.decode()
+    assert 'id="queue-type">replicated<' in html
+    replicas = html[html.index('id="queue-replicas"') : html.index("</ul>")]
+    shown = re.findall(
+        r'<li class="replica" data-broker="([^"]+)">.*?class="state (state-\w+)"', replicas, re.S
+    )
+    assert shown == [
+        (B, "state-good"),
+        (C, "state-warn"),
+        ("&lt;b&gt;gone&lt;/b&gt;", "state-good"),
+    ]
+    assert "12 events behind" in replicas and "<b>gone</b>" not in html
+    # all in sync: no warning in the list; a root alone: none
+    QueueSnapshot.objects.filter(broker=brokers[A], name="jobs").update(replicas=REPLICAS[1:])
+    html = page.get("/queues/").content.decode()
+    assert re.search(r'class="replica-summary"[^>]*>2 replicas, 2 in sync<', html)
+    QueueSnapshot.objects.filter(broker=brokers[A], name="jobs").update(replicas=[])
+    html = page.get(f"/queues/{proxy.pk}/").content.decode()
+    assert "the root holds the only copy" in html
+    assert "replica-summary" not in page.get("/queues/").content.decode()

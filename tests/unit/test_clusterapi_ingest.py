@@ -462,6 +462,45 @@ def test_malformed_shared_queue_fields_are_refused(link: LinkState, bad: dict) -
     assert QueueSnapshot.objects.count() == 0
 
 
+def test_a_masters_replica_set_is_stored_and_a_proxy_clears_it(link: LinkState) -> None:
+    replicas = [
+        {"spid": "spid-2", "in_sync": True, "behind": 0},
+        {"spid": "spid-3", "in_sync": False, "behind": 1840},
+    ]
+    master = queue("jobs", shared=True, master=True, type="replicated", replicas=replicas)
+    ingest.apply_status(link, status(0, True, [master, queue("plain")]))
+    rows = {q.name: q for q in QueueSnapshot.objects.all()}
+    assert rows["jobs"].replicas == replicas
+    assert rows["plain"].replicas == []  # left out: none
+    # a delta from a proxy (the root moved) says nothing of replicas: none kept
+    moved = queue("jobs", shared=True, master=False)
+    ingest.apply_status(link, status(1, False, {"upsert": [moved], "remove": []}))
+    assert QueueSnapshot.objects.get(name="jobs").replicas == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"spid-2": True},  # not a list
+        [["spid-2", True, 0]],
+        [{"spid": "spid-2", "in_sync": True}],
+        [{"spid": "", "in_sync": True, "behind": 0}],
+        [{"spid": "s" * 65, "in_sync": True, "behind": 0}],
+        [{"spid": 2, "in_sync": True, "behind": 0}],
+        [{"spid": "spid-2", "in_sync": 1, "behind": 0}],
+        [{"spid": "spid-2", "in_sync": True, "behind": -1}],
+        [{"spid": "spid-2", "in_sync": True, "behind": 1.5}],
+        [{"spid": "spid-2", "in_sync": True, "behind": False}],
+        [{"spid": f"s{i}", "in_sync": True, "behind": 0} for i in range(300)],
+    ],
+)
+def test_a_malformed_replica_set_is_refused(link: LinkState, bad: Any) -> None:
+    entry = queue("jobs", shared=True, master=True, replicas=bad)
+    with pytest.raises(LinkProtocolError, match=r"status.queues\[0\]\.replicas"):
+        ingest.apply_status(link, status(0, True, [entry]))
+    assert QueueSnapshot.objects.count() == 0
+
+
 def test_a_brokers_memory_and_disk_alarms_become_console_alarms(
     link: LinkState, tmp_path: Path
 ) -> None:
