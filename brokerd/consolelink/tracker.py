@@ -91,7 +91,9 @@ def queue_entry(queue: Queue, shared: bool, spid: str = "") -> Entry:
         replica_states = getattr(queue, "replica_states", None)
         replicas = replica_states() if replica_states is not None else None
         if replicas is not None:
-            entry["replicas"] = replicas
+            # an in-sync replica's lag is the root's whole stream's, not this queue's: it
+            # moves with any traffic, and would put every replicated queue in every delta
+            entry["replicas"] = [r if not r["in_sync"] else {**r, "behind": 0} for r in replicas]
     return entry
 
 

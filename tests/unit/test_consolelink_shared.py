@@ -158,3 +158,28 @@ def test_ctl_queues_and_the_dump_show_the_replicas_in_sync(net: Net) -> None:
     line = _placement(net.queue("A", "q"))
     assert line.endswith(" role=master replicas=B:in-sync:0,C:syncing:1"), line
     assert "replicas=" not in _placement(net.queue("B", "q"))  # a proxy does not know
+
+
+def test_an_in_sync_replicas_lag_stays_out_of_the_queue_entry() -> None:
+    """The root's stream moves with any traffic: an entry that carried an in-sync
+    replica's lag would change, and be sent, at every status while messages flow."""
+    from brokerd.consolelink.tracker import queue_entry
+
+    class Replicated:
+        vhost, name, durable, exclusive, auto_delete = "/", "q", True, False, False
+        message_count, unacked, consumers, stats_in, stats_out = 0, 0, [], 0, 0
+        arguments: dict[str, object] = {}
+        local = True
+        kind = "replicated"
+
+        def replica_states(self) -> list[dict[str, object]]:
+            return [
+                {"spid": "B", "in_sync": True, "behind": 37},
+                {"spid": "C", "in_sync": False, "behind": 1200},
+            ]
+
+    entry = queue_entry(Replicated(), True, "A")  # type: ignore[arg-type]
+    assert entry["replicas"] == [
+        {"spid": "B", "in_sync": True, "behind": 0},
+        {"spid": "C", "in_sync": False, "behind": 1200},
+    ]
