@@ -129,7 +129,8 @@ def test_a_joining_replica_follows_the_live_stream_and_never_stalls_confirms(
     net.join("D")
     net.pump()
     side = net.servers["D"].plane.replica
-    assert side.joined and not side.complete and replicas.replicas["D"].syncs
+    stream = side.streams["A"]  # the root's
+    assert stream.joined and not side.complete and replicas.replicas["D"].syncs
     waiter = Waiter()
     net.queue("B", "q").push(message(b"new"), waiter)
     net.pump()

@@ -14,10 +14,15 @@ queue takes its copy (``take``): what was acquired at the old root comes back
 ready and flagged redelivered (its consumers' sessions died with that root),
 in the order the root numbered it.
 
-The stream is accepted from the current root only. A replica that finds a gap
-(a link that dropped and came back while the root kept the replica), or a
-stream from a root it has not been reset by, asks for a resync
-(``Replicated(0)``): the root then resets it and sends a snapshot.
+A stream is one sending server's (``SourceStream``: what was applied from it,
+its journal writes on their way, its acks), identified by the link it comes
+on, so the records carry no source. Today the stream is accepted from the
+current root only, the one server that masters replicated queues; per-queue
+owners (issue 23) will each send one, and a replica will apply every owner's
+side by side. A replica that finds a gap (a link that dropped and came back
+while the source kept the replica), or a stream from a source it has not
+been reset by, asks for a resync (``Replicated(0)``): the source then resets
+it and sends a snapshot.
 """
 
 from __future__ import annotations
@@ -41,9 +46,12 @@ log = logging.getLogger("brokerd.cluster.queues.replica")
 class QueueReplica:
     """One queue's copy."""
 
-    __slots__ = ("bytes", "entries", "synced", "top")
+    __slots__ = ("bytes", "entries", "source", "synced", "top")
 
-    def __init__(self) -> None:
+    def __init__(self, source: str | None = None) -> None:
+        #: the server whose stream feeds it (None: content this server kept itself, a
+        #: demoted master's or what its journal recovered, until a source resets it)
+        self.source = source
         self.entries: dict[int, Entry] = {}
         #: bodies held in memory (paged ones excluded)
         self.bytes = 0
@@ -56,131 +64,172 @@ class QueueReplica:
         return sorted(self.entries.items())
 
 
+class SourceStream:
+    """One source's replication stream as this replica applies it."""
+
+    __slots__ = ("acked", "applied", "asked", "complete", "joined", "pending", "source")
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        #: the last event applied from it
+        self.applied = 0
+        #: reset by the source since following it: its stream is complete here
+        self.joined = False
+        #: the copies it feeds are whole: its last snapshot finished and no event was
+        #: missed since (the election prefers such a primary, see ``election``)
+        self.complete = False
+        #: events whose journal write is on its way: seq -> writes
+        self.pending: dict[int, int] = {}
+        self.acked = 0
+        #: a resync was asked and has not come yet
+        self.asked = False
+
+
 class _Write(Completion):
     """The journal write of one replicated event: the stream is acked past ``seq``
-    only once it is on disk (``ReplicaSide.pending`` counts the writes of each
+    only once it is on disk (``SourceStream.pending`` counts the writes of each
     event still outstanding)."""
 
-    __slots__ = ("seq", "side")
+    __slots__ = ("seq", "side", "stream")
 
-    def __init__(self, side: ReplicaSide, seq: int) -> None:
+    def __init__(self, side: ReplicaSide, stream: SourceStream, seq: int) -> None:
         super().__init__()
         self.side = side
+        self.stream = stream
         self.seq = seq
 
     def defer(self) -> Done:
         if not self.deferred:
-            self.side.pending[self.seq] = self.side.pending.get(self.seq, 0) + 1
+            pending = self.stream.pending
+            pending[self.seq] = pending.get(self.seq, 0) + 1
         return super().defer()
 
     def complete(self) -> None:
         if not self.deferred:
             return  # nothing to write (a transient message): nothing was pending
-        side = self.side
-        left = side.pending.get(self.seq, 0) - 1
+        stream = self.stream
+        left = stream.pending.get(self.seq, 0) - 1
         if left > 0:
-            side.pending[self.seq] = left
+            stream.pending[self.seq] = left
         else:
-            side.pending.pop(self.seq, None)
+            stream.pending.pop(self.seq, None)
         if not self.ok:
             log.error("replica write of event %d failed: resync asked", self.seq)
-            side.resync()
-        side.ack_soon()
+            self.side.resync(stream)
+        self.side.ack_soon()
 
 
 class ReplicaSide:
-    """This server's copies of the root's queues, and the stream feeding them."""
+    """This server's copies of other servers' master queues, and the streams feeding
+    them."""
 
     def __init__(self, plane: MessagePlane) -> None:
         self.plane = plane
         self.queues: dict[str, QueueReplica] = {}
-        #: the root whose stream this applies, and the last event applied from it
+        #: by source spid
+        self.streams: dict[str, SourceStream] = {}
+        #: the root whose stream this server follows (None: none yet, or this is root)
         self.source: str | None = None
-        self.applied = 0
-        #: reset by ``source`` since following it: its stream is complete here
-        self.joined = False
-        #: this server's copy is whole: the last snapshot it took finished and no event
-        #: was missed since (the election prefers such a primary, see ``election``)
-        self.complete = False
-        #: events whose journal write is on its way: seq -> writes
-        self.pending: dict[int, int] = {}
-        self._acked = 0
-        self._asked = False
+        #: this server is (or was last) root and holds no stream of another root yet:
+        #: its content is the master's, whole
+        self._own = False
         self._ack_scheduled = False
         #: servers whose stream was refused (not root yet here)
         self.refused: set[str] = set()
+
+    @property
+    def applied(self) -> int:
+        """The last event applied from the root's stream (the election compares it)."""
+        stream = self.streams.get(self.source) if self.source is not None else None
+        return stream.applied if stream is not None else 0
+
+    @property
+    def complete(self) -> bool:
+        """This server's copy of the root's queues is whole (see ``SourceStream``)."""
+        if self._own:
+            return True
+        stream = self.streams.get(self.source) if self.source is not None else None
+        return stream is not None and stream.complete
+
+    def _accepts(self, spid: str) -> bool:
+        """A stream this server applies: the root's (it masters every replicated
+        queue), unless this server is root."""
+        return spid == self.plane.root_spid() and not self.plane.is_root
 
     def root_changed(self, root: str | None) -> None:
         """A root whose stream was refused before this server knew it is root: ask
         it to start again (its reset was among what was refused)."""
         refused, self.refused = self.refused, set()
         if root is not None and root in refused and root != self.source:
-            self.switch(root)
-            self.resync()
+            self.resync(self.switch(root))
 
     # -- the stream --------------------------------------------------------------------
 
     def receive(self, out: Outbound, records: list[rec.Replicate]) -> None:
         """A batch's replication records from ``out``'s server, in order."""
         spid = out.spid
-        if spid != self.plane.root_spid() or self.plane.is_root:
+        if not self._accepts(spid):
             log.debug("replication from %s refused: not the root", spid)
             self.refused.add(spid)  # it may be root before we know: see root_changed
             return
-        if spid != self.source:
-            self.switch(spid)
+        stream = self.streams.get(spid) if spid == self.source else None
+        if stream is None:
+            stream = self.switch(spid)
         for r in records:
             if r.seq == 0:
                 if r.op == rec.R_RESET and not r.queue:
-                    self.begin(r.mid)
-                elif self.joined:
-                    self.apply(r)
+                    self.begin(stream, r.mid)
+                elif stream.joined:
+                    self.apply(stream, r)
                 continue
-            if not self.joined or r.seq != self.applied + 1:
-                if self.joined:
+            if not stream.joined or r.seq != stream.applied + 1:
+                if stream.joined:
                     log.warning(
-                        "replication gap from %s: event %d after %d", spid, r.seq, self.applied
+                        "replication gap from %s: event %d after %d", spid, r.seq, stream.applied
                     )
-                self.resync()
+                self.resync(stream)
                 return
-            self.apply(r)
-            self.applied = r.seq
-        self.ack()
+            self.apply(stream, r)
+            stream.applied = r.seq
+        self.ack(stream)
 
-    def switch(self, root: str) -> None:
-        """A new root: its stream starts from a reset; until then nothing applies."""
+    def switch(self, root: str) -> SourceStream:
+        """A new root: its stream starts from a reset; until then nothing applies.
+        The old root's stream is over (its queues are the new root's now)."""
+        if self.source is not None:
+            self.streams.pop(self.source, None)
         self.source = root
-        self.applied = 0
-        self.joined = False
-        self.pending.clear()
-        self._acked = 0
-        self._asked = False
+        self._own = False
+        stream = self.streams[root] = SourceStream(root)
+        return stream
 
-    def begin(self, seq: int) -> None:
-        """The root reset this replica: every copy goes, its snapshot follows, and the
-        live stream goes on after event ``seq``."""
+    def begin(self, stream: SourceStream, seq: int) -> None:
+        """The source reset this replica: every copy it feeds goes, its snapshot
+        follows, and the live stream goes on after event ``seq``. The root's reset
+        covers every queue that follows the root, whoever fed its copy before."""
         for name in list(self.queues):
             if self.plane.follows_root(name):  # a classic queue's copy is its owner's own
                 self.drop(name, write=True)
-        self.joined = True
-        self.complete = False  # until the snapshot's last record
-        self._asked = False
-        self.applied = seq
-        self._acked = 0
-        self.pending.clear()
+        stream.joined = True
+        stream.complete = False  # until the snapshot's last record
+        stream.asked = False
+        stream.applied = seq
+        stream.acked = 0
+        stream.pending.clear()
 
-    def resync(self) -> None:
-        """Ask the root for a reset and a snapshot (once until it comes)."""
-        self.joined = False
-        self.complete = False
-        if self._asked or self.source is None:
+    def resync(self, stream: SourceStream) -> None:
+        """Ask the source for a reset and a snapshot (once until it comes)."""
+        stream.joined = False
+        stream.complete = False
+        if stream.asked or self.streams.get(stream.source) is not stream:
             return
-        self._asked = True
-        out = self.plane.out(self.source)
+        stream.asked = True
+        out = self.plane.out(stream.source)
         self.plane.repl_batch(out).replicated(0)
 
     def ack_soon(self) -> None:
-        """Writes completed: one ack at the end of the loop turn, whatever their number."""
+        """Writes completed: one ack per stream at the end of the loop turn, whatever
+        their number."""
         if self._ack_scheduled:
             return
         try:
@@ -195,23 +244,26 @@ class ReplicaSide:
         self._ack_scheduled = False
         self.ack()
 
-    def ack(self) -> None:
-        if not self.joined or self.source is None:
-            return
-        # ``pending`` keys are added in increasing order (events are applied in order):
-        # the first is the lowest
-        upto = (next(iter(self.pending)) - 1) if self.pending else self.applied
-        if upto and (upto > self._acked or not self.pending):  # 0 asks for a resync
-            # once per batch even if unchanged: the root hears it is alive (a sync)
-            self._acked = max(upto, self._acked)
-            self.plane.repl_batch(self.plane.out(self.source)).replicated(self._acked)
+    def ack(self, stream: SourceStream | None = None) -> None:
+        """Tell a source (every one, by default) how far its stream is applied and
+        written here."""
+        for one in (stream,) if stream is not None else tuple(self.streams.values()):
+            if not one.joined:
+                continue
+            # ``pending`` keys are added in increasing order (events are applied in
+            # order): the first is the lowest
+            upto = (next(iter(one.pending)) - 1) if one.pending else one.applied
+            if upto and (upto > one.acked or not one.pending):  # 0 asks for a resync
+                # once per batch even if unchanged: the source hears it is alive (a sync)
+                one.acked = max(upto, one.acked)
+                self.plane.repl_batch(self.plane.out(one.source)).replicated(one.acked)
 
     # -- events ------------------------------------------------------------------------
 
-    def apply(self, r: rec.Replicate) -> None:
+    def apply(self, stream: SourceStream, r: rec.Replicate) -> None:
         op = r.op
         if op == rec.R_ENQUEUE or op == rec.R_SYNC:
-            self._add(r)
+            self._add(stream, r)
         elif op == rec.R_ACQUIRE:
             self._acquire(r.queue, r.mid)
         elif op == rec.R_SETTLE:
@@ -226,7 +278,7 @@ class ReplicaSide:
             self.drop(r.queue, write=True)
         elif op == rec.R_SYNCED:
             if not r.queue:  # the live event after every queue's snapshot
-                self.complete = True
+                stream.complete = True
             replica = self.queues.get(r.queue)
             if replica is not None:
                 replica.synced = True
@@ -242,10 +294,10 @@ class ReplicaSide:
         replica = self.queues.get(name)
         return replica.entries.get(mid) if replica is not None else None
 
-    def _add(self, r: rec.Replicate) -> None:
+    def _add(self, stream: SourceStream, r: rec.Replicate) -> None:
         replica = self.queues.get(r.queue)
         if replica is None:
-            replica = self.queues[r.queue] = QueueReplica()
+            replica = self.queues[r.queue] = QueueReplica(stream.source)
         if r.mid in replica.entries:
             return  # a snapshot entry the live stream already brought
         message = Message(r.exchange, r.routing_key, r.props, r.body, "", 0)
@@ -258,7 +310,7 @@ class ReplicaSide:
         store = self._store(r.queue)
         if store is not None:
             # a snapshot entry (seq 0) holds the ack where the live stream is
-            write = _Write(self, r.seq or self.applied + 1)
+            write = _Write(self, stream, r.seq or stream.applied + 1)
             # flagged on disk too: a copy restored or requeued at the master comes back
             # flagged after a restart here, not as a first delivery
             store.enqueued(message, write, jid=r.mid, redelivered=redelivered)
@@ -327,18 +379,20 @@ class ReplicaSide:
         self.queues[name] = replica
 
     def forget_source(self) -> None:
-        """This server is root now: it applies no stream (and its copy is the master)."""
+        """This server is root now: it applies no root's stream (its copy is the
+        master)."""
+        if self.source is not None:
+            self.streams.pop(self.source, None)
         self.source = None
-        self.joined = False
-        self.complete = True
-        self.pending.clear()
+        self._own = True
 
     def describe(self) -> dict[str, Any]:
+        stream = self.streams.get(self.source) if self.source is not None else None
         return {
             "source": self.source,
             "applied": self.applied,
-            "acked": self._acked,
-            "pending_writes": len(self.pending),
+            "acked": stream.acked if stream is not None else 0,
+            "pending_writes": len(stream.pending) if stream is not None else 0,
             "complete": self.complete,
             "queues": {
                 name: {"messages": len(r.entries), "synced": r.synced}
