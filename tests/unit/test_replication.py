@@ -217,7 +217,7 @@ def test_members_says_which_replicas_hold_every_message(
     net: Net, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In sync (what the console and ctl show) is a snapshot proven in and no stall:
-    a replica still taking its snapshot counts for the quorum, yet is not in sync."""
+    a replica still taking its snapshot is not, and does not count for the quorum."""
     root = net.queue("A", "q")
     for i in range(3):
         root.push(message(b"%d" % i))
@@ -230,9 +230,9 @@ def test_members_says_which_replicas_hold_every_message(
     monkeypatch.setattr(replicas, "_schedule_sync", lambda: None)  # D's snapshot waits
     net.join("D")
     net.pump()
-    assert replicas.whole(replicas.replicas["D"])  # it counts for the quorum...
+    assert not replicas.whole(replicas.replicas["D"])  # it lacks the older messages
     d = replicas.members()[2]
-    assert (d["spid"], d["in_sync"]) == ("D", False)  # ...but lacks the older messages
+    assert (d["spid"], d["in_sync"]) == ("D", False)
     while replicas.sync_step():
         net.pump()
     net.pump()
@@ -348,3 +348,36 @@ def test_no_confirmed_message_is_lost_across_root_failures(actions: list[str], r
     for body, w in confirmed:
         if w.confirmed():
             assert body in acked or body in kept, body
+
+
+def test_a_syncing_replica_does_not_confirm_for_a_paused_whole_one(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two faults at once: C restarts (as D, its snapshot under way) and B pauses.
+    Had D's acks of the live stream confirmed a publish, the election, which
+    prefers B's whole copy, would make B root without it when A dies. The confirm
+    waits instead, and goes once D's copy is whole."""
+    root = net.queue("A", "q")
+    for i in range(5):
+        root.push(message(b"old%d" % i))
+    net.pump()
+    net.kill("C")
+    replicas = net.servers["A"].plane.replicas
+    monkeypatch.setattr(replicas, "_schedule_sync", lambda: None)  # the snapshot waits
+    net.join("D")
+    net.pump()
+    net.cut |= {("A", "B"), ("B", "A")}  # B paused: its links stay up, nothing moves
+    waiter = Waiter()
+    root.push(message(b"new"), waiter)
+    net.pump()
+    side = net.servers["D"].plane.replica
+    assert [e.message.body for _, e in side.queues["q"].ordered()] == [b"new"]
+    assert waiter.answers == []  # D holds it, B does not: not confirmed
+    assert not side.complete
+    while replicas.sync_step():  # D's snapshot goes
+        net.pump()
+    net.pump()
+    assert side.complete
+    assert waiter.answers == [(True, 1)]  # D's copy is whole now: it counts
+    bodies_d = sorted(e.message.body for _, e in side.queues["q"].ordered())
+    assert bodies_d == [b"new", b"old0", b"old1", b"old2", b"old3", b"old4"]

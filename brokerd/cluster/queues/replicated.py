@@ -7,7 +7,8 @@ order and acks the highest number it has applied (and written, for what it
 must write: ``records.Replicated``). With ``min_acked``, the *quorum floor*:
 the highest event that the master and a majority of the known primaries hold
 (the master and the ``known // 2`` replicas that acked furthest, as a
-RabbitMQ quorum queue counts; one slow or paused replica stalls nothing):
+RabbitMQ quorum queue counts; one slow or paused replica stalls nothing, as
+long as the others are whole: a replica counts once its snapshot is in):
 
 - a publisher's confirm waits until ``min_acked`` passes its enqueue
   (asynchronous completion: the message is in the master queue at once, the
@@ -206,16 +207,20 @@ class ReplicaSet:
         return min(known // 2, len(self.replicas))
 
     def whole(self, replica: ReplicaLink) -> bool:
-        """The replica holds every event up to its ack: its snapshot is in, or it
-        joined no later than the floor (what came before it is held by others)."""
-        return (
-            replica.synced_at is not None and replica.acked >= replica.synced_at
-        ) or replica.joined <= self._floor
+        """The replica holds every event up to its ack: its snapshot is in (it acked
+        the live event that followed it)."""
+        return replica.synced_at is not None and replica.acked >= replica.synced_at
 
     def _quorum_floor(self) -> int:
         """The highest event held, with every event before it, by ``needed`` replicas.
-        A replica still taking its snapshot holds only what came after its join, so
-        it counts once the floor has passed its join (the others hold the rest)."""
+
+        A replica still taking its snapshot does not count, though it holds what
+        came after its join: the election prefers a whole copy, and a whole one
+        that lags (paused) would then win without the events only the syncing one
+        acked. With one whole replica paused and the other syncing, confirms wait
+        for the first to come back or the second's snapshot, never for nothing
+        (tests/unit/test_replication.py); right after a root change, until the
+        first snapshot is in."""
         need = self.needed()
         if need <= 0:
             return self.seq
@@ -306,11 +311,11 @@ class ReplicaSet:
     def add(self, out: Outbound, queues: Iterable[SharedQueue]) -> None:
         """A primary joins the replica set: every queue is reset there and its snapshot
         follows over the next loop turns, interleaved with the live stream (seed 001's
-        live updates). It counts from the live stream on: what it acks of that holds
-        confirms and deliveries at once, and what came before its join waits only
-        for the replicas that were there, so a deep queue's snapshot never stalls
-        publishers. Until its snapshot is in, its status says its copy is not whole,
-        and the election prefers a primary whose copy is (``election.choose``)."""
+        live updates), so a deep queue's snapshot never stalls the replicas that
+        were there, nor the publishers they ack for. It counts for confirms and
+        deliveries once its snapshot is in (``whole``); until then its status says
+        its copy is not whole, and the election prefers a primary whose copy is
+        (``election.choose``)."""
         if out.spid in self.replicas:
             return
         if not self.replicas:
@@ -387,19 +392,14 @@ class ReplicaSet:
 
     def members(self) -> list[dict[str, Any]]:
         """Each replica, by spid, as the console and ``brokerd ctl queues`` show it:
-        ``in_sync`` once it holds every message of the replicated queues (its
-        snapshot is proven in: it acked the live event that followed it) and is not
-        stalled, as RabbitMQ calls a mirror synchronised; ``behind``: the events it
-        has not acked yet. Not ``whole``: that also counts a replica still taking
-        its snapshot once the floor passed its join (others hold the older events),
-        right for the quorum and wrong for "holds every message"."""
+        ``in_sync`` once it holds every message of the replicated queues (``whole``:
+        its snapshot is proven in) and is not stalled, as RabbitMQ calls a mirror
+        synchronised; ``behind``: the events it has not acked yet."""
         seq, stalled = self.seq, self.stalled
         return [
             {
                 "spid": spid,
-                "in_sync": r.synced_at is not None
-                and r.acked >= r.synced_at
-                and spid not in stalled,
+                "in_sync": self.whole(r) and spid not in stalled,
                 "behind": seq - r.acked,
             }
             for spid, r in sorted(self.replicas.items())
