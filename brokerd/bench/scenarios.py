@@ -10,6 +10,7 @@ declared. Nothing here imports the broker: any AMQP 0-9-1 server will do.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing as mp
 import os
 import statistics
@@ -175,6 +176,10 @@ def _rate(a: float, b: float, dt: float) -> float:
     return (b - a) / dt if dt > 0 else 0.0
 
 
+#: numbers the runs of this process, for their queue names
+_RUN_NUMBERS = itertools.count()
+
+
 class Run:
     """One scenario against one broker."""
 
@@ -183,7 +188,10 @@ class Run:
         self.scenario = scenario
         self.opts = options
         self.nqueues = options.queues if scenario.fanout else 1
-        tag = f"rookery-bench-{os.getpid()}-{int(time.time() * 1000) % 100000}-{scenario.name}"
+        # the run number keeps apart runs built in one millisecond (the spread benchmark
+        # builds six at once): with the same names they would share one queue
+        stamp = f"{os.getpid()}-{int(time.time() * 1000) % 100000}-{next(_RUN_NUMBERS)}"
+        tag = f"rookery-bench-{stamp}-{scenario.name}"
         self.queue_names = [f"{tag}-q{i}" for i in range(self.nqueues)]
         #: ttl-dlx: the TTL queue published to (the consumer reads queue_names[0])
         self.expiring = f"{tag}-ttl" if scenario.dead_letter_ttl is not None else None
