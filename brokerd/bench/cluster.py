@@ -289,12 +289,17 @@ def write_report(
     options: dict[str, Any],
     results: dict[str, list[dict[str, Any]]],
     medians: dict[str, float | None],
+    extra: dict[str, Any] | None = None,
 ) -> None:
-    """A cluster benchmark's runs and medians as JSON (``--json``)."""
+    """A cluster benchmark's runs and medians as JSON (``--json``).
+
+    ``extra`` adds top-level keys, such as which variant of the benchmark ran.
+    """
     doc = {
         "tool": tool,
         "host": {"node": platform.node(), "python": platform.python_version()},
         "options": options,
+        **(extra or {}),
         "results": results,
         "medians": medians,
     }

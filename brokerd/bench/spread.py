@@ -1,18 +1,24 @@
-"""Queues spread over a cluster: does a three-server cluster deliver more than one server?
+"""Queues spread over a cluster: does a cluster of primaries deliver more than one server?
 
     python -m brokerd.bench.spread --repeat 2 --duration 6 --json spread.json
+    python -m brokerd.bench.spread --durable --json spread-durable.json
+    python -m brokerd.bench.spread --nodes 2 --json spread-2.json
 
 Issue 23's benchmark. Starts, on free loopback ports and in temporary
-directories, one standalone brokerd, a brokerd cluster of three primaries and
-(unless ``--no-rabbitmq``) three RabbitMQ nodes joined into one cluster, and
-runs ``--queues`` copies of the queue scenario of ``python -m brokerd.bench``
-at once (one queue each, 250-byte bodies, a no-ack consumer, publishers paced
-by confirms with ``--confirm-window`` in flight). Queue *i* is declared on
-server *i mod 3*, so it is owned there (brokerd's ``client-local`` placement
-of a classic queue, RabbitMQ's default master locator). With ``--layout
-cross`` (the default) its publisher connects to server *i+1* and its consumer
-to server *i+2*: every message crosses two links. With ``--layout local`` both
-connect to the owner. Set-ups, brokers alternating run by run:
+directories, one standalone brokerd, a brokerd cluster of ``--nodes``
+primaries (3 by default) and (unless ``--no-rabbitmq``) as many RabbitMQ
+nodes joined into one cluster, and runs ``--queues`` copies of the queue
+scenario of ``python -m brokerd.bench`` at once (one queue each, 250-byte
+bodies, a no-ack consumer, publishers paced by confirms with
+``--confirm-window`` in flight). Queue *i* is declared on server *i mod N*,
+so it is owned there (brokerd's ``client-local`` placement of a classic
+queue, RabbitMQ's default master and leader locator). With ``--layout
+cross`` (the default) its publisher connects to server *i+1* and its
+consumer to server *i+2*: every message crosses two links. With two servers
+there is no third one: both connect to the server that does not own the
+queue, so every message still crosses the link twice (there and back). With
+``--layout local`` both connect to the owner. Set-ups, brokers alternating
+run by run:
 
 - brokerd, one server, every queue on it;
 - brokerd cluster, classic queues (``x-queue-type: classic``; a transient
@@ -22,8 +28,24 @@ connect to the owner. Set-ups, brokers alternating run by run:
 - RabbitMQ cluster, classic queues (masters spread as declared);
 - RabbitMQ node 1 alone.
 
+``--durable`` measures the durable counterparts instead, every queue
+durable and every message persistent (delivery mode 2), as issue 23 sets
+them against each other:
+
+- brokerd, one server;
+- brokerd cluster, durable queues without a type (replicated, on the root);
+- RabbitMQ cluster, quorum queues (``x-queue-type: quorum``), leaders
+  spread as declared;
+- RabbitMQ node 1 alone, quorum queues of one member
+  (``x-quorum-initial-group-size: 1``; the default group would take in the
+  other nodes).
+
+``--nodes 2`` runs two primaries and two RabbitMQ nodes against the same
+one-server baselines: on a 2-core machine, one broker process per core.
+
 Prints a Markdown table of total deliveries per second with the ratios, and
-stops everything.
+stops everything. The set-up labels name the variant; the JSON report also
+carries it (``variant``) and each set-up's arguments (``setups``).
 """
 
 from __future__ import annotations
@@ -35,15 +57,148 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from brokerd.bench.client import ServerClosed
 from brokerd.bench.cluster import GUEST, BrokerdCluster, RabbitCluster, write_report
 from brokerd.bench.failover import Node
+from brokerd.bench.frames import FrameError
 from brokerd.bench.ports import free_port
 from brokerd.bench.scenarios import SCENARIOS, BenchError, Options, Run
 
 CLASSIC = {"x-queue-type": "classic"}
+QUORUM = {"x-queue-type": "quorum"}
+#: a quorum queue on its declaring node alone: in a cluster the default group
+#: takes in up to three nodes, which would make "one node" a replicated set-up
+QUORUM_ALONE = {"x-queue-type": "quorum", "x-quorum-initial-group-size": 1}
+
+# which servers a set-up runs on
+SINGLE, BROKERD, RABBIT, RABBIT_ONE = "brokerd-single", "brokerd", "rabbitmq", "rabbitmq-one"
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One measured configuration; ``key`` names it for the ratios whatever its label."""
+
+    key: str
+    label: str
+    servers: str
+    arguments: dict[str, Any] | None = None
+    #: durable queues, transient messages
+    durable_queues: bool = False
+    #: durable queues, persistent (delivery mode 2) messages
+    persistent: bool = False
+
+
+def select_setups(nodes: int, durable: bool, rabbitmq: bool) -> list[Setup]:
+    """The set-ups of one invocation, in the order they run and are printed."""
+    if durable:
+        setups = [
+            Setup("one", "brokerd, one server, durable, persistent", SINGLE, persistent=True),
+            Setup(
+                "cluster",
+                f"brokerd, {nodes} primaries, durable, no type (replicated, on the root), "
+                "persistent",
+                BROKERD,
+                persistent=True,
+            ),
+        ]
+        if rabbitmq:
+            setups += [
+                Setup(
+                    "rabbit",
+                    f"RabbitMQ, {nodes} nodes, quorum queues spread, persistent",
+                    RABBIT,
+                    QUORUM,
+                    persistent=True,
+                ),
+                Setup(
+                    "rabbit-one",
+                    "RabbitMQ, one node, quorum queues (group size 1), persistent",
+                    RABBIT_ONE,
+                    QUORUM_ALONE,
+                    persistent=True,
+                ),
+            ]
+        return setups
+    setups = [
+        Setup("one", "brokerd, one server", SINGLE),
+        Setup("cluster", f"brokerd, {nodes} primaries, classic queues spread", BROKERD, CLASSIC),
+        Setup(
+            "root",
+            f"brokerd, {nodes} primaries, durable, no type (replicated, on the root)",
+            BROKERD,
+            durable_queues=True,
+        ),
+    ]
+    if rabbitmq:
+        setups += [
+            Setup("rabbit", f"RabbitMQ, {nodes} nodes, classic queues spread", RABBIT),
+            Setup("rabbit-one", "RabbitMQ, one node", RABBIT_ONE),
+        ]
+    return setups
+
+
+def ratio_names(nodes: int, durable: bool) -> list[tuple[str, str, str]]:
+    """(numerator key, denominator key, line) of the ratios printed after the table."""
+    if durable:
+        return [
+            ("cluster", "rabbit", f"brokerd replicated / RabbitMQ {nodes} nodes quorum"),
+            ("cluster", "one", "brokerd replicated / brokerd one server"),
+            ("cluster", "rabbit-one", "brokerd replicated / RabbitMQ one node quorum"),
+            ("rabbit", "rabbit-one", f"RabbitMQ {nodes} nodes / RabbitMQ one node"),
+        ]
+    return [
+        ("cluster", "one", "brokerd classic spread / brokerd one server"),
+        ("cluster", "root", "brokerd classic spread / brokerd on the root"),
+        ("cluster", "rabbit", f"brokerd classic spread / RabbitMQ {nodes} nodes classic"),
+        ("cluster", "rabbit-one", "brokerd classic spread / RabbitMQ one node"),
+        ("rabbit", "rabbit-one", f"RabbitMQ {nodes} nodes / RabbitMQ one node"),
+    ]
+
+
+def endpoints(index: int, servers: int, layout: str) -> tuple[int, int, int]:
+    """Queue ``index``'s owner, publisher and consumer, as server indexes.
+
+    ``cross`` keeps the publisher and the consumer off the owner so that every
+    message travels twice between servers; with two servers both sit on the
+    other one (else the consumer would land on the owner and save a hop).
+    """
+    owner = index % servers
+    if layout == "local" or servers == 1:
+        return owner, owner, owner
+    publisher = (index + 1) % servers
+    consumer = (index + 2) % servers if servers > 2 else publisher
+    return owner, publisher, consumer
+
+
+def build_runs(
+    ports: list[int],
+    opts: Options,
+    queues: int,
+    layout: str,
+    arguments: dict[str, Any] | None,
+    durable: bool = False,
+    persistent: bool = False,
+) -> list[Run]:
+    """One queue scenario per queue, each declared on its owner at ``ports``."""
+    runs: list[Run] = []
+    for i in range(queues):
+        owner, publisher, consumer = (ports[s] for s in endpoints(i, len(ports), layout))
+        options = Options(
+            **{
+                **vars(opts),
+                "publish_url": GUEST.format(port=publisher),
+                "consume_url": GUEST.format(port=consumer),
+                "queue_arguments": arguments,
+                "durable_queues": durable,
+                "persistent": persistent,
+            }
+        )
+        runs.append(Run(GUEST.format(port=owner), SCENARIOS["queue-250"], options))
+    return runs
 
 
 def run_spread(
@@ -53,31 +208,18 @@ def run_spread(
     layout: str,
     arguments: dict[str, Any] | None,
     durable: bool = False,
+    persistent: bool = False,
 ) -> dict[str, Any]:
     """``queues`` queue scenarios at once over the servers at ``ports``; their total."""
-    n = len(ports)
-    runs: list[Run] = []
-    for i in range(queues):
-        owner = ports[i % n]
-        publisher = owner if layout == "local" else ports[(i + 1) % n]
-        consumer = owner if layout == "local" else ports[(i + 2) % n]
-        options = Options(
-            **{
-                **vars(opts),
-                "publish_url": GUEST.format(port=publisher),
-                "consume_url": GUEST.format(port=consumer),
-                "queue_arguments": arguments,
-                "durable_queues": durable,
-            }
-        )
-        runs.append(Run(GUEST.format(port=owner), SCENARIOS["queue-250"], options))
+    runs = build_runs(ports, opts, queues, layout, arguments, durable, persistent)
     results: list[dict[str, Any] | None] = [None] * queues
     errors: list[str] = []
 
     def one(index: int) -> None:
         try:
             results[index] = runs[index].run()
-        except (BenchError, OSError) as exc:
+        except (BenchError, OSError, ServerClosed, FrameError) as exc:
+            # a refused declare must fail the run, not leave a total of fewer queues
             errors.append(f"queue {index}: {exc}")
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(queues)]
@@ -97,7 +239,8 @@ def run_spread(
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``--nodes`` below 2 is refused (it would be no cluster)."""
     p = argparse.ArgumentParser(
         prog="python -m brokerd.bench.spread",
         description=__doc__,
@@ -109,14 +252,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queues", type=int, default=6, help="queues (one publisher, one consumer)")
     p.add_argument("--confirm-window", type=int, default=1000, help="unconfirmed per publisher")
     p.add_argument("--layout", choices=["cross", "local"], default="cross")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=3,
+        help="brokerd primaries and RabbitMQ nodes in the clusters (default 3; 2 for one "
+        "broker per core on a 2-core machine)",
+    )
+    p.add_argument(
+        "--durable",
+        action="store_true",
+        help="durable queues, persistent messages: brokerd one server and replicated "
+        "queues against RabbitMQ quorum queues (spread, and on one node)",
+    )
     p.add_argument("--no-rabbitmq", action="store_true", help="brokerd only")
     p.add_argument("--json", metavar="OUT.json", default=None)
     args = p.parse_args(argv)
+    if args.nodes < 2:
+        p.error("--nodes must be 2 or more (the one-server set-ups are always measured)")
+    return args
+
+
+def variant(args: argparse.Namespace) -> str:
+    """What ran, in words, for the table header and the JSON report."""
+    kind = "durable, persistent" if args.durable else "transient"
+    return f"{kind}, {args.nodes} nodes, layout {args.layout}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     opts = Options(duration=args.duration, warmup=args.warmup, confirm_window=args.confirm_window)
+    setups = select_setups(args.nodes, args.durable, not args.no_rabbitmq)
     base = Path(tempfile.mkdtemp(prefix="rookery-bench-spread-"))
     single = Node(base / "single", 0, free_port(), None)
-    brokerd = BrokerdCluster(base / "brokerd")
-    rabbit = None if args.no_rabbitmq else RabbitCluster(base / "rabbitmq")
+    brokerd = BrokerdCluster(base / "brokerd", args.nodes)
+    rabbit = None if args.no_rabbitmq else RabbitCluster(base / "rabbitmq", args.nodes)
     results: dict[str, list[dict[str, Any]]] = {}
     try:
         single.start()
@@ -124,54 +294,54 @@ def main(argv: list[str] | None = None) -> int:
         if rabbit is not None:
             rabbit.start()
         time.sleep(1.0)
-        setups: list[tuple[str, list[int], dict[str, Any] | None, bool]] = [
-            ("brokerd, one server", [single.port], None, False),
-            ("brokerd, 3 primaries, classic queues spread", brokerd.ports, CLASSIC, False),
-            (
-                "brokerd, 3 primaries, durable, no type (replicated, on the root)",
-                brokerd.ports,
-                None,
-                True,
-            ),
-        ]
+        ports = {SINGLE: [single.port], BROKERD: brokerd.ports}
         if rabbit is not None:
-            setups += [
-                ("RabbitMQ, 3 nodes, classic queues spread", rabbit.ports, None, False),
-                ("RabbitMQ, one node", rabbit.ports[:1], None, False),
-            ]
+            ports |= {RABBIT: rabbit.ports, RABBIT_ONE: rabbit.ports[:1]}
         for _ in range(args.repeat):
-            for label, ports, arguments, durable in setups:
-                print(f"bench: {label} ...", file=sys.stderr, flush=True)
-                result = run_spread(ports, opts, args.queues, args.layout, arguments, durable)
+            for setup in setups:
+                print(f"bench: {setup.label} ...", file=sys.stderr, flush=True)
+                result = run_spread(
+                    ports[setup.servers],
+                    opts,
+                    args.queues,
+                    args.layout,
+                    setup.arguments,
+                    setup.durable_queues,
+                    setup.persistent,
+                )
                 print(f"bench:   {result.get('value', result.get('error'))}", file=sys.stderr)
-                results.setdefault(label, []).append(result)
+                results.setdefault(setup.label, []).append(result)
     finally:
         single.stop()
         brokerd.stop()
         if rabbit is not None:
             rabbit.stop()
     medians: dict[str, float | None] = {}
-    print(f"| set-up ({args.queues} queues, layout {args.layout}) | deliveries/s | runs |")
+    header = f"{args.queues} queues, layout {args.layout}"
+    if args.durable:
+        header += ", durable, persistent"
+    print(f"| set-up ({header}) | deliveries/s | runs |")
     print("|---|---:|---:|")
     for label, runs in results.items():
         ok = [r["value"] for r in runs if "value" in r]
         medians[label] = statistics.median(ok) if ok else None
         shown = "-" if medians[label] is None else f"{medians[label]:,.0f}"
         print(f"| {label} | {shown} | {len(ok)} |")
-    labels = list(medians)
-
-    def ratio(a: int, b: int) -> str:
-        if len(labels) > max(a, b) and medians[labels[a]] and medians[labels[b]]:
-            return f"{medians[labels[a]] / medians[labels[b]]:.2f}"  # type: ignore[operator]
-        return "-"
-
-    print(f"\nbrokerd classic spread / brokerd one server: {ratio(1, 0)}")
-    print(f"brokerd classic spread / brokerd on the root: {ratio(1, 2)}")
-    if rabbit is not None:
-        print(f"brokerd classic spread / RabbitMQ 3 nodes classic: {ratio(1, 3)}")
-        print(f"RabbitMQ 3 nodes / RabbitMQ one node: {ratio(3, 4)}")
+    by_key = {s.key: medians.get(s.label) for s in setups}
+    print()
+    for top, bottom, line in ratio_names(args.nodes, args.durable):
+        if top in by_key and bottom in by_key:
+            a, b = by_key[top], by_key[bottom]
+            print(f"{line}: {a / b:.2f}" if a and b else f"{line}: -")
     if args.json:
-        write_report(args.json, "python -m brokerd.bench.spread", vars(args), results, medians)
+        write_report(
+            args.json,
+            "python -m brokerd.bench.spread",
+            vars(args),
+            results,
+            medians,
+            extra={"variant": variant(args), "setups": [asdict(s) for s in setups]},
+        )
     shutil.rmtree(base, ignore_errors=True)
     return 0 if all("value" in r for runs in results.values() for r in runs) else 1
 
