@@ -4,10 +4,11 @@
     python -m brokerd.bench.failover --runs 5 --interval 0.3 --timeout 1.0
 
 Starts three primaries on free loopback ports (real brokerd processes),
-declares a shared queue, and repeats: wait until the cluster has settled
-(every primary votes for one ready root, then a settle window of timeout +
-2 intervals, plus a random fraction of an interval so kills land at every
-phase of the heartbeat), SIGKILL the root, and on each survivor a client
+declares a durable shared queue (replicated: it fails over with the root),
+and repeats: wait until the cluster has settled (every primary votes for
+one ready root, then a settle window of timeout + 2 intervals, plus a
+random fraction of an interval so kills land at every phase of the
+heartbeat), SIGKILL the root, and on each survivor a client
 (connected before the kill, publisher confirms on) publishes one message
 and waits for its ack; a nack, a return, a closed connection or a refused
 one count as "not yet" and it tries again on a new connection. A run's time
@@ -240,7 +241,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not wait_for(lambda: settled(nodes), 3 * args.timeout + 30, 0.1):
             raise SystemExit("failover bench: the cluster did not form")
         probe = Client(AMQPURL(nodes[0].url), name="bench-declare").connect()
-        probe.queue_declare(probe.open_channel(), QUEUE)
+        # durable without a type: replicated, so it fails over with the root (a
+        # transient one is classic, on the root alone, and goes with it)
+        probe.queue_declare(probe.open_channel(), QUEUE, durable=True)
         probe.close()
         for run_no in range(1, args.runs + 1):
             time.sleep(settle + rng.random() * args.interval)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.cluster.config import ClusterConfig
 from brokerd.cluster.election import PRIMARY
 from brokerd.cluster.membership import Membership
+from brokerd.cluster.messages import CLUSTER_EXCHANGE
 from brokerd.cluster.operations import OperatorCommands
 from brokerd.cluster.placing import Placer
 from brokerd.cluster.plane.forwarding import DATA, MessagePlane
@@ -61,15 +62,14 @@ LOOP_LAG_LOW = 0.05
 FLOW_ALARM_AFTER = 5.0
 
 
-class ClusterSink(Muxer):
-    """The cluster exchange: messages published to it by links go to the controller."""
+class ClusterExchange(Muxer):
+    """The cluster exchange as clients see it. Links' records never reach it: the
+    channel hands them to ``ClusterController.link_records`` before routing. It
+    exists so that the name stays the cluster's (a reserved ``amq.`` exchange, not
+    counted against limits), and refuses whatever else is published to it."""
 
     type_name = "x-rookery-cluster"
-    client_traffic = False  # heartbeats and replication are not the cluster's traffic
-
-    def __init__(self, controller: ClusterController) -> None:
-        super().__init__({})
-        self.controller = controller
+    client_traffic = False
 
     def bind(self, binding: Binding) -> None:
         raise access_refused("the cluster exchange cannot be bound")
@@ -81,16 +81,7 @@ class ClusterSink(Muxer):
         return None
 
     def route(self, message: Message) -> tuple[()]:
-        body = message.body
-        if not isinstance(body, bytes):
-            body = bytes(body)  # a batch assembled as a large body: the decoders slice bytes
-        try:
-            self.controller.receive(message.publisher, message.routing_key, body)  # type: ignore[arg-type]
-        except AMQPError:
-            raise  # a link that is not allowed here, refused with its reply code
-        except Exception:  # a bug handling one message must not cost the link
-            log.exception("cluster message from connection %s failed", message.publisher)
-        return ()
+        raise access_refused("only cluster links may publish to the cluster exchange")
 
 
 class ClusterController(Membership):
@@ -168,6 +159,18 @@ class ClusterController(Membership):
         return self.operations.summary()
 
     # -- connection hooks ---------------------------------------------------------------
+
+    #: where links publish their records (``link_records`` takes them first)
+    link_exchange = CLUSTER_EXCHANGE
+
+    def link_records(self, conn: Connection, kind: str, body: bytes) -> None:
+        """A link's records, straight from the channel: to membership or the planes."""
+        try:
+            self.receive(conn.id, kind, body)
+        except AMQPError:
+            raise  # a link that is not allowed here, refused with its reply code
+        except Exception:  # a bug handling one message must not cost the link
+            log.exception("cluster message from connection %s failed", conn.id)
 
     def delegate(self, conn: Connection, method: Method, done: WiringDone) -> bool:
         return self.wiring.delegate(conn, method, done)

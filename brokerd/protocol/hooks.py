@@ -2,8 +2,9 @@
 
 A standalone broker passes no hooks. A clustered one lets the cluster
 controller decide at ``connection.open`` whether a connection may start
-now, must wait for a root, or is refused (by raising ConnectionError_), and
-take part in wiring changes (``delegate`` before, ``replicate`` after).
+now, must wait for a root, or is refused (by raising ConnectionError_), take
+part in wiring changes (``delegate`` before, ``replicate`` after), and take
+the records its links publish (``link_records``) before any routing.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ WiringDone = Callable[["AMQPError | None", Any], None]
 
 
 class ConnectionHooks(Protocol):
+    #: the exchange cluster links publish their records to (``link_records``)
+    link_exchange: str
+
     def admit(self, conn: Connection) -> Wait | None:
         """None admits now; Wait holds the open; raising ConnectionError_ refuses."""
 
@@ -51,3 +55,8 @@ class ConnectionHooks(Protocol):
 
     def replicate(self, conn: Connection, method: Method) -> None:
         """A wiring method changed local state: order it, or tell the others."""
+
+    def link_records(self, conn: Connection, kind: str, body: bytes) -> None:
+        """What an admitted cluster link published to ``link_exchange``: the
+        cluster's own messages, taken as they are (never routed, never counted as
+        traffic); raising an AMQPError refuses them like a failed publish."""

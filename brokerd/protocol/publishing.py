@@ -85,6 +85,12 @@ class Publishing:
         conn = self.connection
         if self.confirm:
             self.publish_seq += 1
+        if conn.cluster_link and not self.tx and exchange_name == conn.hooks.link_exchange:
+            # a cluster link's records: handed to the cluster as they came, never routed
+            conn.hooks.link_records(conn, routing_key, body if type(body) is bytes else bytes(body))
+            if self.confirm:
+                self._confirm(True)
+            return
         message = Message(exchange_name, routing_key, props, body, conn.id, self.number)
         if self.tx:
             self._check_publish(exchange_name)
@@ -153,11 +159,16 @@ class Publishing:
         elif mandatory:
             self.send_return(NO_ROUTE, "NO_ROUTE", message)
         if self.confirm:
-            if self._inflight:
-                self._inflight.append((self.publish_seq, accepted))
-            else:
-                self._confirms.append((self.publish_seq, accepted))
-                conn._confirm_dirty.add(self)
+            self._confirm(accepted)
+
+    def _confirm(self, accepted: bool) -> None:
+        """The publish just read is settled now: its confirm follows those still
+        deferred, in publish order."""
+        if self._inflight:
+            self._inflight.append((self.publish_seq, accepted))
+        else:
+            self._confirms.append((self.publish_seq, accepted))
+            self.connection._confirm_dirty.add(self)
 
     def _arm(
         self,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerd.cluster.config import ClusterConfig, ClusterConfigError, load_cluster_config
-from brokerd.cluster.controller import ClusterController, ClusterSink
+from brokerd.cluster.controller import ClusterController, ClusterExchange
 from brokerd.cluster.identity import make_spid
 from brokerd.cluster.messages import CLUSTER_EXCHANGE, LINK_PROPERTY
 from brokerd.config import BrokerConfig, ConfigError, load_config
@@ -377,7 +377,7 @@ class Server:
         )
         vhost = self.broker.vhosts[config.vhost]
         vhost.exchanges[CLUSTER_EXCHANGE] = Exchange(
-            CLUSTER_EXCHANGE, ClusterSink.type_name, durable=True, muxer=ClusterSink(self.cluster)
+            CLUSTER_EXCHANGE, ClusterExchange.type_name, durable=True, muxer=ClusterExchange({})
         )
 
     def _cluster_ready_changed(self, ready: bool, reason: str) -> None:
