@@ -616,3 +616,23 @@ def test_x_expires_deletes_an_unused_shared_queue_cluster_wide(roles: Roles) -> 
     finally:
         holder.close()
     assert gone_after_a_quiet_spell(used), "deleted once its consumer went"
+
+
+def test_a_client_cannot_publish_to_the_cluster_exchange(roles: Roles) -> None:
+    """Links' records are taken before routing; anyone else publishing to the cluster
+    exchange is refused, and the cluster goes on."""
+    conn = roles.connect(roles.a)
+    try:
+        channel = conn.channel()
+        channel.basic_publish("amq.rookery.cluster", "cluster.status", b'{"v": 1}')
+        with pytest.raises(ChannelClosedByBroker) as refused:
+            channel.queue_declare("", exclusive=True)  # the refusal arrives first
+        assert refused.value.reply_code == 403
+        assert "only cluster links" in refused.value.reply_text
+        other = conn.channel()
+        name = uid("after-refusal")
+        other.queue_declare(name, durable=True)
+        other.basic_publish("", name, b"still routed")
+        eventually(lambda: roles.depth(roles.b, name)[0] == 1, what="the publish after it")
+    finally:
+        conn.close()
