@@ -381,3 +381,27 @@ def test_a_syncing_replica_does_not_confirm_for_a_paused_whole_one(
     assert waiter.answers == [(True, 1)]  # D's copy is whole now: it counts
     bodies_d = sorted(e.message.body for _, e in side.queues["q"].ordered())
     assert bodies_d == [b"new", b"old0", b"old1", b"old2", b"old3", b"old4"]
+
+
+def test_right_after_a_root_change_confirms_go_on_while_every_replica_syncs(
+    net: Net, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every replica is reset by a new root and takes its snapshot: none is whole,
+    and their live streams confirm, so publishers do not wait for a deep queue's
+    snapshot after a failover. Once a snapshot is sent, only whole replicas count."""
+    for i in range(3):
+        net.queue("A", "q").push(message(b"old%d" % i))
+    net.pump()
+    replicas = net.servers["B"].plane.replicas
+    monkeypatch.setattr(replicas, "_schedule_sync", lambda: None)  # snapshots wait
+    net.kill("A")  # B is root now; C is reset and syncing
+    assert net.root == "B"
+    assert not any(replicas.whole(r) for r in replicas.replicas.values())
+    waiter = Waiter()
+    net.queue("C", "q").push(message(b"new"), waiter)
+    net.pump()
+    assert waiter.answers == [(True, 1)]  # C's live stream has it
+    while replicas.sync_step():
+        net.pump()
+    net.pump()
+    assert all(replicas.whole(r) for r in replicas.replicas.values())

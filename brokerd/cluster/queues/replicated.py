@@ -8,7 +8,8 @@ must write: ``records.Replicated``). With ``min_acked``, the *quorum floor*:
 the highest event that the master and a majority of the known primaries hold
 (the master and the ``known // 2`` replicas that acked furthest, as a
 RabbitMQ quorum queue counts; one slow or paused replica stalls nothing, as
-long as the others are whole: a replica counts once its snapshot is in):
+long as the others are whole: a replica counts once its snapshot is in, see
+``_quorum_floor``):
 
 - a publisher's confirm waits until ``min_acked`` passes its enqueue
   (asynchronous completion: the message is in the master queue at once, the
@@ -214,18 +215,26 @@ class ReplicaSet:
     def _quorum_floor(self) -> int:
         """The highest event held, with every event before it, by ``needed`` replicas.
 
-        A replica still taking its snapshot does not count, though it holds what
-        came after its join: the election prefers a whole copy, and a whole one
-        that lags (paused) would then win without the events only the syncing one
-        acked. With one whole replica paused and the other syncing, confirms wait
-        for the first to come back or the second's snapshot, never for nothing
-        (tests/unit/test_replication.py); right after a root change, until the
-        first snapshot is in."""
+        Once any replica's snapshot has been sent, only whole replicas count. One
+        still taking its snapshot holds what came after its join, not what came
+        before: the election prefers a whole copy, and a whole one that lags
+        (paused) would win without the events only the syncing one acked
+        (tests/unit/test_replication.py). So with one whole replica paused and the
+        other syncing, confirms wait for the first to come back or the second's
+        snapshot. Right after a root change every replica is taking its snapshot
+        and none is whole; what came before is then the new root's alone however
+        confirms are counted, and those that joined no later than the floor count
+        by their live stream, so publishers go on at once."""
         need = self.needed()
         if need <= 0:
             return self.seq
-        acks = sorted((r.acked for r in self.replicas.values() if self.whole(r)), reverse=True)
-        return acks[need - 1] if len(acks) >= need else self._floor
+        replicas = self.replicas.values()
+        if any(r.synced_at is not None for r in replicas):
+            counted = [r.acked for r in replicas if self.whole(r)]
+        else:
+            counted = [r.acked for r in replicas if r.joined <= self._floor]
+        counted.sort(reverse=True)
+        return counted[need - 1] if len(counted) >= need else self._floor
 
     def released_to(self) -> int:
         """The last event whose confirms and deliveries may go: the replicas' floor,
@@ -313,8 +322,9 @@ class ReplicaSet:
         follows over the next loop turns, interleaved with the live stream (seed 001's
         live updates), so a deep queue's snapshot never stalls the replicas that
         were there, nor the publishers they ack for. It counts for confirms and
-        deliveries once its snapshot is in (``whole``); until then its status says
-        its copy is not whole, and the election prefers a primary whose copy is
+        deliveries once its snapshot is in (``whole``; see ``_quorum_floor`` for
+        right after a root change); until then its status says its copy is not
+        whole, and the election prefers a primary whose copy is
         (``election.choose``)."""
         if out.spid in self.replicas:
             return
