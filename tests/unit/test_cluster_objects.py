@@ -351,6 +351,7 @@ def test_the_pages_show_the_replicas_in_sync_escaped(
     proxy = QueueSnapshot.objects.get(broker=brokers[C], name="jobs")
     html = page.get(f"/queues/{proxy.pk}/").content.decode()
     assert 'id="queue-type">replicated<' in html
+    assert "its owner (the root), copied to the other primaries" in html
     replicas = html[html.index('id="queue-replicas"') : html.index("</ul>")]
     shown = re.findall(
         r'<li class="replica" data-broker="([^"]+)">.*?class="state (state-\w+)"', replicas, re.S
@@ -369,3 +370,7 @@ def test_the_pages_show_the_replicas_in_sync_escaped(
     html = page.get(f"/queues/{proxy.pk}/").content.decode()
     assert "the root holds the only copy" in html
     assert "replica-summary" not in page.get("/queues/").content.decode()
+    # a classic shared queue: on its owner alone
+    QueueSnapshot.objects.filter(name="jobs").update(queue_type="classic")
+    html = page.get(f"/queues/{proxy.pk}/").content.decode()
+    assert "its messages on its owner alone" in html and 'id="queue-replicas"' not in html
