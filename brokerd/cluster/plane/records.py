@@ -702,6 +702,41 @@ def decode(data: bytes) -> list[Record]:
         raise RecordError("string is not UTF-8") from None
 
 
+_replicate_at = struct.Struct("!QBQB").unpack_from
+
+
+def _replicate_fast(data: bytes, p: int) -> tuple[Replicate, int]:
+    """A ``Replicate`` record (after its type byte): most of what a replica reads."""
+    seq, op, mid, flags = _replicate_at(data, p)
+    p += 18
+    (n,) = _u16_at(data, p)
+    p += 2
+    queue = data[p : p + n].decode()
+    p += n
+    if op != R_ENQUEUE and op != R_SYNC:
+        return Replicate(seq, op, queue, mid, flags), p
+    (n,) = _u16_at(data, p)
+    p += 2
+    exchange = data[p : p + n].decode()
+    p += n
+    (n,) = _u16_at(data, p)
+    p += 2
+    routing_key = data[p : p + n].decode()
+    p += n
+    (n,) = _u32_at(data, p)
+    p += 4
+    props = data[p : p + n]
+    p += n
+    (n,) = _u32_at(data, p)
+    p += 4
+    body = data[p : p + n]
+    p += n
+    return Replicate(seq, op, queue, mid, flags, exchange, routing_key, props, body), p
+
+
+_FAST = {DELIVER: _deliver_fast, FORWARD: _forward_fast, REPLICATE: _replicate_fast}
+
+
 def _decode(data: bytes) -> list[Record]:
     r = _Reader(data)
     r.pos = 4
@@ -709,8 +744,9 @@ def _decode(data: bytes) -> list[Record]:
     end = len(data)
     while r.pos < end:
         kind = r.u8()
-        if kind in (DELIVER, FORWARD):  # the hot records
-            record, r.pos = (_deliver_fast if kind == DELIVER else _forward_fast)(data, r.pos)
+        fast = _FAST.get(kind)
+        if fast is not None:  # the hot records
+            record, r.pos = fast(data, r.pos)
             if r.pos > end:
                 raise RecordError("truncated record")
             out.append(record)
@@ -757,13 +793,6 @@ def _decode(data: bytes) -> list[Record]:
             out.append(Session(r.u64()))
         elif kind == VOID:
             out.append(Void(r.u64()))
-        elif kind == REPLICATE:
-            seq, op, mid, flags = r.u64(), r.u8(), r.u64(), r.u8()
-            queue = r.s()
-            if op in (R_ENQUEUE, R_SYNC):
-                out.append(Replicate(seq, op, queue, mid, flags, r.s(), r.s(), r.b(), r.b()))
-            else:
-                out.append(Replicate(seq, op, queue, mid, flags))
         elif kind == REPLICATED:
             out.append(Replicated(r.u64()))
         else:
