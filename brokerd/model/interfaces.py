@@ -3,8 +3,8 @@ stores implement or call them, so none of them needs the queue's code."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from brokerd.model.message import Message
 
@@ -64,3 +64,45 @@ Got = tuple[Message, bool, int]
 #: the callback an operation that may complete later answers through: a result,
 #: or an AMQPError for the caller to raise
 Reply = Callable[[Any], None]
+
+
+@runtime_checkable
+class QueueType(Protocol):
+    """What the channel, the vhost and the stores ask of a queue, whatever keeps it
+    (RabbitMQ's ``rabbit_queue_type`` behaviour). The model's ``Queue`` is one
+    implementation: a classic queue of this server. A cluster's shared queue serves
+    each call in its role on this server, owner or proxy
+    (``brokerd.cluster.queues.roles``): the channel never knows which."""
+
+    def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool:
+        """Take a routed message; False refuses it (the publisher is nacked)."""
+
+    def get(self, no_ack: bool, reply: Reply, recipient: Any = None) -> None:
+        """basic.get: ``reply`` gets a ``Got`` or None (empty)."""
+
+    def ack(self, messages: Sequence[Message]) -> None:
+        """Deliveries settled: gone for good."""
+
+    def reject(self, messages: Iterable[Message]) -> None:
+        """Deliveries refused without requeue: dead-lettered or dropped."""
+
+    def requeue(self, messages: Iterable[Message]) -> None:
+        """Deliveries back into the queue, at their places, flagged redelivered."""
+
+    def dispatch(self) -> None:
+        """Hand ready messages to consumers that can take them."""
+
+    def purge(self, reply: Reply) -> None:
+        """queue.purge: ``reply`` gets the count purged."""
+
+    def stat(self, reply: Reply) -> None:
+        """The counts a declare-ok reports: ``reply`` gets (messages, consumers)."""
+
+    def add_consumer(self, consumer: ConsumerSink, reply: Reply | None = None) -> None:
+        """basic.consume: ``reply`` gets None, or the error refusing it."""
+
+    def remove_consumer(self, consumer: ConsumerSink) -> None:
+        """basic.cancel, or its channel closed: unsettled deliveries stay with it."""
+
+    def load_recovered(self, messages: Iterable[tuple[Message, bool]]) -> int:
+        """What the journal kept across a restart, in order: how many were taken."""

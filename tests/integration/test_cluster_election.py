@@ -38,8 +38,10 @@ def test_aliases_collapse_by_spid_and_dumps_show_the_cluster_view(
     cluster.file.write_text(text)
     cluster.start_all()
     twice = cluster.ports.index(port)
-    other = next(i for i in range(3) if i != twice)
     root = cluster.wait_until(cluster.agreed_root)
+    # start_all renumbers by seniority, so the server listed twice is not always
+    # index 0: the dump is read on a primary that is neither it nor the root
+    other = next(i for i in range(3) if i != twice and cluster.spid(i) != root)
     first, second = cluster.status(twice), cluster.status(other)
     assert first is not None and second is not None
     assert root == cluster.spid(0)  # the eldest, however it is listed

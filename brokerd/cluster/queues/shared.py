@@ -8,15 +8,17 @@
   *is* that master (the local queue type; consumers connected to other
   servers attach to it as ``RemoteConsumer``). On every other server it is a
   proxy: pushes are forwarded to the owner, consumers, gets, purges, counts
-  and settlements are proxied there. When the owner changes (the root did,
-  or a placement), each server flips the queue between the two roles; the
-  object stays, so channels holding it never notice.
+  and settlements are proxied there. Each role is an implementation of the
+  model's ``QueueType`` (``roles.Owner``, ``roles.Proxy``), and the queue
+  hands every call to the one it holds. When the owner changes (the root
+  did, or a placement), each server swaps the queue's role; the object
+  stays, so channels holding it never notice.
 - ``MetaQueue``: another server's private (exclusive) queue as this server's
   exchanges are bound to it by meta-bindings. Routing reaches it like a
   queue; a push forwards the message to that server.
 
-The channel only ever calls the ``Queue`` interface; what crosses servers is
-in ``brokerd.cluster.queues.master`` (root side) and ``brokerd.cluster.queues.proxy``.
+The channel only ever calls the ``QueueType`` interface; what crosses servers is
+in ``brokerd.cluster.queues.master`` (owner side) and ``brokerd.cluster.queues.proxy``.
 
 A queue that follows the root is replicated: as master its store is a
 ``replicated.ReplicatedQueueStore`` over the local journal store, so every
@@ -35,6 +37,7 @@ from brokerd.cluster.queues.entry import Entry
 from brokerd.cluster.queues.placement import CLASSIC, kind_of
 from brokerd.cluster.queues.replica import QueueReplica
 from brokerd.cluster.queues.replicated import ReplicatedQueueStore
+from brokerd.cluster.queues.roles import Owner, Proxy
 from brokerd.model.interfaces import ConsumerSink, PublishWaiter, Reply
 from brokerd.model.message import Message
 from brokerd.model.queue import Queue
@@ -54,6 +57,10 @@ class SharedQueue(Queue):
         self.journal_store: JournalQueueStore | None = None
         #: the master's store (master role only, of a queue that follows the root)
         self.replicated: ReplicatedQueueStore | None = None
+        self._owner = Owner(self)
+        self._proxy = Proxy(self)
+        #: the role every ``QueueType`` call goes to (``local`` swaps it)
+        self.role: Owner | Proxy = self._proxy
         #: master (True) or proxy; a new queue is the master on the root until its
         #: placement says otherwise
         self.local = plane.is_root
@@ -70,6 +77,15 @@ class SharedQueue(Queue):
             self.replicated = ReplicatedQueueStore(name, plane.replicas, None)
         #: this server's consumers as attached at the root (proxy role)
         self.proxied: dict[ConsumerSink, ProxiedConsumer] = {}
+
+    @property
+    def local(self) -> bool:
+        """This server holds the queue's messages (its owner), else it proxies it."""
+        return self.role is self._owner
+
+    @local.setter
+    def local(self, master: bool) -> None:
+        self.role = self._owner if master else self._proxy
 
     @property
     def follows_root(self) -> bool:
@@ -103,117 +119,40 @@ class SharedQueue(Queue):
         if self.replicated is not None:
             self.replicated.local = store  # type: ignore[assignment]
 
-    def load_recovered(self, messages: Iterable[tuple[Message, bool]]) -> int:
-        """What this server's journal kept: the copy a failover may start from (the
-        root, if another server is, resets it and sends its own)."""
-        if self.local:
-            return super().load_recovered(messages)
-        store = self.journal_store
-        replica = QueueReplica()
-        for message, redelivered in messages:
-            if message.paged:  # left on disk by the store: known by its journal id
-                mid = message.jid  # type: ignore[attr-defined]
-            else:
-                mid = store.ids.get(id(message), 0) if store is not None else 0
-            if not mid:
-                continue
-            replica.entries[mid] = Entry(message, redelivered=redelivered, persistent=True)
-            replica.top = max(replica.top, mid)
-            if not message.paged:
-                replica.bytes += len(message.body)
-        self.plane.replica.hand(self.name, replica)
-        return len(replica.entries)
+    # -- QueueType: served by the role -------------------------------------------------
 
-    # -- messages in --------------------------------------------------------------
+    def load_recovered(self, messages: Iterable[tuple[Message, bool]]) -> int:
+        return self.role.load_recovered(messages)
 
     def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool:
-        if self.local:
-            return super().push(message, waiter)
-        self.stats_in += 1
-        plane = self.plane
-        if not self.follows_root:
-            # straight to its owner; away or unreachable, the publisher is nacked (no
-            # other server may take it: it would be a second copy of the queue)
-            return plane.forward(self.owner, message, ("", self.name), waiter)
-        root = plane.root_spid()
-        if plane.forward(root, message, ("", self.name), waiter):
-            return True
-        if root == plane.spid:
-            return False  # root here, yet not mastered here: refused
-        # no root, or its link is down: kept for the next root (publishers are blocked
-        # from the end of this loop turn; what was read in it is not dropped)
-        return plane.orphans.hold(message, ("", self.name), waiter)
-
-    # -- settling deliveries ---------------------------------------------------------
+        return self.role.push(message, waiter)
 
     def ack(self, messages: Any) -> None:
-        if self.local:
-            super().ack(messages)
-        else:
-            self.plane.proxy.settle(messages, "ack")
-            self.dispatch()  # the consumer's prefetch freed: deliveries waiting here go
+        self.role.ack(messages)
 
     def reject(self, messages: Any) -> None:
-        if self.local:
-            super().reject(messages)
-        else:
-            self.plane.proxy.settle(messages, "reject")
-            self.dispatch()
+        self.role.reject(messages)
 
     def requeue(self, messages: Any) -> None:
-        messages = list(messages)
-        # a message delivered by an earlier root (``ref`` set) is that root's to requeue
-        mine = [m for m in messages if m.ref is None]
-        if self.local:
-            super().requeue(mine)
-            return
-        # what this server delivered while it was the master is the new root's already
-        # (its replica had it acquired: it came back there, flagged redelivered)
-        self.plane.proxy.settle(messages, "requeue")
-        self.dispatch()
-
-    # -- messages out ----------------------------------------------------------------
+        self.role.requeue(messages)
 
     def dispatch(self) -> None:
-        if self.local:
-            super().dispatch()
-            return
-        for state in list(self.proxied.values()):
-            self.plane.proxy.drain(state)
+        self.role.dispatch()
 
     def get(self, no_ack: bool, reply: Reply, recipient: Any = None) -> None:
-        if self.local:
-            super().get(no_ack, reply, recipient)
-        else:
-            self.plane.proxy.get(self, no_ack, reply)
+        self.role.get(no_ack, reply, recipient)
 
     def purge(self, reply: Reply) -> None:
-        if self.local:
-            super().purge(reply)
-        else:
-            self.plane.proxy.purge(self, reply)
+        self.role.purge(reply)
 
     def stat(self, reply: Reply) -> None:
-        if self.local:
-            super().stat(reply)
-        else:
-            self.plane.proxy.stat(self, reply)
-
-    # -- consumers -------------------------------------------------------------------
+        self.role.stat(reply)
 
     def add_consumer(self, consumer: ConsumerSink, reply: Reply | None = None) -> None:
-        if self.local:
-            super().add_consumer(consumer, reply)
-        else:
-            self.plane.proxy.attach(self, consumer, reply)
+        self.role.add_consumer(consumer, reply)
 
     def remove_consumer(self, consumer: ConsumerSink) -> None:
-        if self.local:
-            super().remove_consumer(consumer)
-            return
-        if consumer in self.consumers:
-            self.consumers.remove(consumer)
-        self.plane.proxy.detach(self, consumer)
+        self.role.remove_consumer(consumer)
 
     # -- the role -----------------------------------------------------------------------
 

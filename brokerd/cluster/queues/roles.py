@@ -1,0 +1,159 @@
+"""A shared queue's two roles on one server, each an implementation of the model's
+``QueueType``: RabbitMQ's queue-type behaviour, per server.
+
+- ``Owner``: this server holds the queue's messages, so it is the model's local
+  queue (a replicated one numbers and replicates through its store, which the
+  queue code never sees).
+- ``Proxy``: another server owns it. A push is forwarded to the owner (a classic
+  queue's) or to the root (a queue that follows the root; kept for the next root
+  while there is none), and consumers, gets, purges, counts and settlements go
+  to the owner through ``proxy.ProxySide``.
+
+``SharedQueue`` holds one role at a time and hands every ``QueueType`` call to
+it; a placement or a root change swaps the role (``SharedQueue.local``), so the
+channels holding the queue never notice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from brokerd.cluster.queues.entry import Entry
+from brokerd.cluster.queues.replica import QueueReplica
+from brokerd.model.interfaces import ConsumerSink, PublishWaiter, Reply
+from brokerd.model.message import Message
+from brokerd.model.queue import Queue
+
+if TYPE_CHECKING:
+    from brokerd.cluster.queues.shared import SharedQueue
+
+
+class Owner:
+    """The queue served here: the model's own queue code, unchanged."""
+
+    __slots__ = ("queue",)
+
+    master = True
+
+    def __init__(self, queue: SharedQueue) -> None:
+        self.queue = queue
+
+    def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool:
+        return Queue.push(self.queue, message, waiter)
+
+    def get(self, no_ack: bool, reply: Reply, recipient: Any = None) -> None:
+        Queue.get(self.queue, no_ack, reply, recipient)
+
+    def ack(self, messages: Sequence[Message]) -> None:
+        Queue.ack(self.queue, messages)
+
+    def reject(self, messages: Iterable[Message]) -> None:
+        Queue.reject(self.queue, messages)
+
+    def requeue(self, messages: Iterable[Message]) -> None:
+        # a message delivered by an earlier owner (``ref`` set) is that one's to requeue
+        Queue.requeue(self.queue, [m for m in messages if m.ref is None])
+
+    def dispatch(self) -> None:
+        Queue.dispatch(self.queue)
+
+    def purge(self, reply: Reply) -> None:
+        Queue.purge(self.queue, reply)
+
+    def stat(self, reply: Reply) -> None:
+        Queue.stat(self.queue, reply)
+
+    def add_consumer(self, consumer: ConsumerSink, reply: Reply | None = None) -> None:
+        Queue.add_consumer(self.queue, consumer, reply)
+
+    def remove_consumer(self, consumer: ConsumerSink) -> None:
+        Queue.remove_consumer(self.queue, consumer)
+
+    def load_recovered(self, messages: Iterable[tuple[Message, bool]]) -> int:
+        return Queue.load_recovered(self.queue, messages)
+
+
+class Proxy:
+    """The queue owned elsewhere: every call goes to its owner."""
+
+    __slots__ = ("queue",)
+
+    master = False
+
+    def __init__(self, queue: SharedQueue) -> None:
+        self.queue = queue
+
+    def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool:
+        queue = self.queue
+        queue.stats_in += 1
+        plane = queue.plane
+        if not queue.follows_root:
+            # straight to its owner; away or unreachable, the publisher is nacked (no
+            # other server may take it: it would be a second copy of the queue)
+            return plane.forward(queue.owner, message, ("", queue.name), waiter)
+        root = plane.root_spid()
+        if plane.forward(root, message, ("", queue.name), waiter):
+            return True
+        if root == plane.spid:
+            return False  # root here, yet not mastered here: refused
+        # no root, or its link is down: kept for the next root (publishers are blocked
+        # from the end of this loop turn; what was read in it is not dropped)
+        return plane.orphans.hold(message, ("", queue.name), waiter)
+
+    def get(self, no_ack: bool, reply: Reply, recipient: Any = None) -> None:
+        self.queue.plane.proxy.get(self.queue, no_ack, reply)
+
+    def ack(self, messages: Sequence[Message]) -> None:
+        self.queue.plane.proxy.settle(messages, "ack")
+        self.dispatch()  # the consumer's prefetch freed: deliveries waiting here go
+
+    def reject(self, messages: Iterable[Message]) -> None:
+        self.queue.plane.proxy.settle(messages, "reject")
+        self.dispatch()
+
+    def requeue(self, messages: Iterable[Message]) -> None:
+        # what this server delivered while it was the owner is the new owner's already
+        # (its replica had it acquired: it came back there, flagged redelivered)
+        self.queue.plane.proxy.settle(list(messages), "requeue")
+        self.dispatch()
+
+    def dispatch(self) -> None:
+        proxy = self.queue.plane.proxy
+        for state in list(self.queue.proxied.values()):
+            proxy.drain(state)
+
+    def purge(self, reply: Reply) -> None:
+        self.queue.plane.proxy.purge(self.queue, reply)
+
+    def stat(self, reply: Reply) -> None:
+        self.queue.plane.proxy.stat(self.queue, reply)
+
+    def add_consumer(self, consumer: ConsumerSink, reply: Reply | None = None) -> None:
+        self.queue.plane.proxy.attach(self.queue, consumer, reply)
+
+    def remove_consumer(self, consumer: ConsumerSink) -> None:
+        queue = self.queue
+        if consumer in queue.consumers:
+            queue.consumers.remove(consumer)
+        queue.plane.proxy.detach(queue, consumer)
+
+    def load_recovered(self, messages: Iterable[tuple[Message, bool]]) -> int:
+        """What this server's journal kept: the copy a failover may start from (the
+        owner, if another server is, resets it and sends its own)."""
+        queue = self.queue
+        store = queue.journal_store
+        replica = QueueReplica()
+        for message, redelivered in messages:
+            if message.paged:  # left on disk by the store: known by its journal id
+                mid = message.jid  # type: ignore[attr-defined]
+            else:
+                mid = store.ids.get(id(message), 0) if store is not None else 0
+            if not mid:
+                continue
+            replica.entries[mid] = Entry(message, redelivered=redelivered, persistent=True)
+            replica.top = max(replica.top, mid)
+            if not message.paged:
+                replica.bytes += len(message.body)
+        queue.plane.replica.hand(queue.name, replica)
+        return len(replica.entries)
