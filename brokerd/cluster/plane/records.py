@@ -597,15 +597,9 @@ _deliver_at = struct.Struct("!QB").unpack_from
 _forward_at = struct.Struct("!BQ").unpack_from
 
 
-def _deliver_fast(data: bytes, p: int) -> tuple[Deliver, int]:
-    """A ``Deliver`` record (after its type byte), without a method call per field:
-    deliveries are most of what a consumer's server reads."""
-    (n,) = _u16_at(data, p)
-    p += 2
-    tag = data[p : p + n].decode()
-    p += n
-    delivery, redelivered = _deliver_at(data, p)
-    p += 9
+def _content_at(data: bytes, p: int) -> tuple[str, str, bytes, bytes, int]:
+    """The exchange, routing key, properties and body that end a ``Deliver``, a
+    ``Forward`` and a ``Replicate`` of a message, and the position after them."""
     (n,) = _u16_at(data, p)
     p += 2
     exchange = data[p : p + n].decode()
@@ -622,6 +616,19 @@ def _deliver_fast(data: bytes, p: int) -> tuple[Deliver, int]:
     p += 4
     body = data[p : p + n]
     p += n
+    return exchange, routing_key, props, body, p
+
+
+def _deliver_fast(data: bytes, p: int) -> tuple[Deliver, int]:
+    """A ``Deliver`` record (after its type byte), without a method call per field:
+    deliveries are most of what a consumer's server reads."""
+    (n,) = _u16_at(data, p)
+    p += 2
+    tag = data[p : p + n].decode()
+    p += n
+    delivery, redelivered = _deliver_at(data, p)
+    p += 9
+    exchange, routing_key, props, body, p = _content_at(data, p)
     return Deliver(tag, delivery, bool(redelivered), exchange, routing_key, props, body), p
 
 
@@ -645,22 +652,7 @@ def _forward_fast(data: bytes, p: int) -> tuple[Forward, int]:
         p += 2
         targets.append((spid, data[p : p + n].decode()))
         p += n
-    (n,) = _u16_at(data, p)
-    p += 2
-    exchange = data[p : p + n].decode()
-    p += n
-    (n,) = _u16_at(data, p)
-    p += 2
-    routing_key = data[p : p + n].decode()
-    p += n
-    (n,) = _u32_at(data, p)
-    p += 4
-    props = data[p : p + n]
-    p += n
-    (n,) = _u32_at(data, p)
-    p += 4
-    body = data[p : p + n]
-    p += n
+    exchange, routing_key, props, body, p = _content_at(data, p)
     record = Forward(seq, cluster_id, targets, exchange, routing_key, props, body)
     record.redelivered = bool(redelivered)
     return record, p
@@ -715,22 +707,7 @@ def _replicate_fast(data: bytes, p: int) -> tuple[Replicate, int]:
     p += n
     if op != R_ENQUEUE and op != R_SYNC:
         return Replicate(seq, op, queue, mid, flags), p
-    (n,) = _u16_at(data, p)
-    p += 2
-    exchange = data[p : p + n].decode()
-    p += n
-    (n,) = _u16_at(data, p)
-    p += 2
-    routing_key = data[p : p + n].decode()
-    p += n
-    (n,) = _u32_at(data, p)
-    p += 4
-    props = data[p : p + n]
-    p += n
-    (n,) = _u32_at(data, p)
-    p += 4
-    body = data[p : p + n]
-    p += n
+    exchange, routing_key, props, body, p = _content_at(data, p)
     return Replicate(seq, op, queue, mid, flags, exchange, routing_key, props, body), p
 
 
