@@ -107,6 +107,7 @@ class ClusterController(Membership):
         #: the root's placement of classic shared queues
         self.placer = Placer(self, self.plane, self.wiring)
         self.wiring.placer = self.placer.place_declare
+        self.wiring.on_fence = self.plane.fence
         vhost = broker.vhosts.get(config.vhost) if broker is not None else None
         if vhost is not None:
             vhost.queue_factory = self.make_queue
@@ -128,7 +129,7 @@ class ClusterController(Membership):
         that is not root asks it to)."""
         if self.root_now():
             self.wiring.order_delete(queue)
-        elif isinstance(queue, SharedQueue) and not queue.follows_root and queue.local:
+        elif isinstance(queue, SharedQueue) and queue.local:
             # gone here at once, as on a single broker (a declare that follows sees a
             # 404); the other servers drop it when the root orders the delete
             self.wiring.request_delete(queue)
@@ -277,6 +278,10 @@ class ClusterController(Membership):
         replica = self.plane.replica
         return None if replica.source is None else (replica.source, replica.applied)
 
+    def fenced_copies(self) -> dict[str, dict[str, list[Any]]]:
+        owners = {q.owner for q in self.plane.placed_queues() if q.owner is not None}
+        return self.plane.replica.fenced_report(owners)  # type: ignore[arg-type]
+
     def before_send(self, spid: str) -> None:
         self.plane.flush_peer(spid)
 
@@ -318,14 +323,11 @@ class ClusterController(Membership):
                 if proxy.session is None
                 else {"root": proxy.session.peer, "epoch": proxy.session.epoch},
                 "sessions": {spid: s.epoch for spid, s in sorted(proxy.sessions.items())},
-                "owned_queues": sorted(
-                    q.name for q in self.plane.shared_queues() if q.local and not q.follows_root
-                ),
+                "owned_queues": sorted(q.name for q in self.plane.shared_queues() if q.local),
                 "proxied_consumers": len(proxy.by_tag),
                 "remote_consumers": sum(len(c) for c in self.plane.master.consumers.values()),
-                "replication": self.plane.replicas.describe()
-                if self.plane.is_root
-                else self.plane.replica.describe(),
+                "replication": self.plane.replicas.describe(),
+                "copies": self.plane.replica.describe(),
                 "unsettled_forwards": {
                     spid: len(out.unsettled)
                     for spid, out in self.plane.outbound.items()
@@ -344,7 +346,7 @@ class ClusterController(Membership):
     def lanes_status(self) -> dict[str, dict[str, Any]]:
         """Per peer: its link's lanes (backlog bytes), unsettled forwards to it and,
         on the root, how far behind it is as a replica."""
-        replicas = self.plane.replicas.replicas if self.plane.is_root else {}
+        replicas = self.plane.replicas.replicas
         seq = self.plane.replicas.seq
         out: dict[str, dict[str, Any]] = {}
         for peer in self.peers.values():

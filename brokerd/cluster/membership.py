@@ -506,6 +506,11 @@ class Membership:
         election's preference (overridden by the controller)."""
         return None
 
+    def fenced_copies(self) -> dict[str, dict[str, list[Any]]]:
+        """Per fenced owner: this server's copies of its queues, for their failover
+        (overridden by the controller)."""
+        return {}
+
     def state_seq(self) -> int:
         """The last wiring entry this server applied (carried in its statuses)."""
         return 0

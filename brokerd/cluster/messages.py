@@ -58,6 +58,10 @@ class Status:
     copy_source: str | None = None
     #: the last event of that stream it applied: the election prefers the furthest
     copy_seq: int = 0
+    #: per fenced owner that still owns queues: the sender's copies of them,
+    #: ``[synced, applied]`` by queue name; the key says it applied the fence
+    #: (the root fails the owner's queues over once enough have)
+    fenced: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
     #: answer with a status at once (a root renewing its lease, a server checking
     #: whether others still hear the root); an answer never asks back
     reply: bool = False
@@ -111,7 +115,30 @@ def decode(kind: str, body: bytes) -> Status | Root:
             or message.copy_seq < 0
         ):
             raise MessageError(f"{kind}: copy_seq must be a non-negative integer")
+        message.fenced = _fenced(kind, message.fenced)
     return message
+
+
+def _fenced(kind: str, value: Any) -> dict[str, dict[str, list[Any]]]:
+    """Fenced copies: {spid: {queue: [synced, applied]}}; anything else is an error."""
+    if not isinstance(value, dict):
+        raise MessageError(f"{kind}: fenced must be an object")
+    out: dict[str, dict[str, list[Any]]] = {}
+    for spid, copies in value.items():
+        if not isinstance(copies, dict):
+            raise MessageError(f"{kind}: fenced copies must be an object")
+        for name, pair in copies.items():
+            if (
+                not isinstance(pair, list)
+                or len(pair) != 2
+                or not isinstance(pair[0], bool)
+                or not isinstance(pair[1], int)
+                or isinstance(pair[1], bool)
+                or pair[1] < 0
+            ):
+                raise MessageError(f"{kind}: fenced copy of {name!r} must be [synced, applied]")
+        out[str(spid)] = {str(name): list(pair) for name, pair in copies.items()}
+    return out
 
 
 def _echo(kind: str, value: Any) -> dict[str, tuple[float, float]]:

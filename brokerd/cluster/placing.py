@@ -1,18 +1,26 @@
-"""The root's placement duty: owners for classic shared queues (issue 23).
+"""The root's placement duty: an owner for every shared queue (issue 23).
 
 The rules are ``queues.placement``'s; this applies them as root and orders
 what they decide in the state log, so every server places the queue alike:
 
-- **on declare** the root gives a classic queue its owner before ordering the
+- **on declare** the root gives the queue its owner before ordering the
   declare (``x-queue-master-locator``/``x-queue-leader-locator``: the
   declaring primary by default, else the primary owning the fewest); the
-  entry carries the owner (``Entry.spid``);
-- **an owner lost** (inactive past the heartbeat timeout, or gone): its
-  transient classic queues are deleted for the whole cluster, as RabbitMQ's
-  are with their node; its durable ones become unavailable (owner "", home:
-  the lost server's address) and wait for it;
-- **an owner back**: a primary active at a lost owner's address (the same
-  server restarted, under a new spid) owns its durable queues again.
+  entry carries the owner (``Entry.spid``). A replicated or quorum queue never
+  goes to a fenced server;
+- **a classic queue's owner lost** (inactive past the heartbeat timeout, or
+  gone): its transient classic queues are deleted for the whole cluster, as
+  RabbitMQ's are with their node; its durable ones become unavailable (owner
+  "", home: the lost server's address) and wait for it; a primary active at
+  that address (the same server restarted, under a new spid) owns them again;
+- **a replicated queue's owner lost**: the root fences its stream
+  (``server.fence``); each primary that applies the fence stops acking that
+  stream and reports its copies' positions in its status (``fenced``). Once
+  ``known - known // 2`` primaries besides the owner have (any majority of
+  replica acks, hence every confirmed event, meets them), each queue goes to
+  the reporter with the furthest copy (a synced one first, then the
+  earliest primary). An owner that was only paused stays fenced: it owns no
+  replicated queue again under its spid.
 
 The root checks at every tick, after being root for a heartbeat timeout (a
 new root has heard every live primary by then), and at once when membership
@@ -42,7 +50,7 @@ log = logging.getLogger("brokerd.cluster.placing")
 
 
 class Placer:
-    """Places classic shared queues, as root."""
+    """Places shared queues, as root."""
 
     def __init__(self, members: Membership, plane: MessagePlane, wiring: WiringReplication) -> None:
         self.members = members
@@ -65,9 +73,9 @@ class Placer:
         return [(spid, address) for _t, spid, address in sorted(live)]
 
     def place_declare(self, entry: Entry) -> Entry:
-        """A shared queue's declare, about to be ordered: a classic queue gets its owner.
-        One placed already keeps it (a redeclare: the placement entries decide); so
-        does a declare that names one (recovered wiring)."""
+        """A shared queue's declare, about to be ordered: it gets its owner. One placed
+        already keeps it (a redeclare: the placement entries decide); so does a
+        declare that names one (recovered wiring)."""
         if entry.op != sl.QUEUE_DECLARE or entry.spid:
             return entry
         vhost = self.plane.vhost()
@@ -76,14 +84,15 @@ class Placer:
         props = dict(entry.props)
         arguments = dict(props.get("arguments") or ())
         durable = bool(props.get("durable"))
-        if kind_of(durable, arguments, self.plane.default_queue_type) != CLASSIC:
-            return entry
+        kind = kind_of(durable, arguments, self.plane.default_queue_type)
         spids = [spid for spid, _address in self.primaries()]
+        if kind != CLASSIC:
+            spids = [spid for spid in spids if not self.plane.is_fenced(spid)]
         if not spids:
             return entry  # no primary is live: the declare is refused by the root's checks
         owned = Counter(q.owner for q in self.plane.placed_queues() if q.owner is not None)
         owner = choose_owner(locator_of(arguments), entry.origin, spids, owned)
-        log.info("queue=%s placed on owner=%s", entry.name, owner)
+        log.info("queue=%s (%s) placed on owner=%s", entry.name, kind, owner)
         return replace(entry, spid=owner)
 
     def root_changed(self, is_root: bool) -> None:
@@ -98,14 +107,98 @@ class Placer:
         if lost is None and not settled:
             return
         live = self.primaries()
-        live_spids = {spid for spid, _a in live}
+        live_spids = [spid for spid, _a in live]
+        now = self.members.clock()
+        # heard, then silent past the timeout: lost whether or not this root is settled
+        silent = {
+            spid
+            for spid, peer in self.members.peers.items()
+            if peer.status is not None and not self.members.standing.active(peer, now)
+        }
         by_address = {address: spid for spid, address in live if address}
+        failing: dict[str, list[SharedQueue]] = {}
         for queue in self.plane.placed_queues():
             owner = queue.owner
-            if owner is not None and (owner == lost or (settled and owner not in live_spids)):
-                self._lost(queue, owner)
+            gone = owner is not None and (
+                owner == lost or owner in silent or (settled and owner not in live_spids)
+            )
+            if queue.replicated_kind:
+                if owner is not None and (gone or self.plane.is_fenced(owner)):
+                    failing.setdefault(owner, []).append(queue)
+                elif owner is None:
+                    self._place_anywhere(queue, live_spids)
+            elif gone:
+                self._lost(queue, owner)  # type: ignore[arg-type]
             elif owner is None and queue.home in by_address:
                 self._order_place(queue.name, by_address[queue.home], queue.epoch + 1, None)
+        for owner, queues in failing.items():
+            self._fail_over(owner, queues, live_spids)
+
+    def _fail_over(self, owner: str, queues: list[SharedQueue], live: list[str]) -> None:
+        """The replicated queues of a lost (or fenced) owner: fence it first, then,
+        once enough primaries have reported their copies under the fence, give each
+        queue to the furthest copy."""
+        if owner == self.members.spid:
+            return  # a root does not fail itself over (it steps down first)
+        if not self.plane.is_fenced(owner):
+            log.warning("owner %s of %d replicated queues lost: fencing it", owner, len(queues))
+            self.wiring.fence(owner)
+            return
+        reports = self._reports(owner, live)
+        known = self.members.known_primaries(self.members.clock())
+        if len(reports) < known - known // 2:
+            return  # more copies must be heard from: one of them may be the only whole one
+        for queue in queues:
+            heir = self._heir(queue.name, reports, live)
+            if heir is None:
+                continue
+            log.warning(
+                "queue=%s fails over from %s to %s (epoch %d)",
+                queue.name,
+                owner,
+                heir,
+                queue.epoch + 1,
+            )
+            self._order_place(queue.name, heir, queue.epoch + 1, None)
+
+    def _reports(self, owner: str, live: list[str]) -> dict[str, dict[str, list]]:
+        """The live primaries (this root among them) that applied the fence of
+        ``owner``: their copies of its queues, by spid."""
+        reports: dict[str, dict[str, list]] = {}
+        mine = self.plane.replica.fenced_report({owner})
+        if owner in mine:
+            reports[self.members.spid] = mine[owner]
+        for spid in live:
+            peer = self.members.peers.get(spid)
+            status = peer.status if peer is not None else None
+            if spid != owner and status is not None and owner in status.fenced:
+                reports[spid] = status.fenced[owner]
+        return reports
+
+    def _heir(self, name: str, reports: dict[str, dict[str, list]], live: list[str]) -> str | None:
+        """The reporter with the furthest copy of ``name``: a synced one first, then
+        the furthest along the old owner's stream, then the earliest primary. None
+        holds one: the earliest reporter takes the queue, empty."""
+        order = {spid: i for i, spid in enumerate(live)}
+        candidates = [
+            (bool(copies[name][0]), int(copies[name][1]), -order.get(spid, len(order)), spid)
+            for spid, copies in reports.items()
+            if name in copies and not self.plane.is_fenced(spid)
+        ]
+        if candidates:
+            return max(candidates)[3]
+        heirs = [spid for spid in live if spid in reports and not self.plane.is_fenced(spid)]
+        if heirs:
+            log.error("queue=%s: no copy of it survived its owner: it starts empty", name)
+            return heirs[0]
+        return None
+
+    def _place_anywhere(self, queue: SharedQueue, live: list[str]) -> None:
+        """A replicated queue with no owner (none was live at its declare): the earliest
+        live primary that is not fenced takes it."""
+        heirs = [spid for spid in live if not self.plane.is_fenced(spid)]
+        if heirs:
+            self._order_place(queue.name, heirs[0], queue.epoch + 1, None)
 
     def _lost(self, queue: SharedQueue, owner: str) -> None:
         name = queue.name

@@ -161,7 +161,7 @@ def _placement(queue: object) -> str:
     role = "master" if getattr(queue, "local", False) else "proxy"
     text = f" type={getattr(queue, 'kind', '-')} owner={owner_spid() or '-'} role={role}"
     replicas = replica_states(queue)
-    if replicas is not None and getattr(queue, "follows_root", False):
+    if replicas is not None and getattr(queue, "replicated_kind", False):
         text += f" replicas={replica_marks(replicas)}"
     return text
 

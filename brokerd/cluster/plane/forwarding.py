@@ -98,7 +98,6 @@ class MessagePlane:
         #: forwards a failed root left unsettled, for the next root (``orphans``)
         self.orphans = Orphans(self)
         #: the root before the last change (its forwards are kept after it)
-        self.root_was: str | None = None
         self._last_id: tuple[Any, str] = (None, "")
 
     @property
@@ -122,16 +121,18 @@ class MessagePlane:
         """The cluster file's type for shared queues declared without one."""
         return self.members.config.default_queue_type
 
-    def follows_root(self, name: str) -> bool:
-        """Shared queue ``name`` is mastered on the root (gone: taken as such)."""
+    def placed_queues(self) -> list[SharedQueue]:
+        """The shared queues the state log has placed (each on its owner)."""
+        return [q for q in self.shared_queues() if q.epoch]
+
+    def owned_replicated(self) -> list[SharedQueue]:
+        """The replicated and quorum queues this server owns: its stream's."""
+        return [q for q in self.shared_queues() if q.local and q.replicated is not None]
+
+    def shared_queue(self, name: str) -> SharedQueue | None:
         vhost = self.vhost()
         queue = vhost.queues.get(name) if vhost is not None else None
-        return not isinstance(queue, SharedQueue) or queue.follows_root
-
-    def placed_queues(self) -> list[SharedQueue]:
-        """The classic shared queues the state log has placed (their owners are theirs,
-        not the root's)."""
-        return [q for q in self.shared_queues() if not q.follows_root and q.epoch]
+        return queue if isinstance(queue, SharedQueue) else None
 
     def cluster_id(self, message: Message) -> str:
         """``spid/connection/channel`` of the message's publisher (the last one made is
@@ -169,6 +170,11 @@ class MessagePlane:
             self._post_repl(out)
         self.schedule()
         return out.repl
+
+    def ack_batch(self, out: Outbound) -> rec.Batch:
+        """The acks of the peer's stream (the control lane)."""
+        self.schedule()
+        return out.acks
 
     def hold(self, out: Outbound, gate: Gate) -> None:
         """A delivery to ``out``'s server waits for ``gate`` (its acquisition must reach
@@ -272,6 +278,8 @@ class MessagePlane:
         self._flush_scheduled = False
         self.replicas.sent()
         for out in list(self.outbound.values()):
+            if out.acks:
+                self._post_acks(out)
             if out.repl:
                 self._post_repl(out)
             if out.fwd_message is not None:
@@ -289,6 +297,8 @@ class MessagePlane:
         out = self.outbound.get(spid)
         if out is None:
             return
+        if out.acks:
+            self._post_acks(out)
         if out.repl:
             self._post_repl(out)
         if out.fwd_message is not None:
@@ -302,10 +312,16 @@ class MessagePlane:
     def _post_repl(self, out: Outbound) -> None:
         data = out.repl.take()
         link = self.members.link_to(out.spid)
-        # a replica's acks jump the queue (the root's deliveries wait for them); the
-        # root's stream keeps its place after the wiring posted before it
-        if link is None or not link.post(DATA, data, not self.is_root):
+        # the stream keeps its place after what was posted before it
+        if link is None or not link.post(DATA, data):
             log.debug("replication to %s dropped: link down (%d bytes)", out.spid, len(data))
+
+    def _post_acks(self, out: Outbound) -> None:
+        data = out.acks.take()
+        link = self.members.link_to(out.spid)
+        # acks jump the queue: the owner's confirms and deliveries wait for them
+        if link is None or not link.post(DATA, data, True):
+            log.debug("replication acks to %s dropped: link down", out.spid)
 
     def _post(self, out: Outbound) -> None:
         parts: list[Any] = []
@@ -444,6 +460,7 @@ class MessagePlane:
         self.orphans.keep(out, maybe_taken=True)
         out.batch = rec.Batch()
         out.repl = rec.Batch()
+        out.acks = rec.Batch()
         out.gate = None
         out.held.clear()
         out.settle_run = None
@@ -464,13 +481,13 @@ class MessagePlane:
     def link_ready(self, spid: str) -> None:
         out = self.out(spid)
         out.up = True
-        if self.is_root and spid in self.members.replica_peers():
-            self.replicas.add(out, self.shared_queues())
+        if spid in self.members.replica_peers():
+            self.replicas.add(out, self.owned_replicated())
         self.master.link_ready(out)
         self.proxy.session_check()
         if spid == self.root_spid():
             self._check_root_link()
-            self.orphans.send()
+        self.orphans.send()
 
     def peer_lost(self, spid: str, why: str) -> None:
         """A link with the peer dropped, or it went inactive: the session is over."""
@@ -487,69 +504,58 @@ class MessagePlane:
         self.master.void(out, gone=why == "inactive")
         if why == "inactive":
             self.replicas.forget(spid)
+            self.replica.forget(spid)
             self.outbound.pop(spid, None)
         if spid == self.root_spid():
             self._check_root_link()
 
     def root_changed(self, old: str | None, new: str | None) -> None:
-        """Flip the shared queues' roles and move the proxy to the new root; what the
-        old root left unsettled goes to the new one."""
-        self.root_was = old
+        """A new root: queues stay with their owners (the root only orders their
+        placements), so only the link check and the orphans kept for want of a root
+        follow it."""
         self.is_root = new == self.spid
-        if old is not None and old != self.spid:
-            out = self.outbound.get(old)
-            if out is not None:
-                self.fail_forwards(out)
-            self.proxy.session_lost(old)
-        if old == self.spid:
-            members = self.members
-            if not members.stopping and members.root_enabled:
-                # demoted by a failure (a pause past the timeout), not handed over:
-                # the replicas may never get what only this server holds
-                self.orphans.adopt(self.replicas.unreplicated(self.shared_queues()))
-            self.master.release_all()
-            self.replicas.clear()
-        if self.is_root:
-            self.replica.forget_source()
-        else:
-            self.replica.root_changed(new)
-        queues = [q for q in self.shared_queues() if q.follows_root]
-        for queue in queues:
-            if self.is_root:
-                queue.become_master()
-            else:
-                queue.become_proxy()
-        if self.is_root:
-            for spid in self.members.replica_peers():
-                self.replicas.add(self.out(spid), queues)
         if new is not None and not self.is_root:
             self.proxy.session_check()
         self.orphans.send()
         self._check_root_link()
 
+    def fence(self, spid: str) -> bool:
+        """The state log fenced ``spid``'s replication stream (its owned queues fail
+        over): this server stops applying and acking it, or, if it is this server's
+        own, stops confirming through it. False if it was fenced already."""
+        if self.is_fenced(spid):
+            return False
+        if spid == self.spid:
+            self.replicas.fence()
+        else:
+            self.replica.fence(spid)
+        return True
+
+    def is_fenced(self, spid: str) -> bool:
+        return self.replicas.fenced if spid == self.spid else spid in self.replica.fenced
+
     def primary_seen(self, spid: str) -> None:
-        """An active primary's status arrived: the root takes it as a replica if it
-        is not one (it came back, or its link was restored)."""
+        """An active primary's status arrived: this server takes it as a replica of
+        its stream if it is not one (it came back, or its link was restored)."""
         replicas = self.replicas
-        if self.is_root and spid not in replicas.replicas:
+        if spid not in replicas.replicas:
             out = self.out(spid)
             if out.up and spid in self.members.replica_peers():
-                replicas.add(out, self.shared_queues())
+                replicas.add(out, self.owned_replicated())
 
     def tick(self) -> None:
         self.proxy.tick()
         self.master.tick()
         self.orphans.send()
         self.orphans.expire()
-        if self.is_root and self.members.acting:  # never while suspended (see released_to)
-            self.replicas.resume()
-            patience = 2 * self.members.config.heartbeat_timeout
-            stalled = self.replicas.check(self.members.clock(), patience)
-            if stalled:
-                self.members.raise_alarm(
-                    "replication",
-                    f"replica {', '.join(stalled)} acked nothing for {patience:.0f}s "
-                    "(kept in the set: its link is up)",
-                )
-            else:
-                self.members.clear_alarm("replication")
+        self.replicas.resume()
+        patience = 2 * self.members.config.heartbeat_timeout
+        stalled = self.replicas.check(self.members.clock(), patience)
+        if stalled:
+            self.members.raise_alarm(
+                "replication",
+                f"replica {', '.join(stalled)} acked nothing for {patience:.0f}s "
+                "(kept in the set: its link is up)",
+            )
+        else:
+            self.members.clear_alarm("replication")

@@ -1,12 +1,13 @@
-"""Forwards a failed root left unsettled, kept for the next root.
+"""Forwards a failed owner left unsettled, kept for the queues' next owners.
 
-Without this, a publish the root had not settled when it failed (or voided
-our session) was nacked: for a publisher without confirms, lost; so was one
-read between the loss of the root's link and the block of publishers that
-follows it (``hold``). Here it is kept (bounded: ``ORPHAN_BYTES_MAX``, and
-the open timeout) and sent again to whichever server is root next, flagged
-redelivered where the old one may have taken it: RabbitMQ would drop it, we
-do not have to.
+Without this, a publish for a replicated queue that its owner had not settled
+when it failed (or voided our session) was nacked: for a publisher without
+confirms, lost; so was one read while the owner's link was down (``hold``).
+Here it is kept (bounded: ``ORPHAN_BYTES_MAX``, and the open timeout) and sent
+again to each target queue's owner once the state log has placed it on a
+reachable server, flagged redelivered where the old one may have taken it:
+RabbitMQ would drop it, we do not have to. A classic queue's forwards can go
+to no other server (its owner alone holds it) and are nacked.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING
 
-from brokerd.cluster.plane.flow import feeder
 from brokerd.cluster.plane.outbound import Callbacks, Outbound, Unsettled
 from brokerd.model.message import Message
 
@@ -40,23 +40,19 @@ class Orphans:
 
     def keep(self, out: Outbound, *, maybe_taken: bool) -> None:
         """The peer will not settle its forwards (it failed, or voided our session).
-        Those to the root for queues that follow it are kept, to go again to
-        whichever server is root next (``send``), flagged redelivered if the peer
-        may have taken them; the others (to a private queue's server, or a classic
-        queue's owner) can go nowhere else and are nacked.
-        ``maybe_taken``: the peer may have taken them (their settlements lost with a
-        link); a void counts as that too, as its settlements may have been dropped
-        with the link that ended the session."""
+        Those for replicated queues are kept, to go again to their owners
+        (``send``), flagged redelivered if the peer may have taken them; the others
+        (to a private queue's server, or a classic queue's owner) can go nowhere
+        else and are nacked. ``maybe_taken``: the peer may have taken them (their
+        settlements lost with a link); a void counts as that too, as its
+        settlements may have been dropped with the link that ended the session."""
         plane = self.plane
         if out.fwd_message is not None:
             plane.finish_forward(out)
         unsettled, out.unsettled = out.unsettled, {}
         out.unsettled_bytes = 0
-        to_root = out.spid == plane.root_spid() or out.spid == plane.root_was
         for message, targets, done, redelivered in unsettled.values():
-            # a classic queue's forwards were its owner's alone: no other server may
-            # take them (``SharedQueue.push``)
-            if to_root and all(not spid and plane.follows_root(name) for spid, name in targets):
+            if all(not spid and self._replicated(name) for spid, name in targets):
                 if not self.kept:
                     self.since = plane.members.clock()
                 self.kept.append((message, targets, done, redelivered or maybe_taken))
@@ -67,10 +63,15 @@ class Orphans:
         while self.bytes > ORPHAN_BYTES_MAX and self.kept:
             self._nack(self.kept.popleft())
 
+    def _replicated(self, name: str) -> bool:
+        queue = self.plane.shared_queue(name)
+        return queue is None or queue.replicated_kind  # gone: not routed when sent
+
     def hold(self, message: Message, target: tuple[str, str], waiter: PublishWaiter | None) -> bool:
-        """A publish for a shared queue while there is no root, or no link to it:
-        kept like a failed root's forwards (never sent, so not flagged redelivered)
-        and sent when a root is there. Always accepted (the bound nacks the oldest)."""
+        """A publish for a replicated queue whose owner is unreachable (failed, and
+        not failed over yet): kept like a failed owner's forwards (never sent, so not
+        flagged redelivered) and sent when the queue has a reachable owner. Always
+        accepted (the bound nacks the oldest)."""
         if not self.kept:
             self.since = self.plane.members.clock()
         done = [waiter.defer()] if waiter is not None else None
@@ -81,9 +82,9 @@ class Orphans:
         return True
 
     def adopt(self, messages: list[tuple[Message, str]]) -> None:
-        """A demoted root's unconfirmed publishes no quorum held (``ReplicaSet.
-        unreplicated``): kept for the next root, flagged redelivered (a replica may
-        have applied them; a consumer may have had them)."""
+        """Unconfirmed publishes no quorum held of a queue this server no longer owns
+        (``ReplicaSet.unreplicated``): kept for its next owner, flagged redelivered
+        (a replica may have applied them; a consumer may have had them)."""
         if not messages:
             return
         if not self.kept:
@@ -92,7 +93,8 @@ class Orphans:
             self.kept.append((message, [("", name)], None, True))
             self.bytes += len(message.body)
         log.warning(
-            "%d unconfirmed publishes no replica quorum held: kept for the next root", len(messages)
+            "%d unconfirmed publishes no replica quorum held: kept for the next owner",
+            len(messages),
         )
         while self.bytes > ORPHAN_BYTES_MAX and len(self.kept) > 1:
             self._nack(self.kept.popleft())
@@ -103,39 +105,57 @@ class Orphans:
             callback(False, 0)
 
     def send(self) -> None:
-        """Send the kept forwards to the root, in the order they were first sent: to
-        its link, or into our own queues if we are root now."""
+        """Send the kept forwards, in the order they were first sent, to their queues'
+        owners: to their links, or into this server's queues. One whose owner is not
+        reachable yet (failover under way) waits, and so does everything after it."""
         plane = self.plane
-        root = plane.root_spid()
-        if not self.kept or root is None:
+        if not self.kept:
             return
-        if root != plane.spid and not plane.out(root).up:
-            return
-        orphans, self.kept = self.kept, deque()
-        self.bytes = 0
-        log.warning("%d unsettled forwards sent again to root %s", len(orphans), root)
-        for message, targets, done, redelivered in orphans:
-            if root == plane.spid:
-                waiter = Callbacks(done or [])
-                ok, routed = plane.apply_forward(message, targets, redelivered, waiter)
-                waiter.arm(ok, routed)
+        sent = 0
+        while self.kept and self._route(self.kept[0]):
+            orphan = self.kept.popleft()
+            self.bytes -= len(orphan[0].body)
+            sent += 1
+        if sent:
+            log.warning("%d unsettled forwards sent again to their owners", sent)
+            plane.schedule()
+
+    def _route(self, orphan: Unsettled) -> bool:
+        """Send one kept forward to its queues' owners; False if one is not reachable."""
+        plane = self.plane
+        message, targets, done, redelivered = orphan
+        plan: list[tuple[str, str]] = []
+        for _spid, name in targets:
+            queue = plane.shared_queue(name)
+            if queue is None:
+                continue  # deleted meanwhile: not routed
+            owner = queue.owner
+            if owner is None or owner in plane.replica.fenced:
+                return False
+            if owner == plane.spid:
+                if not queue.local:
+                    return False
+            elif not plane.out(owner).up:
+                return False
+            plan.append((owner, name))
+        waiter = Callbacks(done or [])
+        here = [("", name) for owner, name in plan if owner == plane.spid]
+        ok, routed = plane.apply_forward(message, here, redelivered, waiter) if here else (True, 0)
+        for owner, name in plan:
+            if owner == plane.spid:
                 continue
-            out = plane.out(root)
-            if out.fwd_message is not None:
-                plane.finish_forward(out)
-            out.fwd_message = message
-            out.fwd_redelivered = redelivered
-            out.fwd_targets = list(targets)
-            out.fwd_done = list(done or ())
-            out.feeders.add(feeder(message.publisher), len(message.body))
-            plane.finish_forward(out)
-        plane.schedule()
+            if plane.forward(owner, message, ("", name), waiter, redelivered):
+                routed += 1
+            else:
+                ok = False
+        waiter.arm(ok, routed)
+        return True
 
     def expire(self) -> None:
-        """Kept forwards that found no root within the open timeout are nacked."""
+        """Kept forwards that found no owner within the open timeout are nacked."""
         plane = self.plane
         if self.kept and (plane.members.clock() - self.since > plane.members.config.open_timeout):
-            log.warning("%d unsettled forwards found no root in time: nacked", len(self.kept))
+            log.warning("%d unsettled forwards found no owner in time: nacked", len(self.kept))
             while self.kept:
                 self._nack(self.kept.popleft())
             self.bytes = 0

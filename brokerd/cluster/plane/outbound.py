@@ -26,6 +26,7 @@ class Outbound:
     """What this server sends to one peer, and what it waits to hear back."""
 
     __slots__ = (
+        "acks",
         "batch",
         "feeders",
         "fwd_done",
@@ -61,8 +62,12 @@ class Outbound:
         self.settle_run: list[Any] | None = None
         #: its link is up (deliveries wait while it is not)
         self.up = False
-        #: replication records for it (root -> replica, or acks back), sent first
+        #: this server's replication stream to it (as a replica of what this server
+        #: owns), sent ahead of ``batch``
         self.repl = rec.Batch()
+        #: acks of its stream (and resync asks), on the control lane: its confirms and
+        #: deliveries wait for them, and nothing depends on their order
+        self.acks = rec.Batch()
         #: ``batch`` holds a delivery that waits for the replicas: not sent until open
         self.gate: Gate | None = None
         #: earlier records cut off at each new gate: (the gate they wait for, records)

@@ -64,7 +64,7 @@ class Pacing:
         plane = self.plane
         flow = plane.flow
         now = plane.members.clock()
-        replicas = plane.replicas if plane.is_root else None
+        replicas = plane.replicas
         for out in plane.outbound.values():
             link = plane.members.link_to(out.spid)
             backlog = link.backlog if link is not None else 0

@@ -372,26 +372,6 @@ class MasterSide:
         else:
             self._reset |= touched
 
-    def release_all(self) -> None:
-        """This server stops being root: what other servers held goes back into the
-        queues (handed over to the new root with them); they re-attach there. A
-        server that also holds something of a queue this one still owns (a classic
-        queue) has its session voided instead: released the same way, but told, so
-        it attaches again here too (it may have re-opened the session already)."""
-        for spid in list(self.consumers.keys() | self.deliveries.keys()):
-            out = self.plane.out(spid)
-            if self._holds_owned(spid):
-                self.void(out, gone=False)
-            else:
-                self.release(out, gone=False)
-        self._reset.clear()
-
-    def _holds_owned(self, spid: str) -> bool:
-        """``spid`` has consumers or deliveries of a queue with an owner of its own."""
-        if any(not _follows_root(c.queue) for c in self.consumers.get(spid, {}).values()):
-            return True
-        return any(not _follows_root(q) for q, _m, _c in self.deliveries.get(spid, {}).values())
-
     def release_queue(self, queue: Queue) -> None:
         """This server stops owning ``queue`` (its placement moved): its consumers from
         elsewhere are detached (their servers re-attach at the new owner) and what
@@ -422,10 +402,6 @@ def _stat(queue: Queue) -> tuple[int, int]:
     """A declare's counts for another server: a use of the queue (x-expires)."""
     queue.touch()
     return queue.message_count, queue.consumer_count
-
-
-def _follows_root(queue: Queue) -> bool:
-    return bool(getattr(queue, "follows_root", True))
 
 
 def _maybe_unused(queue: Queue) -> None:

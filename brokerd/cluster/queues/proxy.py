@@ -534,8 +534,9 @@ def _error(r: Any) -> AMQPError:
 
 
 def _unavailable(queue: SharedQueue) -> bool:
-    """A classic queue whose owner is away: RabbitMQ answers for it at once."""
-    return not queue.follows_root and queue.owner_spid() is None
+    """A queue whose owner is away (a classic queue, or one no copy of which was
+    left): RabbitMQ answers for it at once. A replicated queue not placed yet waits."""
+    return queue.owner is None and (queue.epoch > 0 or not queue.replicated_kind)
 
 
 def _not_ready(members: Any, queue: SharedQueue | None = None) -> AMQPError:

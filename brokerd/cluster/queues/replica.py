@@ -120,48 +120,47 @@ class _Write(Completion):
 
 
 class ReplicaSide:
-    """This server's copies of other servers' master queues, and the streams feeding
-    them."""
+    """This server's copies of other servers' owned queues, and the streams feeding
+    them: one per owner, applied side by side."""
 
     def __init__(self, plane: MessagePlane) -> None:
         self.plane = plane
         self.queues: dict[str, QueueReplica] = {}
         #: by source spid
         self.streams: dict[str, SourceStream] = {}
-        #: the root whose stream this server follows (None: none yet, or this is root)
-        self.source: str | None = None
-        #: this server is (or was last) root and holds no stream of another root yet:
-        #: its content is the master's, whole
-        self._own = False
+        #: owners the state log fenced: their streams are refused for good, and the
+        #: copies they fed are frozen where the fence found them (queue -> (synced,
+        #: applied)), what this server reports for their queues' failover
+        self.fenced: dict[str, dict[str, tuple[bool, int]]] = {}
         self._ack_scheduled = False
-        #: servers whose stream was refused (not root yet here)
-        self.refused: set[str] = set()
+
+    @property
+    def source(self) -> str | None:
+        """The root, whose stream the election compares (None: this server is root)."""
+        root = self.plane.root_spid()
+        return None if root is None or root == self.plane.spid else root
 
     @property
     def applied(self) -> int:
         """The last event applied from the root's stream (the election compares it)."""
-        stream = self.streams.get(self.source) if self.source is not None else None
+        source = self.source
+        stream = self.streams.get(source) if source is not None else None
         return stream.applied if stream is not None else 0
 
     @property
     def complete(self) -> bool:
-        """This server's copy of the root's queues is whole (see ``SourceStream``)."""
-        if self._own:
+        """This server's copies of the root's queues are whole (see ``SourceStream``);
+        a root's own are."""
+        source = self.source
+        if source is None:
             return True
-        stream = self.streams.get(self.source) if self.source is not None else None
+        stream = self.streams.get(source)
         return stream is not None and stream.complete
 
     def _accepts(self, spid: str) -> bool:
-        """A stream this server applies: the root's (it masters every replicated
-        queue), unless this server is root."""
-        return spid == self.plane.root_spid() and not self.plane.is_root
-
-    def root_changed(self, root: str | None) -> None:
-        """A root whose stream was refused before this server knew it is root: ask
-        it to start again (its reset was among what was refused)."""
-        refused, self.refused = self.refused, set()
-        if root is not None and root in refused and root != self.source:
-            self.resync(self.switch(root))
+        """A stream this server applies: any other server's that is not fenced (each
+        owner streams the queues it owns)."""
+        return spid != self.plane.spid and spid not in self.fenced
 
     # -- the stream --------------------------------------------------------------------
 
@@ -169,12 +168,11 @@ class ReplicaSide:
         """A batch's replication records from ``out``'s server, in order."""
         spid = out.spid
         if not self._accepts(spid):
-            log.debug("replication from %s refused: not the root", spid)
-            self.refused.add(spid)  # it may be root before we know: see root_changed
+            log.debug("replication from %s refused: fenced", spid)
             return
-        stream = self.streams.get(spid) if spid == self.source else None
+        stream = self.streams.get(spid)
         if stream is None:
-            stream = self.switch(spid)
+            stream = self.streams[spid] = SourceStream(spid)
         for r in records:
             if r.seq == 0:
                 if r.op == rec.R_RESET and not r.queue:
@@ -193,22 +191,12 @@ class ReplicaSide:
             stream.applied = r.seq
         self.ack(stream)
 
-    def switch(self, root: str) -> SourceStream:
-        """A new root: its stream starts from a reset; until then nothing applies.
-        The old root's stream is over (its queues are the new root's now)."""
-        if self.source is not None:
-            self.streams.pop(self.source, None)
-        self.source = root
-        self._own = False
-        stream = self.streams[root] = SourceStream(root)
-        return stream
-
     def begin(self, stream: SourceStream, seq: int) -> None:
-        """The source reset this replica: every copy it feeds goes, its snapshot
-        follows, and the live stream goes on after event ``seq``. The root's reset
-        covers every queue that follows the root, whoever fed its copy before."""
-        for name in list(self.queues):
-            if self.plane.follows_root(name):  # a classic queue's copy is its owner's own
+        """The source reset this replica: every copy it fed goes (the queues it owns
+        follow, each reset by name, with their snapshots), and the live stream goes
+        on after event ``seq``."""
+        for name, replica in list(self.queues.items()):
+            if replica.source == stream.source:
                 self.drop(name, write=True)
         stream.joined = True
         stream.complete = False  # until the snapshot's last record
@@ -225,7 +213,39 @@ class ReplicaSide:
             return
         stream.asked = True
         out = self.plane.out(stream.source)
-        self.plane.repl_batch(out).replicated(0)
+        self.plane.ack_batch(out).replicated(0)
+
+    def fence(self, spid: str) -> None:
+        """The state log fenced owner ``spid``: its stream is applied and acked no
+        more (so it can confirm and deliver nothing more), and the copies it fed
+        stay as they are, for the root to choose each queue's next owner from the
+        positions this server reports (``fenced_report``)."""
+        if spid in self.fenced:
+            return
+        stream = self.streams.pop(spid, None)
+        applied = stream.applied if stream is not None and stream.joined else 0
+        self.fenced[spid] = {
+            name: (replica.synced, applied)
+            for name, replica in self.queues.items()
+            if replica.source == spid
+        }
+        log.warning("owner %s fenced: its stream stops at event %d here", spid, applied)
+
+    def forget(self, spid: str) -> None:
+        """``spid`` is gone for good (inactive): its stream goes, unless copies it fed
+        wait for a fence (they are what its queues fail over to)."""
+        if not any(r.source == spid for r in self.queues.values()):
+            self.streams.pop(spid, None)
+
+    def fenced_report(self, owners: set[str]) -> dict[str, dict[str, list[Any]]]:
+        """Per fenced server that still owns queues (``owners``): this server's copies
+        of them, ``[synced, applied]`` each. The key itself says this server has
+        applied the fence."""
+        return {
+            spid: {name: [synced, applied] for name, (synced, applied) in copies.items()}
+            for spid, copies in self.fenced.items()
+            if spid in owners
+        }
 
     def ack_soon(self) -> None:
         """Writes completed: one ack per stream at the end of the loop turn, whatever
@@ -256,12 +276,30 @@ class ReplicaSide:
             if upto and (upto > one.acked or not one.pending):  # 0 asks for a resync
                 # once per batch even if unchanged: the source hears it is alive (a sync)
                 one.acked = max(upto, one.acked)
-                self.plane.repl_batch(self.plane.out(one.source)).replicated(one.acked)
+                self.plane.ack_batch(self.plane.out(one.source)).replicated(one.acked)
 
     # -- events ------------------------------------------------------------------------
 
     def apply(self, stream: SourceStream, r: rec.Replicate) -> None:
         op = r.op
+        if op == rec.R_RESET:
+            # the queue's owner is this stream's now: whatever fed its copy before goes
+            self.drop(r.queue, write=True)
+            self.queues[r.queue] = QueueReplica(stream.source)
+            return
+        replica = self.queues.get(r.queue)
+        if replica is not None and replica.source != stream.source:
+            if op == rec.R_ENQUEUE or op == rec.R_SYNC:
+                # a copy from another stream that no reset replaced (a queue deleted
+                # and declared again elsewhere): start this stream again
+                log.warning(
+                    "replica of %s fed by %s, not %s: resync",
+                    r.queue,
+                    replica.source,
+                    stream.source,
+                )
+                self.resync(stream)
+            return  # another owner's copy
         if op == rec.R_ENQUEUE or op == rec.R_SYNC:
             self._add(stream, r)
         elif op == rec.R_ACQUIRE:
@@ -274,12 +312,9 @@ class ReplicaSide:
                 entry.requeue()
         elif op == rec.R_PURGE:
             self._purge(r.queue)
-        elif op == rec.R_RESET:
-            self.drop(r.queue, write=True)
         elif op == rec.R_SYNCED:
             if not r.queue:  # the live event after every queue's snapshot
                 stream.complete = True
-            replica = self.queues.get(r.queue)
             if replica is not None:
                 replica.synced = True
         elif op == rec.R_DELETED:
@@ -378,24 +413,23 @@ class ReplicaSide:
         """A demoted master's content becomes its replica (the new root resets it)."""
         self.queues[name] = replica
 
-    def forget_source(self) -> None:
-        """This server is root now: it applies no root's stream (its copy is the
-        master)."""
-        if self.source is not None:
-            self.streams.pop(self.source, None)
-        self.source = None
-        self._own = True
-
     def describe(self) -> dict[str, Any]:
-        stream = self.streams.get(self.source) if self.source is not None else None
         return {
             "source": self.source,
             "applied": self.applied,
-            "acked": stream.acked if stream is not None else 0,
-            "pending_writes": len(stream.pending) if stream is not None else 0,
             "complete": self.complete,
+            "streams": {
+                spid: {
+                    "applied": one.applied,
+                    "acked": one.acked,
+                    "pending_writes": len(one.pending),
+                    "complete": one.complete,
+                }
+                for spid, one in sorted(self.streams.items())
+            },
+            "fenced": sorted(self.fenced),
             "queues": {
-                name: {"messages": len(r.entries), "synced": r.synced}
+                name: {"messages": len(r.entries), "synced": r.synced, "source": r.source}
                 for name, r in sorted(self.queues.items())
             },
         }

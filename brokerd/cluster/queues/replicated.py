@@ -159,14 +159,21 @@ class ReplicaSet:
         #: instead of dying with its reset of this copy. Bounded by the quorum lag
         #: (flow control)
         self.tail: deque[tuple[int, str, Message]] = deque()
+        #: the state log fenced this server's stream (its replicas stopped acking it,
+        #: its queues fail over): it confirms and delivers nothing more, and owns no
+        #: replicated queue again under this spid
+        self.fenced = False
 
     # -- the stream ------------------------------------------------------------------
 
     def emit(
         self, op: int, queue: str, mid: int, message: Message | None = None, flags: int = 0
     ) -> int:
-        """Number one event and send it to every replica; 0 when there are none."""
-        if not self.replicas:
+        """Number one event and send it to every replica; 0 when none is needed (a
+        cluster of one primary). With replicas needed and none there yet, it is
+        numbered all the same, and what waits for it waits for a replica's
+        snapshot."""
+        if not self.replicas and self.needed() <= 0:
             return 0
         self.seq += 1
         seq = self.seq
@@ -198,14 +205,16 @@ class ReplicaSet:
     def min_acked(self) -> int:
         """The quorum floor (kept by ``_advance``: it is asked per publish and per
         delivery)."""
-        return self._floor if self.replicas else self.seq
+        return self._floor
 
     def needed(self) -> int:
-        """Replica acks an event needs besides the master's own copy: a majority of
-        the known primaries, the master included (never more than there are
-        replicas: with fewer, every one is waited for)."""
-        known = self.plane.members.known_primaries(self.plane.members.clock())
-        return min(known // 2, len(self.replicas))
+        """Replica acks an event needs besides the owner's own copy: a majority of
+        the known primaries, the owner included, whether or not they are linked. An
+        owner cut off from the others confirms nothing, as a RabbitMQ quorum queue's
+        leader without a majority: the others may fence it and fail its queues over
+        (``fence``), and only a majority's copies are sure to hold what it
+        confirmed."""
+        return self.plane.members.known_primaries(self.plane.members.clock()) // 2
 
     def whole(self, replica: ReplicaLink) -> bool:
         """The replica holds every event up to its ack: its snapshot is in (it acked
@@ -228,6 +237,8 @@ class ReplicaSet:
         need = self.needed()
         if need <= 0:
             return self.seq
+        if self.fenced:
+            return self._floor
         replicas = self.replicas.values()
         if any(r.synced_at is not None for r in replicas):
             counted = [r.acked for r in replicas if self.whole(r)]
@@ -237,12 +248,10 @@ class ReplicaSet:
         return counted[need - 1] if len(counted) >= need else self._floor
 
     def released_to(self) -> int:
-        """The last event whose confirms and deliveries may go: the replicas' floor,
-        and nothing while this server does not act as root. A root resumed after a
-        pause is suspended until its lease is renewed; its replicas may have followed
-        a new root meanwhile, and dropping them (silent, then inactive) must not
-        release what only this server holds."""
-        return self.min_acked() if self.plane.members.acting else 0
+        """The last event whose confirms and deliveries may go: the replicas' floor.
+        An owner back from a pause releases nothing its replicas did not ack; those
+        that applied a fence of it ack nothing more (``ReplicaSide.fence``)."""
+        return self.min_acked()
 
     def wait(self, seq: int, done: Done) -> None:
         """Call ``done`` once every replica has event ``seq``."""
@@ -280,7 +289,7 @@ class ReplicaSet:
         if seq == 0:  # the replica lost track (a gap, a failed write): start it again
             log.warning("replica %s asked for a resync at seq=%d", spid, self.seq)
             del self.replicas[spid]
-            self.add(replica.out, self.plane.shared_queues())
+            self.add(replica.out, self.plane.owned_replicated())
             return
         if seq <= replica.acked:
             return
@@ -288,8 +297,7 @@ class ReplicaSet:
         self._advance()
 
     def _advance(self) -> None:
-        if self.replicas:
-            self._floor = self._quorum_floor()
+        self._floor = self._quorum_floor()
         done_to = self.released_to()
         confirms = self._confirms
         while confirms and confirms[0][0] <= done_to:
@@ -312,7 +320,8 @@ class ReplicaSet:
         return self.seq - self.min_acked()
 
     def resume(self) -> None:
-        """This server acts as root again (its lease renewed): release what waited."""
+        """Release what waits for acks already in (the known primaries may have
+        changed): called every tick."""
         self._advance()
 
     # -- membership ------------------------------------------------------------------
@@ -326,10 +335,8 @@ class ReplicaSet:
         right after a root change); until then its status says its copy is not
         whole, and the election prefers a primary whose copy is
         (``election.choose``)."""
-        if out.spid in self.replicas:
+        if out.spid in self.replicas or self.fenced:
             return
-        if not self.replicas:
-            self._floor = self.seq  # alone, the master held all of it
         replica = ReplicaLink(out, self.seq, self.plane.members.clock())
         self.replicas[out.spid] = replica
         self._floor = self._quorum_floor()
@@ -357,14 +364,41 @@ class ReplicaSet:
         """The server is gone for good (inactive): no alarm waits for it."""
         self.remove(spid, "gone")
 
-    def clear(self) -> None:
-        """This server stops being root: what still waits for the replicas fails (a
-        confirm is nacked, a held delivery's connection closed: the new root may not
-        have it)."""
+    def adopt(self, name: str, entries: dict[int, Entry]) -> None:
+        """This server owns queue ``name`` now (declared here, or failed over or moved
+        to it with ``entries``): every replica resets its copy, whoever fed it, and
+        gets this server's snapshot of it over the next loop turns. Until the
+        snapshots are in, the replicas count by their live stream (see
+        ``_quorum_floor``): what the queue held is this server's alone meanwhile."""
+        for replica in self.replicas.values():
+            self.plane.repl_batch(replica.out).replicate(0, rec.R_RESET, name, 0)
+            if entries:
+                replica.syncs.append((name, deque(entries)))
+                replica.synced_at = None
+        if entries and self.replicas:
+            log.info("queue=%s adopted: %d messages to sync", name, len(entries))
+            self._advance()
+            self._schedule_sync()
+
+    def fence(self) -> None:
+        """The state log fenced this server's stream: the replicas ack it no more.
+        What waits for them fails (a confirm is nacked, a held delivery's connection
+        closed); publishes no quorum held stay in ``tail`` for the queues' next
+        owners (``unreplicated``)."""
+        if self.fenced:
+            return
+        log.warning("this server's replication stream is fenced at seq=%d", self.seq)
+        self.fenced = True
+        self.clear(keep_tail=True)
+
+    def clear(self, *, keep_tail: bool = False) -> None:
+        """What still waits for the replicas fails (a confirm is nacked, a held
+        delivery's connection closed: the queue's next owner may not have it)."""
         self.replicas.clear()
         self.stalled.clear()
         self.reset_feeders()
-        self.tail.clear()
+        if not keep_tail:
+            self.tail.clear()
         confirms, self._confirms = self._confirms, deque()
         gates, self._gates = self._gates, deque()
         self._gate = None
@@ -373,16 +407,18 @@ class ReplicaSet:
         for gate in gates:
             gate.fail()
 
-    def unreplicated(self, queues: Iterable[SharedQueue]) -> list[tuple[Message, str]]:
-        """Unconfirmed publishes no quorum holds yet that are still in their queue
-        (ready or delivered unacked), oldest first: what a demoted root passes on."""
+    def unreplicated(self, name: str, store: ReplicatedQueueStore) -> list[tuple[Message, str]]:
+        """Unconfirmed publishes to queue ``name`` no quorum holds yet that are still in
+        it (``store``: ready or delivered unacked), oldest first: what an owner that
+        loses the queue passes on to the next one."""
         floor = self._floor
-        stores = {q.name: getattr(q, "replicated", None) for q in queues}
-        out = []
-        for seq, name, message in self.tail:
-            store = stores.get(name)
-            if seq > floor and store is not None and id(message) in store.mids:
-                out.append((message, name))
+        out = [
+            (message, name)
+            for seq, qname, message in self.tail
+            if qname == name and seq > floor and id(message) in store.mids
+        ]
+        if out:
+            self.tail = deque(t for t in self.tail if t[1] != name)
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -390,6 +426,7 @@ class ReplicaSet:
             "seq": self.seq,
             "min_acked": self.min_acked(),
             "waiting_confirms": len(self._confirms),
+            "fenced": self.fenced,
             "replicas": {
                 spid: {
                     "acked": r.acked,

@@ -88,17 +88,15 @@ class Proxy:
         queue = self.queue
         queue.stats_in += 1
         plane = queue.plane
-        if not queue.follows_root:
-            # straight to its owner; away or unreachable, the publisher is nacked (no
+        owner = queue.owner
+        if plane.forward(owner, message, ("", queue.name), waiter):
+            return True  # straight to its owner
+        if not queue.replicated_kind or owner == plane.spid:
+            # a classic queue's owner away or unreachable: the publisher is nacked (no
             # other server may take it: it would be a second copy of the queue)
-            return plane.forward(queue.owner, message, ("", queue.name), waiter)
-        root = plane.root_spid()
-        if plane.forward(root, message, ("", queue.name), waiter):
-            return True
-        if root == plane.spid:
-            return False  # root here, yet not mastered here: refused
-        # no root, or its link is down: kept for the next root (publishers are blocked
-        # from the end of this loop turn; what was read in it is not dropped)
+            return False
+        # a replicated queue's owner unreachable (failover under way): kept for its
+        # next owner
         return plane.orphans.hold(message, ("", queue.name), waiter)
 
     def get(self, no_ack: bool, reply: Reply, recipient: Any = None) -> None:

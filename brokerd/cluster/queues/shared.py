@@ -55,26 +55,24 @@ class SharedQueue(Queue):
     def __init__(self, name: str, vhost: str, *, plane: MessagePlane, **kwargs: Any) -> None:
         #: this server's journal of the queue (the vhost's store sets it)
         self.journal_store: JournalQueueStore | None = None
-        #: the master's store (master role only, of a queue that follows the root)
+        #: the owner's store of a replicated or quorum queue (owner role only)
         self.replicated: ReplicatedQueueStore | None = None
         self._owner = Owner(self)
         self._proxy = Proxy(self)
         #: the role every ``QueueType`` call goes to (``local`` swaps it)
         self.role: Owner | Proxy = self._proxy
-        #: master (True) or proxy; a new queue is the master on the root until its
-        #: placement says otherwise
-        self.local = plane.is_root
         self.plane = plane
         super().__init__(name, vhost, **kwargs)
         #: how the cluster keeps it (``placement.kind_of``)
         self.kind = kind_of(self.durable, self.arguments, plane.default_queue_type)
-        #: a classic queue's owner (None until placed, and while it is unavailable),
-        #: the placement's epoch, and the owner it waits for while unavailable
+        #: master (True) or proxy; a new classic queue is the master on the root until
+        #: its placement says otherwise, a replicated one is nobody's until placed
+        self.local = plane.is_root and self.kind == CLASSIC
+        #: the queue's owner (None until placed, and while it is unavailable), the
+        #: placement's epoch, and the owner it waits for while unavailable
         self.owner: str | None = None
         self.epoch = 0
         self.home: str | None = None
-        if self.local and self.follows_root:
-            self.replicated = ReplicatedQueueStore(name, plane.replicas, None)
         #: this server's consumers as attached at the root (proxy role)
         self.proxied: dict[ConsumerSink, ProxiedConsumer] = {}
 
@@ -88,22 +86,22 @@ class SharedQueue(Queue):
         self.role = self._owner if master else self._proxy
 
     @property
-    def follows_root(self) -> bool:
-        """Mastered on the root (replicated), not on an owner of its own."""
+    def replicated_kind(self) -> bool:
+        """Kept on replicas (replicated or quorum), not on its owner alone (classic)."""
         return self.kind != CLASSIC
 
     def owner_spid(self) -> str | None:
         """The server holding the master copy now (None: nobody, for the moment)."""
-        return self.plane.root_spid() if self.follows_root else self.owner
+        return self.owner
 
     def replica_states(self) -> list[dict[str, Any]] | None:
         """The master copy's replicas with their in-sync state (``ReplicaSet.members``:
-        the root's set, the same for every queue that follows it), for the console and
+        the owner's stream, the same for every queue it owns), for the console and
         ``brokerd ctl queues``. [] for a classic queue (its owner's alone: no copy
         elsewhere); None on a proxy, which does not know (its master reports them)."""
         if not self.local:
             return None
-        return self.plane.replicas.members() if self.follows_root else []
+        return self.plane.replicas.members() if self.replicated_kind else []
 
     @property  # type: ignore[override]
     def store(self) -> QueueStore | None:
@@ -157,9 +155,9 @@ class SharedQueue(Queue):
     # -- the role -----------------------------------------------------------------------
 
     def place(self, owner: str | None, epoch: int, home: str | None) -> None:
-        """A classic queue's placement, from the state log: its owner serves it, every
-        other server proxies it (a queue that follows the root ignores this)."""
-        if self.follows_root or epoch < self.epoch:
+        """The queue's placement, from the state log: its owner serves it, every other
+        server proxies it."""
+        if epoch < self.epoch:
             return
         self.owner, self.epoch, self.home = owner, epoch, home
         if owner == self.plane.spid:
@@ -169,84 +167,63 @@ class SharedQueue(Queue):
             self.plane.proxy.replaced(self)  # its consumers here follow the owner
 
     def _own(self) -> None:
-        """This server owns the classic queue: what its journal kept (a restart) is
-        the content, in order."""
-        if self.local:
+        """This server owns the queue. A classic queue's content is what its journal
+        kept (a restart); a replicated one's is this server's copy (empty for a new
+        queue): what the old owner had delivered comes back ready and flagged
+        redelivered, in the order it numbered it (its consumers' sessions ended with
+        it), and the replicas are reset to this server's copy."""
+        if self.local and (not self.replicated_kind or self.replicated is not None):
             return
         self.local = True
         replica = self.plane.replica.take(self.name)
-        if replica is not None:
-            ready = []
-            for _mid, entry in replica.ordered():
-                if entry.acquired:
-                    entry.requeue()
-                ready.append((entry.message, entry.redelivered))
+        ready = []
+        entries: dict[int, Entry] = {}
+        for mid, entry in replica.ordered() if replica is not None else ():
+            if entry.acquired:
+                entry.requeue()
+            entries[mid] = entry
+            ready.append((entry.message, entry.redelivered))
+        if self.replicated_kind:
+            store = ReplicatedQueueStore(
+                self.name, self.plane.replicas, self.journal_store, entries
+            )
+            if replica is not None:
+                store.next_mid = max(store.next_mid, replica.top + 1)
+            self.replicated = store
+            self.plane.replicas.adopt(self.name, store.entries)
+        if ready:
             self.replace_messages(ready)
         self.plane.proxy.forget(self)
-        self.start_timers()
+        self.start_timers()  # TTL and x-expires act on the owner only
         self.dispatch()
 
     def _disown(self) -> None:
         """Another server owns it, or nobody for now (this one was found lost while it
-        was only slow): what it held is kept, in order, for when it owns the queue
-        again (its journal keeps the persistent part across a restart too); consumers
-        from elsewhere go, and its own are attached at the owner."""
+        was only slow): what it held is kept, in order, as this server's copy: the
+        next owner's stream resets it, or it is the content again if this server
+        owns the queue again (its journal keeps the persistent part across a
+        restart too). Publishes no quorum held go on to the next owner; consumers
+        from elsewhere go, and this server's own are attached at the owner."""
         if not self.local:
             return
         self.plane.master.release_queue(self)
         self.local = False
         replica = QueueReplica()
-        for position, (message, redelivered) in enumerate(self.ready(), start=1):
-            replica.entries[position] = Entry(message, redelivered=redelivered, persistent=True)
-            replica.top = position
-        if replica.entries:
-            self.plane.replica.hand(self.name, replica)
-        self._clear()
-        self.consumers = [c for c in self.consumers if not getattr(c, "remote", False)]
-        self.plane.proxy.adopt(self)
-
-    def become_master(self) -> None:
-        """This server is root now: serve the queue from its replica. What the old
-        root had delivered comes back ready and flagged redelivered, in the order
-        the old root numbered it (its consumers' sessions ended with it)."""
-        if self.local or not self.follows_root:
-            return
-        self.local = True
-        replica = self.plane.replica.take(self.name) or QueueReplica()
-        entries = {}
-        ready = []
-        for mid, entry in replica.ordered():
-            if entry.acquired:
-                entry.requeue()
-            entries[mid] = entry
-            ready.append((entry.message, entry.redelivered))
-        self.replicated = ReplicatedQueueStore(
-            self.name, self.plane.replicas, self.journal_store, entries
-        )
-        self.replicated.next_mid = max(self.replicated.next_mid, replica.top + 1)
-        self.replace_messages(ready)
-        self.plane.proxy.forget(self)
-        self.start_timers()  # TTL and x-expires act on the master only
-        self.dispatch()
-
-    def become_proxy(self) -> None:
-        """Another server is root: consumers attached from elsewhere belong to the
-        master role and go (their servers re-attach to the new root); this
-        server's own consumers are attached there by the proxy. The master's
-        content stays as this server's replica until the new root resets it."""
-        if not self.local or not self.follows_root:
-            return
-        self.local = False
         replicated, self.replicated = self.replicated, None
-        replica = QueueReplica()
         if replicated is not None:
+            self.plane.orphans.adopt(self.plane.replicas.unreplicated(self.name, replicated))
             for mid, entry in replicated.entries.items():
                 replica.entries[mid] = entry
                 if not entry.message.paged:
                     replica.bytes += len(entry.message.body)
             replica.top = replicated.next_mid - 1
-        self.plane.replica.hand(self.name, replica)
-        self._clear()  # and its timers stop: the new root's copy expires
+        else:
+            for position, (message, redelivered) in enumerate(self.ready(), start=1):
+                replica.entries[position] = Entry(message, redelivered=redelivered, persistent=True)
+                replica.top = position
+        if replica.entries:
+            self.plane.replica.hand(self.name, replica)
+        self._clear()  # and its timers stop: the next owner's copy expires
         self.consumers = [c for c in self.consumers if not getattr(c, "remote", False)]
         self.plane.proxy.adopt(self)
 

@@ -311,7 +311,7 @@ def entry_header(entry: Entry) -> dict[str, Any]:
 def entry_from_header(header: dict[str, Any], frame: bytes) -> Entry:
     """Rebuild an entry from a bucket header and its method frame."""
     op = header.get("op")
-    if op == sl.SERVER_GONE:
+    if op in (sl.SERVER_GONE, sl.SERVER_FENCE):
         return Entry(int(header["seq"]), op, spid=str(header.get("spid", "")))
     if op == sl.QUEUE_PLACE:
         props = header.get("props") or {}

@@ -87,6 +87,9 @@ class WiringReplication:
         #: gives a shared queue's declare its owner before the root orders it
         #: (``placing.Placer.place_declare``)
         self.placer: Callable[[Entry], Entry] | None = None
+        #: fences a server's replication stream; True if it was not fenced yet here
+        #: (``MessagePlane.fence``)
+        self.on_fence: Callable[[str], bool] | None = None
 
     @property
     def spid(self) -> str:
@@ -118,12 +121,12 @@ class WiringReplication:
     def _owned_elsewhere(
         self, vhost: VirtualHost, method: commands.Queue.Delete, done: WiringDone
     ) -> bool:
-        """A delete of a classic queue its owner holds, asked on another server (the
+        """A delete of a shared queue its owner holds, asked on another server (the
         root too) or on the owner when it is not root: only the owner knows the counts
         that ``if-empty``/``if-unused`` and the delete-ok's message count need. They
         are taken there (the proxy asks), then the root orders the delete."""
         queue = vhost.queues.get(method.queue)
-        if queue is None or getattr(queue, "follows_root", True):
+        if getattr(queue, "owner_spid", None) is None:
             return False
         if queue.local and self.members.root_now():
             return False  # the owner is root: the channel applies and orders it here
@@ -265,7 +268,10 @@ class WiringReplication:
         result = None
         if self.placer is not None:
             entry = self.placer(entry)
-        if not applied and self.broker is not None:
+        if entry.op == sl.SERVER_FENCE:
+            if not self._fence(entry.spid):
+                return False, None  # fenced already
+        elif not applied and self.broker is not None:
             outcome = rep.try_apply(self.broker, entry, own_spid=self.spid, remote=self.remote)
             if isinstance(outcome, AMQPError):
                 return outcome
@@ -367,7 +373,17 @@ class WiringReplication:
         if change is not None and change.done is not None:
             change.done(None, header.get("result"))
 
+    def _fence(self, spid: str) -> bool:
+        return self.on_fence(spid) if self.on_fence is not None else False
+
+    def fence(self, spid: str) -> None:
+        """Root only: fence ``spid``'s replication stream (its queues then fail over)."""
+        self._order(Entry(0, sl.SERVER_FENCE, self.members.config.vhost, spid=spid), None)
+
     def _apply(self, entry: Entry) -> None:
+        if entry.op == sl.SERVER_FENCE:
+            self._fence(entry.spid)
+            return
         if self.broker is None:
             return
         outcome = rep.try_apply(self.broker, entry, own_spid=self.spid, remote=self.remote)

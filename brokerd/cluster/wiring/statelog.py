@@ -25,6 +25,9 @@ EXCHANGE_UNBIND = "exchange.unbind"
 META_BIND = "meta.bind"
 META_UNBIND = "meta.unbind"
 SERVER_GONE = "server.gone"
+#: a server's replication stream is fenced (``spid``): the queues it owns fail over,
+#: and it owns no replicated queue again under that spid
+SERVER_FENCE = "server.fence"
 #: a shared queue's owner changes (``spid``; "" while it is unavailable); a declare
 #: carries its first owner in ``spid`` too ("" for a queue that follows the root)
 QUEUE_PLACE = "queue.place"
@@ -42,6 +45,7 @@ OPS = (
     META_UNBIND,
     SERVER_GONE,
     QUEUE_PLACE,
+    SERVER_FENCE,
 )
 
 
@@ -100,6 +104,8 @@ class Wiring:
     meta_bindings: set[Fact] = field(default_factory=set)
     #: shared queues with an owner of their own: (vhost, name) -> (owner, props)
     owners: dict[tuple[str, str], tuple[str, tuple[Any, ...]]] = field(default_factory=dict)
+    #: servers whose replication streams are fenced (for good)
+    fenced: set[str] = field(default_factory=set)
 
     def apply(self, entry: Entry) -> tuple[list[Fact], list[Fact]]:
         """Apply one entry; returns the facts it added and removed.
@@ -164,6 +170,10 @@ class Wiring:
             if key in bindings:
                 bindings.discard(key)
                 removed.append((kind, *key))
+        elif op == SERVER_FENCE:
+            if entry.spid not in self.fenced:
+                self.fenced.add(entry.spid)
+                added.append(("f", entry.spid))
         elif op == SERVER_GONE:
             doomed = {b for b in self.meta_bindings if b[5] == entry.spid}
             self.meta_bindings -= doomed
