@@ -24,8 +24,8 @@ class Config:
     open_timeout: float = 10.0
     heartbeat_timeout: float = 3.0
     heartbeat_interval: float = 1.0
-    #: these tests make shared queues directly, with no placement from a state log:
-    #: replicated ones (mastered on the root) whatever their durability
+    #: these tests make shared queues directly and place them by hand (``Net.place``,
+    #: as the root's state log would): replicated ones whatever their durability
     default_queue_type: str | None = "replicated"
 
 
@@ -131,18 +131,59 @@ class Net:
         return server
 
     def join(self, spid: str, queue: str = "q") -> Server:
-        """A new primary: it holds the queue's wiring, follows the root, and the root's
-        link to it comes up (it joins the replica set and is sent its snapshot)."""
+        """A new primary: it holds the queue's wiring and placement, follows the root,
+        and the others' links to it come up (it joins their replica sets and is sent
+        their snapshots)."""
         server = self.add(spid)
         server.broker.vhosts["/"].declare_queue(queue, connection_id=0)
         server.plane.root_changed(None, self.root)
-        self.servers[self.root].plane.link_ready(spid)  # type: ignore[index]
+        placed = self.queue(self.root, queue)  # type: ignore[arg-type]
+        self.queue(spid, queue).place(placed.owner, placed.epoch, None)
+        for other in self.servers:
+            if other != spid:
+                self.servers[other].plane.link_ready(spid)
         return server
 
-    def declare(self, name: str) -> None:
-        """Wiring is global: the queue exists on every server (as wiring replication does)."""
+    def declare(self, name: str, owner: str | None = None) -> None:
+        """Wiring is global: the queue exists on every server (as wiring replication
+        does), placed on ``owner`` (default: the root) as the root's declare places it."""
         for server in self.servers.values():
             server.broker.vhosts["/"].declare_queue(name, connection_id=0)
+        self.place(name, owner or self.root)  # type: ignore[arg-type]
+        self.pump()  # the owner's reset of the replicas' copies
+
+    def place(self, name: str, owner: str) -> None:
+        """A ``queue.place`` entry applied by every server, in turn."""
+        epoch = max(self.queue(s, name).epoch for s in self.servers) + 1
+        for spid in self.servers:
+            self.queue(spid, name).place(owner, epoch, None)
+
+    def fail_over(self, dead: str) -> None:
+        """What the root orders for the replicated queues ``dead`` owned: the fence,
+        applied everywhere, then each queue on the survivor with the furthest copy
+        (synced first, then the earliest spid), as ``placing.Placer`` chooses."""
+        for server in self.servers.values():
+            server.plane.fence(dead)
+        owners = {dead}
+        reports = {
+            spid: s.plane.replica.fenced_report(owners).get(dead, {})
+            for spid, s in self.servers.items()
+        }
+        names = {
+            name
+            for s in self.servers.values()
+            for name, q in s.broker.vhosts["/"].queues.items()
+            if getattr(q, "owner", None) == dead
+        }
+        for name in sorted(names):
+            ranked = sorted(
+                self.servers,
+                key=lambda spid: (
+                    tuple(reports[spid].get(name, (False, -1))),
+                    [-ord(c) for c in spid],
+                ),
+            )
+            self.place(name, ranked[-1])
 
     def queue(self, spid: str, name: str) -> SharedQueue:
         return self.servers[spid].broker.vhosts["/"].queues[name]  # type: ignore[return-value]
@@ -151,7 +192,16 @@ class Net:
         old, self.root = self.root, root
         for server in self.servers.values():
             server.plane.root_changed(old, root)
+        self.seen()
         self.pump()
+
+    def seen(self) -> None:
+        """Every server hears every other's status (each takes the others as replicas
+        of its stream, as the heartbeat's ``primary_seen`` does)."""
+        for spid, server in self.servers.items():
+            for other in self.servers:
+                if other != spid:
+                    server.plane.primary_seen(other)
 
     def flush(self) -> None:
         for server in self.servers.values():
@@ -191,6 +241,8 @@ class Net:
             server.plane.peer_lost(spid, "inactive")
         if self.root == spid:
             self.elect(min(self.servers))
+        self.fail_over(spid)
+        self.pump()
 
     def drop_link(self, a: str, b: str) -> None:
         """Both links between a and b drop: what was on them is lost, sessions end."""

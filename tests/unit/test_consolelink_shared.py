@@ -51,10 +51,11 @@ def test_the_root_masters_a_shared_queue_and_counts_consumers_per_server(net: Ne
     assert entry(net, "C")["consumers"] == 1
 
 
-def test_a_root_change_moves_the_master_flag_and_the_consumer_spread(net: Net) -> None:
+def test_a_move_moves_the_master_flag_and_the_consumer_spread(net: Net) -> None:
     consume(net, "C", "c1")
     assert entry(net, "A")["consumer_servers"] == {"C": 1}
-    net.elect("B")
+    net.place("q", "B")
+    net.pump()
     assert entry(net, "A")["master"] is False
     new_root = entry(net, "B")
     assert new_root["master"] is True

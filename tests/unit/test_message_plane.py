@@ -36,6 +36,7 @@ def test_a_forward_is_settled_and_lands_on_the_root(net: Net) -> None:
 
 def test_one_forward_per_message_and_server_whatever_the_queues(net: Net) -> None:
     net.declare("q2")
+    net.pump()
     waiter = Waiter()
     m = message(b"both")
     assert net.queue("B", "q").push(m, waiter) and net.queue("B", "q2").push(m, waiter)
@@ -135,19 +136,21 @@ def test_a_proxy_that_opens_a_new_session_by_itself_is_not_voided_twice(net: Net
     assert list(root.consumers["B"]) == ["B/1/c"] and len(root.deliveries["B"]) == 1
 
 
-def test_forwards_in_flight_when_the_root_changes_go_to_the_new_root(net: Net) -> None:
+def test_forwards_in_flight_when_the_owner_fails_go_to_its_next_owner(net: Net) -> None:
     waiter = Waiter()
-    net.queue("B", "q").push(message(b"lost?"), waiter)
+    net.queue("C", "q").push(message(b"lost?"), waiter)
     net.flush()  # sent, not yet settled
-    net.wire.clear()  # ... and the root died with it
-    net.elect("C")  # kept, not nacked: sent again to the new root
+    net.wire.clear()  # ... and the owner died with it
+    net.kill("A")  # kept, not nacked: sent again to the queue's next owner
+    owner = net.queue("C", "q").owner
+    assert owner == "B"  # both copies equal: the earliest
     net.pump()
-    assert waiter.answers == [(True, 1)]  # confirmed once C took it
-    net.queue("B", "q").push(message(b"after"), waiter)
+    assert waiter.answers == [(True, 1)]  # confirmed once B took it (and C has it)
+    net.queue("C", "q").push(message(b"after"), waiter)
     net.pump()
     assert waiter.answers[-1] == (True, 1)
-    # flagged redelivered: the old root may have taken it too
-    ready = [(m.body, r) for m, r in net.queue("C", "q").ready()]
+    # flagged redelivered: the old owner may have taken it too
+    ready = [(m.body, r) for m, r in net.queue("B", "q").ready()]
     assert ready == [(b"lost?", True), (b"after", False)]
 
 
@@ -165,10 +168,10 @@ def test_forwards_kept_for_a_root_that_never_comes_are_nacked(net: Net) -> None:
     assert waiter.answers == [(False, 0)] and not plane.orphans.kept
 
 
-def test_hand_over_moves_ready_and_held_messages_to_the_new_root(net: Net) -> None:
+def test_a_move_takes_ready_and_held_messages_to_the_new_owner(net: Net) -> None:
     sink = consuming_on_b(net, 3, prefetch=1)
     assert sink.bodies() == [b"0"]
-    net.elect("C")  # A hands over: 0 was delivered and not acked, 1 and 2 were ready
+    net.place("q", "C")  # A's copy moves: 0 was delivered and not acked, 1 and 2 ready
     queue = net.queue("C", "q")
     assert queue.local and not net.queue("A", "q").local
     # B's consumer is attached to C now and gets 0 again (redelivered), then the rest
@@ -341,17 +344,19 @@ def test_feeders_past_their_share() -> None:
     assert merged.sent == {1: 1800, 2: 1800, "peer": 100}
 
 
-def test_a_root_demoted_by_a_failure_passes_on_unconfirmed_publishes_no_quorum_held(
+def test_a_fenced_owner_passes_on_unconfirmed_publishes_no_quorum_held(
     net: Net,
 ) -> None:
-    """A root paused past the timeout: what its own publishers wrote was never
-    replicated; it goes to the new root (flagged) instead of dying with the reset."""
+    """An owner paused past the timeout: what its own publishers wrote was never
+    replicated; it goes to the queue's next owner (flagged) instead of dying with
+    the reset of its copy."""
     for link in (("A", "B"), ("A", "C"), ("B", "A"), ("C", "A")):
         net.cut.add(link)
     net.queue("A", "q").push(message(b"only on A"))  # unconfirmed: no waiter
     net.drop_link("A", "B")
     net.drop_link("A", "C")
-    net.elect("B")  # the others moved on; A gives the role up
+    net.fail_over("A")  # the others fenced A and placed q on B; A applies it later
+    assert not net.queue("A", "q").local
     assert len(net.servers["A"].plane.orphans.kept) == 1
     net.cut.clear()
     for a, b in (("A", "B"), ("B", "A"), ("A", "C"), ("C", "A")):
@@ -360,13 +365,14 @@ def test_a_root_demoted_by_a_failure_passes_on_unconfirmed_publishes_no_quorum_h
     assert [(m.body, r) for m, r in net.queue("B", "q").ready()] == [(b"only on A", True)]
 
 
-def test_a_planned_hand_over_passes_nothing_on(net: Net) -> None:
+def test_a_root_change_moves_no_queue(net: Net) -> None:
     net.queue("A", "q").push(message(b"m"))
     net.pump()
     net.servers["A"].members.stopping = True
-    net.elect("B")  # the stream is ordered: B got it as a replica, promoted now
+    net.elect("B")  # the root only orders placements: q stays on A
     assert not net.servers["A"].plane.orphans.kept
-    assert [m.body for m, _r in net.queue("B", "q").ready()] == [b"m"]
+    assert net.queue("A", "q").local and not net.queue("B", "q").local
+    assert [m.body for m, _r in net.queue("A", "q").ready()] == [b"m"]
 
 
 def test_a_restored_message_keeps_its_redelivered_flag_through_a_failover(net: Net) -> None:

@@ -32,11 +32,11 @@ def test_a_shared_queue_serves_as_owner_on_the_root_and_as_proxy_elsewhere(net: 
     assert sink.bodies() == [b"through B"]  # delivered by the owner, through B
 
 
-def test_a_root_change_swaps_the_roles_and_the_object_stays(net: Net) -> None:
+def test_a_move_swaps_the_roles_and_the_object_stays(net: Net) -> None:
     before_a, before_b = net.queue("A", "q"), net.queue("B", "q")
     before_a.push(message(b"kept"))
     net.pump()
-    net.elect("B")
+    net.place("q", "B")
     assert net.queue("B", "q") is before_b and before_b.local
     assert isinstance(before_b.role, Owner) and isinstance(before_a.role, Proxy)
     assert [m.body for m, _ in before_b.ready()] == [b"kept"]

@@ -23,6 +23,8 @@ def timers(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeTimers]:
 def declare(net: Net, name: str, **arguments: Any) -> None:
     for server in net.servers.values():
         server.broker.vhosts["/"].declare_queue(name, connection_id=0, arguments=arguments)
+    net.place(name, net.root)  # type: ignore[arg-type]
+    net.pump()
 
 
 def cluster() -> Net:
@@ -72,7 +74,7 @@ def test_a_demoted_master_stops_its_timers(timers: FakeTimers) -> None:
     declare(net, "q", **{"x-message-ttl": 1000})
     net.queue("A", "q").push(message(b"m"), Waiter())
     net.pump()
-    net.elect("B")
+    net.place("q", "B")  # moved
     old = net.queue("A", "q")
     assert not old.local and old.message_count == 0
     assert [h for h in timers.pending if h.callback.__self__ is old] == []  # type: ignore[attr-defined]

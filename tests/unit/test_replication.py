@@ -12,6 +12,11 @@ from tests.support.examples import examples
 from tests.unit.cluster_net import Net, Sink, Waiter, message
 
 
+def owner_queue(net: Net, name: str = "q"):  # type: ignore[no-untyped-def]
+    """The queue on its owner (the root's view of its placement)."""
+    return net.queue(net.queue(net.root, name).owner, name)  # type: ignore[arg-type]
+
+
 def bodies(net: Net, spid: str) -> list[tuple[bytes, bool]]:
     queue = net.queue(spid, "q")
     return [(m.body, redelivered) for m, redelivered in queue.ready()]
@@ -150,31 +155,41 @@ def test_a_joining_replica_follows_the_live_stream_and_never_stalls_confirms(
     ]
 
 
-def test_a_suspended_root_releases_nothing_when_its_replicas_go(net: Net) -> None:
-    root = net.servers["A"]
-    root.members.acting = False  # resumed after a pause: its lease is not renewed yet
+def test_an_owner_cut_off_from_its_replicas_confirms_nothing_and_a_fence_nacks(
+    net: Net,
+) -> None:
+    """An owner that lost every replica (a pause past the timeout: they went on
+    without it) holds the only copy: no confirm. Once the fence reaches it, what
+    waited is nacked (its queues fail over to the copies the others hold)."""
+    owner = net.servers["A"]
     waiter = Waiter()
     net.queue("A", "q").push(message(b"m"), waiter)
     net.flush()
-    net.wire.clear()  # the replicas never answer: they follow another root now
+    net.wire.clear()  # the replicas never answer
     for spid in ("B", "C"):
-        root.plane.peer_lost(spid, "inactive")
-    root.plane.tick()
+        owner.plane.peer_lost(spid, "inactive")
+    owner.plane.tick()
     assert waiter.answers == []  # only this server has it: no confirm
-    root.plane.root_changed("A", "B")  # it gives the role up
+    assert owner.plane.fence("A") and not owner.plane.fence("A")
     assert waiter.answers == [(False, 0)]
+    owner.plane.primary_seen("B")  # a fenced stream takes no replica again
+    assert owner.plane.replicas.replicas == {}
 
 
-def test_a_root_whose_lease_is_renewed_releases_what_waited(net: Net) -> None:
-    root = net.servers["A"]
-    root.members.acting = False
+def test_a_fenced_stream_is_applied_and_acked_no_more(net: Net) -> None:
     waiter = Waiter()
-    net.queue("A", "q").push(message(b"m"), waiter)
-    net.pump()  # both replicas ack meanwhile
-    assert waiter.answers == []
-    root.members.acting = True
-    root.plane.replicas.resume()
-    assert waiter.answers == [(True, 1)]
+    net.queue("A", "q").push(message(b"1"), waiter)
+    net.pump()
+    for spid in ("B", "C"):
+        assert net.servers[spid].plane.fence("A")
+    net.queue("A", "q").push(message(b"2"), waiter)
+    net.pump()
+    assert waiter.answers == [(True, 1)]  # "2" waits for acks that never come
+    for spid in ("B", "C"):
+        replica = net.servers[spid].plane.replica
+        assert [e.message.body for e in replica.queues["q"].entries.values()] == [b"1"]
+        applied = net.servers["A"].plane.replicas.seq - 1  # all but "2"
+        assert replica.fenced_report({"A"}) == {"A": {"q": [True, applied]}}
 
 
 def test_a_purge_and_a_delete_reach_the_replicas(net: Net) -> None:
@@ -203,7 +218,7 @@ def test_a_gap_in_the_stream_asks_for_a_resync(net: Net) -> None:
 def test_the_old_root_keeps_its_content_as_a_replica_until_reset(net: Net) -> None:
     net.queue("A", "q").push(message(b"m"))
     net.pump()
-    net.elect("B")  # a handover: A demotes, B promotes and resets A
+    net.place("q", "B")  # a move: A demotes, B promotes and resets A
     assert bodies(net, "B") == [(b"m", False)]
     assert net.queue("A", "q").messages == type(net.queue("A", "q").messages)()
     assert [
@@ -314,11 +329,11 @@ def test_no_confirmed_message_is_lost_across_root_failures(actions: list[str], r
                 continue
             queue = net.queue(spid, "q")
             if action == "ack":
-                root = net.queue(net.root, "q")  # type: ignore[arg-type]
+                root = owner_queue(net)
                 before = {e.message.body for e in root.store.entries.values()}  # type: ignore[union-attr]
                 queue.ack([m])
                 net.pump()
-                after = {e.message.body for e in net.queue(net.root, "q").store.entries.values()}  # type: ignore[arg-type,union-attr]
+                after = {e.message.body for e in owner_queue(net).store.entries.values()}  # type: ignore[union-attr]
                 if m.body in before and m.body not in after:  # type: ignore[attr-defined]
                     acked.add(m.body)  # type: ignore[attr-defined]
             else:
@@ -341,8 +356,7 @@ def test_no_confirmed_message_is_lost_across_root_failures(actions: list[str], r
         else:
             net.pump()
     net.pump()
-    root = net.queue(net.root, "q")  # type: ignore[arg-type]
-    store = root.store
+    store = owner_queue(net).store
     assert isinstance(store, ReplicatedQueueStore)
     kept = {e.message.body for e in store.entries.values()}
     for body, w in confirmed:

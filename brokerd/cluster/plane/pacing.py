@@ -72,7 +72,7 @@ class Pacing:
             if out.unsettled_bytes > UNSETTLED_BYTES_HIGH:
                 unsettled = max(unsettled, UNSETTLED_HIGH + 1)  # few, but large
             cause = f"link:{out.spid}"
-            to_replica = replicas is not None and out.spid in replicas.replicas
+            to_replica = bool(replicas.owned) and out.spid in replicas.replicas
             high, low = (
                 (REPLICA_BACKLOG_HIGH, REPLICA_BACKLOG_LOW)
                 if to_replica

@@ -163,6 +163,8 @@ class ReplicaSet:
         #: its queues fail over): it confirms and delivers nothing more, and owns no
         #: replicated queue again under this spid
         self.fenced = False
+        #: the queues this server owns and streams (``adopt``/``disown``)
+        self.owned: set[str] = set()
 
     # -- the stream ------------------------------------------------------------------
 
@@ -370,15 +372,23 @@ class ReplicaSet:
         gets this server's snapshot of it over the next loop turns. Until the
         snapshots are in, the replicas count by their live stream (see
         ``_quorum_floor``): what the queue held is this server's alone meanwhile."""
+        self.owned.add(name)
         for replica in self.replicas.values():
-            self.plane.repl_batch(replica.out).replicate(0, rec.R_RESET, name, 0)
+            batch = self.plane.repl_batch(replica.out)
+            batch.replicate(0, rec.R_RESET, name, 0)
             if entries:
                 replica.syncs.append((name, deque(entries)))
                 replica.synced_at = None
+            else:
+                batch.replicate(0, rec.R_SYNCED, name, 0)  # empty: the copy is whole
         if entries and self.replicas:
             log.info("queue=%s adopted: %d messages to sync", name, len(entries))
             self._advance()
             self._schedule_sync()
+
+    def disown(self, name: str) -> None:
+        """This server no longer owns queue ``name`` (moved, failed over, deleted)."""
+        self.owned.discard(name)
 
     def fence(self) -> None:
         """The state log fenced this server's stream: the replicas ack it no more.
@@ -685,6 +695,7 @@ class ReplicatedQueueStore:
     def deleted(self) -> None:
         self.entries.clear()
         self.mids.clear()
+        self.replicas.disown(self.name)
         self.replicas.emit(rec.R_DELETED, self.name, 0)
         if self.local is not None:
             self.local.deleted()

@@ -165,6 +165,7 @@ class SharedQueue(Queue):
         else:
             self._disown()
             self.plane.proxy.replaced(self)  # its consumers here follow the owner
+        self.plane.orphans.send()  # publishes kept for its next owner
 
     def _own(self) -> None:
         """This server owns the queue. A classic queue's content is what its journal
@@ -211,6 +212,7 @@ class SharedQueue(Queue):
         replica = QueueReplica()
         replicated, self.replicated = self.replicated, None
         if replicated is not None:
+            self.plane.replicas.disown(self.name)
             self.plane.orphans.adopt(self.plane.replicas.unreplicated(self.name, replicated))
             for mid, entry in replicated.entries.items():
                 replica.entries[mid] = entry
