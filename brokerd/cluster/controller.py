@@ -220,6 +220,7 @@ class ClusterController(Membership):
     def root_changed(self, old: str | None, new: str | None) -> None:
         self.plane.root_changed(old, new)
         self.placer.root_changed(new == self.spid)
+        self.placer.check()  # owners known lost already fail over at once
 
     def peer_lost(self, spid: str, why: str) -> None:
         self.plane.peer_lost(spid, why)

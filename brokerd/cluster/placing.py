@@ -104,8 +104,6 @@ class Placer:
         if self.root_since is None or not self.members.decision.is_root:
             return
         settled = self.members.clock() - self.root_since >= self.members.config.heartbeat_timeout
-        if lost is None and not settled:
-            return
         live = self.primaries()
         live_spids = [spid for spid, _a in live]
         now = self.members.clock()
@@ -113,7 +111,8 @@ class Placer:
         silent = {
             spid
             for spid, peer in self.members.peers.items()
-            if peer.status is not None and not self.members.standing.active(peer, now)
+            if peer.gone
+            or (peer.status is not None and not self.members.standing.active(peer, now))
         }
         by_address = {address: spid for spid, address in live if address}
         failing: dict[str, list[SharedQueue]] = {}

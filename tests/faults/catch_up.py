@@ -144,7 +144,7 @@ def run(cluster: Cluster, opts: argparse.Namespace) -> int:
         deadline = answering + 120
         while True:
             view = cluster.status(target) or {}
-            if view.get("ready") and (view.get("replication") or {}).get("complete"):
+            if view.get("ready") and (view.get("copies") or {}).get("complete"):
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError("the restarted primary did not catch up within 120 s")

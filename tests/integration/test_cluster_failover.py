@@ -163,7 +163,7 @@ def test_no_confirmed_message_is_lost_when_the_root_is_killed(cluster: Cluster) 
 def test_what_the_dead_root_delivered_unacked_comes_back_flagged(cluster: Cluster) -> None:
     root, (a, b) = roles(cluster)
     queue = uid("redeliver")
-    with connect(cluster, a) as conn:
+    with connect(cluster, root) as conn:  # client-local: the root owns it
         pub = conn.channel()
         pub.queue_declare(queue, durable=True)
         pub.confirm_delivery()
@@ -356,7 +356,7 @@ def test_a_restarted_primary_syncs_a_deep_queue_while_publishers_go_on(
     deadline = time.monotonic() + 60
     try:
         while complete is None and time.monotonic() < deadline:
-            replication = (cluster.status(b, timeout=2.0) or {}).get("replication") or {}
+            replication = (cluster.status(b, timeout=2.0) or {}).get("copies") or {}
             now = time.monotonic()
             if replication.get("source") == cluster.spid(root):
                 if not replication["complete"]:
@@ -373,7 +373,7 @@ def test_a_restarted_primary_syncs_a_deep_queue_while_publishers_go_on(
 
     def copies() -> bool:
         view = cluster.status(b, timeout=2.0) or {}
-        held = view["replication"]["queues"].get(queue, {}).get("messages", -1)
+        held = view["copies"]["queues"].get(queue, {}).get("messages", -1)
         return held == deep + len(confirmed)
 
     cluster.wait_until(copies, timeout=10, what="the whole copy")

@@ -161,7 +161,9 @@ def test_a_sigstop_of_the_root_shorter_than_the_timeout_causes_no_outage(
             # well under timeout - interval/2 (the longest pause the followers cannot see)
             resumer = threading.Timer(1.5, cluster.resume, args=(0,))
             resumer.start()
-            channel.basic_publish("", queue, b"during", mandatory=True)  # waits for the root
+            # owned by server 1 (declared there): the root is not on its path, and a
+            # replica left (server 2) confirms it (issue 23)
+            channel.basic_publish("", queue, b"during", mandatory=True)
             confirmed = time.monotonic() - paused
             resumer.join()
             time.sleep(2 * cluster.timeout)  # let any late consequence show
@@ -170,7 +172,7 @@ def test_a_sigstop_of_the_root_shorter_than_the_timeout_causes_no_outage(
         if client.is_open:
             client.close()
     print(f"publish during a 1.5 s pause confirmed after {confirmed:.3f}s")
-    assert 1.4 < confirmed < 4.0, confirmed
+    assert confirmed < 1.0, confirmed
     assert events == [], "the follower's publisher was blocked"
     assert sampler.double_roots == [] and cluster.root_overlaps() == []
     assert sampler.samples
@@ -261,7 +263,7 @@ def test_kill_9_of_the_root_right_after_a_primary_rejoined_fails_over_at_once(
     cluster.wait_until(
         lambda: (
             (cluster.status(1) or {}).get("ready")
-            and (cluster.status(1) or {}).get("replication", {}).get("complete")
+            and (cluster.status(1) or {}).get("copies", {}).get("complete")
         ),
         timeout=20,
         what="the restarted primary ready and in sync",

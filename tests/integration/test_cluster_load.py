@@ -289,7 +289,7 @@ def test_a_restarted_primary_catches_up_a_deep_queue_without_stalling_confirms(
 
         def synced() -> bool:
             view = restarted.status() or {}
-            return bool(view.get("ready") and (view.get("replication") or {}).get("complete"))
+            return bool(view.get("ready") and (view.get("copies") or {}).get("complete"))
 
         # polled beside the publisher, not between its publishes: a busy server's
         # control socket may answer slowly, which would thin out the sample

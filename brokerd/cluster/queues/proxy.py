@@ -107,6 +107,8 @@ class Request:
     consume: ProxiedConsumer | None = None
     session: Session | None = None
     retries: int = field(default=0)
+    #: asks the queue itself, once its owner is this server (a failover chose it)
+    here: Callable[[], None] | None = None
 
 
 class ProxySide:
@@ -241,11 +243,12 @@ class ProxySide:
         queue: SharedQueue,
         issue: Callable[[Session, int], None],
         answer: Callable[[Any], None],
+        here: Callable[[], None] | None = None,
     ) -> None:
         if _unavailable(queue):
             answer(_not_ready(self.plane.members, queue))
             return
-        request = Request(queue, issue, answer, self.plane.members.clock())
+        request = Request(queue, issue, answer, self.plane.members.clock(), here=here)
         session = self._session_for(queue)
         if session is not None:
             self._send(session, request)
@@ -277,13 +280,20 @@ class ProxySide:
         def issue(session: Session, req: int) -> None:
             self.plane.batch(session.out).purge(req, queue.name)
 
-        self._ask(queue, issue, lambda r: reply(r.a if _ok(r) else _error(r)))
+        self._ask(
+            queue, issue, lambda r: reply(r.a if _ok(r) else _error(r)), lambda: queue.purge(reply)
+        )
 
     def stat(self, queue: SharedQueue, reply: Reply) -> None:
         def issue(session: Session, req: int) -> None:
             self.plane.batch(session.out).stat(req, queue.name)
 
-        self._ask(queue, issue, lambda r: reply((r.a, r.b) if _ok(r) else _error(r)))
+        self._ask(
+            queue,
+            issue,
+            lambda r: reply((r.a, r.b) if _ok(r) else _error(r)),
+            lambda: queue.stat(reply),
+        )
 
     # -- consumers ---------------------------------------------------------------------
 
@@ -334,10 +344,12 @@ class ProxySide:
         queue.proxied.clear()
         waiting, self.waiting = self.waiting, []
         for request in waiting:  # asked of the old owner, answered here now
-            if request.queue is queue:
-                request.answer(_not_ready(self.plane.members, queue))
-            else:
+            if request.queue is not queue:
                 self.waiting.append(request)
+            elif request.here is not None:
+                request.here()
+            else:
+                request.answer(_not_ready(self.plane.members, queue))
 
     def replaced(self, queue: SharedQueue) -> None:
         """A proxied classic queue has another owner now (or none): its consumers
