@@ -396,12 +396,13 @@ def depths(ports: Sequence[int], queues: Sequence[str]) -> dict[str, int] | None
 def declare(ports: Sequence[int], queues: Sequence[str], queue_type: str = "") -> None:
     """The shared queues. They are durable, so replicated, whether the messages are
     persistent or not: a transient shared queue is classic, lost with its owner, and
-    the checker holds the cluster to losing no confirmed message. With ``queue_type``
-    classic, queue *i* is declared through server *i* and owned there (client-local):
-    durable classic queues with persistent messages wait for a dead owner's return and
-    must then hold every confirmed message."""
+    the checker holds the cluster to losing no confirmed message. Queue *i* is
+    declared through server *i* and owned there (client-local), so the owners are
+    spread and every kind of fault hits one. With ``queue_type`` classic, durable
+    classic queues with persistent messages wait for a dead owner's return and must
+    then hold every confirmed message."""
     for i, queue in enumerate(queues):
-        conn = connect(ports[i % len(ports)] if queue_type else ports[0])
+        conn = connect(ports[i % len(ports)])
         try:
             arguments = {"x-queue-type": queue_type} if queue_type else None
             conn.channel().queue_declare(queue, durable=True, arguments=arguments)
