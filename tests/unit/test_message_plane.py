@@ -384,3 +384,23 @@ def test_a_restored_message_keeps_its_redelivered_flag_through_a_failover(net: N
     net.pump()
     net.kill("A")  # B is root now, from its replica
     assert [(m.body, r) for m, r in net.queue(net.root, "q").ready()] == [(b"again", True)]
+
+
+def test_a_publish_behind_kept_ones_for_its_queue_waits_behind_them(net: Net) -> None:
+    """Publishes kept for a replicated queue's next owner (its owner A unreachable,
+    then fenced) are not overtaken by later ones of the same connection: those join
+    the keep, and all go to the next owner in order."""
+    plane = net.servers["B"].plane
+    net.cut.add(("B", "A"))
+    plane.peer_lost("A", "link down")
+    assert net.queue("B", "q").push(message(b"1"), Waiter())  # kept: A unreachable
+    net.cut.discard(("B", "A"))
+    plane.fence("A")  # A is back, but fenced: q waits for its next owner
+    plane.link_ready("A")
+    assert plane.orphans.holds("q")
+    assert net.queue("B", "q").push(message(b"2"), Waiter())  # behind "1", not to A
+    assert [m.body for m, *_ in plane.orphans.kept] == [b"1", b"2"]
+    net.fail_over("A")
+    net.pump()
+    assert [m.body for m, _r in net.queue("B", "q").ready()] == [b"1", b"2"]
+    assert not plane.orphans.holds("q")

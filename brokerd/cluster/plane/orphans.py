@@ -13,7 +13,7 @@ to no other server (its owner alone holds it) and are nacked.
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 from typing import TYPE_CHECKING
 
 from brokerd.cluster.plane.outbound import Callbacks, Outbound, Unsettled
@@ -37,6 +37,36 @@ class Orphans:
         self.kept: deque[Unsettled] = deque()
         self.bytes = 0
         self.since = 0.0
+        #: kept forwards per target queue: a new publish for one of them joins the
+        #: keep (``holds``), so that it cannot overtake them
+        self.queues: Counter[str] = Counter()
+
+    def _add(self, orphan: Unsettled) -> None:
+        if not self.kept:
+            self.since = self.plane.members.clock()
+        self.kept.append(orphan)
+        self.bytes += len(orphan[0].body)
+        self.queues.update(name for _spid, name in orphan[1])
+
+    def _take(self) -> Unsettled:
+        orphan = self.kept.popleft()
+        self.bytes -= len(orphan[0].body)
+        for _spid, name in orphan[1]:
+            left = self.queues[name] - 1
+            if left > 0:
+                self.queues[name] = left
+            else:
+                del self.queues[name]
+        return orphan
+
+    def _bound(self, keep: int) -> None:
+        """Past ``ORPHAN_BYTES_MAX`` the oldest are nacked (``keep`` stay at least)."""
+        while self.bytes > ORPHAN_BYTES_MAX and len(self.kept) > keep:
+            self._nack(self._take())
+
+    def holds(self, name: str) -> bool:
+        """Publishes for queue ``name`` are kept: a new one must wait behind them."""
+        return self.queues[name] > 0
 
     def keep(self, out: Outbound, *, maybe_taken: bool) -> None:
         """The peer will not settle its forwards (it failed, or voided our session).
@@ -53,15 +83,11 @@ class Orphans:
         out.unsettled_bytes = 0
         for message, targets, done, redelivered in unsettled.values():
             if all(not spid and self._replicated(name) for spid, name in targets):
-                if not self.kept:
-                    self.since = plane.members.clock()
-                self.kept.append((message, targets, done, redelivered or maybe_taken))
-                self.bytes += len(message.body)
+                self._add((message, targets, done, redelivered or maybe_taken))
             else:
                 for callback in done or ():
                     callback(False, 0)
-        while self.bytes > ORPHAN_BYTES_MAX and self.kept:
-            self._nack(self.kept.popleft())
+        self._bound(0)
 
     def _replicated(self, name: str) -> bool:
         queue = self.plane.shared_queue(name)
@@ -69,16 +95,13 @@ class Orphans:
 
     def hold(self, message: Message, target: tuple[str, str], waiter: PublishWaiter | None) -> bool:
         """A publish for a replicated queue whose owner is unreachable (failed, and
-        not failed over yet): kept like a failed owner's forwards (never sent, so not
-        flagged redelivered) and sent when the queue has a reachable owner. Always
-        accepted (the bound nacks the oldest)."""
-        if not self.kept:
-            self.since = self.plane.members.clock()
+        not failed over yet), or behind kept ones for its queue: kept like a failed
+        owner's forwards (never sent, so not flagged redelivered) and sent, in order,
+        when the queue has a reachable owner. Always accepted (the bound nacks the
+        oldest)."""
         done = [waiter.defer()] if waiter is not None else None
-        self.kept.append((message, [target], done, False))
-        self.bytes += len(message.body)
-        while self.bytes > ORPHAN_BYTES_MAX and len(self.kept) > 1:
-            self._nack(self.kept.popleft())
+        self._add((message, [target], done, False))
+        self._bound(1)
         return True
 
     def adopt(self, messages: list[tuple[Message, str]]) -> None:
@@ -87,20 +110,15 @@ class Orphans:
         (a replica may have applied them; a consumer may have had them)."""
         if not messages:
             return
-        if not self.kept:
-            self.since = self.plane.members.clock()
         for message, name in messages:
-            self.kept.append((message, [("", name)], None, True))
-            self.bytes += len(message.body)
+            self._add((message, [("", name)], None, True))
         log.warning(
             "%d unconfirmed publishes no replica quorum held: kept for the next owner",
             len(messages),
         )
-        while self.bytes > ORPHAN_BYTES_MAX and len(self.kept) > 1:
-            self._nack(self.kept.popleft())
+        self._bound(1)
 
     def _nack(self, orphan: Unsettled) -> None:
-        self.bytes -= len(orphan[0].body)
         for callback in orphan[2] or ():
             callback(False, 0)
 
@@ -113,8 +131,7 @@ class Orphans:
             return
         sent = 0
         while self.kept and self._route(self.kept[0]):
-            orphan = self.kept.popleft()
-            self.bytes -= len(orphan[0].body)
+            self._take()
             sent += 1
         if sent:
             log.warning("%d unsettled forwards sent again to their owners", sent)
@@ -157,5 +174,4 @@ class Orphans:
         if self.kept and (plane.members.clock() - self.since > plane.members.config.open_timeout):
             log.warning("%d unsettled forwards found no owner in time: nacked", len(self.kept))
             while self.kept:
-                self._nack(self.kept.popleft())
-            self.bytes = 0
+                self._nack(self._take())

@@ -89,6 +89,9 @@ class Proxy:
         queue.stats_in += 1
         plane = queue.plane
         owner = queue.owner
+        if plane.orphans.holds(queue.name):
+            # publishes for it wait for its next owner: this one must not overtake them
+            return plane.orphans.hold(message, ("", queue.name), waiter)
         if plane.forward(owner, message, ("", queue.name), waiter):
             return True  # straight to its owner
         if not queue.replicated_kind or owner == plane.spid:
