@@ -419,3 +419,21 @@ def test_right_after_a_root_change_confirms_go_on_while_every_replica_syncs(
         net.pump()
     net.pump()
     assert all(replicas.whole(r) for r in replicas.replicas.values())
+
+
+def test_a_new_owners_reset_that_overtakes_the_placement_waits_for_it(net: Net) -> None:
+    """The new owner's stream may reach the old owner before the placement that
+    moved the queue: its reset is refused while the queue is still mastered there
+    (its journal is the master's), and comes again once the old owner is a replica."""
+    net.queue("A", "q").push(message(b"m"))
+    net.pump()
+    epoch = net.queue("B", "q").epoch + 1
+    net.queue("B", "q").place("B", epoch, None)  # applied on B first
+    net.pump()
+    old = net.servers["A"].plane.replica
+    assert "q" not in old.queues and not old.streams["B"].joined  # refused, resync asked
+    for spid in ("A", "C"):
+        net.queue(spid, "q").place("B", epoch, None)
+    net.pump()
+    copy = old.queues["q"]
+    assert copy.source == "B" and [e.message.body for e in copy.entries.values()] == [b"m"]

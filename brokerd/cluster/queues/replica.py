@@ -133,6 +133,9 @@ class ReplicaSide:
         #: applied)), what this server reports for their queues' failover
         self.fenced: dict[str, dict[str, tuple[bool, int]]] = {}
         self._ack_scheduled = False
+        #: sources whose reset of a queue this server still mastered was refused:
+        #: asked for a resync once it masters it no more
+        self.after_placement: set[str] = set()
 
     @property
     def source(self) -> str | None:
@@ -209,7 +212,11 @@ class ReplicaSide:
         """Ask the source for a reset and a snapshot (once until it comes)."""
         stream.joined = False
         stream.complete = False
-        if stream.asked or self.streams.get(stream.source) is not stream:
+        if (
+            stream.asked
+            or stream.source in self.after_placement
+            or self.streams.get(stream.source) is not stream
+        ):
             return
         stream.asked = True
         out = self.plane.out(stream.source)
@@ -283,6 +290,14 @@ class ReplicaSide:
     def apply(self, stream: SourceStream, r: rec.Replicate) -> None:
         op = r.op
         if op == rec.R_RESET:
+            queue = self.plane.shared_queue(r.queue)
+            if queue is not None and queue.local:
+                # the new owner's stream overtook its placement: this server still
+                # masters the queue (and writes its journal); the stream is asked
+                # again once the placement is applied here (``disowned``)
+                self.after_placement.add(stream.source)
+                self.resync(stream)
+                return
             # the queue's owner is this stream's now: whatever fed its copy before goes
             self.drop(r.queue, write=True)
             self.queues[r.queue] = QueueReplica(stream.source)
@@ -404,6 +419,15 @@ class ReplicaSide:
             store.reset()
 
     # -- failover ----------------------------------------------------------------------
+
+    def disowned(self) -> None:
+        """This server masters a queue no more: the streams whose reset of it was
+        refused start again."""
+        sources, self.after_placement = self.after_placement, set()
+        for source in sources:
+            stream = self.streams.get(source)
+            if stream is not None:
+                self.resync(stream)
 
     def take(self, name: str) -> QueueReplica | None:
         """The queue's copy, for this server's master queue (it becomes root)."""

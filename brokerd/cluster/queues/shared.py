@@ -225,6 +225,7 @@ class SharedQueue(Queue):
                 replica.top = position
         if replica.entries:
             self.plane.replica.hand(self.name, replica)
+        self.plane.replica.disowned()
         self._clear()  # and its timers stop: the next owner's copy expires
         self.consumers = [c for c in self.consumers if not getattr(c, "remote", False)]
         self.plane.proxy.adopt(self)
