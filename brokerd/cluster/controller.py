@@ -251,6 +251,11 @@ class ClusterController(Membership):
         if status.type == PRIMARY:
             self.plane.primary_seen(spid)
 
+    def is_active(self, spid: str) -> bool:
+        """Heard within the timeout: membership has not found it inactive."""
+        peer = self.peers.get(spid)
+        return peer is not None and self.standing.active(peer, self.clock())
+
     def replica_peers(self) -> list[str]:
         """The servers that keep copies of the master queues: the active primaries
         this server has a link to."""

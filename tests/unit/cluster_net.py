@@ -84,6 +84,9 @@ class Members:
         """Every server of the net is a listed primary."""
         return len(self.net.servers)
 
+    def is_active(self, spid: str) -> bool:
+        return spid in self.net.servers
+
     def replica_peers(self) -> list[str]:
         """Every other server with a link up (the net's servers are all primaries)."""
         return [s for s in self.net.servers if s != self.spid and self.link_to(s) is not None]

@@ -129,6 +129,12 @@ class MessagePlane:
         """The replicated and quorum queues this server owns: its stream's."""
         return [q for q in self.shared_queues() if q.local and q.replicated is not None]
 
+    def reachable(self, spid: str) -> bool:
+        """Its link is up and membership has not found it inactive: a paused server
+        keeps its link, and what is sent to it waits there until it resumes."""
+        out = self.outbound.get(spid)
+        return out is not None and out.up and self.members.is_active(spid)
+
     def shared_queue(self, name: str) -> SharedQueue | None:
         vhost = self.vhost()
         queue = vhost.queues.get(name) if vhost is not None else None

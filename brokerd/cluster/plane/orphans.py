@@ -152,7 +152,7 @@ class Orphans:
             if owner == plane.spid:
                 if not queue.local:
                     return False
-            elif not plane.out(owner).up:
+            elif not plane.reachable(owner):
                 return False
             plan.append((owner, name))
         waiter = Callbacks(done or [])

@@ -89,18 +89,17 @@ class Proxy:
         queue.stats_in += 1
         plane = queue.plane
         owner = queue.owner
-        if plane.orphans.holds(queue.name):
-            # publishes for it wait for its next owner: this one must not overtake them
+        if (
+            queue.replicated_kind
+            and owner != plane.spid
+            and (plane.orphans.holds(queue.name) or owner is None or not plane.reachable(owner))
+        ):
+            # its owner unreachable (a failover under way), or publishes for it wait
+            # for its next owner already (this one must not overtake them): kept
             return plane.orphans.hold(message, ("", queue.name), waiter)
-        if plane.forward(owner, message, ("", queue.name), waiter):
-            return True  # straight to its owner
-        if not queue.replicated_kind or owner == plane.spid:
-            # a classic queue's owner away or unreachable: the publisher is nacked (no
-            # other server may take it: it would be a second copy of the queue)
-            return False
-        # a replicated queue's owner unreachable (failover under way): kept for its
-        # next owner
-        return plane.orphans.hold(message, ("", queue.name), waiter)
+        # straight to its owner; a classic queue's owner away or unreachable: the
+        # publisher is nacked (no other server may take it: a second copy of it)
+        return plane.forward(owner, message, ("", queue.name), waiter)
 
     def get(self, no_ack: bool, reply: Reply, recipient: Any = None) -> None:
         self.queue.plane.proxy.get(self.queue, no_ack, reply)
