@@ -107,11 +107,22 @@ class ClusterController(Membership):
         #: the root's placement of classic shared queues
         self.placer = Placer(self, self.plane, self.wiring)
         self.wiring.placer = self.placer.place_declare
-        self.wiring.on_fence = self.plane.fence
+        self.wiring.on_fence = self._fence
         vhost = broker.vhosts.get(config.vhost) if broker is not None else None
         if vhost is not None:
             vhost.queue_factory = self.make_queue
             vhost.on_queue_deleted.append(self.wiring.private_queue_removed)
+
+    def _fence(self, spid: str) -> bool:
+        """A fence applied: the root waits for this server's copies of the fenced
+        owner's queues (``placing``), so a follower reports them at once rather
+        than at its next heartbeat."""
+        changed = self.plane.fence(spid)
+        if changed and not self.decision.is_root:
+            link = self.link_to(self.current_root)
+            if link is not None:
+                self.heartbeat.send_status(link)
+        return changed
 
     def make_queue(self, name: str, vhost: str, **kwargs: Any) -> Queue:
         """The clustered vhost's queue types: exclusive ones are private (local),
