@@ -5,8 +5,8 @@
 Starts, on free loopback ports and in temporary directories:
 
 - one standalone brokerd (the single-server reference);
-- a brokerd cluster of three primaries (the senior one becomes root and
-  masters every shared queue);
+- a brokerd cluster of three primaries (the senior one becomes root; the
+  queue is declared there, so it owns it: client-local);
 - unless ``--no-rabbitmq``, three RabbitMQ nodes (Debian's rabbitmq-server),
   each with its own ``RABBITMQ_NODENAME=rkbN@localhost``, node and
   distribution ports, mnesia and log directories, joined into one cluster
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--persistent",
         action="store_true",
-        help="durable queue, persistent messages (brokerd: journalled on the root and on "
+        help="durable queue, persistent messages (brokerd: journalled on its owner and on "
         "every replica; compare with --queue-type quorum)",
     )
     p.add_argument("--no-rabbitmq", action="store_true", help="brokerd only")

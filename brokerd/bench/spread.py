@@ -33,7 +33,7 @@ durable and every message persistent (delivery mode 2), as issue 23 sets
 them against each other:
 
 - brokerd, one server;
-- brokerd cluster, durable queues without a type (replicated, on the root);
+- brokerd cluster, durable queues without a type (replicated, on its owner);
 - RabbitMQ cluster, quorum queues (``x-queue-type: quorum``), leaders
   spread as declared;
 - RabbitMQ node 1 alone, quorum queues of one member
@@ -99,7 +99,7 @@ def select_setups(nodes: int, durable: bool, rabbitmq: bool) -> list[Setup]:
             Setup("one", "brokerd, one server, durable, persistent", SINGLE, persistent=True),
             Setup(
                 "cluster",
-                f"brokerd, {nodes} primaries, durable, no type (replicated, on the root), "
+                f"brokerd, {nodes} primaries, durable, no type (replicated, on its owner), "
                 "persistent",
                 BROKERD,
                 persistent=True,
@@ -128,7 +128,7 @@ def select_setups(nodes: int, durable: bool, rabbitmq: bool) -> list[Setup]:
         Setup("cluster", f"brokerd, {nodes} primaries, classic queues spread", BROKERD, CLASSIC),
         Setup(
             "root",
-            f"brokerd, {nodes} primaries, durable, no type (replicated, on the root)",
+            f"brokerd, {nodes} primaries, durable, no type (replicated, on its owner)",
             BROKERD,
             durable_queues=True,
         ),

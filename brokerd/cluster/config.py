@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 _PORT = re.compile(r"[0-9]{1,5}")
-#: what ``default_queue_type`` may say (``replicated``: a shared queue on the root,
+#: what ``default_queue_type`` may say (``replicated``: a shared queue on its owner,
 #: copied to every primary, durable or not)
 QUEUE_TYPES = ("classic", "quorum", "replicated")
 

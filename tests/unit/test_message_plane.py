@@ -404,3 +404,22 @@ def test_a_publish_behind_kept_ones_for_its_queue_waits_behind_them(net: Net) ->
     net.pump()
     assert [m.body for m, _r in net.queue("B", "q").ready()] == [b"1", b"2"]
     assert not plane.orphans.holds("q")
+
+
+def test_a_consume_that_reaches_the_new_owner_before_its_placement_is_sent_again(
+    net: Net,
+) -> None:
+    """C applies a failover's placement before B, the new owner, does: C's consume
+    reaches B while B does not master the queue yet and is refused; C asks again at
+    its next tick, and the consumer is served."""
+    sink = Sink("c", prefetch=10)
+    net.queue("C", "q").add_consumer(sink, lambda error: None)
+    net.pump()
+    epoch = net.queue("C", "q").epoch + 1
+    for spid in ("A", "C"):
+        net.queue(spid, "q").place("B", epoch, None)
+    net.pump()  # refused by B: not mastered there yet
+    net.queue("B", "q").place("B", epoch, None)
+    net.queue("B", "q").push(message(b"m"))
+    net.tick()  # C asks again
+    assert sink.bodies() == [b"m"]

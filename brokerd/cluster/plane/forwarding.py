@@ -2,9 +2,9 @@
 
 Seed 000's "publish message" and "Intra-cluster routing", on the links:
 
-- A publish on a server that is not root, routed to shared queues, is
-  *forwarded* once to the root, with every target queue in one record and
-  the message's Cluster-Id (``spid/connection/channel``). A match to another
+- A publish routed to shared queues owned by other servers is *forwarded*
+  once to each owner, with every target queue it owns in one record and the
+  message's Cluster-Id (``spid/connection/channel``). A match to another
   server's private queue (a meta-binding) is pushed once to that server, or
   through the root when there is no link to it (secondaries are linked to
   primaries only). A forwarded message is applied to the receiver's own
@@ -13,20 +13,22 @@ Seed 000's "publish message" and "Intra-cluster routing", on the links:
   of settlements travel as ranges): the publisher's confirm waits for that,
   and a mandatory message nobody took comes back as basic.return at its
   origin.
-- Consumers, gets and their acks on a shared queue are proxied to the root
-  (``proxy``); the root delivers to them (``master``).
+- Consumers, gets and their acks on a shared queue are proxied to its owner
+  (``proxy``); the owner delivers to them (``master``).
 
 Records to one peer gather in one ``Batch`` and leave once per event-loop
 turn (sooner past ``FLUSH_BYTES``), in order, on the peer's link. The
 replication stream (``replicated``, ``replica``) has a batch of its own per
-peer that leaves first; the other batch is held while a delivery in it waits
+peer that leaves first, and the acks of the peer's stream one that takes the
+link's control lane; the other batch is held while a delivery in it waits
 for the replicas (``Outbound.gate``).
 
 A *session* with a peer lasts while both links with it are up and it is
 active; when it ends, what was in flight with it is void: unsettled forwards
-are nacked (never confirmed without the receiver having taken them), and
+are nacked (never confirmed without the receiver having taken them), or, for
+replicated queues, kept for their next owner (``orphans``), and
 the proxy re-attaches its consumers under a new session (``records.Session``)
-so the root requeues what it had delivered to the old one. Either side may
+so the owner requeues what it had delivered to the old one. Either side may
 see the session end alone (a link cut one way, a peer seen inactive from one
 side only), while the other goes on counting on records that were dropped:
 the side that ended it requeues at once what the peer held, ignores the

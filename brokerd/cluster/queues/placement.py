@@ -4,12 +4,9 @@ queue ownership"; issue 23). Pure decisions, no I/O.
 The root takes these decisions and orders them in the state log, so every
 server applies the same placements in the same order; the root carries no
 queue's traffic unless it owns the queue. This module is the rule book: the
-table of placements and what changes it. Wired so far (issue 23): classic
-queues (``x-queue-type: classic``, and transient queues declared without a
-type) are placed on declare, lost with their owner (transient) or kept for
-it (durable), and mastered where they are placed (``SharedQueue.place``).
-Replicated and quorum queues still follow the root: per-owner replication
-streams are the next step.
+table of placements and what changes it (``placing.Placer`` applies the
+owner rules as root; replica sets per queue, moves and rebalance are not
+wired yet: every other primary keeps a copy of a replicated or quorum queue).
 
 - **Placement on declare** follows RabbitMQ's ``x-queue-leader-locator``:
   ``client-local`` (the default, and what an unknown value means, as in 3.10)

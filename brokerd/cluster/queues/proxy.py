@@ -44,6 +44,8 @@ log = logging.getLogger("brokerd.cluster.queues.proxy")
 
 #: requests (gets, purges, counts) that may wait for an owner at once; more are refused
 MAX_WAITING = 10_000
+#: times a request is asked again of an owner that does not master its queue yet
+RETRIES = 3
 
 
 class Session:
@@ -195,8 +197,21 @@ class ProxySide:
             self.session_check()
 
     def tick(self) -> None:
-        """Open sessions that are due; give up on what waited too long for an owner."""
+        """Open sessions that are due, ask again what an owner refused for want of
+        its placement, give up on what waited too long for an owner."""
         self.session_check()
+        for state in list(self.by_tag.values()):
+            if state.session is None:
+                session = self._session_for(state.queue)
+                if session is not None and state.session is None:
+                    self._send_consume(session, state)
+        waiting, self.waiting = self.waiting, []
+        for request in waiting:
+            session = self._session_for(request.queue) if request.queue is not None else None
+            if session is not None:
+                self._send(session, request)
+            else:
+                self.waiting.append(request)
         members = self.plane.members
         now = members.clock()
         limit = members.config.open_timeout
@@ -428,7 +443,10 @@ class ProxySide:
             return
         error = _error(r)
         if error.reply_code == INTERNAL_ERROR:
-            return  # the owner moved meanwhile: attached again under the next session
+            # the owner moved meanwhile, or the consume reached the new owner before
+            # the placement did: attached again (``tick``)
+            self._unattach(state)
+            return
         self._drop(state)
         reply, state.reply = state.reply, None
         if reply is not None:
@@ -466,6 +484,12 @@ class ProxySide:
         request = self.requests.get(r.req)  # type: ignore[union-attr]
         if request is not None and request.session is session:
             del self.requests[r.req]  # type: ignore[union-attr]
+            if _not_mastered(r) and request.consume is None and request.retries < RETRIES:
+                # it reached the owner before the placement did: asked again (``tick``)
+                request.retries += 1
+                request.session = None
+                self.waiting.append(request)
+                return
             request.answer(r)
 
     def _deliver(self, session: Session, r: rec.Deliver) -> None:
@@ -543,6 +567,11 @@ def _error(r: Any) -> AMQPError:
         cls = ConnectionError_ if r.hard else ChannelError
         return cls(r.code, r.text)
     return ConnectionError_(INTERNAL_ERROR, "unexpected answer from the root")
+
+
+def _not_mastered(r: Any) -> bool:
+    """The owner's answer: the queue is not mastered there (yet, or any more)."""
+    return isinstance(r, rec.Reply) and r.code == INTERNAL_ERROR
 
 
 def _unavailable(queue: SharedQueue) -> bool:

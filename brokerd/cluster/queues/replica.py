@@ -1,28 +1,29 @@
-"""Replicated shared queues, a replica's side (seed 001; ``replicated`` is the root's).
+"""Replicated shared queues, a replica's side (seed 001; ``replicated`` is the owner's).
 
-Every primary that is not root keeps a copy of every master queue, fed by the
-root's replication stream (``records.Replicate``): per queue, the messages by
-the root's message id (mid), each with its state (acquired, redelivered,
-persistent). Persistent messages of durable queues are written to this
-server's journal of the queue under the same id, and the stream is acked
-(``records.Replicated``) only up to the first event whose write is still on its
-way: an ack means "applied, and on disk where it must be". Past the queue's
-memory limit the copy pages bodies out to the journal, as a master does.
+Every primary keeps a copy of every replicated or quorum queue another server
+owns, fed by that owner's replication stream (``records.Replicate``): per
+queue, the messages by the owner's message id (mid), each with its state
+(acquired, redelivered, persistent). Persistent messages of durable queues are
+written to this server's journal of the queue under the same id, and the
+stream is acked (``records.Replicated``) only up to the first event whose write
+is still on its way: an ack means "applied, and on disk where it must be".
+Past the queue's memory limit the copy pages bodies out to the journal, as an
+owner does.
 
-The copy only serves a failover: when this server becomes root, each shared
-queue takes its copy (``take``): what was acquired at the old root comes back
-ready and flagged redelivered (its consumers' sessions died with that root),
-in the order the root numbered it.
+The copy only serves a failover: when a placement makes this server the
+queue's owner, the queue takes its copy (``take``): what was acquired at the
+old owner comes back ready and flagged redelivered (its consumers' sessions
+died with it), in the order the old owner numbered it.
 
 A stream is one sending server's (``SourceStream``: what was applied from it,
 its journal writes on their way, its acks), identified by the link it comes
-on, so the records carry no source. Today the stream is accepted from the
-current root only, the one server that masters replicated queues; per-queue
-owners (issue 23) will each send one, and a replica will apply every owner's
-side by side. A replica that finds a gap (a link that dropped and came back
-while the source kept the replica), or a stream from a source it has not
-been reset by, asks for a resync (``Replicated(0)``): the source then resets
-it and sends a snapshot.
+on, so the records carry no source; every owner's is applied side by side,
+and each copy records the stream that feeds it (``QueueReplica.source``). A
+fenced owner's stream is refused for good and its copies stay as the fence
+found them, for the root to choose the next owner from (``fence``). A replica
+that finds a gap (a link that dropped and came back while the source kept the
+replica), or a stream from a source it has not been reset by, asks for a
+resync (``Replicated(0)``): the source then resets it and sends a snapshot.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""Replicated shared queues, the root's side (seed 001; DESIGN.md section 5 "Guarantees").
+"""Replicated shared queues, the owner's side (seed 001; DESIGN.md section 5 "Guarantees").
 
-Every event of a master queue (enqueue, acquire, settle, requeue, purge) is
-numbered in one sequence for the whole root and sent, batched, to every other
-active primary (``records.Replicate``); each replica applies the events in
-order and acks the highest number it has applied (and written, for what it
-must write: ``records.Replicated``). With ``min_acked``, the *quorum floor*:
+Every event of a replicated or quorum queue this server owns (enqueue,
+acquire, settle, requeue, purge) is numbered in one sequence for the whole
+server (its stream) and sent, batched, to every other active primary
+(``records.Replicate``); each replica applies the events in order and acks
+the highest number it has applied (and written, for what it must write:
+``records.Replicated``). With ``min_acked``, the *quorum floor*:
 the highest event that the master and a majority of the known primaries hold
 (the master and the ``known // 2`` replicas that acked furthest, as a
 RabbitMQ quorum queue counts; one slow or paused replica stalls nothing, as
@@ -15,20 +16,22 @@ long as the others are whole: a replica counts once its snapshot is in, see
   (asynchronous completion: the message is in the master queue at once, the
   confirm goes when the replicas have it: one link round trip, batched);
 - a delivery waits until ``min_acked`` passes its acquisition (a ``Gate`` on
-  the recipient's output), so a new root after a failover always knows what
-  the old one had delivered, and redelivers it flagged;
+  the recipient's output), so the next owner after a failover always knows
+  what the old one had delivered, and redelivers it flagged;
 - settlements and requeues are not waited for (AMQP acks have no reply).
 
 ``ReplicatedQueueStore`` is the master queue's ``QueueStore``: it numbers and
 replicates, and delegates writing to the local journal store, so the model and
 the channel never know a queue is replicated. A replica that joins (a new or
-restarted primary, every primary after a root change) gets, per queue, a reset
+restarted primary) gets, per queue, a reset
 and a snapshot sent over several loop turns while the live stream goes on
 (seed 001's live updates). A replica that lags is slow, not dead: it stays in
 the set while its link is up and it is active, and its lag paces the
 publishers (``forwarding``'s flow control); one that has acked nothing for a
 while raises an alarm. Only the failure evidence membership uses (the link
-dropped, silence past the timeout, a refused port) takes it out.
+dropped, silence past the timeout, a refused port) takes it out. A fence in
+the state log (``fence``) ends the stream for good: the replicas ack it no
+more, so its owner confirms nothing more, and its queues fail over.
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ class Gate:
     def __init__(self, seq: int) -> None:
         self.seq = seq
         self.opened = False
-        #: opened because replication gave up (the root moved): what it held is doubtful
+        #: opened because replication gave up (fenced): what it held is doubtful
         self.failed = False
         self._callbacks: list[Callable[[], None]] = []
 
@@ -130,7 +133,7 @@ class ReplicaLink:
 
 
 class ReplicaSet:
-    """The root's replicas and the replication sequence."""
+    """This server's replicas and its replication stream (the queues it owns)."""
 
     def __init__(self, plane: MessagePlane) -> None:
         self.plane = plane
@@ -154,10 +157,10 @@ class ReplicaSet:
         self._last_publisher: Any = None
         self._last_feeder: Feeder = 0
         #: unconfirmed publishes not yet held by a quorum, oldest first: (enqueue seq,
-        #: queue, message). If this server stops being root before the quorum has
-        #: them (a pause past the timeout), they go to the next root (``unreplicated``)
-        #: instead of dying with its reset of this copy. Bounded by the quorum lag
-        #: (flow control)
+        #: queue, message). If this server loses a queue before the quorum has them
+        #: (fenced after a pause past the timeout), they go to its next owner
+        #: (``unreplicated``) instead of dying with the reset of this copy. Bounded by
+        #: the quorum lag (flow control)
         self.tail: deque[tuple[int, str, Message]] = deque()
         #: the state log fenced this server's stream (its replicas stopped acking it,
         #: its queues fail over): it confirms and delivers nothing more, and owns no
@@ -228,14 +231,15 @@ class ReplicaSet:
 
         Once any replica's snapshot has been sent, only whole replicas count. One
         still taking its snapshot holds what came after its join, not what came
-        before: the election prefers a whole copy, and a whole one that lags
+        before: a failover prefers a synced copy, and a whole one that lags
         (paused) would win without the events only the syncing one acked
         (tests/unit/test_replication.py). So with one whole replica paused and the
         other syncing, confirms wait for the first to come back or the second's
-        snapshot. Right after a root change every replica is taking its snapshot
-        and none is whole; what came before is then the new root's alone however
-        confirms are counted, and those that joined no later than the floor count
-        by their live stream, so publishers go on at once."""
+        snapshot. Right after this server took a queue on (``adopt``) every replica
+        is taking its snapshot and none is whole; what came before is then this
+        server's alone however confirms are counted, and those that joined no
+        later than the floor count by their live stream, so publishers go on at
+        once."""
         need = self.needed()
         if need <= 0:
             return self.seq
@@ -334,9 +338,8 @@ class ReplicaSet:
         live updates), so a deep queue's snapshot never stalls the replicas that
         were there, nor the publishers they ack for. It counts for confirms and
         deliveries once its snapshot is in (``whole``; see ``_quorum_floor`` for
-        right after a root change); until then its status says its copy is not
-        whole, and the election prefers a primary whose copy is
-        (``election.choose``)."""
+        right after a queue was adopted); until then its copies are not synced,
+        and a failover prefers a primary whose copy is (``placing``)."""
         if out.spid in self.replicas or self.fenced:
             return
         replica = ReplicaLink(out, self.seq, self.plane.members.clock())
@@ -399,16 +402,9 @@ class ReplicaSet:
             return
         log.warning("this server's replication stream is fenced at seq=%d", self.seq)
         self.fenced = True
-        self.clear(keep_tail=True)
-
-    def clear(self, *, keep_tail: bool = False) -> None:
-        """What still waits for the replicas fails (a confirm is nacked, a held
-        delivery's connection closed: the queue's next owner may not have it)."""
         self.replicas.clear()
         self.stalled.clear()
         self.reset_feeders()
-        if not keep_tail:
-            self.tail.clear()
         confirms, self._confirms = self._confirms, deque()
         gates, self._gates = self._gates, deque()
         self._gate = None

@@ -4,14 +4,14 @@
 - ``Owner``: this server holds the queue's messages, so it is the model's local
   queue (a replicated one numbers and replicates through its store, which the
   queue code never sees).
-- ``Proxy``: another server owns it. A push is forwarded to the owner (a classic
-  queue's) or to the root (a queue that follows the root; kept for the next root
-  while there is none), and consumers, gets, purges, counts and settlements go
-  to the owner through ``proxy.ProxySide``.
+- ``Proxy``: another server owns it. A push is forwarded to the owner (a
+  replicated queue's is kept for its next owner while the owner is
+  unreachable), and consumers, gets, purges, counts and settlements go to the
+  owner through ``proxy.ProxySide``.
 
 ``SharedQueue`` holds one role at a time and hands every ``QueueType`` call to
-it; a placement or a root change swaps the role (``SharedQueue.local``), so the
-channels holding the queue never notice.
+it; a placement swaps the role (``SharedQueue.local``), so the channels holding
+the queue never notice.
 """
 
 from __future__ import annotations

@@ -2,17 +2,16 @@
 
 - ``SharedQueue``: a queue of the cluster vhost declared with exclusive=0.
   There is one such queue for the whole cluster, and its master copy lives
-  on its *owner*: the root, for a queue that follows it (replicated and
-  quorum queues, today), or the primary its placement names (a classic
-  queue: ``place``, from the state log; issue 23). On the owner the object
+  on its *owner*, the primary its placement names (``place``, from the state
+  log; issue 23), whoever is root. On the owner the object
   *is* that master (the local queue type; consumers connected to other
   servers attach to it as ``RemoteConsumer``). On every other server it is a
   proxy: pushes are forwarded to the owner, consumers, gets, purges, counts
   and settlements are proxied there. Each role is an implementation of the
   model's ``QueueType`` (``roles.Owner``, ``roles.Proxy``), and the queue
-  hands every call to the one it holds. When the owner changes (the root
-  did, or a placement), each server swaps the queue's role; the object
-  stays, so channels holding it never notice.
+  hands every call to the one it holds. When a placement changes the owner,
+  each server swaps the queue's role; the object stays, so channels holding
+  it never notice.
 - ``MetaQueue``: another server's private (exclusive) queue as this server's
   exchanges are bound to it by meta-bindings. Routing reaches it like a
   queue; a push forwards the message to that server.
@@ -20,10 +19,10 @@
 The channel only ever calls the ``QueueType`` interface; what crosses servers is
 in ``brokerd.cluster.queues.master`` (owner side) and ``brokerd.cluster.queues.proxy``.
 
-A queue that follows the root is replicated: as master its store is a
+A replicated or quorum queue's store on its owner is a
 ``replicated.ReplicatedQueueStore`` over the local journal store, so every
 event reaches the other primaries, whose copies (``replica.ReplicaSide``) a
-new master starts from. A classic queue is its owner's alone, as RabbitMQ's
+next owner starts from. A classic queue is its owner's alone, as RabbitMQ's
 classic queue is its node's: no copy elsewhere; transient, it goes with its
 owner; durable, it waits for it (``placement``).
 """

@@ -29,7 +29,7 @@ SERVER_GONE = "server.gone"
 #: and it owns no replicated queue again under that spid
 SERVER_FENCE = "server.fence"
 #: a shared queue's owner changes (``spid``; "" while it is unavailable); a declare
-#: carries its first owner in ``spid`` too ("" for a queue that follows the root)
+#: carries its first owner in ``spid`` too
 QUEUE_PLACE = "queue.place"
 
 OPS = (
