@@ -59,7 +59,7 @@ def test_defaults_run_the_transient_set_ups_under_their_earlier_labels() -> None
     assert [s.label for s in setups] == [
         "brokerd, one server",
         "brokerd, 3 primaries, classic queues spread",
-        "brokerd, 3 primaries, durable, no type (replicated, on the root)",
+        "brokerd, 3 primaries, durable, no type (replicated, on its owner)",
         "RabbitMQ, 3 nodes, classic queues spread",
         "RabbitMQ, one node",
     ]
