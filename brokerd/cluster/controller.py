@@ -100,7 +100,7 @@ class ClusterController(Membership):
         #: flow control: the server pauses and resumes reading connections with ``on_flow``
         self.flow = self.plane.flow
         self.flow.pause = on_flow
-        self.flow.data_lane = self.data_lane
+        self.flow.data_lane = self._pausable_lane
         self._flow_since: float | None = None
         self.remote = RemoteQueues(self.plane)
         self.wiring = wiring.WiringReplication(self, broker, self.remote)
@@ -112,6 +112,18 @@ class ClusterController(Membership):
         if vhost is not None:
             vhost.queue_factory = self.make_queue
             vhost.on_queue_deleted.append(self.wiring.private_queue_removed)
+
+    def _pausable_lane(self, spid: str) -> int | None:
+        """The inbound data lane flow control may pause to slow a peer down: a
+        secondary's. A primary's carries its replication stream, which this server
+        must keep applying (its acks are what let that primary confirm; owners
+        pausing each other would stall them all); a primary's forwards are paced at
+        its end instead, by their settlements (which wait for the replicas) and its
+        link's backlog."""
+        peer = self.peers.get(spid)
+        if peer is not None and peer.status is not None and peer.status.type == PRIMARY:
+            return None
+        return self.data_lane(spid)
 
     def _fence(self, spid: str) -> bool:
         """A fence applied: the root waits for this server's copies of the fenced

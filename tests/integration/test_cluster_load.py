@@ -194,10 +194,12 @@ def test_a_hot_queue_paces_its_own_publisher_not_a_light_one_to_another_queue(
         params.client_properties = {"product": product}
         return pika.BlockingConnection(params)
 
+    with pika.BlockingConnection(pika.URLParameters(cluster.nodes[0].url)) as owner:
+        declaring = owner.channel()  # owned by the root (client-local): forwarded there
+        declaring.queue_declare("hot", durable=True)
+        declaring.queue_declare("cool", durable=True)
     hot, cool = connect("hot"), connect("cool")
     flood, trickle = hot.channel(), cool.channel()
-    flood.queue_declare("hot", durable=True)
-    trickle.queue_declare("cool", durable=True)
     trickle.confirm_delivery()
     stop = threading.Event()
     confirmed: list[float] = []
