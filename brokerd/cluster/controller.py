@@ -108,6 +108,7 @@ class ClusterController(Membership):
         self.placer = Placer(self, self.plane, self.wiring)
         self.wiring.placer = self.placer.place_declare
         self.wiring.on_fence = self._fence
+        self.wiring.is_fenced = self.plane.is_fenced
         vhost = broker.vhosts.get(config.vhost) if broker is not None else None
         if vhost is not None:
             vhost.queue_factory = self.make_queue
@@ -125,16 +126,15 @@ class ClusterController(Membership):
             return None
         return self.data_lane(spid)
 
-    def _fence(self, spid: str) -> bool:
+    def _fence(self, spid: str) -> None:
         """A fence applied: the root waits for this server's copies of the fenced
         owner's queues (``placing``), so a follower reports them at once rather
         than at its next heartbeat."""
-        changed = self.plane.fence(spid)
-        if changed and not self.decision.is_root:
+        self.plane.fence(spid)
+        if not self.decision.is_root:
             link = self.link_to(self.current_root)
             if link is not None:
                 self.heartbeat.send_status(link)
-        return changed
 
     def make_queue(self, name: str, vhost: str, **kwargs: Any) -> Queue:
         """The clustered vhost's queue types: exclusive ones are private (local),

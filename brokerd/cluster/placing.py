@@ -19,8 +19,9 @@ what they decide in the state log, so every server places the queue alike:
   ``known - known // 2`` primaries besides the owner have (any majority of
   replica acks, hence every confirmed event, meets them), each queue goes to
   the reporter with the furthest copy (a synced one first, then the
-  earliest primary). An owner that was only paused stays fenced: it owns no
-  replicated queue again under its spid.
+  earliest primary), fenced once itself or not: a fenced server is still a
+  sound replica of the others. A fenced owner that was only paused streams
+  again, under its next generation, once its queues are placed elsewhere.
 
 The root checks at every tick, after being root for a heartbeat timeout (a
 new root has heard every live primary by then), and at once when membership
@@ -103,6 +104,7 @@ class Placer:
         membership just found inactive."""
         if self.root_since is None or not self.members.decision.is_root:
             return
+        self.plane.placements_changed()  # a fenced owner's queues deleted meanwhile
         settled = self.members.clock() - self.root_since >= self.members.config.heartbeat_timeout
         live = self.primaries()
         live_spids = [spid for spid, _a in live]
@@ -182,7 +184,7 @@ class Placer:
         candidates = [
             (bool(copies[name][0]), int(copies[name][1]), -order.get(spid, len(order)), spid)
             for spid, copies in reports.items()
-            if name in copies and not self.plane.is_fenced(spid)
+            if name in copies  # a fenced server's copies of others' queues are sound
         ]
         if candidates:
             return max(candidates)[3]

@@ -166,7 +166,8 @@ class Net:
         applied everywhere, then each queue on the survivor with the furthest copy
         (synced first, then the earliest spid), as ``placing.Placer`` chooses."""
         for server in self.servers.values():
-            server.plane.fence(dead)
+            if not server.plane.is_fenced(dead):  # the root orders one fence at a time
+                server.plane.fence(dead)
         owners = {dead}
         reports = {
             spid: s.plane.replica.fenced_report(owners).get(dead, {})

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from brokerd.cluster.plane import records as rec
 from brokerd.cluster.queues.replicated import ReplicatedQueueStore
 from tests.support.examples import examples
 from tests.unit.cluster_net import Net, Sink, Waiter, message
@@ -170,7 +171,8 @@ def test_an_owner_cut_off_from_its_replicas_confirms_nothing_and_a_fence_nacks(
         owner.plane.peer_lost(spid, "inactive")
     owner.plane.tick()
     assert waiter.answers == []  # only this server has it: no confirm
-    assert owner.plane.fence("A") and not owner.plane.fence("A")
+    owner.plane.fence("A")
+    assert owner.plane.is_fenced("A")
     assert waiter.answers == [(False, 0)]
     owner.plane.primary_seen("B")  # a fenced stream takes no replica again
     assert owner.plane.replicas.replicas == {}
@@ -180,15 +182,15 @@ def test_a_fenced_stream_is_applied_and_acked_no_more(net: Net) -> None:
     waiter = Waiter()
     net.queue("A", "q").push(message(b"1"), waiter)
     net.pump()
+    applied = net.servers["A"].plane.replicas.seq  # where the fence finds the stream
     for spid in ("B", "C"):
-        assert net.servers[spid].plane.fence("A")
+        net.servers[spid].plane.fence("A")
     net.queue("A", "q").push(message(b"2"), waiter)
     net.pump()
     assert waiter.answers == [(True, 1)]  # "2" waits for acks that never come
     for spid in ("B", "C"):
         replica = net.servers[spid].plane.replica
         assert [e.message.body for e in replica.queues["q"].entries.values()] == [b"1"]
-        applied = net.servers["A"].plane.replicas.seq - 1  # all but "2"
         assert replica.fenced_report({"A"}) == {"A": {"q": [True, applied]}}
 
 
@@ -437,3 +439,31 @@ def test_a_new_owners_reset_that_overtakes_the_placement_waits_for_it(net: Net) 
     net.pump()
     copy = old.queues["q"]
     assert copy.source == "B" and [e.message.body for e in copy.entries.values()] == [b"m"]
+
+
+def test_a_fenced_server_streams_again_under_its_next_generation(net: Net) -> None:
+    """A fenced owner (paused past the timeout) is still a sound replica of the
+    others, and once its queues are placed elsewhere it streams again under its
+    next generation: it can be a queue's next owner. A reset of its old generation
+    that arrives late is refused."""
+    net.queue("A", "q").push(message(b"1"))
+    net.pump()
+    net.fail_over("A")  # A's queue goes to B; A applies its own fence and the placement
+    plane = net.servers["A"].plane
+    assert not plane.replicas.fenced and plane.replicas.generation == 1
+    net.pump()
+    for spid in ("B", "C"):
+        assert net.servers[spid].plane.replica.fences == {"A": 1}
+        assert not net.servers[spid].plane.is_fenced("A")  # its failover is over
+    net.declare("q2", owner="A")  # A owns again, and confirms through its new stream
+    waiter = Waiter()
+    net.queue("A", "q2").push(message(b"2"), waiter)
+    net.pump()
+    assert waiter.answers == [(True, 1)]
+    stale = rec.Batch()
+    stale.replicate(0, rec.R_RESET, "", 0, 0)  # generation 0: from before the fence
+    out = net.servers["B"].plane.out("A")
+    net.servers["B"].plane.replica.receive(out, rec.decode(stale.take()))  # type: ignore[arg-type]
+    assert net.servers["B"].plane.replica.streams["A"].joined  # still generation 1's
+    net.kill("B")  # q's new owner dies: A's copy of q is sound, and may be the heir
+    assert [m.body for m, _r in net.queue(net.queue("C", "q").owner, "q").ready()] == [b"1"]

@@ -527,19 +527,24 @@ class MessagePlane:
         self.orphans.send()
         self._check_root_link()
 
-    def fence(self, spid: str) -> bool:
+    def fence(self, spid: str) -> None:
         """The state log fenced ``spid``'s replication stream (its owned queues fail
         over): this server stops applying and acking it, or, if it is this server's
-        own, stops confirming through it. False if it was fenced already."""
-        if self.is_fenced(spid):
-            return False
+        own, stops confirming through it until those queues are placed elsewhere."""
         if spid == self.spid:
             self.replicas.fence()
         else:
             self.replica.fence(spid)
-        return True
+
+    def placements_changed(self) -> None:
+        """Fenced servers whose queues are all placed elsewhere now are done with."""
+        if self.replica.fenced:
+            self.replica.placed(
+                {q.owner for q in self.shared_queues() if q.replicated_kind and q.owner}
+            )
 
     def is_fenced(self, spid: str) -> bool:
+        """Fenced, and the queues it owned then are not all placed elsewhere yet."""
         return self.replicas.fenced if spid == self.spid else spid in self.replica.fenced
 
     def primary_seen(self, spid: str) -> None:

@@ -134,6 +134,11 @@ class ReplicaSide:
         #: applied)), what this server reports for their queues' failover
         self.fenced: dict[str, dict[str, tuple[bool, int]]] = {}
         self._ack_scheduled = False
+        #: fences of each server applied here: its stream's generation
+        self.fences: dict[str, int] = {}
+        #: servers whose reset came under a generation whose fence is not applied
+        #: here yet: asked again once it is
+        self.after_fence: set[str] = set()
         #: sources whose reset of a queue this server still mastered was refused:
         #: asked for a resync once it masters it no more
         self.after_placement: set[str] = set()
@@ -162,9 +167,10 @@ class ReplicaSide:
         return stream is not None and stream.complete
 
     def _accepts(self, spid: str) -> bool:
-        """A stream this server applies: any other server's that is not fenced (each
-        owner streams the queues it owns)."""
-        return spid != self.plane.spid and spid not in self.fenced
+        """A stream this server applies: any other server's (each owner streams the
+        queues it owns); a fenced one's only from its reset under the next
+        generation (``begin``)."""
+        return spid != self.plane.spid
 
     # -- the stream --------------------------------------------------------------------
 
@@ -172,7 +178,6 @@ class ReplicaSide:
         """A batch's replication records from ``out``'s server, in order."""
         spid = out.spid
         if not self._accepts(spid):
-            log.debug("replication from %s refused: fenced", spid)
             return
         stream = self.streams.get(spid)
         if stream is None:
@@ -180,6 +185,8 @@ class ReplicaSide:
         for r in records:
             if r.seq == 0:
                 if r.op == rec.R_RESET and not r.queue:
+                    if not self._current(stream, r.flags):
+                        return
                     self.begin(stream, r.mid)
                 elif stream.joined:
                     self.apply(stream, r)
@@ -194,6 +201,22 @@ class ReplicaSide:
             self.apply(stream, r)
             stream.applied = r.seq
         self.ack(stream)
+
+    def _current(self, stream: SourceStream, generation: int) -> bool:
+        """A reset under the generation this server's count of the source's fences
+        says (a byte, as the record carries it). One from before a fence is stale;
+        one from after a fence this server has not applied yet waits for it
+        (``fence`` asks the source again then)."""
+        expected = self.fences.get(stream.source, 0) % 256
+        if generation == expected:
+            return True
+        if (generation - expected) % 256 < 128:  # ahead: its fence is on its way here
+            self.after_fence.add(stream.source)
+        stream.asked = True  # not asked again until that fence, or a newer reset
+        log.info(
+            "reset from %s refused: generation %d, %d expected", stream.source, generation, expected
+        )
+        return False
 
     def begin(self, stream: SourceStream, seq: int) -> None:
         """The source reset this replica: every copy it fed goes (the queues it owns
@@ -228,8 +251,7 @@ class ReplicaSide:
         more (so it can confirm and deliver nothing more), and the copies it fed
         stay as they are, for the root to choose each queue's next owner from the
         positions this server reports (``fenced_report``)."""
-        if spid in self.fenced:
-            return
+        self.fences[spid] = self.fences.get(spid, 0) + 1
         stream = self.streams.pop(spid, None)
         applied = stream.applied if stream is not None and stream.joined else 0
         self.fenced[spid] = {
@@ -238,6 +260,16 @@ class ReplicaSide:
             if replica.source == spid
         }
         log.warning("owner %s fenced: its stream stops at event %d here", spid, applied)
+        if spid in self.after_fence:  # its next generation's reset came first
+            self.after_fence.discard(spid)
+            self.resync(self.streams.setdefault(spid, SourceStream(spid)))
+
+    def placed(self, owners: set[str]) -> None:
+        """Placements changed; ``owners``: the servers owning replicated queues now. A
+        fenced server that owns none of them any more is done with: its failover is
+        over (what it streams next is its next generation)."""
+        for spid in [s for s in self.fenced if s not in owners]:
+            del self.fenced[spid]
 
     def forget(self, spid: str) -> None:
         """``spid`` is gone for good (inactive): its stream goes, unless copies it fed

@@ -163,9 +163,14 @@ class ReplicaSet:
         #: the quorum lag (flow control)
         self.tail: deque[tuple[int, str, Message]] = deque()
         #: the state log fenced this server's stream (its replicas stopped acking it,
-        #: its queues fail over): it confirms and delivers nothing more, and owns no
-        #: replicated queue again under this spid
+        #: its queues fail over): it confirms and delivers nothing more until the
+        #: queues it owned then are placed elsewhere (``pending``); then it streams
+        #: again under the next ``generation`` (``restart``)
         self.fenced = False
+        self.pending: set[str] = set()
+        #: how many fences of this server's stream it has applied (the replicas
+        #: accept its resets at that generation only; kept in a byte)
+        self.generation = 0
         #: the queues this server owns and streams (``adopt``/``disown``)
         self.owned: set[str] = set()
 
@@ -347,7 +352,7 @@ class ReplicaSet:
         self._floor = self._quorum_floor()
         batch = self.plane.repl_batch(out)
         # whatever it holds goes, the snapshot follows; live events go on after ``seq``
-        batch.replicate(0, rec.R_RESET, "", self.seq)
+        batch.replicate(0, rec.R_RESET, "", self.seq, self.generation)
         count = 0
         for queue in queues:
             store = queue.store
@@ -392,6 +397,20 @@ class ReplicaSet:
     def disown(self, name: str) -> None:
         """This server no longer owns queue ``name`` (moved, failed over, deleted)."""
         self.owned.discard(name)
+        self.pending.discard(name)
+        if self.fenced and not self.pending:
+            self.restart()
+
+    def restart(self) -> None:
+        """Every queue this server owned when it was fenced is placed elsewhere: its
+        stream starts again, under the next generation (the replicas refuse what is
+        left of the fenced one), and it may own replicated queues again."""
+        self.fenced = False
+        self.generation = (self.generation + 1) % 256
+        log.warning("this server's replication stream restarts: generation %d", self.generation)
+        plane = self.plane
+        for spid in plane.members.replica_peers():
+            self.add(plane.out(spid), plane.owned_replicated())
 
     def fence(self) -> None:
         """The state log fenced this server's stream: the replicas ack it no more.
@@ -402,6 +421,7 @@ class ReplicaSet:
             return
         log.warning("this server's replication stream is fenced at seq=%d", self.seq)
         self.fenced = True
+        self.pending = set(self.owned)
         self.replicas.clear()
         self.stalled.clear()
         self.reset_feeders()
@@ -412,6 +432,8 @@ class ReplicaSet:
             done(False, 0)
         for gate in gates:
             gate.fail()
+        if not self.pending:
+            self.restart()
 
     def unreplicated(self, name: str, store: ReplicatedQueueStore) -> list[tuple[Message, str]]:
         """Unconfirmed publishes to queue ``name`` no quorum holds yet that are still in

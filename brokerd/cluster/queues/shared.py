@@ -164,6 +164,7 @@ class SharedQueue(Queue):
         else:
             self._disown()
             self.plane.proxy.replaced(self)  # its consumers here follow the owner
+        self.plane.placements_changed()
         self.plane.orphans.send()  # publishes kept for its next owner
 
     def _own(self) -> None:

@@ -87,9 +87,10 @@ class WiringReplication:
         #: gives a shared queue's declare its owner before the root orders it
         #: (``placing.Placer.place_declare``)
         self.placer: Callable[[Entry], Entry] | None = None
-        #: fences a server's replication stream; True if it was not fenced yet here
-        #: (``MessagePlane.fence``)
-        self.on_fence: Callable[[str], bool] | None = None
+        #: fences a server's replication stream (``MessagePlane.fence``), and says
+        #: whether one is fenced and its queues not all placed elsewhere yet
+        self.on_fence: Callable[[str], None] | None = None
+        self.is_fenced: Callable[[str], bool] = lambda _spid: False
 
     @property
     def spid(self) -> str:
@@ -269,8 +270,9 @@ class WiringReplication:
         if self.placer is not None:
             entry = self.placer(entry)
         if entry.op == sl.SERVER_FENCE:
-            if not self._fence(entry.spid):
-                return False, None  # fenced already
+            if self.is_fenced(entry.spid):
+                return False, None  # fenced already, its failover under way
+            self._fence(entry.spid)
         elif not applied and self.broker is not None:
             outcome = rep.try_apply(self.broker, entry, own_spid=self.spid, remote=self.remote)
             if isinstance(outcome, AMQPError):
@@ -373,8 +375,9 @@ class WiringReplication:
         if change is not None and change.done is not None:
             change.done(None, header.get("result"))
 
-    def _fence(self, spid: str) -> bool:
-        return self.on_fence(spid) if self.on_fence is not None else False
+    def _fence(self, spid: str) -> None:
+        if self.on_fence is not None:
+            self.on_fence(spid)
 
     def fence(self, spid: str) -> None:
         """Root only: fence ``spid``'s replication stream (its queues then fail over)."""

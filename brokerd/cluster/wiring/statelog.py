@@ -26,7 +26,7 @@ META_BIND = "meta.bind"
 META_UNBIND = "meta.unbind"
 SERVER_GONE = "server.gone"
 #: a server's replication stream is fenced (``spid``): the queues it owns fail over,
-#: and it owns no replicated queue again under that spid
+#: and it streams again under its next generation (every fence counts)
 SERVER_FENCE = "server.fence"
 #: a shared queue's owner changes (``spid``; "" while it is unavailable); a declare
 #: carries its first owner in ``spid`` too
@@ -104,8 +104,8 @@ class Wiring:
     meta_bindings: set[Fact] = field(default_factory=set)
     #: shared queues with an owner of their own: (vhost, name) -> (owner, props)
     owners: dict[tuple[str, str], tuple[str, tuple[Any, ...]]] = field(default_factory=dict)
-    #: servers whose replication streams are fenced (for good)
-    fenced: set[str] = field(default_factory=set)
+    #: fences ordered per server (its stream's generation is their number)
+    fenced: dict[str, int] = field(default_factory=dict)
 
     def apply(self, entry: Entry) -> tuple[list[Fact], list[Fact]]:
         """Apply one entry; returns the facts it added and removed.
@@ -171,9 +171,9 @@ class Wiring:
                 bindings.discard(key)
                 removed.append((kind, *key))
         elif op == SERVER_FENCE:
-            if entry.spid not in self.fenced:
-                self.fenced.add(entry.spid)
-                added.append(("f", entry.spid))
+            count = self.fenced.get(entry.spid, 0) + 1
+            self.fenced[entry.spid] = count
+            added.append(("f", entry.spid, count))  # every fence counts: all are kept
         elif op == SERVER_GONE:
             doomed = {b for b in self.meta_bindings if b[5] == entry.spid}
             self.meta_bindings -= doomed
