@@ -109,6 +109,7 @@ class ClusterController(Membership):
         self.wiring.placer = self.placer.place_declare
         self.wiring.on_fence = self._fence
         self.wiring.is_fenced = self.plane.is_fenced
+        self.wiring.fences = self.plane.replica.fences_of
         vhost = broker.vhosts.get(config.vhost) if broker is not None else None
         if vhost is not None:
             vhost.queue_factory = self.make_queue
@@ -126,11 +127,11 @@ class ClusterController(Membership):
             return None
         return self.data_lane(spid)
 
-    def _fence(self, spid: str) -> None:
+    def _fence(self, spid: str, generation: int) -> None:
         """A fence applied: the root waits for this server's copies of the fenced
         owner's queues (``placing``), so a follower reports them at once rather
         than at its next heartbeat."""
-        self.plane.fence(spid)
+        self.plane.fence(spid, generation)
         if not self.decision.is_root:
             link = self.link_to(self.current_root)
             if link is not None:

@@ -165,9 +165,12 @@ class Net:
         """What the root orders for the replicated queues ``dead`` owned: the fence,
         applied everywhere, then each queue on the survivor with the furthest copy
         (synced first, then the earliest spid), as ``placing.Placer`` chooses."""
+        servers = self.servers.values()
+        generation = max(s.plane.replica.fences_of(dead) for s in servers)
+        if not any(s.plane.is_fenced(dead) for s in servers):
+            generation += 1  # a new fence (the root orders one while none is under way)
         for server in self.servers.values():
-            if not server.plane.is_fenced(dead):  # the root orders one fence at a time
-                server.plane.fence(dead)
+            server.plane.fence(dead, generation)
         owners = {dead}
         reports = {
             spid: s.plane.replica.fenced_report(owners).get(dead, {})

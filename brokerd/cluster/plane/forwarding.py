@@ -527,14 +527,16 @@ class MessagePlane:
         self.orphans.send()
         self._check_root_link()
 
-    def fence(self, spid: str) -> None:
-        """The state log fenced ``spid``'s replication stream (its owned queues fail
-        over): this server stops applying and acking it, or, if it is this server's
-        own, stops confirming through it until those queues are placed elsewhere."""
+    def fence(self, spid: str, generation: int) -> None:
+        """The state log fenced ``spid``'s replication stream, its ``generation``-th
+        fence (its owned queues fail over): this server stops applying and acking
+        it, or, if it is this server's own, stops confirming through it until those
+        queues are placed elsewhere. A fence applied already (a sync replays the
+        log) changes nothing."""
         if spid == self.spid:
-            self.replicas.fence()
+            self.replicas.fence(generation)
         else:
-            self.replica.fence(spid)
+            self.replica.fence(spid, generation)
 
     def placements_changed(self) -> None:
         """Fenced servers whose queues are all placed elsewhere now are done with."""

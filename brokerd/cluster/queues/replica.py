@@ -246,12 +246,18 @@ class ReplicaSide:
         out = self.plane.out(stream.source)
         self.plane.ack_batch(out).replicated(0)
 
-    def fence(self, spid: str) -> None:
+    def fences_of(self, spid: str) -> int:
+        """The last fence of ``spid``'s stream applied here."""
+        return self.fences.get(spid, 0)
+
+    def fence(self, spid: str, generation: int) -> None:
         """The state log fenced owner ``spid``: its stream is applied and acked no
         more (so it can confirm and deliver nothing more), and the copies it fed
         stay as they are, for the root to choose each queue's next owner from the
         positions this server reports (``fenced_report``)."""
-        self.fences[spid] = self.fences.get(spid, 0) + 1
+        if generation <= self.fences.get(spid, 0):
+            return  # applied already (a sync replays the log)
+        self.fences[spid] = generation
         stream = self.streams.pop(spid, None)
         applied = stream.applied if stream is not None and stream.joined else 0
         self.fenced[spid] = {

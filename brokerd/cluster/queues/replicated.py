@@ -168,8 +168,8 @@ class ReplicaSet:
         #: again under the next ``generation`` (``restart``)
         self.fenced = False
         self.pending: set[str] = set()
-        #: how many fences of this server's stream it has applied (the replicas
-        #: accept its resets at that generation only; kept in a byte)
+        #: the last fence of this server's stream it applied (the replicas accept
+        #: its resets at that generation only; a byte on the wire)
         self.generation = 0
         #: the queues this server owns and streams (``adopt``/``disown``)
         self.owned: set[str] = set()
@@ -352,7 +352,7 @@ class ReplicaSet:
         self._floor = self._quorum_floor()
         batch = self.plane.repl_batch(out)
         # whatever it holds goes, the snapshot follows; live events go on after ``seq``
-        batch.replicate(0, rec.R_RESET, "", self.seq, self.generation)
+        batch.replicate(0, rec.R_RESET, "", self.seq, self.generation % 256)
         count = 0
         for queue in queues:
             store = queue.store
@@ -406,20 +406,20 @@ class ReplicaSet:
         stream starts again, under the next generation (the replicas refuse what is
         left of the fenced one), and it may own replicated queues again."""
         self.fenced = False
-        self.generation = (self.generation + 1) % 256
         log.warning("this server's replication stream restarts: generation %d", self.generation)
         plane = self.plane
         for spid in plane.members.replica_peers():
             self.add(plane.out(spid), plane.owned_replicated())
 
-    def fence(self) -> None:
+    def fence(self, generation: int) -> None:
         """The state log fenced this server's stream: the replicas ack it no more.
         What waits for them fails (a confirm is nacked, a held delivery's connection
         closed); publishes no quorum held stay in ``tail`` for the queues' next
         owners (``unreplicated``)."""
-        if self.fenced:
-            return
+        if generation <= self.generation:
+            return  # applied already (a sync replays the log)
         log.warning("this server's replication stream is fenced at seq=%d", self.seq)
+        self.generation = generation
         self.fenced = True
         self.pending = set(self.owned)
         self.replicas.clear()

@@ -305,14 +305,28 @@ def entry_header(entry: Entry) -> dict[str, Any]:
     if entry.op == sl.QUEUE_PLACE:  # no AMQP method says this: its fields travel here
         header["name"] = entry.name
         header["props"] = dict(entry.props)
+    elif entry.op == sl.SERVER_FENCE:
+        header["props"] = dict(entry.props)
     return header
 
 
 def entry_from_header(header: dict[str, Any], frame: bytes) -> Entry:
     """Rebuild an entry from a bucket header and its method frame."""
     op = header.get("op")
-    if op in (sl.SERVER_GONE, sl.SERVER_FENCE):
+    if op == sl.SERVER_GONE:
         return Entry(int(header["seq"]), op, spid=str(header.get("spid", "")))
+    if op == sl.SERVER_FENCE:
+        props = header.get("props") or {}
+        generation = props.get("generation", 1) if isinstance(props, dict) else None
+        if not isinstance(generation, int) or isinstance(generation, bool) or generation < 1:
+            raise BucketError("bad fence in bucket")
+        return Entry(
+            int(header["seq"]),
+            op,
+            str(header.get("vhost", "/")),
+            props=freeze({"generation": generation}),
+            spid=str(header.get("spid", "")),
+        )
     if op == sl.QUEUE_PLACE:
         props = header.get("props") or {}
         if not isinstance(props, dict):

@@ -87,10 +87,12 @@ class WiringReplication:
         #: gives a shared queue's declare its owner before the root orders it
         #: (``placing.Placer.place_declare``)
         self.placer: Callable[[Entry], Entry] | None = None
-        #: fences a server's replication stream (``MessagePlane.fence``), and says
-        #: whether one is fenced and its queues not all placed elsewhere yet
-        self.on_fence: Callable[[str], None] | None = None
+        #: fences a server's replication stream at a generation (``MessagePlane.
+        #: fence``), says whether one is fenced and its queues not all placed
+        #: elsewhere yet, and how many times one was fenced
+        self.on_fence: Callable[[str, int], None] | None = None
         self.is_fenced: Callable[[str], bool] = lambda _spid: False
+        self.fences: Callable[[str], int] = lambda _spid: 0
 
     @property
     def spid(self) -> str:
@@ -272,7 +274,7 @@ class WiringReplication:
         if entry.op == sl.SERVER_FENCE:
             if self.is_fenced(entry.spid):
                 return False, None  # fenced already, its failover under way
-            self._fence(entry.spid)
+            self._fence(entry)
         elif not applied and self.broker is not None:
             outcome = rep.try_apply(self.broker, entry, own_spid=self.spid, remote=self.remote)
             if isinstance(outcome, AMQPError):
@@ -375,17 +377,20 @@ class WiringReplication:
         if change is not None and change.done is not None:
             change.done(None, header.get("result"))
 
-    def _fence(self, spid: str) -> None:
+    def _fence(self, entry: Entry) -> None:
         if self.on_fence is not None:
-            self.on_fence(spid)
+            self.on_fence(entry.spid, int(dict(entry.props).get("generation", 1)))
 
     def fence(self, spid: str) -> None:
-        """Root only: fence ``spid``'s replication stream (its queues then fail over)."""
-        self._order(Entry(0, sl.SERVER_FENCE, self.members.config.vhost, spid=spid), None)
+        """Root only: fence ``spid``'s replication stream (its queues then fail over).
+        The entry numbers the fence: a server syncing the log again applies it once."""
+        props = freeze({"generation": self.fences(spid) + 1})
+        entry = Entry(0, sl.SERVER_FENCE, self.members.config.vhost, props=props, spid=spid)
+        self._order(entry, None)
 
     def _apply(self, entry: Entry) -> None:
         if entry.op == sl.SERVER_FENCE:
-            self._fence(entry.spid)
+            self._fence(entry)
             return
         if self.broker is None:
             return

@@ -171,9 +171,10 @@ class Wiring:
                 bindings.discard(key)
                 removed.append((kind, *key))
         elif op == SERVER_FENCE:
-            count = self.fenced.get(entry.spid, 0) + 1
-            self.fenced[entry.spid] = count
-            added.append(("f", entry.spid, count))  # every fence counts: all are kept
+            generation = int(dict(entry.props).get("generation", 1))
+            if generation > self.fenced.get(entry.spid, 0):
+                self.fenced[entry.spid] = generation
+                added.append(("f", entry.spid, generation))  # every fence is kept
         elif op == SERVER_GONE:
             doomed = {b for b in self.meta_bindings if b[5] == entry.spid}
             self.meta_bindings -= doomed
