@@ -127,11 +127,11 @@ class ClusterController(Membership):
             return None
         return self.data_lane(spid)
 
-    def _fence(self, spid: str, generation: int) -> None:
+    def _fence(self, spid: str, generation: int, seq: int) -> None:
         """A fence applied: the root waits for this server's copies of the fenced
         owner's queues (``placing``), so a follower reports them at once rather
         than at its next heartbeat."""
-        self.plane.fence(spid, generation)
+        self.plane.fence(spid, generation, seq)
         if not self.decision.is_root:
             link = self.link_to(self.current_root)
             if link is not None:
@@ -309,8 +309,7 @@ class ClusterController(Membership):
         return None if replica.source is None else (replica.source, replica.applied)
 
     def fenced_copies(self) -> dict[str, dict[str, list[Any]]]:
-        owners = {q.owner for q in self.plane.placed_queues() if q.owner is not None}
-        return self.plane.replica.fenced_report(owners)  # type: ignore[arg-type]
+        return self.plane.replica.fenced_report()
 
     def before_send(self, spid: str) -> None:
         self.plane.flush_peer(spid)

@@ -178,16 +178,25 @@ class Placer:
 
     def _heir(self, name: str, reports: dict[str, dict[str, list]], live: list[str]) -> str | None:
         """The reporter with the furthest copy of ``name``: a synced one first, then
-        the furthest along the old owner's stream, then the earliest primary. None
-        holds one: the earliest reporter takes the queue, empty."""
+        the furthest along the old owner's stream, then the earliest primary. A
+        fenced server is a sound replica of the others, but one whose own failover
+        is under way cannot own yet (its stream is fenced): if the furthest copy is
+        there, the queue waits for that failover (None). None holds a copy: the
+        earliest reporter takes the queue, empty."""
         order = {spid: i for i, spid in enumerate(live)}
         candidates = [
             (bool(copies[name][0]), int(copies[name][1]), -order.get(spid, len(order)), spid)
             for spid, copies in reports.items()
-            if name in copies  # a fenced server's copies of others' queues are sound
+            if name in copies
         ]
         if candidates:
-            return max(candidates)[3]
+            best = max(candidates)
+            if self.plane.is_fenced(best[3]):
+                log.info(
+                    "queue=%s waits for the failover of %s, which holds its copy", name, best[3]
+                )
+                return None
+            return best[3]
         heirs = [spid for spid in live if spid in reports and not self.plane.is_fenced(spid)]
         if heirs:
             log.error("queue=%s: no copy of it survived its owner: it starts empty", name)

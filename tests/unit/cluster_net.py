@@ -116,6 +116,8 @@ class Net:
     cut: set[tuple[str, str]] = field(default_factory=set)
     #: bytes a link's data lane holds queued, as a test sets them (0 otherwise)
     backlog: dict[tuple[str, str], int] = field(default_factory=dict)
+    #: the state log's last entry number (placements and fences)
+    log_seq: int = 0
 
     def add(self, spid: str) -> Server:
         config = _CONFIG
@@ -141,7 +143,7 @@ class Net:
         server.broker.vhosts["/"].declare_queue(queue, connection_id=0)
         server.plane.root_changed(None, self.root)
         placed = self.queue(self.root, queue)  # type: ignore[arg-type]
-        self.queue(spid, queue).place(placed.owner, placed.epoch, None)
+        self.queue(spid, queue).place(placed.owner, placed.epoch, None, placed.placed_seq)
         for other in self.servers:
             if other != spid:
                 self.servers[other].plane.link_ready(spid)
@@ -158,19 +160,25 @@ class Net:
     def place(self, name: str, owner: str) -> None:
         """A ``queue.place`` entry applied by every server, in turn."""
         epoch = max(self.queue(s, name).epoch for s in self.servers) + 1
+        self.log_seq += 1
         for spid in self.servers:
-            self.queue(spid, name).place(owner, epoch, None)
+            self.queue(spid, name).place(owner, epoch, None, self.log_seq)
 
     def fail_over(self, dead: str) -> None:
         """What the root orders for the replicated queues ``dead`` owned: the fence,
         applied everywhere, then each queue on the survivor with the furthest copy
         (synced first, then the earliest spid), as ``placing.Placer`` chooses."""
         servers = self.servers.values()
-        generation = max(s.plane.replica.fences_of(dead) for s in servers)
-        if not any(s.plane.is_fenced(dead) for s in servers):
-            generation += 1  # a new fence (the root orders one while none is under way)
-        for server in self.servers.values():
-            server.plane.fence(dead, generation)
+        under_way = [s for s in servers if s.spid != dead and s.plane.is_fenced(dead)]
+        if under_way:  # the root orders no second fence while one is under way
+            replica = under_way[0].plane.replica
+            generation, seq = replica.fences_of(dead), replica.fence_seq[dead]
+        else:
+            generation = 1 + max(s.plane.replica.fences_of(dead) for s in servers)
+            self.log_seq += 1
+            seq = self.log_seq
+        for server in servers:
+            server.plane.fence(dead, generation, seq)  # applied once per server
         owners = {dead}
         reports = {
             spid: s.plane.replica.fenced_report(owners).get(dead, {})

@@ -395,7 +395,7 @@ def test_a_publish_behind_kept_ones_for_its_queue_waits_behind_them(net: Net) ->
     plane.peer_lost("A", "link down")
     assert net.queue("B", "q").push(message(b"1"), Waiter())  # kept: A unreachable
     net.cut.discard(("B", "A"))
-    plane.fence("A", 1)  # A is back, but fenced: q waits for its next owner
+    plane.fence("A", 1, net.log_seq + 1)  # A is back, but fenced: q waits for its next owner
     plane.link_ready("A")
     assert plane.orphans.holds("q")
     assert net.queue("B", "q").push(message(b"2"), Waiter())  # behind "1", not to A

@@ -171,7 +171,7 @@ def test_an_owner_cut_off_from_its_replicas_confirms_nothing_and_a_fence_nacks(
         owner.plane.peer_lost(spid, "inactive")
     owner.plane.tick()
     assert waiter.answers == []  # only this server has it: no confirm
-    owner.plane.fence("A", 1)
+    owner.plane.fence("A", 1, net.log_seq + 1)
     assert owner.plane.is_fenced("A")
     assert waiter.answers == [(False, 0)]
     owner.plane.primary_seen("B")  # a fenced stream takes no replica again
@@ -184,7 +184,7 @@ def test_a_fenced_stream_is_applied_and_acked_no_more(net: Net) -> None:
     net.pump()
     applied = net.servers["A"].plane.replicas.seq  # where the fence finds the stream
     for spid in ("B", "C"):
-        net.servers[spid].plane.fence("A", 1)
+        net.servers[spid].plane.fence("A", 1, net.log_seq + 1)
     net.queue("A", "q").push(message(b"2"), waiter)
     net.pump()
     assert waiter.answers == [(True, 1)]  # "2" waits for acks that never come
@@ -453,10 +453,17 @@ def test_a_fenced_server_streams_again_under_its_next_generation(net: Net) -> No
     assert not plane.replicas.fenced and plane.replicas.generation == 1
     net.pump()
     for spid in ("B", "C"):
-        net.servers[spid].plane.fence("A", 1)  # a sync replays the log: applied once
+        net.servers[spid].plane.fence("A", 1, 1)  # a sync replays the log: applied once
         assert net.servers[spid].plane.replica.fences == {"A": 1}
         assert not net.servers[spid].plane.is_fenced("A")  # its failover is over
     net.declare("q2", owner="A")  # A owns again, and confirms through its new stream
+    fenced_at = net.servers["B"].plane.replica.fence_seq["A"]
+    late = net.join("D", "q2")  # syncs a compacted log: A's fence, then q2 placed on A
+    late.broker.vhosts["/"].declare_queue("q", connection_id=0)
+    placed = net.queue("B", "q")
+    net.queue("D", "q").place(placed.owner, placed.epoch, None, placed.placed_seq)
+    late.plane.fence("A", 1, fenced_at)
+    assert not late.plane.is_fenced("A")  # q2 was placed after the fence: not failed over
     waiter = Waiter()
     net.queue("A", "q2").push(message(b"2"), waiter)
     net.pump()

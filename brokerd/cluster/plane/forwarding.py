@@ -527,27 +527,40 @@ class MessagePlane:
         self.orphans.send()
         self._check_root_link()
 
-    def fence(self, spid: str, generation: int) -> None:
+    def fence(self, spid: str, generation: int, seq: int = 0) -> None:
         """The state log fenced ``spid``'s replication stream, its ``generation``-th
         fence (its owned queues fail over): this server stops applying and acking
         it, or, if it is this server's own, stops confirming through it until those
         queues are placed elsewhere. A fence applied already (a sync replays the
         log) changes nothing."""
         if spid == self.spid:
-            self.replicas.fence(generation)
+            self.replicas.fence(generation, seq)
         else:
-            self.replica.fence(spid, generation)
+            self.replica.fence(spid, generation, seq)
+        self.placements_changed()
 
     def placements_changed(self) -> None:
-        """Fenced servers whose queues are all placed elsewhere now are done with."""
-        if self.replica.fenced:
-            self.replica.placed(
-                {q.owner for q in self.shared_queues() if q.replicated_kind and q.owner}
-            )
+        """Which fenced servers still own queues placed before their last fence
+        (their failover is under way); this server, fenced, streams again once it
+        owns none (``ReplicaSet.restart``). Derived from the placements' and fences'
+        state-log numbers, so a server that synced a compacted log agrees."""
+        fence_seq, own = self.replica.fence_seq, self.replicas
+        if not fence_seq and not own.fenced:
+            return
+        pending: set[str] = set()
+        for queue in self.shared_queues():
+            owner = queue.owner
+            if queue.replicated_kind and owner is not None:
+                fenced_at = own.fence_seq if owner == self.spid else fence_seq.get(owner, -1)
+                if queue.placed_seq < fenced_at:
+                    pending.add(owner)
+        self.replica.pending = pending - {self.spid}
+        if own.fenced and self.spid not in pending:
+            own.restart()
 
     def is_fenced(self, spid: str) -> bool:
         """Fenced, and the queues it owned then are not all placed elsewhere yet."""
-        return self.replicas.fenced if spid == self.spid else spid in self.replica.fenced
+        return self.replicas.fenced if spid == self.spid else spid in self.replica.pending
 
     def primary_seen(self, spid: str) -> None:
         """An active primary's status arrived: this server takes it as a replica of

@@ -147,7 +147,7 @@ class Orphans:
             if queue is None:
                 continue  # deleted meanwhile: not routed
             owner = queue.owner
-            if owner is None or owner in plane.replica.fenced:
+            if owner is None or plane.is_fenced(owner):
                 return False
             if owner == plane.spid:
                 if not queue.local:

@@ -133,6 +133,11 @@ class ReplicaSide:
         #: copies they fed are frozen where the fence found them (queue -> (synced,
         #: applied)), what this server reports for their queues' failover
         self.fenced: dict[str, dict[str, tuple[bool, int]]] = {}
+        #: the state-log entry of each server's last fence (a queue it owns that was
+        #: placed before it fails over), and the fenced servers that still own such
+        #: queues (``MessagePlane.placements_changed`` keeps it)
+        self.fence_seq: dict[str, int] = {}
+        self.pending: set[str] = set()
         self._ack_scheduled = False
         #: fences of each server applied here: its stream's generation
         self.fences: dict[str, int] = {}
@@ -250,7 +255,7 @@ class ReplicaSide:
         """The last fence of ``spid``'s stream applied here."""
         return self.fences.get(spid, 0)
 
-    def fence(self, spid: str, generation: int) -> None:
+    def fence(self, spid: str, generation: int, seq: int = 0) -> None:
         """The state log fenced owner ``spid``: its stream is applied and acked no
         more (so it can confirm and deliver nothing more), and the copies it fed
         stay as they are, for the root to choose each queue's next owner from the
@@ -258,6 +263,7 @@ class ReplicaSide:
         if generation <= self.fences.get(spid, 0):
             return  # applied already (a sync replays the log)
         self.fences[spid] = generation
+        self.fence_seq[spid] = seq
         stream = self.streams.pop(spid, None)
         applied = stream.applied if stream is not None and stream.joined else 0
         self.fenced[spid] = {
@@ -270,27 +276,20 @@ class ReplicaSide:
             self.after_fence.discard(spid)
             self.resync(self.streams.setdefault(spid, SourceStream(spid)))
 
-    def placed(self, owners: set[str]) -> None:
-        """Placements changed; ``owners``: the servers owning replicated queues now. A
-        fenced server that owns none of them any more is done with: its failover is
-        over (what it streams next is its next generation)."""
-        for spid in [s for s in self.fenced if s not in owners]:
-            del self.fenced[spid]
-
     def forget(self, spid: str) -> None:
         """``spid`` is gone for good (inactive): its stream goes, unless copies it fed
         wait for a fence (they are what its queues fail over to)."""
         if not any(r.source == spid for r in self.queues.values()):
             self.streams.pop(spid, None)
 
-    def fenced_report(self, owners: set[str]) -> dict[str, dict[str, list[Any]]]:
-        """Per fenced server that still owns queues (``owners``): this server's copies
-        of them, ``[synced, applied]`` each. The key itself says this server has
-        applied the fence."""
+    def fenced_report(self, owners: set[str] | None = None) -> dict[str, dict[str, list[Any]]]:
+        """Per fenced server whose failover is under way (of ``owners``, if given):
+        this server's copies of its queues, ``[synced, applied]`` each. The key
+        itself says this server has applied the fence."""
         return {
             spid: {name: [synced, applied] for name, (synced, applied) in copies.items()}
             for spid, copies in self.fenced.items()
-            if spid in owners
+            if spid in self.pending and (owners is None or spid in owners)
         }
 
     def ack_soon(self) -> None:

@@ -164,10 +164,11 @@ class ReplicaSet:
         self.tail: deque[tuple[int, str, Message]] = deque()
         #: the state log fenced this server's stream (its replicas stopped acking it,
         #: its queues fail over): it confirms and delivers nothing more until the
-        #: queues it owned then are placed elsewhere (``pending``); then it streams
-        #: again under the next ``generation`` (``restart``)
+        #: queues it owned then are placed elsewhere; then it streams again under
+        #: its next ``generation`` (``restart``, from ``MessagePlane.
+        #: placements_changed``). ``fence_seq``: that fence's state-log entry
         self.fenced = False
-        self.pending: set[str] = set()
+        self.fence_seq = -1
         #: the last fence of this server's stream it applied (the replicas accept
         #: its resets at that generation only; a byte on the wire)
         self.generation = 0
@@ -397,9 +398,6 @@ class ReplicaSet:
     def disown(self, name: str) -> None:
         """This server no longer owns queue ``name`` (moved, failed over, deleted)."""
         self.owned.discard(name)
-        self.pending.discard(name)
-        if self.fenced and not self.pending:
-            self.restart()
 
     def restart(self) -> None:
         """Every queue this server owned when it was fenced is placed elsewhere: its
@@ -411,7 +409,7 @@ class ReplicaSet:
         for spid in plane.members.replica_peers():
             self.add(plane.out(spid), plane.owned_replicated())
 
-    def fence(self, generation: int) -> None:
+    def fence(self, generation: int, seq: int = 0) -> None:
         """The state log fenced this server's stream: the replicas ack it no more.
         What waits for them fails (a confirm is nacked, a held delivery's connection
         closed); publishes no quorum held stay in ``tail`` for the queues' next
@@ -420,8 +418,8 @@ class ReplicaSet:
             return  # applied already (a sync replays the log)
         log.warning("this server's replication stream is fenced at seq=%d", self.seq)
         self.generation = generation
+        self.fence_seq = seq
         self.fenced = True
-        self.pending = set(self.owned)
         self.replicas.clear()
         self.stalled.clear()
         self.reset_feeders()
@@ -432,8 +430,6 @@ class ReplicaSet:
             done(False, 0)
         for gate in gates:
             gate.fail()
-        if not self.pending:
-            self.restart()
 
     def unreplicated(self, name: str, store: ReplicatedQueueStore) -> list[tuple[Message, str]]:
         """Unconfirmed publishes to queue ``name`` no quorum holds yet that are still in

@@ -72,6 +72,9 @@ class SharedQueue(Queue):
         self.owner: str | None = None
         self.epoch = 0
         self.home: str | None = None
+        #: the state-log entry that placed it: an owner fenced by a later entry
+        #: holds it from before its fence (its failover moves it)
+        self.placed_seq = 0
         #: this server's consumers as attached at the root (proxy role)
         self.proxied: dict[ConsumerSink, ProxiedConsumer] = {}
 
@@ -153,12 +156,13 @@ class SharedQueue(Queue):
 
     # -- the role -----------------------------------------------------------------------
 
-    def place(self, owner: str | None, epoch: int, home: str | None) -> None:
-        """The queue's placement, from the state log: its owner serves it, every other
-        server proxies it."""
+    def place(self, owner: str | None, epoch: int, home: str | None, seq: int = 0) -> None:
+        """The queue's placement, from the state log (entry ``seq``): its owner serves
+        it, every other server proxies it."""
         if epoch < self.epoch:
             return
         self.owner, self.epoch, self.home = owner, epoch, home
+        self.placed_seq = seq
         if owner == self.plane.spid:
             self._own()
         else:

@@ -208,7 +208,7 @@ def apply_placement(vhost: Any, entry: Entry) -> bool:
     if place is None:
         return False
     props = dict(entry.props)
-    place(entry.spid or None, int(props.get("epoch", 1)), props.get("home") or None)
+    place(entry.spid or None, int(props.get("epoch", 1)), props.get("home") or None, entry.seq)
     return True
 
 

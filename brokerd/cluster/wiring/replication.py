@@ -15,6 +15,7 @@ joins, or finds a gap in the stream, takes the root's compacted log
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,7 +91,7 @@ class WiringReplication:
         #: fences a server's replication stream at a generation (``MessagePlane.
         #: fence``), says whether one is fenced and its queues not all placed
         #: elsewhere yet, and how many times one was fenced
-        self.on_fence: Callable[[str, int], None] | None = None
+        self.on_fence: Callable[[str, int, int], None] | None = None
         self.is_fenced: Callable[[str], bool] = lambda _spid: False
         self.fences: Callable[[str], int] = lambda _spid: 0
 
@@ -271,6 +272,8 @@ class WiringReplication:
         result = None
         if self.placer is not None:
             entry = self.placer(entry)
+        # numbered before it is applied: placements and fences compare their numbers
+        entry = dataclasses.replace(entry, seq=self.last_seq + 1)
         if entry.op == sl.SERVER_FENCE:
             if self.is_fenced(entry.spid):
                 return False, None  # fenced already, its failover under way
@@ -379,7 +382,7 @@ class WiringReplication:
 
     def _fence(self, entry: Entry) -> None:
         if self.on_fence is not None:
-            self.on_fence(entry.spid, int(dict(entry.props).get("generation", 1)))
+            self.on_fence(entry.spid, int(dict(entry.props).get("generation", 1)), entry.seq)
 
     def fence(self, spid: str) -> None:
         """Root only: fence ``spid``'s replication stream (its queues then fail over).
