@@ -274,6 +274,8 @@ class ClusterController(Membership):
         self.wiring.root_status(spid, status.state_seq)
         if status.type == PRIMARY:
             self.plane.primary_seen(spid)
+            if status.fenced and self.decision.is_root:
+                self.placer.check()  # copies reported under a fence: fail over now
 
     def is_active(self, spid: str) -> bool:
         """Heard within the timeout: membership has not found it inactive."""
