@@ -302,7 +302,7 @@ class ClusterController(Membership):
         self.plane.replicas.resume()
 
     def copy_complete(self) -> bool:
-        return self.plane.replica.complete  # a root's is: it became root with forget_source
+        return self.plane.replica.complete  # a root's own copies are whole
 
     def copy_position(self) -> tuple[str, int] | None:
         if self.plane.is_root:
