@@ -7,7 +7,7 @@ class ClusterApiConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # configs registers what a config.apply ack does (commands.on_ack)
-        from clusterapi import configs, signals  # noqa: F401
+        # configs and owners register what the acks of their commands do (commands.on_ack)
+        from clusterapi import configs, owners, signals  # noqa: F401
 
         signals.connect()

@@ -25,15 +25,19 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from clusterapi import audit, convergence
+from clusterapi import audit, convergence, objects
 from clusterapi.cluster import broker_group, notify_dashboard
 from clusterapi.errors import Conflict, InvalidRequest
-from clusterapi.models import Broker, Command, ConfigVersion
+from clusterapi.models import Broker, Command, ConfigVersion, QueueSnapshot
 from clusterapi.scheduling import queue_task
 
 log = logging.getLogger(__name__)
 
 COMMAND_NAMES = tuple(name for name, _ in Command.NAME_CHOICES)
+#: commands the cluster carries out as a whole, through whichever primary receives them
+CLUSTER_COMMANDS = (Command.QUEUE_MOVE, Command.QUEUES_REBALANCE)
+#: the longest vhost, queue or broker name the console stores (its models' max_length)
+NAME_MAX = 255
 #: a retry may come this much before its interval is over (beat's ticks jitter)
 RETRY_SLACK = dt.timedelta(milliseconds=250)
 
@@ -42,8 +46,12 @@ def issue(broker: Broker, name: str, args: dict[str, Any] | None, user: Any) -> 
     """Record a command for ``broker`` and schedule its delivery (after commit).
 
     ``config.apply`` takes ``{"version": N}`` (the document and the push serial are
-    filled in from that version); the other commands take no arguments. A command
-    the broker cannot carry out (see :func:`refusal`) raises :class:`Conflict`.
+    filled in from that version); ``queue.move`` takes ``{"vhost", "queue", "to"}``
+    (``to``: a primary's spid or name, sent as its spid) and ``queues.rebalance``
+    ``{"vhost"}``: both go to a primary, which has the root carry them out for the
+    whole cluster (``clusterapi.owners`` picks it). The other commands take no
+    arguments. A command the broker cannot carry out (see :func:`refusal`) raises
+    :class:`Conflict`.
     """
     if not isinstance(broker, Broker) or broker.pk is None:
         raise InvalidRequest("broker: not a known broker")
@@ -57,9 +65,13 @@ def issue(broker: Broker, name: str, args: dict[str, Any] | None, user: Any) -> 
         raise InvalidRequest("args: must be an object")
     if name == Command.CONFIG_APPLY:
         args = _config_apply_args(args)
+    elif name == Command.QUEUE_MOVE:
+        args = _queue_move_args(broker, args)
+    elif name == Command.QUEUES_REBALANCE:
+        args = _rebalance_args(args)
     elif args:
         raise InvalidRequest(f"args: {name} takes no arguments")
-    reason = refusal(broker, name)
+    reason = refusal(broker, name, args)
     if reason:
         raise Conflict(reason)
     now = timezone.now()
@@ -75,6 +87,11 @@ def issue(broker: Broker, name: str, args: dict[str, Any] | None, user: Any) -> 
         details: dict[str, Any] = {"id": str(command.id)}
         if name == Command.CONFIG_APPLY:
             details["version"] = args["version"]  # never the document: it holds password hashes
+        elif name in CLUSTER_COMMANDS:
+            details.update(args)
+            if name == Command.QUEUE_MOVE:  # spids change at each restart: say which broker
+                target = Broker.objects.filter(spid=args["to"]).values_list("name", flat=True)
+                details["to_broker"] = target.first()
         audit.record(user, f"command.{name}", broker.name, details)
         command_id = command.id
         transaction.on_commit(lambda: schedule_delivery(command_id))
@@ -82,14 +99,24 @@ def issue(broker: Broker, name: str, args: dict[str, Any] | None, user: Any) -> 
     return command
 
 
-def refusal(broker: Broker, name: str) -> str:
+def refusal(broker: Broker, name: str, args: dict[str, Any] | None = None) -> str:
     """Why ``broker`` cannot do command ``name`` now ("" if it can): the dashboard offers
     only what it can, and the API answers 409 with this reason instead of a command
-    that would fail or time out."""
+    that would fail or time out. ``args``, validated, let a ``queue.move`` be checked
+    against what the brokers last reported of the queue."""
     if name == Command.CONFIG_APPLY:
         return ""  # pushes come from clusterapi.configs, which skips brokers that are down
     if broker.state == Broker.STATE_DOWN:
         return f"{broker.name} is down: it cannot run {name} until it reports again"
+    if name in CLUSTER_COMMANDS:
+        if broker.broker_type == Broker.TYPE_SECONDARY:
+            return f"{broker.name} is a secondary: {name} goes to a primary"
+        if broker.broker_type == Broker.TYPE_STANDALONE:
+            return f"{broker.name} is standalone: it has no cluster whose queues could move"
+        if not broker.connected:
+            return f"{broker.name} is not linked to the console now: it cannot be sent {name}"
+        if name == Command.QUEUE_MOVE and args:
+            return _move_refusal(broker, args)
     if name in (Command.ROOT_ENABLE, Command.ROOT_DISABLE):
         if broker.broker_type == Broker.TYPE_SECONDARY:
             return f"{broker.name} is a secondary: secondaries are never root"
@@ -114,6 +141,83 @@ def _config_apply_args(args: dict[str, Any]) -> dict[str, Any]:
         raise InvalidRequest(f"args.version: there is no configuration version {number}")
     # the serial orders pushes on the broker, so a version can be pushed again later
     return {"version": version.number, "config": version.document, "serial": version.push_serial}
+
+
+def _name_arg(args: dict[str, Any], key: str) -> str:
+    value = args.get(key)
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"args.{key}: must be a non-empty string")
+    if len(value) > NAME_MAX or "\x00" in value:
+        raise InvalidRequest(f"args.{key}: at most {NAME_MAX} characters, without NUL")
+    return value
+
+
+def _known_args(name: str, args: dict[str, Any], known: tuple[str, ...]) -> None:
+    unknown = sorted(set(args) - set(known))
+    if unknown:
+        raise InvalidRequest(
+            f"args.{unknown[0]}: unknown argument ({name} takes {', '.join(known)})"
+        )
+
+
+def _primary(broker: Broker, to: str) -> Broker:
+    """The primary of ``broker``'s cluster that ``to`` names, by spid or by name.
+
+    Not knowing it is a :class:`Conflict`, not a bad request: a spid changes at every
+    restart, so a well-formed spid can name a run that is over."""
+    target = (
+        Broker.objects.filter(Q(spid=to) | Q(name=to), cluster=broker.cluster)
+        .exclude(spid="")
+        .order_by("-last_seen")
+        .first()
+    )
+    if target is None:
+        raise Conflict(
+            f"no broker of the cluster is named {to!r} or runs with that spid now "
+            "(a spid changes when its broker restarts)"
+        )
+    if target.broker_type != Broker.TYPE_PRIMARY:
+        raise Conflict(f"{target.name} is a {target.broker_type} broker: only primaries own queues")
+    return target
+
+
+def _queue_move_args(broker: Broker, args: dict[str, Any]) -> dict[str, Any]:
+    _known_args(Command.QUEUE_MOVE, args, ("vhost", "queue", "to"))
+    vhost, queue, to = (_name_arg(args, key) for key in ("vhost", "queue", "to"))
+    return {"vhost": vhost, "queue": queue, "to": _primary(broker, to).spid}
+
+
+def _rebalance_args(args: dict[str, Any]) -> dict[str, Any]:
+    _known_args(Command.QUEUES_REBALANCE, args, ("vhost",))
+    return {"vhost": _name_arg(args, "vhost")}
+
+
+def _move_refusal(broker: Broker, args: dict[str, Any]) -> str:
+    """Why the queue cannot move to ``args["to"]``, from what the brokers last reported
+    (the root checks again against its own state, and refuses what changed since)."""
+    vhost, queue, to = args["vhost"], args["queue"], args["to"]
+    target = Broker.objects.filter(spid=to).first()
+    if target is None or target.state != Broker.STATE_UP:
+        name = target.name if target is not None else to
+        return f"{name} is down: a queue moves only to a primary that is up"
+    rows = QueueSnapshot.objects.filter(vhost=vhost, name=queue, broker__cluster=broker.cluster)
+    row = rows.filter(shared=True).first()
+    if row is None:
+        if rows.exists():
+            return (
+                f"queue {queue!r} in vhost {vhost!r} is private to its broker (exclusive, or "
+                "outside the cluster vhost): only a shared queue has an owner to move"
+            )
+        return f"no broker reports a queue {queue!r} in vhost {vhost!r}"
+    shown = objects.representative(row)
+    if shown.kind == "classic":
+        return (
+            f"queue {queue!r} is classic: it lives on its owner alone, with no copy to hand "
+            "over (quorum and replicated queues move)"
+        )
+    if shown.master and shown.broker.spid == to:
+        return f"{target.name} already owns queue {queue!r}"
+    return ""
 
 
 def schedule_delivery(command_id: uuid.UUID | str) -> None:

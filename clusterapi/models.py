@@ -357,11 +357,16 @@ class Command(models.Model):
     ROOT_ENABLE = "root.enable"
     ROOT_DISABLE = "root.disable"
     STATE_DUMP = "state.dump"
+    #: hand a shared queue to another primary; spread the owners over the primaries
+    QUEUE_MOVE = "queue.move"
+    QUEUES_REBALANCE = "queues.rebalance"
     NAME_CHOICES = [
         (CONFIG_APPLY, "config.apply"),
         (ROOT_ENABLE, "root.enable"),
         (ROOT_DISABLE, "root.disable"),
         (STATE_DUMP, "state.dump"),
+        (QUEUE_MOVE, "queue.move"),
+        (QUEUES_REBALANCE, "queues.rebalance"),
     ]
 
     STATE_PENDING = "pending"

@@ -286,7 +286,7 @@ def messages_ready(brokers: Iterable[Broker]) -> int:
 def brokers() -> QuerySet[Broker]:
     """Brokers with ``queues_held``: the queues whose messages each holds (its private
     queues and the shared ones it owns; not its proxies), and ``shared_owned``: those
-    shared ones (the root's replicated queues, each broker's classic ones)."""
+    shared ones (each queue has one owner among the primaries, whatever its type)."""
     held = Count("queues", filter=Q(queues__master=True))
     owned = Count("queues", filter=Q(queues__master=True, queues__shared=True))
     # GROUP BY drops Meta's ordering

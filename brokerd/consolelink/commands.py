@@ -1,4 +1,5 @@
-"""The console's commands: config.apply, root.enable/disable, state.dump.
+"""The console's commands: config.apply, root.enable/disable, state.dump, queue.move,
+queues.rebalance.
 
 Every command is answered with an ``ack``. The console retries until it has
 one, so the broker remembers the last 256 command ids and answers a repeat
@@ -29,6 +30,30 @@ REMEMBERED_COMMANDS = 256
 
 class CommandError(Exception):
     """A command that cannot run; the message becomes the ack's ``error``."""
+
+
+#: every command the broker runs (docs/protocol.md, "Console to broker")
+COMMANDS = (
+    "config.apply",
+    "root.enable",
+    "root.disable",
+    "state.dump",
+    "queue.move",
+    "queues.rebalance",
+)
+#: an AMQP short string (a vhost, a queue name) holds at most this many bytes
+SHORTSTR_MAX = 255
+
+
+def text_arg(command: str, args: dict[str, Any], key: str) -> str:
+    """``args[key]``, a non-empty string that fits an AMQP short string: the console
+    checks the same, so anything else comes from a console that does not."""
+    value = args.get(key)
+    if not isinstance(value, str) or not value:
+        raise CommandError(f"{command} needs {key!r}, a non-empty string")
+    if len(value.encode("utf-8", "surrogatepass")) > SHORTSTR_MAX:
+        raise CommandError(f"{command} {key!r} is longer than {SHORTSTR_MAX} bytes")
+    return value
 
 
 BROKER_PARTS = ("limits", "vhosts", "vhost_limits", "users", "permissions")
@@ -187,9 +212,18 @@ class ConsoleCommands:
             return {"root_enabled": enabled}
         if name == "state.dump":
             return {"dump": self.host.state_dump()}
-        raise CommandError(
-            f"unknown command {name!r} (known: config.apply, root.enable, root.disable, state.dump)"
-        )
+        if name == "queue.move":
+            vhost, queue, to = (text_arg(name, args, key) for key in ("vhost", "queue", "to"))
+            try:
+                return self.host.move_queue(vhost, queue, to)
+            except HostRefused as exc:
+                raise CommandError(str(exc)) from None
+        if name == "queues.rebalance":
+            try:
+                return self.host.rebalance_queues(text_arg(name, args, "vhost"))
+            except HostRefused as exc:
+                raise CommandError(str(exc)) from None
+        raise CommandError(f"unknown command {name!r} (known: {', '.join(COMMANDS)})")
 
     def _check_order(self, version: int, serial: Any) -> int | None:
         """A push older than the one applied must not roll the broker back (a late

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 class HostRefused(Exception):
     """The host will not do what the console asked (root.enable on a standalone
-    broker, on a secondary); the message becomes the ack's ``error``."""
+    broker, on a secondary, a queue that cannot move); the message becomes the
+    ack's ``error``."""
 
 
 class ConsoleHost(Protocol):
@@ -115,4 +116,18 @@ class ConsoleHost(Protocol):
         """Allow (or forbid) this server to be root; returns the setting now in
         force. Raises ``HostRefused`` when the server cannot (not clustered, a
         secondary)."""
+        ...
+
+    def move_queue(self, vhost: str, name: str, to: str) -> dict[str, Any]:
+        """Ask the cluster to hand shared queue ``name`` to the primary ``to`` (a spid).
+        Returns at once with ``{"queue", "from", "to", "state": "requested"}``: the
+        hand-over completes asynchronously, and statuses report the new owner. Raises
+        ``HostRefused`` when it cannot start (a standalone broker, no such queue, a
+        classic queue, ``to`` not a live unfenced primary, a move of it under way)."""
+        ...
+
+    def rebalance_queues(self, vhost: str) -> dict[str, Any]:
+        """Ask the cluster to spread the owners of ``vhost``'s shared queues over the
+        primaries: ``{"moves": [{"queue", "from", "to"}, ...]}``, empty when already
+        balanced. Raises ``HostRefused`` on a standalone broker."""
         ...

@@ -46,7 +46,7 @@ class QueueSerializer(BrokerRowSerializer):
         read_only=True,
         help_text="how the cluster keeps the queue: classic (a private queue, or a shared one "
         "on its owner alone, as x-queue-type classic asks), quorum, or replicated (a shared "
-        "queue declared without a type: mastered on the root, copied to every primary)",
+        "queue declared without a type: on its owner, copied to every other primary)",
     )
     consumer_servers = serializers.SerializerMethodField(
         help_text="where the queue's consumers are connected, per broker: a shared queue as "

@@ -27,7 +27,11 @@ ENDPOINTS = (
     ("api-cluster", "the cluster's state: root, readiness, quorum, brokers up, alarms"),
     ("api-endpoints", "AMQP URLs of the brokers clients can connect to now"),
     ("broker-list", "brokers; POST .../{id}/root/ and .../{id}/dump/ send commands"),
-    ("queue-list", "queues, per broker"),
+    (
+        "queue-list",
+        "queues, a shared one once; POST .../{id}/move/ moves one to another primary, "
+        ".../rebalance/ spreads them over the primaries",
+    ),
     ("exchange-list", "exchanges, per broker"),
     ("binding-list", "bindings, per broker"),
     ("heartbeat-list", "recent heartbeat samples (older ones are in the lake)"),

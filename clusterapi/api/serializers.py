@@ -26,6 +26,7 @@ from clusterapi.models import (
     HeartbeatSample,
     QueueSample,
 )
+from clusterapi.owners import DEFAULT_VHOST
 
 __all__ = ["ErrorSerializer"]  # re-exported: the API's views import it from here too
 
@@ -215,6 +216,25 @@ class RootRequestSerializer(StrictSerializer):
 # a docstring would become the schema's description of the body.)
 class DumpRequestSerializer(StrictSerializer):
     pass
+
+
+class QueueMoveSerializer(StrictSerializer):
+    to = StrictCharField(
+        max_length=255,
+        trim_whitespace=False,
+        help_text="the primary to own the queue: its name (host:port) or the spid of its "
+        "current run",
+    )
+
+
+class RebalanceSerializer(StrictSerializer):
+    vhost = StrictCharField(
+        max_length=255,
+        trim_whitespace=False,
+        required=False,
+        default=DEFAULT_VHOST,
+        help_text=f"the virtual host whose shared queues are spread (default {DEFAULT_VHOST!r})",
+    )
 
 
 class ConvergenceSerializer(serializers.Serializer):

@@ -27,7 +27,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from clusterapi import alarms, cluster, commands, objects
+from clusterapi import alarms, cluster, commands, objects, owners
 from clusterapi.api import filters, object_serializers, serializers
 from clusterapi.api.permissions import IsOperatorOrReadOnly
 from clusterapi.api.schema import errors
@@ -236,6 +236,56 @@ class QueueViewSet(ClusterObjectViewSet):
     serializer_class = object_serializers.QueueSerializer
     detail_serializer_class = object_serializers.QueueDetailSerializer
     filterset_class = filters.QueueFilter
+
+    def get_queryset(self) -> QuerySet:
+        # a move may name the queue by any broker's row of it, as a detail does
+        if self.action == "move":
+            return self.detail_queryset.all()
+        return super().get_queryset()
+
+    @extend_schema(
+        operation_id="queues_move",
+        summary="Move a shared queue to another primary",
+        description="Sends `queue.move` (operators only; audited) to a primary linked to the "
+        "console, the root first: the queue's owner hands it to the primary `to` (its name "
+        "or spid), which holds its messages from then on. Answers 202 with the command; once "
+        "acked, its `result` says from which primary to which (`state` `requested`). The "
+        "hand-over completes within about a second: the queue's `broker` shows the new owner "
+        "when the brokers report it. The queue is given by the id of any broker's row of it. "
+        "409 when it cannot move: a private or classic queue (a classic queue has no copy to "
+        "hand over), `to` not a primary of the cluster that is up, `to` already the owner, "
+        "no primary linked to the console; the broker may still refuse (the command fails, "
+        "with its reason) what changed since it last reported, e.g. a move already under way.",
+        request=serializers.QueueMoveSerializer,
+        responses={202: serializers.CommandSerializer},
+    )
+    @action(detail=True, methods=["post"], filter_backends=[], pagination_class=None)
+    def move(self, request: Request, pk: str | None = None) -> Response:
+        queue = self.get_object()
+        body = serializers.QueueMoveSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        command = owners.move(queue, body.validated_data["to"], request.user)
+        return Response(serializers.CommandSerializer(command).data, status.HTTP_202_ACCEPTED)
+
+    @extend_schema(
+        operation_id="queues_rebalance",
+        summary="Spread the shared queues' owners over the primaries",
+        description="Sends `queues.rebalance` (operators only; audited) to a primary linked "
+        "to the console, the root first, as `rabbitmq-queues rebalance` does: the root moves "
+        "quorum and replicated queues of `vhost` from the primaries that own the most to "
+        "those that own the fewest. Answers 202 with the command; once acked, its "
+        "`result.moves` lists the moves ordered (`queue`, `from`, `to`; empty: already "
+        "even). Classic queues stay where they are. 409 when no primary is linked to the "
+        "console.",
+        request=serializers.RebalanceSerializer,
+        responses={202: serializers.CommandSerializer},
+    )
+    @action(detail=False, methods=["post"], filter_backends=[], pagination_class=None)
+    def rebalance(self, request: Request) -> Response:
+        body = serializers.RebalanceSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        command = owners.rebalance(body.validated_data["vhost"], request.user)
+        return Response(serializers.CommandSerializer(command).data, status.HTTP_202_ACCEPTED)
 
 
 @reads(

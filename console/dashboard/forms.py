@@ -1,4 +1,4 @@
-"""Forms of the dashboard: the configuration editor and the root switch."""
+"""Forms of the dashboard: the configuration editor, the root switch, queue moves."""
 
 from __future__ import annotations
 
@@ -56,3 +56,16 @@ class RootForm(forms.Form):
     enabled = forms.TypedChoiceField(
         choices=[("1", "enable"), ("0", "disable")], coerce=lambda v: v == "1"
     )
+
+
+class MoveForm(forms.Form):
+    """The primary a queue moves to: its spid (the page's choice) or its name. Checked
+    against the cluster by ``clusterapi.commands`` (a 409 names what is wrong)."""
+
+    to = forms.CharField(max_length=255, strip=False)
+
+
+class RebalanceForm(forms.Form):
+    """The vhost whose shared queues a rebalance spreads."""
+
+    vhost = forms.CharField(max_length=255, strip=False)

@@ -20,8 +20,9 @@ from django.db.models import Q, QuerySet
 from django.http import QueryDict
 from django.utils import timezone
 
-from clusterapi import cluster, commands, objects
+from clusterapi import cluster, commands, objects, owners
 from clusterapi.api import filters
+from clusterapi.errors import Conflict
 from clusterapi.models import (
     Alarm,
     AuditEntry,
@@ -319,9 +320,39 @@ def with_spread(queues: Iterable[QueueSnapshot]) -> list[QueueSnapshot]:
     return out
 
 
+def rebalance_view() -> dict[str, Any]:
+    """The queue list's rebalance section: the vhosts holding shared queues (the ones a
+    rebalance can spread), the primary that would be asked or why none can be, and
+    the recent rebalances with the moves each ordered."""
+    since = timezone.now() - dt.timedelta(seconds=BANNER_SECONDS)
+    shared = QueueSnapshot.objects.filter(shared=True).order_by()  # (Meta's ordering: no DISTINCT)
+    vhosts = sorted(shared.values_list("vhost", flat=True).distinct())
+    try:
+        owners.cluster_primary(None)
+        refusal = "" if vhosts else "no shared queue is reported: there is nothing to spread"
+    except Conflict as exc:
+        refusal = exc.message
+    names = objects.spid_names()
+    banner = with_stamps(owners.recent_rebalances(since)[:3], "created_at", "finished_at")
+    for command in banner:
+        moves = (command.result or {}).get("moves") if isinstance(command.result, dict) else None
+        command.moves = [
+            {
+                "queue": str(m.get("queue")),
+                "from": names.get(str(m.get("from")), m.get("from")),
+                "to": names.get(str(m.get("to")), m.get("to")),
+            }
+            for m in (moves if isinstance(moves, list) else [])
+            if isinstance(m, dict)
+        ]
+    return {"vhosts": vhosts, "refusal": refusal, "banner": banner}
+
+
 def build_queues(params: QueryDict) -> dict[str, Any]:
     context = _build_queue_list(params)
     context["rows"] = with_spread(context["rows"])
+    context["actions"] = "dashboard/fragments/queue_rebalance.html"
+    context["rebalance"] = rebalance_view()
     return context
 
 
@@ -355,12 +386,31 @@ def _detail(kind: str, title: str, shown: Any) -> dict[str, Any]:
     }
 
 
+def queue_moves(queue: QueueSnapshot) -> dict[str, Any]:
+    """The queue page's owner section: where the queue can move (or why it cannot:
+    the API would answer 409 with the same words) and its recent moves, which the
+    section follows live to their outcome."""
+    since = timezone.now() - dt.timedelta(seconds=BANNER_SECONDS)
+    names = objects.spid_names()
+    banner = with_stamps(owners.recent_moves(queue, since)[:3], "created_at", "finished_at")
+    for command in banner:
+        result = command.result if isinstance(command.result, dict) else {}
+        command.to_name = names.get(str(command.args.get("to")), command.args.get("to"))
+        source = result.get("from")
+        command.from_name = names.get(str(source), source if isinstance(source, str) else "")
+    return {**owners.move_options(queue), "banner": banner}
+
+
 def build_queue(params: QueryDict) -> dict[str, Any]:
     row = _object(QueueSnapshot, params)
     if row is None:
         return _detail("queue", "Queue", None)
     [queue] = with_spread([objects.representative(row)])
-    return _detail("queue", f"Queue {queue.name}", queue)
+    context = _detail("queue", f"Queue {queue.name}", queue)
+    context["actions"] = "dashboard/fragments/queue_move.html"
+    if queue.shared:
+        context["move"] = queue_moves(queue)
+    return context
 
 
 def build_exchange(params: QueryDict) -> dict[str, Any]:
@@ -439,10 +489,18 @@ PAGES: dict[str, Page] = {
             ),
             build_broker,
         ),
-        table_page("queues", "Queues", "queue_table", build_queues),
+        Page(
+            "queues",
+            "dashboard/table_page.html",
+            _fragments("queue_rebalance", "queue_table"),
+            build_queues,
+            "Queues",
+        ),
         table_page("exchanges", "Exchanges", "exchange_table", build_exchanges),
         table_page("bindings", "Bindings", "binding_table", build_bindings),
-        Page("queue", "dashboard/object.html", _fragments("queue_detail"), build_queue),
+        Page(
+            "queue", "dashboard/object.html", _fragments("queue_detail", "queue_move"), build_queue
+        ),
         Page("exchange", "dashboard/object.html", _fragments("exchange_detail"), build_exchange),
         Page("binding", "dashboard/object.html", _fragments("binding_detail"), build_binding),
         Page(

@@ -18,16 +18,23 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.template.loader import render_to_string
+from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
-from clusterapi import alarms, commands
+from clusterapi import alarms, commands, objects, owners
 from clusterapi.cluster import notify_dashboard
 from clusterapi.errors import Conflict, InvalidRequest
-from clusterapi.models import Alarm, Broker, Command
+from clusterapi.models import Alarm, Broker, Command, QueueSnapshot
 from clusterapi.roles import is_operator
-from console.dashboard.forms import RootForm
-from console.dashboard.pages import PAGES, banner_commands, with_stamps
+from console.dashboard.forms import MoveForm, RebalanceForm, RootForm
+from console.dashboard.pages import (
+    PAGES,
+    banner_commands,
+    queue_moves,
+    rebalance_view,
+    with_stamps,
+)
 
 
 def is_htmx(request: HttpRequest) -> bool:
@@ -163,6 +170,79 @@ def broker_dump(request: HttpRequest, name: str) -> HttpResponse:
     """Ask a broker for its state dump; the text shows on its page once acked."""
     require_operator(request)
     return _issue(request, get_object_or_404(Broker, name=name), Command.STATE_DUMP)
+
+
+def _queue_answer(
+    request: HttpRequest,
+    fragment: str,
+    context: dict[str, object],
+    back: str,
+    command: Command | None,
+    error: str,
+    status: int,
+) -> HttpResponse:
+    """The outcome of a queue action: for htmx, the section's result fragment (which the
+    live page then follows to the command's outcome); a message and a redirect otherwise."""
+    if is_htmx(request):
+        html = render_to_string(fragment, {**context, "error": error})
+        return HttpResponse(html, status=status)
+    if command is not None:
+        messages.success(request, f"{command.name} sent to {command.broker.name}")
+    else:
+        messages.error(request, error)
+    return redirect(back)
+
+
+@require_POST
+@login_required
+def queue_move(request: HttpRequest, pk: int) -> HttpResponse:
+    """Hand a shared queue to another primary (``to``: its spid or name); audited."""
+    require_operator(request)
+    row = get_object_or_404(QueueSnapshot.objects.select_related("broker"), pk=pk)
+    queue = objects.representative(row)
+    form = MoveForm(request.POST)
+    command, error, status = None, "", 200
+    if not form.is_valid():
+        error, status = "to: choose the primary to move the queue to", 400
+    else:
+        try:
+            command = owners.move(queue, form.cleaned_data["to"], request.user)
+        except InvalidRequest as exc:
+            error, status = exc.message, 409 if isinstance(exc, Conflict) else 400
+    return _queue_answer(
+        request,
+        "dashboard/fragments/queue_move_result.html",
+        {"banner": queue_moves(queue)["banner"]} if queue.shared else {},
+        reverse("dashboard:queue", args=[row.pk]),
+        command,
+        error,
+        status,
+    )
+
+
+@require_POST
+@login_required
+def queues_rebalance(request: HttpRequest) -> HttpResponse:
+    """Spread the shared queues' owners of a vhost over the primaries; audited."""
+    require_operator(request)
+    form = RebalanceForm(request.POST)
+    command, error, status = None, "", 200
+    if not form.is_valid():
+        error, status = "vhost: give the virtual host whose queues to spread", 400
+    else:
+        try:
+            command = owners.rebalance(form.cleaned_data["vhost"], request.user)
+        except InvalidRequest as exc:
+            error, status = exc.message, 409 if isinstance(exc, Conflict) else 400
+    return _queue_answer(
+        request,
+        "dashboard/fragments/queue_rebalance_result.html",
+        {"banner": rebalance_view()["banner"]},
+        reverse("dashboard:queues"),
+        command,
+        error,
+        status,
+    )
 
 
 @require_POST

@@ -48,7 +48,7 @@ pytestmark = [
     pytest.mark.timeout(240),
 ]
 
-#: examples per operation: 35 operations x this many requests, plus the checks' probes
+#: examples per operation: 37 operations x this many requests, plus the checks' probes
 EXAMPLES = 25
 
 

@@ -351,7 +351,7 @@ def test_the_pages_show_the_replicas_in_sync_escaped(
     proxy = QueueSnapshot.objects.get(broker=brokers[C], name="jobs")
     html = page.get(f"/queues/{proxy.pk}/").content.decode()
     assert 'id="queue-type">replicated<' in html
-    assert "its owner (the root), copied to the other primaries" in html
+    assert "its owner (one of the primaries), copied to the other primaries" in html
     replicas = html[html.index('id="queue-replicas"') : html.index("</ul>")]
     shown = re.findall(
         r'<li class="replica" data-broker="([^"]+)">.*?class="state (state-\w+)"', replicas, re.S
