@@ -7,7 +7,10 @@ cluster whole again.
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -189,6 +192,80 @@ def test_queues_declared_on_a_broker_show_in_the_api(stack: ConsoleStack, api: A
         stack.wait(
             lambda: api.ok(f"/api/v1/queues/?name={name}")["count"] == 0, 10, "queue removed"
         )
+    finally:
+        conn.close()
+
+
+def ctl_queues(stack: ConsoleStack, index: int) -> dict[str, Any]:
+    """``brokerd ctl queues --json`` on broker ``index``, as an operator would run it."""
+    assert stack.cluster is not None
+    data_dir = stack.cluster.nodes[index].data_dir
+    done = subprocess.run(
+        [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(data_dir), "queues", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_queue_moved_through_the_api_changes_owner_on_the_brokers(
+    stack: ConsoleStack, api: Api
+) -> None:
+    """POST /queues/{id}/move/ goes through Celery to a primary, the cluster hands the
+    queue over, and the new owner is what the brokers (and then the API) report."""
+    assert stack.cluster is not None
+    name = f"move-q-{uuid.uuid4().hex[:8]}"
+    root_and_others(stack, api)
+    source, target = 1, 2
+    source_spid, target_spid = stack.cluster.spid(source), stack.cluster.spid(target)
+
+    def held_by(index: int) -> dict[str, Any] | None:
+        """The API's row of the queue once broker ``index`` reports holding its message."""
+        rows = api.ok(f"/api/v1/queues/?name={name}")["results"]
+        row = rows[0] if len(rows) == 1 else None
+        owner = stack.broker_name(index)
+        held = row and row["broker"] == owner and row["master"] and row["messages"] == 1
+        return row if held else None
+
+    def owner_in_ctl() -> set[str]:
+        """The queue's owner as ``brokerd ctl queues --json`` shows it on each broker."""
+        return {
+            row["owner"]
+            for index in range(3)
+            for row in ctl_queues(stack, index)["queues"]
+            if row["name"] == name
+        }
+
+    conn = connect(stack, source)
+    try:
+        channel = conn.channel()
+        channel.confirm_delivery()
+        channel.queue_declare(name, durable=True)  # replicated, owned where declared
+        channel.basic_publish("", name, b"kept across the move")
+        queue = stack.wait(lambda: held_by(source), 10, "the queue on its first owner")
+        assert queue["type"] == "replicated" and owner_in_ctl() == {source_spid}
+
+        status, refused = api.post(
+            f"/api/v1/queues/{queue['id']}/move/", {"to": stack.broker_name(source)}
+        )
+        assert status == 409 and "already owns" in refused["error"]
+        status, body = api.post(
+            f"/api/v1/queues/{queue['id']}/move/", {"to": stack.broker_name(target)}
+        )
+        assert status == 202, body
+        assert body["args"] == {"vhost": "/", "queue": name, "to": target_spid}
+        command = wait_command(stack, api, body["id"])
+        assert command["state"] == "acked", command
+        assert (command["result"]["from"], command["result"]["to"]) == (source_spid, target_spid)
+
+        stack.wait(lambda: owner_in_ctl() == {target_spid}, 10, "the new owner in brokerd ctl")
+        moved = stack.wait(lambda: held_by(target), 10, "the new owner in the API")
+        assert moved["type"] == "replicated"
+        audit = api.ok("/api/v1/audit/?action_prefix=queue.move")["results"]
+        assert any(e["details"].get("id") == body["id"] for e in audit), audit
+        channel.queue_delete(name)
     finally:
         conn.close()
 
