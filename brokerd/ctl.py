@@ -31,6 +31,21 @@ def build_parser() -> argparse.ArgumentParser:
         "queues", help="every queue: its type, its owner, and this server's role"
     )
     queues.add_argument("--json", action="store_true", help="print JSON")
+    queues.add_argument(
+        "action",
+        nargs="?",
+        choices=["rebalance"],
+        help="rebalance: move replicated queues' owners until no primary owns more "
+        "than its share (like rabbitmq-queues rebalance)",
+    )
+    queue = sub.add_parser("queue", help="act on one shared queue")
+    queue_sub = queue.add_subparsers(dest="action", required=True)
+    move = queue_sub.add_parser(
+        "move",
+        help="hand a replicated or quorum queue to another primary (waits for the hand-over)",
+    )
+    move.add_argument("name", help="the queue's name (in the cluster vhost)")
+    move.add_argument("to", help="the new owner: a primary's spid or its host:port")
     root = sub.add_parser("root", help="enable or disable root candidacy on this server")
     root.add_argument("action", choices=["enable", "disable"])
     fault = sub.add_parser(
@@ -143,15 +158,19 @@ def _replica_text(replicas: list[dict[str, Any]] | None) -> str:
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     extra: list[str] = []
-    if args.command == "root":
+    timeout = 10.0
+    if args.command == "root" or (args.command == "queues" and args.action):
         extra = [args.action]
+    elif args.command == "queue":
+        extra = [args.action, args.name, args.to]
+        timeout = 60.0
     elif args.command == "fault":
         extra = [args.fault] + ([args.spid] if args.fault == "cut-link" else [])
     if not socket_path(args.data_dir).exists():
         print(f"brokerd ctl: no broker control socket in {args.data_dir}", file=sys.stderr)
         return 2
     try:
-        reply = request(args.data_dir, args.command, extra)
+        reply = request(args.data_dir, args.command, extra, timeout=timeout)
     except OSError as exc:
         print(f"brokerd ctl: cannot reach the broker: {exc}", file=sys.stderr)
         return 2
@@ -161,8 +180,15 @@ def main(argv: list[str]) -> int:
     result = reply.get("result", {})
     if args.command == "status" and not args.json:
         _print_status(result)
+    elif args.command == "queues" and args.action == "rebalance" and not args.json:
+        moves = result.get("moves", [])
+        for m in moves:
+            print(f"moving {m['queue']}: {m['from']} -> {m['to']}")
+        print(f"{len(moves)} moves asked for" if moves else "balanced already: nothing to move")
     elif args.command == "queues" and not args.json:
         _print_queues(result)
+    elif args.command == "queue":
+        print(f"{result['queue']} moved: {result['from']} -> {result['to']} in {result['ms']} ms")
     elif args.command == "dump":
         print(result.get("dump", ""))
     else:

@@ -33,6 +33,7 @@ from brokerd.cluster.config import ClusterConfig
 from brokerd.cluster.election import PRIMARY
 from brokerd.cluster.membership import Membership
 from brokerd.cluster.messages import CLUSTER_EXCHANGE
+from brokerd.cluster.moving import QueueMoves
 from brokerd.cluster.operations import OperatorCommands
 from brokerd.cluster.placing import Placer
 from brokerd.cluster.plane.forwarding import DATA, MessagePlane
@@ -106,7 +107,10 @@ class ClusterController(Membership):
         self.wiring = wiring.WiringReplication(self, broker, self.remote)
         #: the root's placement of classic shared queues
         self.placer = Placer(self, self.plane, self.wiring)
-        self.wiring.placer = self.placer.place_declare
+        self.wiring.placer = self.placer.place
+        #: operators' queue moves and rebalances (``moving``)
+        self.moves = QueueMoves(self.placer)
+        self.plane.handovers.on_handed = self.moves.handed
         self.wiring.on_fence = self._fence
         self.wiring.is_fenced = self.plane.is_fenced
         self.wiring.fences = self.plane.replica.fences_of

@@ -36,6 +36,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from brokerd.cluster.election import PRIMARY
+from brokerd.cluster.moving import Mover
 from brokerd.cluster.queues.placement import CLASSIC, choose_owner, kind_of, locator_of
 from brokerd.cluster.wiring import entries as rep
 from brokerd.cluster.wiring import statelog as sl
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from brokerd.cluster.queues.shared import SharedQueue
     from brokerd.cluster.wiring.replication import WiringReplication
     from brokerd.cluster.wiring.statelog import Entry
+    from brokerd.model.errors import AMQPError
 
 log = logging.getLogger("brokerd.cluster.placing")
 
@@ -59,6 +61,7 @@ class Placer:
         self.wiring = wiring
         #: when this server last became root (None: it is not)
         self.root_since: float | None = None
+        self.mover = Mover(self)
 
     def primaries(self) -> list[tuple[str, str]]:
         """The live primaries, (spid, address), in seniority order."""
@@ -72,6 +75,13 @@ class Placer:
             if status is not None and status.type == PRIMARY and members.standing.active(peer, now):
                 live.append((peer.start_time, peer.spid, peer.address))
         return [(spid, address) for _t, spid, address in sorted(live)]
+
+    def place(self, entry: Entry) -> Entry | AMQPError:
+        """An entry about to be ordered: a declare gets its owner, a move request
+        becomes the placement it leads to (``moving``), or the reason it cannot."""
+        if entry.op == sl.QUEUE_PLACE and dict(entry.props).get("request"):
+            return self.mover.request(entry)
+        return self.place_declare(entry)
 
     def place_declare(self, entry: Entry) -> Entry:
         """A shared queue's declare, about to be ordered: it gets its owner. One placed
@@ -131,9 +141,10 @@ class Placer:
             elif gone:
                 self._lost(queue, owner)  # type: ignore[arg-type]
             elif owner is None and queue.home in by_address:
-                self._order_place(queue.name, by_address[queue.home], queue.epoch + 1, None)
+                self.order_place(queue.name, by_address[queue.home], queue.epoch + 1, None)
         for owner, queues in failing.items():
             self._fail_over(owner, queues, live_spids)
+        self.mover.check()
 
     def _fail_over(self, owner: str, queues: list[SharedQueue], live: list[str]) -> None:
         """The replicated queues of a lost (or fenced) owner: fence it first, then,
@@ -160,7 +171,7 @@ class Placer:
                 heir,
                 queue.epoch + 1,
             )
-            self._order_place(queue.name, heir, queue.epoch + 1, None)
+            self.order_place(queue.name, heir, queue.epoch + 1, None)
 
     def _reports(self, owner: str, live: list[str]) -> dict[str, dict[str, list]]:
         """The live primaries (this root among them) that applied the fence of
@@ -208,7 +219,7 @@ class Placer:
         live primary that is not fenced takes it."""
         heirs = [spid for spid in live if not self.plane.is_fenced(spid)]
         if heirs:
-            self._order_place(queue.name, heirs[0], queue.epoch + 1, None)
+            self.order_place(queue.name, heirs[0], queue.epoch + 1, None)
 
     def _lost(self, queue: SharedQueue, owner: str) -> None:
         name = queue.name
@@ -219,8 +230,8 @@ class Placer:
         peer = self.members.peers.get(owner)
         home = peer.address if peer is not None and peer.address else owner
         log.warning("owner %s of durable queue=%s lost: unavailable until it returns", owner, name)
-        self._order_place(name, None, queue.epoch + 1, home)
+        self.order_place(name, None, queue.epoch + 1, home)
 
-    def _order_place(self, name: str, owner: str | None, epoch: int, home: str | None) -> None:
+    def order_place(self, name: str, owner: str | None, epoch: int, home: str | None) -> None:
         entry = rep.place_entry(self.members.config.vhost, name, owner, epoch, home)
         self.wiring.order(entry)

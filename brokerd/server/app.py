@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from brokerd.model.broker import Broker
 from brokerd.model.errors import CONNECTION_FORCED
 from brokerd.model.exchange import Exchange
 from brokerd.protocol import ConnectionState
-from brokerd.server import dump
+from brokerd.server import dump, queueops
 from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError, serve_control
 from brokerd.server.login import LoginService
@@ -208,15 +209,23 @@ class Server:
             **counts,
         }
 
-    def control(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Answer one control-socket request (see brokerd/ctl.py)."""
+    def control(self, request: dict[str, Any]) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+        """Answer one control-socket request (see brokerd/ctl.py); a queue move is
+        answered once it ends (a coroutine)."""
         command = request["command"]
         if command == "status":
             return self.status()
         if command == "dump":
             return {"dump": self.state_dump()}
+        args = request.get("args") or []
+        if command == "queues" and args == ["rebalance"]:
+            return self._queue_op(queueops.rebalance, self.cluster, None)
         if command == "queues":
             return {"spid": self.spid, "queues": dump.queue_table(self)}
+        if command == "queue" and len(args) == 3 and args[0] == "move":
+            if not all(isinstance(a, str) and a for a in args):
+                raise ControlError("queue move takes a queue name and a primary's spid")
+            return self._queue_move(args[1], args[2])
         if command in ("root", "fault"):
             if self.cluster is None:
                 raise ControlError(f"'{command}' needs a clustered broker (started with --cluster)")
@@ -232,6 +241,18 @@ class Server:
                 raise ControlError(str(exc)) from None
             raise ControlError(f"bad arguments for '{command}': {args}")
         raise ControlError(f"unknown command '{command}'")
+
+    def _queue_op(self, op: Any, *args: Any) -> Any:
+        try:
+            return op(*args)
+        except queueops.QueueOpError as exc:
+            raise ControlError(str(exc)) from None
+
+    async def _queue_move(self, name: str, to: str) -> dict[str, Any]:
+        try:
+            return await queueops.move_and_wait(self.cluster, None, name, to)
+        except queueops.QueueOpError as exc:
+            raise ControlError(str(exc)) from None
 
     # -- the console link's host (brokerd.consolelink.host.ConsoleHost) -----------
 
@@ -268,7 +289,21 @@ class Server:
             result = self.control({"command": "root", "args": ["enable" if enabled else "disable"]})
         except ControlError as exc:
             raise HostRefused(str(exc)) from None
-        return result["root_enabled"]
+        return result["root_enabled"]  # type: ignore[index]
+
+    def move_queue(self, vhost: str, name: str, to: str) -> dict[str, Any]:
+        """The console's queue.move: asked of the root, answered at once."""
+        try:
+            return queueops.request_move(self.cluster, vhost, name, to)
+        except queueops.QueueOpError as exc:
+            raise HostRefused(str(exc)) from None
+
+    def rebalance_queues(self, vhost: str) -> dict[str, Any]:
+        """The console's queues.rebalance."""
+        try:
+            return queueops.rebalance(self.cluster, vhost)
+        except queueops.QueueOpError as exc:
+            raise HostRefused(str(exc)) from None
 
     # -- lifecycle ----------------------------------------------------------------
 

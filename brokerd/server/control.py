@@ -7,10 +7,11 @@ only the broker's own user can reach it; nothing listens on the network.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,8 @@ log = logging.getLogger("brokerd.control")
 SOCKET_NAME = "brokerd.sock"
 MAX_REQUEST = 64 * 1024
 
-Handler = Callable[[dict[str, Any]], dict[str, Any]]
+#: answers a request, at once or (a command that waits for the cluster) by a coroutine
+Handler = Callable[[dict[str, Any]], dict[str, Any] | Awaitable[dict[str, Any]]]
 
 
 class ControlError(Exception):
@@ -50,7 +52,10 @@ async def serve_control(data_dir: Path, handler: Handler) -> asyncio.AbstractSer
             if not isinstance(request, dict) or not isinstance(request.get("command"), str):
                 raise ControlError("request needs a 'command'")
             log.info("ctl command=%s args=%s", request["command"], request.get("args", []))
-            reply: dict[str, Any] = {"ok": True, "result": handler(request)}
+            result = handler(request)
+            if inspect.isawaitable(result):
+                result = await result
+            reply: dict[str, Any] = {"ok": True, "result": result}
         except ControlError as exc:
             reply = {"ok": False, "error": str(exc)}
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from brokerd.server.control import request
 from tests.cluster_harness import Cluster
 from tests.faults.history import Fault, Recorder
 from tests.faults.workload import Client
@@ -27,6 +28,8 @@ KILL_PUBLISHER_SERVER = "kill-publisher-server"
 PAUSE_SHORT = "pause-short"  # SIGSTOP shorter than the heartbeat timeout
 PAUSE_LONG = "pause-long"  # SIGSTOP longer than the heartbeat timeout
 CUT_LINK = "cut-link"  # both directions between two linked servers
+MOVE_QUEUE = "move-queue"  # an operator moves a queue's owner (``brokerd ctl queue move``)
+REBALANCE = "rebalance"  # an operator rebalances the owners (``ctl queues rebalance``)
 KINDS = (
     KILL_ROOT,
     KILL_PRIMARY,
@@ -35,6 +38,8 @@ KINDS = (
     PAUSE_SHORT,
     PAUSE_LONG,
     CUT_LINK,
+    MOVE_QUEUE,
+    REBALANCE,
 )
 
 
@@ -68,6 +73,8 @@ def schedule(
             hold = rng.uniform(1.5, 3.0) * timeout
         elif kind == CUT_LINK:
             hold = rng.uniform(0.5, 3.0) * timeout  # some shorter than the timeout, most longer
+        elif kind in (MOVE_QUEUE, REBALANCE):
+            hold = 0.0  # an operation, not a fault: it takes what it takes
         else:  # kills: down for a while, then restarted
             hold = rng.uniform(0.5, 3.0)
         plan.append(Planned(kind, hold, rng.uniform(0.5, 2.0), rng.random(), rng.random()))
@@ -88,6 +95,7 @@ class Nemesis:
         publishers: Sequence[Client],
         consumers: Sequence[Client],
         *,
+        queues: Sequence[str] = (),
         settle_timeout: float = 20.0,
         log: Callable[[str], None] = lambda line: None,
     ) -> None:
@@ -97,6 +105,8 @@ class Nemesis:
         self.consumers = consumers
         self.settle_timeout = settle_timeout
         self.log = log
+        #: the shared queues the workload uses (moves pick among them)
+        self.queues = list(queues)
         #: servers found dead that the nemesis had not killed (must stay empty)
         self.crashes: list[dict[str, float | int | None]] = []
 
@@ -131,6 +141,8 @@ class Nemesis:
             if not servers:
                 return _choose(everyone, planned.pick), None, "no client connected: any server"
             return _choose(list(servers), planned.pick), None, note  # type: ignore[arg-type]
+        if planned.kind in (MOVE_QUEUE, REBALANCE):  # asked through any server
+            return _choose(everyone, planned.pick), None, note
         # pauses and cuts: the root half of the time, else any other server
         if root is not None and planned.pick < 0.5:
             target = root
@@ -158,7 +170,9 @@ class Nemesis:
             fault.peer_role = self.role(peer, root)
         fault.note = note
         self.recorder.fault(fault)
-        if planned.kind.startswith("kill-"):
+        if planned.kind in (MOVE_QUEUE, REBALANCE):
+            fault.note = (fault.note + "; " if fault.note else "") + self.operate(planned)
+        elif planned.kind.startswith("kill-"):
             cluster.kill(target)
             time.sleep(planned.hold)
             self.restart(target)
@@ -192,6 +206,36 @@ class Nemesis:
         )
         time.sleep(planned.gap)
         return fault
+
+    def operate(self, planned: Planned) -> str:
+        """A move of one of the workload's queues to another primary, or a rebalance,
+        asked of the target server under traffic; what it answered, for the record
+        (a refusal is an answer: a failover may be under way)."""
+        cluster = self.cluster
+        root = self.root()
+        target, _peer, _note = self.target(planned, root)
+        data_dir = cluster.nodes[target].data_dir
+        try:
+            if planned.kind == REBALANCE:
+                reply = request(data_dir, "queues", ["rebalance"], timeout=30)
+                moves = (reply.get("result") or {}).get("moves", [])
+                return f"rebalance: {len(moves)} moves" if reply.get("ok") else reply["error"]
+            if not self.queues:
+                return "no queue to move"
+            queue = self.queues[int(planned.pick_peer * len(self.queues)) % len(self.queues)]
+            owners = [
+                i
+                for i in self.primaries()
+                if queue in (cluster.status(i) or {}).get("owned_queues", [])
+            ]
+            others = [i for i in self.primaries() if i not in owners]
+            to = _choose(others, planned.pick_peer)
+            reply = request(data_dir, "queue", ["move", queue, cluster.spid(to)], timeout=30)
+            if reply.get("ok"):
+                return f"moved {queue} to [{to}] in {reply['result']['ms']} ms"
+            return f"move of {queue} to [{to}] refused: {reply.get('error')}"
+        except (OSError, ValueError, KeyError) as exc:
+            return f"operation failed: {exc}"
 
     def restart(self, index: int, attempts: int = 3) -> None:
         """Start a dead server again (its data directory, hence its store, kept)."""

@@ -139,6 +139,7 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
             recorder,
             publishers,
             consumers,
+            queues=queues,
             settle_timeout=config.settle_timeout,
             log=lambda line: log(f"[{len(history.faults)}/{len(plan)}] {line}"),
         )

@@ -50,6 +50,7 @@ RECORDS = st.one_of(
     st.builds(rec.Got, u64, u64, flag, u32, text, text, blob, blob),
     st.builds(rec.Session, u64),
     st.builds(rec.Void, u64),
+    st.builds(rec.Drained, text, u64),
     st.builds(
         rec.Replicate,
         u64,

@@ -49,6 +49,7 @@ from brokerd.cluster.plane.flow import FlowControl, feeder
 from brokerd.cluster.plane.orphans import Orphans
 from brokerd.cluster.plane.outbound import Outbound, SettleWaiter
 from brokerd.cluster.plane.pacing import Pacing
+from brokerd.cluster.queues.handover import Handovers
 from brokerd.cluster.queues.master import MasterSide
 from brokerd.cluster.queues.proxy import ProxySide
 from brokerd.cluster.queues.replica import ReplicaSide
@@ -99,6 +100,8 @@ class MessagePlane:
         self.pacing = Pacing(self)
         #: forwards a failed root left unsettled, for the next root (``orphans``)
         self.orphans = Orphans(self)
+        #: queue moves under way (``queues.handover``)
+        self.handovers = Handovers(self)
         #: the root before the last change (its forwards are kept after it)
         self._last_id: tuple[Any, str] = (None, "")
 
@@ -371,6 +374,10 @@ class MessagePlane:
                 stream.append(r)
             elif isinstance(r, rec.Replicated):
                 self.replicas.acked(spid, r.seq)
+                if self.handovers.out:
+                    self.handovers.check()
+            elif isinstance(r, rec.Drained):
+                self.handovers.drained(spid, r.queue, r.epoch)
             else:
                 master.receive(out, r)
         if stream:
@@ -397,8 +404,10 @@ class MessagePlane:
         targets: list[tuple[str, str]],
         redelivered: bool,
         waiter: PublishWaiter,
+        kept: bool = False,
     ) -> tuple[bool, int]:
-        """Push a forwarded message into this server's queues: (all took it, routed)."""
+        """Push a forwarded message into this server's queues: (all took it, routed).
+        ``kept``: it is one of the kept publishes (``orphans``), going in at last."""
         vhost = self.vhost()
         ok = True
         routed = 0
@@ -413,8 +422,18 @@ class MessagePlane:
             queue = vhost.queues.get(name) if vhost is not None else None
             if queue is None:
                 continue  # gone meanwhile: not routed (a mandatory return at the origin)
+            if getattr(queue, "replicated_kind", False) and (
+                not queue.local or queue.frozen or (not kept and self.orphans.holds(name))
+            ):
+                # a replicated queue's publish is kept for its owner to be: this server
+                # is not its owner yet (the placement that makes it so is on its way:
+                # a move or a failover), or not any more, or handed it over already
+                # (``handover``), or kept publishes for it wait here (never overtaken)
+                self.orphans.hold(message, ("", name), waiter, redelivered)
+                routed += 1
+                continue
             if not queue.local:
-                ok = False  # not mastered here (the root moved): the publisher is nacked
+                ok = False  # a classic queue not owned here: the publisher is nacked
                 continue
             if redelivered:
                 queue.restore(message, waiter)
@@ -572,6 +591,7 @@ class MessagePlane:
                 replicas.add(out, self.owned_replicated())
 
     def tick(self) -> None:
+        self.handovers.check()
         self.proxy.tick()
         self.master.tick()
         self.orphans.send()

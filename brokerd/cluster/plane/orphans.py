@@ -93,14 +93,20 @@ class Orphans:
         queue = self.plane.shared_queue(name)
         return queue is None or queue.replicated_kind  # gone: not routed when sent
 
-    def hold(self, message: Message, target: tuple[str, str], waiter: PublishWaiter | None) -> bool:
+    def hold(
+        self,
+        message: Message,
+        target: tuple[str, str],
+        waiter: PublishWaiter | None,
+        redelivered: bool = False,
+    ) -> bool:
         """A publish for a replicated queue whose owner is unreachable (failed, and
-        not failed over yet), or behind kept ones for its queue: kept like a failed
-        owner's forwards (never sent, so not flagged redelivered) and sent, in order,
-        when the queue has a reachable owner. Always accepted (the bound nacks the
-        oldest)."""
+        not failed over yet), or that is being moved (``handover``), or behind kept
+        ones for its queue: kept like a failed owner's forwards (flagged
+        redelivered only if it came so) and sent, in order, when the queue has a
+        reachable owner. Always accepted (the bound nacks the oldest)."""
         done = [waiter.defer()] if waiter is not None else None
-        self._add((message, [target], done, False))
+        self._add((message, [target], done, redelivered))
         self._bound(1)
         return True
 
@@ -147,7 +153,7 @@ class Orphans:
             if queue is None:
                 continue  # deleted meanwhile: not routed
             owner = queue.owner
-            if owner is None or plane.is_fenced(owner):
+            if owner is None or queue.moving is not None or plane.is_fenced(owner):
                 return False
             if owner == plane.spid:
                 if not queue.local:
@@ -157,7 +163,11 @@ class Orphans:
             plan.append((owner, name))
         waiter = Callbacks(done or [])
         here = [("", name) for owner, name in plan if owner == plane.spid]
-        ok, routed = plane.apply_forward(message, here, redelivered, waiter) if here else (True, 0)
+        ok, routed = (
+            plane.apply_forward(message, here, redelivered, waiter, kept=True)
+            if here
+            else (True, 0)
+        )
         for owner, name in plan:
             if owner == plane.spid:
                 continue

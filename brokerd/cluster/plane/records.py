@@ -39,6 +39,7 @@ SESSION = 14
 REPLICATE = 15
 REPLICATED = 16
 VOID = 17
+DRAINED = 18
 
 #: replication operations (``Replicate.op``), root -> every other primary
 R_ENQUEUE = 1
@@ -217,6 +218,18 @@ class Void:
 
 
 @dataclass(slots=True)
+class Drained:
+    """The sender forwards nothing more for ``queue`` to the receiver, its owner: the
+    queue is being moved, and the sender keeps its publishes for it until the new
+    owner is placed (``queues.handover``). Records keep their order on a link, so
+    every forward the sender made for it before is in ahead of this one. ``epoch``:
+    the placement that started the move (it may arrive before that placement)."""
+
+    queue: str
+    epoch: int
+
+
+@dataclass(slots=True)
 class Replicate:
     """One event of a shared queue's master, for its replicas (seq: the root's
     replication sequence, across every queue)."""
@@ -255,6 +268,7 @@ Record = (
     | Got
     | Session
     | Void
+    | Drained
     | Replicate
     | Replicated
 )
@@ -458,6 +472,9 @@ class Batch:
     def void(self, epoch: int) -> None:
         self._add(bytes((VOID,)), _u64.pack(epoch))
 
+    def drained(self, queue: str, epoch: int) -> None:
+        self._add(bytes((DRAINED,)), _s(queue), _u64.pack(epoch))
+
     def replicate(
         self,
         seq: int,
@@ -539,6 +556,8 @@ class Batch:
             self.replicated(r.seq)
         elif isinstance(r, Void):
             self.void(r.epoch)
+        elif isinstance(r, Drained):
+            self.drained(r.queue, r.epoch)
         else:
             self.session(r.epoch)
 
@@ -770,6 +789,8 @@ def _decode(data: bytes) -> list[Record]:
             out.append(Session(r.u64()))
         elif kind == VOID:
             out.append(Void(r.u64()))
+        elif kind == DRAINED:
+            out.append(Drained(r.s(), r.u64()))
         elif kind == REPLICATED:
             out.append(Replicated(r.u64()))
         else:

@@ -162,7 +162,7 @@ class MasterSide:
         elif isinstance(r, rec.Get):
             self._get(out, r)
         elif isinstance(r, rec.Purge):
-            self._with_queue(out, r.req, r.queue, lambda q: (q.drop_all(), 0))
+            self._with_queue(out, r.req, r.queue, lambda q: (q.drop_all(), 0), taking=True)
         elif isinstance(r, rec.Stat):
             self._with_queue(out, r.req, r.queue, _stat)
 
@@ -217,12 +217,14 @@ class MasterSide:
         for queue in queues:
             _maybe_unused(queue)
 
-    def _master_queue(self, name: str) -> Queue | AMQPError:
+    def _master_queue(self, name: str, taking: bool = False) -> Queue | AMQPError:
+        """The queue mastered here; ``taking``: for a get or a purge, which a queue being
+        handed over refuses as not mastered (the proxy asks its next owner)."""
         vhost = self.plane.vhost()
         queue = vhost.queues.get(name) if vhost is not None else None
         if queue is None or queue.exclusive:
             return AMQPError(NOT_FOUND, f"no queue '{name}' in vhost '{self.plane.vhost_name}'")
-        if not queue.local:
+        if not queue.local or (taking and getattr(queue, "moving", None) is not None):
             return AMQPError(INTERNAL_ERROR, f"queue '{name}' is not mastered on this server")
         return queue
 
@@ -255,7 +257,7 @@ class MasterSide:
             consumer.queue.remove_consumer(consumer)  # the last one anywhere: auto-delete
 
     def _get(self, out: Outbound, r: rec.Get) -> None:
-        queue = self._master_queue(r.queue)
+        queue = self._master_queue(r.queue, taking=True)
         if isinstance(queue, AMQPError):
             self._refuse(out, r.req, queue)
             return
@@ -279,8 +281,10 @@ class MasterSide:
             message.body,
         )
 
-    def _with_queue(self, out: Outbound, req: int, name: str, answer: object) -> None:
-        queue = self._master_queue(name)
+    def _with_queue(
+        self, out: Outbound, req: int, name: str, answer: object, taking: bool = False
+    ) -> None:
+        queue = self._master_queue(name, taking)
         if isinstance(queue, AMQPError):
             self._refuse(out, req, queue)
             return

@@ -40,10 +40,19 @@ class Owner:
         self.queue = queue
 
     def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool:
-        return Queue.push(self.queue, message, waiter)
+        queue = self.queue
+        if queue.moving is None:
+            return Queue.push(queue, message, waiter)
+        return queue.push_moving(message, waiter)
 
     def get(self, no_ack: bool, reply: Reply, recipient: Any = None) -> None:
-        Queue.get(self.queue, no_ack, reply, recipient)
+        queue = self.queue
+        if queue.moving is not None:
+            # nothing leaves a queue being handed over: asked again once it has its owner
+            if not queue.defer(lambda: queue.get(no_ack, reply, recipient)):
+                reply(None)
+            return
+        Queue.get(queue, no_ack, reply, recipient)
 
     def ack(self, messages: Sequence[Message]) -> None:
         Queue.ack(self.queue, messages)
@@ -56,10 +65,14 @@ class Owner:
         Queue.requeue(self.queue, [m for m in messages if m.ref is None])
 
     def dispatch(self) -> None:
-        Queue.dispatch(self.queue)
+        if self.queue.moving is None:  # a queue being handed over delivers nothing
+            Queue.dispatch(self.queue)
 
     def purge(self, reply: Reply) -> None:
-        Queue.purge(self.queue, reply)
+        queue = self.queue
+        if queue.moving is not None and queue.defer(lambda: queue.purge(reply)):
+            return  # its new owner purges it
+        Queue.purge(queue, reply)
 
     def stat(self, reply: Reply) -> None:
         Queue.stat(self.queue, reply)
@@ -92,10 +105,16 @@ class Proxy:
         if (
             queue.replicated_kind
             and owner != plane.spid
-            and (plane.orphans.holds(queue.name) or owner is None or not plane.reachable(owner))
+            and (
+                plane.orphans.holds(queue.name)
+                or owner is None
+                or queue.moving is not None
+                or not plane.reachable(owner)
+            )
         ):
-            # its owner unreachable (a failover under way), or publishes for it wait
-            # for its next owner already (this one must not overtake them): kept
+            # its owner unreachable (a failover under way), the queue being moved, or
+            # publishes for it wait for its next owner already (this one must not
+            # overtake them): kept
             return plane.orphans.hold(message, ("", queue.name), waiter)
         # straight to its owner; a classic queue's owner away or unreachable: the
         # publisher is nacked (no other server may take it: a second copy of it)

@@ -29,7 +29,7 @@ owner; durable, it waits for it (``placement``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.queues.entry import Entry
@@ -46,6 +46,10 @@ if TYPE_CHECKING:
     from brokerd.cluster.plane.forwarding import MessagePlane
     from brokerd.cluster.queues.proxy import ProxiedConsumer
     from brokerd.store.queues import JournalQueueStore
+
+
+#: gets and purges that may wait for a move to end at once; more are answered at once
+MAX_DEFERRED = 10_000
 
 
 class SharedQueue(Queue):
@@ -77,6 +81,15 @@ class SharedQueue(Queue):
         self.placed_seq = 0
         #: this server's consumers as attached at the root (proxy role)
         self.proxied: dict[ConsumerSink, ProxiedConsumer] = {}
+        #: the primary the queue is being handed to (``handover``): its owner delivers
+        #: nothing meanwhile, every other server keeps its publishes for it
+        self.moving: str | None = None
+        #: when this server learnt of the move (the root calls off one that lasts)
+        self.move_since = 0.0
+        #: owner only, while moving: past the hand-over point, so nothing more goes in
+        self.frozen = False
+        #: gets and purges asked here while it moved: run once it has its owner
+        self.deferred: list[Callable[[], None]] = []
 
     @property
     def local(self) -> bool:
@@ -156,20 +169,77 @@ class SharedQueue(Queue):
 
     # -- the role -----------------------------------------------------------------------
 
-    def place(self, owner: str | None, epoch: int, home: str | None, seq: int = 0) -> None:
+    def place(
+        self,
+        owner: str | None,
+        epoch: int,
+        home: str | None,
+        seq: int = 0,
+        moving: str | None = None,
+    ) -> None:
         """The queue's placement, from the state log (entry ``seq``): its owner serves
-        it, every other server proxies it."""
+        it, every other server proxies it. ``moving``: the owner stays, and hands the
+        queue to that primary (``handover``); the next placement ends the move."""
         if epoch < self.epoch:
             return
+        was_moving = self.moving
         self.owner, self.epoch, self.home = owner, epoch, home
+        self.moving = moving if owner is not None else None
         self.placed_seq = seq
         if owner == self.plane.spid:
             self._own()
         else:
             self._disown()
             self.plane.proxy.replaced(self)  # its consumers here follow the owner
+        if self.moving is not None:
+            if was_moving is None:
+                self.move_since = self.plane.members.clock()
+            self.plane.handovers.started(self)
+        elif was_moving is not None:
+            self._moved()
         self.plane.placements_changed()
         self.plane.orphans.send()  # publishes kept for its next owner
+
+    def _moved(self) -> None:
+        """The move is over (the target owns the queue, or the root called it off):
+        what waited for it goes on, wherever the queue is now."""
+        self.frozen = False
+        self.plane.handovers.ended(self)
+        deferred, self.deferred = self.deferred, []
+        for call in deferred:
+            call()
+        if self.local:
+            self.dispatch()
+
+    def defer(self, call: Callable[[], None]) -> bool:
+        """Run ``call`` once the move is over; False when too many wait already."""
+        if len(self.deferred) >= MAX_DEFERRED:
+            return False
+        self.deferred.append(call)
+        return True
+
+    def push_moving(
+        self, message: Message, waiter: PublishWaiter | None, redelivered: bool = False
+    ) -> bool:
+        """A publish for the queue this server owns and is handing over: into the queue
+        until it is frozen (nothing delivered: its consumers are parked for the
+        call), kept for the next owner after."""
+        if self.frozen:
+            return self.plane.orphans.hold(message, ("", self.name), waiter, redelivered)
+        consumers, self.consumers = self.consumers, []
+        try:
+            if redelivered:
+                Queue.restore(self, message, waiter)
+                return True
+            return Queue.push(self, message, waiter)
+        finally:
+            self.consumers = consumers
+
+    def restore(self, message: Message, waiter: PublishWaiter | None = None) -> None:
+        if self.moving is not None and self.local:
+            self.push_moving(message, waiter, True)
+        else:
+            Queue.restore(self, message, waiter)
 
     def _own(self) -> None:
         """This server owns the queue. A classic queue's content is what its journal

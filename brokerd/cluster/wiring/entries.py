@@ -39,6 +39,12 @@ OPERATIONS: dict[type, str] = {
 }
 
 
+#: ``queue.place`` entries a server sends the root to ask for a move (``props.request``):
+#: the root checks them and orders the placement they lead to instead
+MOVE = "move"
+MOVED = "moved"
+
+
 class BucketError(ValueError):
     """A replication message that cannot be decoded."""
 
@@ -208,14 +214,45 @@ def apply_placement(vhost: Any, entry: Entry) -> bool:
     if place is None:
         return False
     props = dict(entry.props)
-    place(entry.spid or None, int(props.get("epoch", 1)), props.get("home") or None, entry.seq)
+    place(
+        entry.spid or None,
+        int(props.get("epoch", 1)),
+        props.get("home") or None,
+        entry.seq,
+        props.get("to") or None,
+    )
     return True
 
 
-def place_entry(vhost: str, name: str, owner: str | None, epoch: int, home: str | None) -> Entry:
-    """The state-log entry that gives queue ``name`` its owner (None: unavailable)."""
-    props = freeze({"epoch": epoch, **({"home": home} if home else {})})
-    return Entry(0, sl.QUEUE_PLACE, vhost, name, props=props, spid=owner or "")
+def place_entry(
+    vhost: str,
+    name: str,
+    owner: str | None,
+    epoch: int,
+    home: str | None,
+    to: str | None = None,
+) -> Entry:
+    """The state-log entry that gives queue ``name`` its owner (None: unavailable);
+    ``to``: the owner stays and hands the queue to that primary (``handover``)."""
+    props: dict[str, Any] = {"epoch": epoch}
+    if home:
+        props["home"] = home
+    if to:
+        props["to"] = to
+    return Entry(0, sl.QUEUE_PLACE, vhost, name, props=freeze(props), spid=owner or "")
+
+
+def move_request(vhost: str, name: str, to: str, origin: str) -> Entry:
+    """What a server asks of the root to move queue ``name`` to primary ``to``."""
+    props = freeze({"request": MOVE})
+    return Entry(0, sl.QUEUE_PLACE, vhost, name, props=props, spid=to, origin=origin)
+
+
+def moved_request(vhost: str, name: str, to: str, epoch: int, origin: str) -> Entry:
+    """What an owner asks of the root once ``to`` holds all of queue ``name`` (the
+    move it was ordered at ``epoch``): the placement there."""
+    props = freeze({"request": MOVED, "epoch": epoch})
+    return Entry(0, sl.QUEUE_PLACE, vhost, name, props=props, spid=to, origin=origin)
 
 
 def _apply_meta(vhost: Any, entry: Entry, own_spid: str, remote: RemoteQueues | None) -> Applied:

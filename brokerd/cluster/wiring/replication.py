@@ -87,7 +87,7 @@ class WiringReplication:
         self._claimed = 0
         #: gives a shared queue's declare its owner before the root orders it
         #: (``placing.Placer.place_declare``)
-        self.placer: Callable[[Entry], Entry] | None = None
+        self.placer: Callable[[Entry], Entry | AMQPError] | None = None
         #: fences a server's replication stream at a generation (``MessagePlane.
         #: fence``), says whether one is fenced and its queues not all placed
         #: elsewhere yet, and how many times one was fenced
@@ -211,6 +211,11 @@ class WiringReplication:
         method = commands.Queue.Delete(queue=queue.name)
         self._request(rep.entry_for(method, queue.vhost, origin=self.spid), None)
 
+    def request(self, entry: Entry, done: WiringDone | None) -> None:
+        """Ask the root to order ``entry`` (a move request): ``done`` gets the refusal or
+        the result, as for a client's change."""
+        self._request(entry, done)
+
     def server_gone(self, spid: str) -> None:
         """The root withdraws the meta-bindings of a server that went away."""
         if not any(e.op == sl.META_BIND and e.spid == spid for e in self.log):
@@ -271,7 +276,10 @@ class WiringReplication:
         ordered and the result for the requester's -Ok."""
         result = None
         if self.placer is not None:
-            entry = self.placer(entry)
+            placed = self.placer(entry)
+            if isinstance(placed, AMQPError):
+                return placed
+            entry = placed
         # numbered before it is applied: placements and fences compare their numbers
         entry = dataclasses.replace(entry, seq=self.last_seq + 1)
         if entry.op == sl.SERVER_FENCE:

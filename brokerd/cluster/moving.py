@@ -1,0 +1,215 @@
+"""Operators' queue moves and rebalances, as the root decides them (issue 23).
+
+A move is asked of the root by any server (``brokerd ctl queue move``, the
+console, a rebalance) as a ``queue.place`` request naming the target. The
+root checks it against what it knows and orders a placement that keeps the
+owner and names the target; each server then plays its part of the hand-over
+(``queues.handover``). The owner, once the target holds the whole queue, asks
+for the placement on the target, which the root checks and orders too. A
+move that does not end within ``MOVE_TIMEOUT``, or whose target is lost, is
+called off: the root places the queue on its owner again, and everything
+kept for it goes there. A lost owner's queue fails over as any other
+(``placing``), which ends its move as well.
+
+Only replicated and quorum queues move: a classic queue lives on its owner
+alone, with no copy to move to (RabbitMQ cannot transfer a classic queue's
+leadership either).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from brokerd.cluster.wiring import entries as rep
+from brokerd.model.errors import NOT_FOUND, PRECONDITION_FAILED, AMQPError
+
+if TYPE_CHECKING:
+    from brokerd.cluster.placing import Placer
+    from brokerd.cluster.queues.shared import SharedQueue
+    from brokerd.cluster.wiring.statelog import Entry
+
+log = logging.getLogger("brokerd.cluster.moving")
+
+#: what a move request's requester hears from the root: its refusal, or None
+Done = Callable[[AMQPError | None, Any], None]
+
+#: a hand-over must end within this (its publishes wait meanwhile), in seconds
+MOVE_TIMEOUT = 5.0
+
+
+class MoveRefused(AMQPError):
+    """A move the rules refuse; the text says why."""
+
+    def __init__(self, text: str, code: int = PRECONDITION_FAILED) -> None:
+        super().__init__(code, text)
+
+
+def check_move(queue: SharedQueue | None, name: str, to: str, live: Sequence[str]) -> SharedQueue:
+    """The queue ``name`` may move to primary ``to`` (``live``: the live primaries
+    that are not fenced); raises ``MoveRefused`` with the reason otherwise."""
+    if queue is None:
+        raise MoveRefused(f"no shared queue '{name}'", NOT_FOUND)
+    if not queue.replicated_kind:
+        raise MoveRefused(
+            f"queue '{name}' is a classic queue: it lives on its owner alone, "
+            "with no copy to move to"
+        )
+    if queue.owner is None:
+        raise MoveRefused(f"queue '{name}' has no owner now (a failover is under way)")
+    if queue.moving is not None:
+        raise MoveRefused(f"queue '{name}' is moving to {queue.moving} already")
+    if to == queue.owner:
+        raise MoveRefused(f"queue '{name}' is owned by {to} already")
+    if to not in live:
+        raise MoveRefused(f"{to} is not a live primary: queue '{name}' cannot move there")
+    if queue.owner not in live:
+        raise MoveRefused(
+            f"queue '{name}': its owner {queue.owner} is not live (it fails over instead)"
+        )
+    return queue
+
+
+def plan_rebalance(
+    owners: Mapping[str, str], movable: set[str], primaries: Sequence[str]
+) -> list[tuple[str, str, str]]:
+    """Moves, as (queue, from, to), that leave no primary owning more than its share:
+    every owned queue over the primaries, rounded up (``rabbitmq-queues
+    rebalance``). ``owners``: every shared queue's owner (classic ones count, but
+    only ``movable`` queues move); queues go from the primaries owning most to
+    those owning fewest, in name order, so a plan is the same wherever made."""
+    if not primaries:
+        return []
+    owned = Counter(owner for owner in owners.values() if owner in primaries)
+    share = -(-sum(owned.values()) // len(primaries))
+    moves: list[tuple[str, str, str]] = []
+    for name in sorted(owners):
+        owner = owners[name]
+        if name not in movable or owner not in primaries or owned[owner] <= share:
+            continue
+        to = min(primaries, key=lambda spid: (owned[spid], primaries.index(spid)))
+        if owned[to] + 1 > share or to == owner:
+            continue
+        owned[owner] -= 1
+        owned[to] += 1
+        moves.append((name, owner, to))
+    return moves
+
+
+class Mover:
+    """The root's checks of move requests, and the moves it calls off."""
+
+    def __init__(self, placer: Placer) -> None:
+        self.placer = placer
+
+    def live(self) -> list[str]:
+        plane = self.placer.plane
+        return [spid for spid, _a in self.placer.primaries() if not plane.is_fenced(spid)]
+
+    def request(self, entry: Entry) -> Entry | AMQPError:
+        """A move request about to be ordered: the placement it leads to, or why not."""
+        plane = self.placer.plane
+        props = dict(entry.props)
+        queue = plane.shared_queue(entry.name)
+        if props.get("request") == rep.MOVED:
+            if (
+                queue is None
+                or queue.moving != entry.spid
+                or queue.owner != entry.origin
+                or int(props.get("epoch", 0)) != queue.epoch
+            ):
+                return MoveRefused(f"queue '{entry.name}': that move is over already")
+            return rep.place_entry(entry.vhost, entry.name, entry.spid, queue.epoch + 1, None)
+        try:
+            check_move(queue, entry.name, entry.spid, self.live())
+        except MoveRefused as exc:
+            return exc
+        assert queue is not None
+        log.warning("queue=%s moves from %s to %s", entry.name, queue.owner, entry.spid)
+        return rep.place_entry(
+            entry.vhost, entry.name, queue.owner, queue.epoch + 1, None, entry.spid
+        )
+
+    def check(self) -> None:
+        """Root: call off the moves that took too long or lost their target."""
+        placer = self.placer
+        live = self.live()
+        now = placer.members.clock()
+        for queue in placer.plane.placed_queues():
+            target = queue.moving
+            if target is None or queue.owner not in live:
+                continue  # a lost owner's queue fails over instead (``placing``)
+            lost = target not in live
+            if not lost and now - queue.move_since < MOVE_TIMEOUT:
+                continue
+            log.warning(
+                "queue=%s: its move to %s is called off (%s): it stays on %s",
+                queue.name,
+                target,
+                "the target is not live" if lost else f"not over in {MOVE_TIMEOUT:.0f}s",
+                queue.owner,
+            )
+            placer.order_place(queue.name, queue.owner, queue.epoch + 1, None)
+
+
+class QueueMoves:
+    """What any server asks of the root to move queues: an operator's move, a
+    rebalance, and an owner's hand-over done (``queues.handover``)."""
+
+    def __init__(self, placer: Placer) -> None:
+        self.placer = placer
+
+    def resolve(self, to: str) -> str:
+        """A live primary's spid from its spid or its address (host:port)."""
+        for spid, address in self.placer.primaries():
+            if to in (spid, address):
+                return spid
+        return to  # not live: the checks say so
+
+    def move(self, name: str, to: str, done: Done | None = None) -> dict[str, str]:
+        """Ask for queue ``name`` to move to primary ``to`` (a spid or an address).
+        Refused at once (``MoveRefused``) on what this server knows; the root checks
+        again and ``done`` gets its refusal or its go-ahead."""
+        placer = self.placer
+        plane = placer.plane
+        target = self.resolve(to)
+        queue = check_move(plane.shared_queue(name), name, target, Mover(placer).live())
+        owner = queue.owner or ""
+        placer.wiring.request(
+            rep.move_request(placer.members.config.vhost, name, target, placer.members.spid),
+            done,
+        )
+        return {"queue": name, "from": owner, "to": target, "state": "requested"}
+
+    def rebalance(self) -> list[dict[str, str]]:
+        """Ask for the moves that spread the queues' owners evenly over the live
+        primaries (``plan_rebalance``); queues moving already stay out of it."""
+        placer = self.placer
+        queues = [q for q in placer.plane.placed_queues() if q.owner is not None]
+        owners = {q.name: q.owner for q in queues if q.owner is not None}
+        movable = {q.name for q in queues if q.replicated_kind and q.moving is None}
+        moves = []
+        for name, owner, to in plan_rebalance(owners, movable, Mover(placer).live()):
+            try:
+                moves.append(self.move(name, to, _logged(name, to)))
+            except MoveRefused as exc:
+                log.warning("rebalance: queue=%s stays on %s: %s", name, owner, exc.text)
+        return moves
+
+    def handed(self, queue: SharedQueue, to: str) -> None:
+        """This server, the owner, handed ``queue`` over: the root places it on ``to``."""
+        placer = self.placer
+        entry = rep.moved_request(
+            placer.members.config.vhost, queue.name, to, queue.epoch, placer.members.spid
+        )
+        placer.wiring.request(entry, _logged(queue.name, to))
+
+
+def _logged(name: str, to: str) -> Done:
+    def done(error: AMQPError | None, _result: object) -> None:
+        if error is not None:
+            log.warning("queue=%s: the move to %s was refused: %s", name, to, error.text)
+
+    return done

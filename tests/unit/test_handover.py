@@ -1,0 +1,212 @@
+"""Moving a replicated queue between owners (``queues.handover``) without sockets:
+real planes, queues and replicas on the in-memory network of
+tests/unit/cluster_net.py, with the state log's placements reaching each server
+on its own schedule, as they do over real links."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from tests.unit.cluster_net import Net, Sink, Waiter, message
+
+SERVERS = ("A", "B", "C")
+
+
+class Log:
+    """The root's placements of ``q``, each applied by every server in turn."""
+
+    def __init__(self, net: Net) -> None:
+        self.net = net
+        queue = net.queue("A", "q")
+        #: (owner, epoch, moving to)
+        self.entries: list[tuple[str, int, str | None]] = [(queue.owner, queue.epoch, None)]
+        self.applied = dict.fromkeys(SERVERS, 1)
+        for spid in SERVERS:
+            net.servers[spid].plane.handovers.on_handed = self.handed
+
+    def order(self, owner: str, moving: str | None) -> None:
+        epoch = self.entries[-1][1] + 1
+        self.entries.append((owner, epoch, moving))
+
+    def handed(self, queue: Any, to: str) -> None:
+        """The owner asks for the placement on the target (the root orders it)."""
+        owner, _epoch, moving = self.entries[-1]
+        assert moving == to and queue.owner == owner
+        self.order(to, None)
+
+    def apply_next(self, spid: str) -> bool:
+        index = self.applied[spid]
+        if index >= len(self.entries):
+            return False
+        owner, epoch, moving = self.entries[index]
+        self.applied[spid] = index + 1
+        self.net.log_seq += 1
+        self.net.queue(spid, "q").place(owner, epoch, None, self.net.log_seq, moving)
+        return True
+
+    def apply_all(self) -> None:
+        while any(self.apply_next(spid) for spid in SERVERS):
+            self.net.pump()
+
+    @property
+    def moving(self) -> bool:
+        return self.entries[-1][2] is not None
+
+
+class Handovers(RuleBasedStateMachine):
+    """Publishes from every server, a consumer on C acking, and moves, interleaved
+    with partial deliveries of the network and of the state log."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        net = self.net = Net()
+        for spid in SERVERS:
+            net.add(spid)
+        net.elect("A")
+        net.declare("q")
+        self.log = Log(net)
+        self.sink = Sink("c", prefetch=5)
+        net.queue("C", "q").add_consumer(self.sink, lambda error: None)
+        self.sent: list[tuple[str, int, Waiter]] = []
+        self.count = 0
+
+    @rule(spid=st.sampled_from(SERVERS))
+    def publish(self, spid: str) -> None:
+        self.count += 1
+        waiter = Waiter()
+        body = f"{spid}:{self.count}".encode()
+        self.net.queue(spid, "q").push(message(body, publisher=ord(spid)), waiter)
+        self.sent.append((spid, self.count, waiter))
+
+    @rule(count=st.integers(1, 6))
+    def deliver_some(self, count: int) -> None:
+        self.net.step(count)
+
+    @rule()
+    def pump(self) -> None:
+        self.net.pump()
+
+    @rule(spid=st.sampled_from(SERVERS))
+    def apply_log(self, spid: str) -> None:
+        self.log.apply_next(spid)
+
+    @precondition(lambda self: self.sink.unacked)
+    @rule(data=st.data())
+    def ack(self, data: st.DataObject) -> None:
+        n = data.draw(st.integers(1, len(self.sink.unacked)))
+        acked, self.sink.unacked = self.sink.unacked[:n], self.sink.unacked[n:]
+        self.net.queue("C", "q").ack(acked)
+
+    @precondition(lambda self: not self.log.moving)
+    @rule(to=st.sampled_from(SERVERS))
+    def move(self, to: str) -> None:
+        owner = self.log.entries[-1][0]
+        if to != owner:
+            self.log.order(owner, to)
+
+    @invariant()
+    def at_most_one_server_delivers(self) -> None:
+        delivering = [
+            spid for spid in SERVERS if (q := self.net.queue(spid, "q")).local and q.moving is None
+        ]
+        assert len(delivering) <= 1, delivering
+
+    def teardown(self) -> None:
+        net, sink = self.net, self.sink
+        self.log.apply_all()
+        for _ in range(3):
+            net.tick()
+            self.log.apply_all()
+        # the consumer takes the rest, acking as it goes
+        for _ in range(200):
+            if sink.unacked:
+                acked, sink.unacked = sink.unacked, []
+                net.queue("C", "q").ack(acked)
+            net.pump()
+            self.log.apply_all()
+            if not sink.unacked:
+                break
+        owner = self.log.entries[-1][0]
+        assert net.queue(owner, "q").local and net.queue(owner, "q").moving is None
+        got = [(m.body, redelivered) for m, redelivered in sink.got]
+        bodies = [body for body, _r in got]
+        for spid, n, waiter in self.sent:
+            body = f"{spid}:{n}".encode()
+            if waiter.confirmed():
+                assert body in bodies, f"confirmed {body!r} lost"
+        seen: set[bytes] = set()
+        last: dict[str, int] = {}
+        for body, redelivered in got:
+            assert redelivered or body not in seen, f"unflagged duplicate {body!r}"
+            if body not in seen:
+                spid, n = body.decode().split(":")
+                if not redelivered:
+                    assert int(n) > last.get(spid, 0), f"{body!r} overtook"
+                    last[spid] = int(n)
+            seen.add(body)
+
+
+TestHandovers = Handovers.TestCase
+TestHandovers.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_a_move_waits_for_every_server_to_drain_then_for_the_target(net: Net) -> None:
+    """The owner freezes only once each linked server's ``Drained`` is in, and asks for
+    the placement only once the target acked the stream that far."""
+    log = Log(net)
+    owner = net.queue("A", "q")
+    for i in range(3):
+        owner.push(message(b"%d" % i))
+    net.pump()
+    log.order("A", "B")
+    log.apply_next("A")
+    handover = net.servers["A"].plane.handovers.out["q"]
+    assert handover.waiting == {"B", "C"} and not owner.frozen
+    log.apply_next("B")
+    net.pump()
+    assert handover.waiting == {"C"} and not owner.frozen
+    # C publishes before it learns of the move: its forward goes in ahead of its Drained
+    waiter = Waiter()
+    net.queue("C", "q").push(message(b"3", publisher=2), waiter)
+    log.apply_next("C")
+    net.pump()
+    assert owner.frozen and handover.asked
+    assert log.entries[-1] == ("B", 3, None)
+    assert waiter.answers == [(True, 1)]  # in A's stream before the point: B holds it
+    log.apply_all()
+    moved = net.queue("B", "q")
+    assert moved.local and [m.body for m, _r in moved.ready()] == [b"0", b"1", b"2", b"3"]
+    assert not net.queue("A", "q").local
+
+
+def test_a_drained_record_before_its_placement_counts(net: Net) -> None:
+    """B applies the move and drains before A, the owner, has the placement."""
+    log = Log(net)
+    log.order("A", "C")
+    log.apply_next("B")
+    log.apply_next("C")
+    net.pump()  # both Drained records reach A first
+    log.apply_next("A")
+    net.pump()
+    assert log.entries[-1] == ("C", 3, None)
+    log.apply_all()
+    assert net.queue("C", "q").local
+
+
+def test_gets_and_publishes_on_the_owner_wait_for_the_move(net: Net) -> None:
+    log = Log(net)
+    owner = net.queue("A", "q")
+    owner.push(message(b"0"))
+    net.pump()
+    log.order("A", "B")
+    log.apply_next("A")  # A locks the queue: the others have not drained yet
+    got: list[Any] = []
+    owner.get(False, got.append)
+    assert got == []  # waits
+    log.apply_all()
+    net.tick()  # asked of B before B had the placement: asked again
+    assert len(got) == 1 and got[0] is not None and got[0][0].body == b"0"
