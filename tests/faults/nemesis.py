@@ -201,6 +201,7 @@ class Nemesis:
         self.log(
             f"{planned.kind} [{target}] ({fault.role})"
             + (f" <-> [{peer}] ({fault.peer_role})" if peer is not None else "")
+            + (f": {fault.note}" if planned.kind in (MOVE_QUEUE, REBALANCE) else "")
             + f" held {fault.end - fault.start:.1f}s, settled "
             + (f"after {fault.recovered - fault.start:.1f}s" if fault.recovered else "NOT")
         )
