@@ -278,7 +278,7 @@ class ClusterController(Membership):
         self.wiring.root_status(spid, status.state_seq)
         if status.type == PRIMARY:
             self.plane.primary_seen(spid)
-            if status.fenced and self.decision.is_root:
+            if status.fenced and self.decision.is_root and self.root_now():
                 self.placer.check()  # copies reported under a fence: fail over now
 
     def is_active(self, spid: str) -> bool:
@@ -326,7 +326,10 @@ class ClusterController(Membership):
     def tick(self) -> None:
         self.wiring.tick()
         self.plane.tick()
-        self.placer.check()
+        # the election runs again first: a root back from a freeze (SIGSTOP) has lost
+        # its lease, and must not fence the peers it heard nothing from meanwhile
+        if self.decision.is_root and self.root_now():
+            self.placer.check()
         self._flow_alarm()
 
     def _flow_alarm(self) -> None:

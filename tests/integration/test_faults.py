@@ -8,9 +8,8 @@ message may come twice without the redelivered flag. A cut link drops what
 it carries: each side ends the session, and a side that saw the end alone
 tells the other with a ``void`` record (docs/protocol.md, "Void").
 
-The seed fixes the schedule and the draws that pick targets: seed 2 pauses
-and cuts only the root (a long pause moves root: the new one starts from its
-replica, the resumed old one becomes a replica and is reset).
+The seed fixes the schedule and the draws that pick targets; every kind comes
+once, the operators' queue move and rebalance under traffic among them.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ class Log:
         #: (owner, epoch, moving to)
         self.entries: list[tuple[str, int, str | None]] = [(queue.owner, queue.epoch, None)]
         self.applied = dict.fromkeys(SERVERS, 1)
+        self.live = list(SERVERS)
         for spid in SERVERS:
             net.servers[spid].plane.handovers.on_handed = self.handed
 
@@ -39,6 +40,8 @@ class Log:
         self.order(to, None)
 
     def apply_next(self, spid: str) -> bool:
+        if spid not in self.live:
+            return False
         index = self.applied[spid]
         if index >= len(self.entries):
             return False
@@ -52,14 +55,27 @@ class Log:
         while any(self.apply_next(spid) for spid in SERVERS):
             self.net.pump()
 
+    def kill(self, spid: str) -> None:
+        """kill -9 of ``spid`` once every placement ordered so far is applied: the
+        root fences it and fails its queue over (``Net.kill``), which ends a move
+        of it under way; the log records the placement every live server applied."""
+        self.apply_all()
+        self.live.remove(spid)
+        self.net.kill(spid)
+        queue = self.net.queue(self.live[0], "q")
+        self.entries.append((queue.owner, queue.epoch, None))
+        for other in self.live:
+            self.applied[other] = len(self.entries)
+
     @property
     def moving(self) -> bool:
         return self.entries[-1][2] is not None
 
 
 class Handovers(RuleBasedStateMachine):
-    """Publishes from every server, a consumer on C acking, and moves, interleaved
-    with partial deliveries of the network and of the state log."""
+    """Publishes from every server, a consumer on C acking, moves, and the loss of
+    an owner (or a replica) at most once, interleaved with partial deliveries of
+    the network and of the state log."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -74,8 +90,16 @@ class Handovers(RuleBasedStateMachine):
         self.sent: list[tuple[str, int, Waiter]] = []
         self.count = 0
 
+    @precondition(lambda self: len(self.log.live) == len(SERVERS))
+    @rule(spid=st.sampled_from(("A", "B")))
+    def kill(self, spid: str) -> None:
+        """One server lost (the consumer's, C, stays): its queue fails over."""
+        self.log.kill(spid)
+
     @rule(spid=st.sampled_from(SERVERS))
     def publish(self, spid: str) -> None:
+        if spid not in self.log.live:
+            return
         self.count += 1
         waiter = Waiter()
         body = f"{spid}:{self.count}".encode()
@@ -105,13 +129,15 @@ class Handovers(RuleBasedStateMachine):
     @rule(to=st.sampled_from(SERVERS))
     def move(self, to: str) -> None:
         owner = self.log.entries[-1][0]
-        if to != owner:
+        if to != owner and to in self.log.live:
             self.log.order(owner, to)
 
     @invariant()
     def at_most_one_server_delivers(self) -> None:
         delivering = [
-            spid for spid in SERVERS if (q := self.net.queue(spid, "q")).local and q.moving is None
+            spid
+            for spid in self.log.live
+            if (q := self.net.queue(spid, "q")).local and q.moving is None
         ]
         assert len(delivering) <= 1, delivering
 
@@ -134,7 +160,7 @@ class Handovers(RuleBasedStateMachine):
         assert net.queue(owner, "q").local and net.queue(owner, "q").moving is None
         got = [(m.body, redelivered) for m, redelivered in sink.got]
         bodies = [body for body, _r in got]
-        for spid, n, waiter in self.sent:
+        for spid, n, waiter in self.sent:  # the lost server's too
             body = f"{spid}:{n}".encode()
             if waiter.confirmed():
                 assert body in bodies, f"confirmed {body!r} lost"

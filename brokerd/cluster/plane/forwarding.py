@@ -423,17 +423,19 @@ class MessagePlane:
             if queue is None:
                 continue  # gone meanwhile: not routed (a mandatory return at the origin)
             if getattr(queue, "replicated_kind", False) and (
-                not queue.local or queue.frozen or (not kept and self.orphans.holds(name))
+                queue.frozen
+                or (not queue.local and queue.moving == self.spid)
+                or (queue.local and not kept and self.orphans.holds(name))
             ):
-                # a replicated queue's publish is kept for its owner to be: this server
-                # is not its owner yet (the placement that makes it so is on its way:
-                # a move or a failover), or not any more, or handed it over already
-                # (``handover``), or kept publishes for it wait here (never overtaken)
+                # kept for the queue's next owner, in order: this server handed it over
+                # already (``handover``), or is the target of its move and has not the
+                # placement yet (the sender had it first), or keeps publishes for it
+                # that this one must not overtake
                 self.orphans.hold(message, ("", name), waiter, redelivered)
                 routed += 1
                 continue
             if not queue.local:
-                ok = False  # a classic queue not owned here: the publisher is nacked
+                ok = False  # not owned here (a failover moved it): the publisher is nacked
                 continue
             if redelivered:
                 queue.restore(message, waiter)

@@ -50,6 +50,11 @@ class Orphans:
 
     def _take(self) -> Unsettled:
         orphan = self.kept.popleft()
+        self._forget(orphan)
+        return orphan
+
+    def _forget(self, orphan: Unsettled) -> None:
+        """``orphan`` leaves the keep: its bytes and queues are counted no more."""
         self.bytes -= len(orphan[0].body)
         for _spid, name in orphan[1]:
             left = self.queues[name] - 1
@@ -57,7 +62,6 @@ class Orphans:
                 self.queues[name] = left
             else:
                 del self.queues[name]
-        return orphan
 
     def _bound(self, keep: int) -> None:
         """Past ``ORPHAN_BYTES_MAX`` the oldest are nacked (``keep`` stay at least)."""
@@ -131,14 +135,24 @@ class Orphans:
     def send(self) -> None:
         """Send the kept forwards, in the order they were first sent, to their queues'
         owners: to their links, or into this server's queues. One whose owner is not
-        reachable yet (failover under way) waits, and so does everything after it."""
+        reachable yet (failover under way, a move) waits, and so does everything
+        after it for the same queues; the other queues' go on."""
         plane = self.plane
         if not self.kept:
             return
         sent = 0
-        while self.kept and self._route(self.kept[0]):
-            self._take()
-            sent += 1
+        blocked: set[str] = set()
+        left: deque[Unsettled] = deque()
+        while self.kept:
+            orphan = self.kept.popleft()
+            names = {name for _spid, name in orphan[1]}
+            if blocked.isdisjoint(names) and self._route(orphan):
+                self._forget(orphan)
+                sent += 1
+            else:
+                blocked |= names
+                left.append(orphan)
+        self.kept = left
         if sent:
             log.warning("%d unsettled forwards sent again to their owners", sent)
             plane.schedule()
