@@ -475,3 +475,35 @@ def test_a_fenced_server_streams_again_under_its_next_generation(net: Net) -> No
     assert net.servers["B"].plane.replica.streams["A"].joined  # still generation 1's
     net.kill("B")  # q's new owner dies: A's copy of q is sound, and may be the heir
     assert [m.body for m, _r in net.queue(net.queue("C", "q").owner, "q").ready()] == [b"1"]
+
+
+def test_a_new_owner_lost_during_its_snapshot_leaves_the_copies_whole(net: Net) -> None:
+    """A takes a queue over and resets the others' copies to send its snapshot; lost
+    before the snapshot is in, it must leave copies that still hold every message:
+    each replica keeps what it had until the snapshot replaces it."""
+    from collections import deque
+
+    owner = net.queue("A", "q")
+    # more than a snapshot chunk (``SYNC_CHUNK``): the snapshot takes several link messages
+    bodies = [b"%04d" % i + b"x" * 1000 for i in range(1200)]
+    waiters = [Waiter() for _ in bodies]
+    for body, waiter in zip(bodies, waiters, strict=True):
+        owner.push(message(body), waiter)
+    net.pump()
+    assert all(w.answers == [(True, 1)] for w in waiters)
+    # A is lost; the root (B, elected) places the queue on B, which adopts it: C's copy
+    # is reset and B's snapshot sets off for C
+    del net.servers["A"]
+    net.wire = deque(m for m in net.wire if m[0] != "A")
+    for server in net.servers.values():
+        server.plane.peer_lost("A", "inactive")
+    net.elect("B")
+    net.fail_over("A")
+    assert net.queue("B", "q").local
+    net.step(1)  # the reset and the snapshot's first part reach C, then B is lost too
+    copy = net.servers["C"].plane.replica.queues["q"]
+    assert not copy.synced and len(copy.entries) == len(bodies)  # nothing dropped early
+    net.kill("B")
+    survivor = net.queue("C", "q")
+    assert survivor.local
+    assert sorted(m.body for m, _r in survivor.ready()) == bodies

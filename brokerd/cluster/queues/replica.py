@@ -24,6 +24,9 @@ found them, for the root to choose the next owner from (``fence``). A replica
 that finds a gap (a link that dropped and came back while the source kept the
 replica), or a stream from a source it has not been reset by, asks for a
 resync (``Replicated(0)``): the source then resets it and sends a snapshot.
+A queue's reset keeps the copy's content, stale, until the new source's
+snapshot replaces it (``reset``): an owner lost during its snapshot leaves a
+whole copy behind.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ log = logging.getLogger("brokerd.cluster.queues.replica")
 class QueueReplica:
     """One queue's copy."""
 
-    __slots__ = ("bytes", "entries", "source", "synced", "top")
+    __slots__ = ("bytes", "entries", "source", "stale", "synced", "top")
 
     def __init__(self, source: str | None = None) -> None:
         #: the server whose stream feeds it (None: content this server kept itself, a
@@ -60,6 +63,9 @@ class QueueReplica:
         self.synced = False
         #: the highest mid seen: a promoted master numbers on from here
         self.top = 0
+        #: mids kept from before the source's reset that its snapshot has not sent
+        #: yet (``reset``): gone at the snapshot's end unless it sends them
+        self.stale: set[int] = set()
 
     def ordered(self) -> list[tuple[int, Entry]]:
         return sorted(self.entries.items())
@@ -336,9 +342,8 @@ class ReplicaSide:
                 self.after_placement.add(stream.source)
                 self.resync(stream)
                 return
-            # the queue's owner is this stream's now: whatever fed its copy before goes
-            self.drop(r.queue, write=True)
-            self.queues[r.queue] = QueueReplica(stream.source)
+            # the queue's owner is this stream's now: its snapshot replaces the copy
+            self.reset(r.queue, stream.source)
             return
         replica = self.queues.get(r.queue)
         if replica is not None and replica.source != stream.source:
@@ -370,6 +375,8 @@ class ReplicaSide:
                 stream.complete = True
             if replica is not None:
                 replica.synced = True
+                if replica.stale:
+                    self._prune(r.queue, replica)
         elif op == rec.R_DELETED:
             self.drop(r.queue, write=False)
 
@@ -387,7 +394,10 @@ class ReplicaSide:
         if replica is None:
             replica = self.queues[r.queue] = QueueReplica(stream.source)
         if r.mid in replica.entries:
-            return  # a snapshot entry the live stream already brought
+            if r.mid not in replica.stale:
+                return  # a snapshot entry the live stream already brought
+            # kept from before the reset: the owner's own gives the content and flags
+            self._settle(r.queue, r.mid)
         message = Message(r.exchange, r.routing_key, r.props, r.body, "", 0)
         persistent = bool(r.flags & rec.F_PERSISTENT)
         acquired = bool(r.flags & rec.F_ACQUIRED)
@@ -427,6 +437,7 @@ class ReplicaSide:
         entry = replica.entries.pop(mid, None) if replica is not None else None
         if entry is None:
             return
+        replica.stale.discard(mid)  # type: ignore[union-attr]
         message = entry.message
         if not message.paged:
             replica.bytes -= len(message.body)  # type: ignore[union-attr]
@@ -441,11 +452,39 @@ class ReplicaSide:
         ready = [(mid, e) for mid, e in replica.entries.items() if not e.acquired]
         for mid, entry in ready:
             del replica.entries[mid]
+            replica.stale.discard(mid)
             if not entry.message.paged:
                 replica.bytes -= len(entry.message.body)
         store = self._store(name)
         if store is not None and ready:
             store.purged([e.message for _, e in ready])
+
+    def reset(self, name: str, source: str) -> None:
+        """``source`` owns queue ``name`` now and sends its snapshot. The copy keeps
+        what it holds meanwhile, marked stale, in its journal too: should the new
+        owner fail before its snapshot is in, the copy it left is whole (what it
+        held, kept here, and every event it sent since) rather than a part of a
+        snapshot. Owners keep the mids they were given, so a snapshot entry finds
+        its kept one; what the snapshot never sends goes at its end (``_prune``)."""
+        old = self.queues.get(name)
+        replica = QueueReplica(source)
+        if old is None or not old.entries:
+            self.drop(name, write=True)
+        else:
+            replica.entries, replica.bytes, replica.top = old.entries, old.bytes, old.top
+            replica.stale = set(old.entries)
+        self.queues[name] = replica
+
+    def _prune(self, name: str, replica: QueueReplica) -> None:
+        """The snapshot is in: what it did not send, the owner does not hold."""
+        gone = [replica.entries.pop(mid) for mid in replica.stale if mid in replica.entries]
+        replica.stale = set()
+        for entry in gone:
+            if not entry.message.paged:
+                replica.bytes -= len(entry.message.body)
+        store = self._store(name)
+        if store is not None and gone:
+            store.dequeued([e.message for e in gone])
 
     def drop(self, name: str, *, write: bool) -> None:
         """Forget a queue's copy; ``write``: its journal forgets it too (a reset)."""
@@ -468,8 +507,17 @@ class ReplicaSide:
                 self.resync(stream)
 
     def take(self, name: str) -> QueueReplica | None:
-        """The queue's copy, for this server's master queue (it becomes root)."""
-        return self.queues.pop(name, None)
+        """The queue's copy, for this server's master queue (it becomes its owner).
+        What was kept from before a reset whose snapshot never finished may have
+        been delivered since: it comes back flagged redelivered."""
+        replica = self.queues.pop(name, None)
+        if replica is not None and replica.stale:
+            for mid in replica.stale:
+                entry = replica.entries.get(mid)
+                if entry is not None:
+                    entry.redelivered = True
+            replica.stale = set()
+        return replica
 
     def hand(self, name: str, replica: QueueReplica) -> None:
         """A demoted master's content becomes its replica (the new root resets it)."""
