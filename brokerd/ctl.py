@@ -138,6 +138,8 @@ def _print_queues(result: dict[str, Any]) -> None:
         owner = q.get("owner") or "- (away)"
         if owner == me:
             owner += " (here)"
+        if q.get("moving"):
+            owner += f" -> {q['moving']}"
         ready = "-" if q.get("messages") is None else str(q["messages"])
         print(
             f"{q['vhost']:<10} {q['name']:<32} {q['type']:<10} {q['role']:<6} {owner:<28} "

@@ -365,6 +365,7 @@ class ClusterController(Membership):
                 "proxied_consumers": len(proxy.by_tag),
                 "remote_consumers": sum(len(c) for c in self.plane.master.consumers.values()),
                 "replication": self.plane.replicas.describe(),
+                "handovers": self.plane.handovers.describe(),
                 "copies": self.plane.replica.describe(),
                 "unsettled_forwards": {
                     spid: len(out.unsettled)

@@ -190,7 +190,8 @@ def queue_table(server: ServerState) -> list[dict[str, Any]]:
     its owner and this server's role (``master`` here, else ``proxy``: its messages
     are on the owner); any other queue is this server's own (``local``). ``replicas``:
     on a shared master, the servers holding a copy, each in sync or not ([] for a
-    classic queue); null elsewhere (a proxy does not know, a local queue has none)."""
+    classic queue); null elsewhere (a proxy does not know, a local queue has none).
+    ``moving``: the primary a move is handing the queue to (null: none under way)."""
     rows = []
     for vhost in server.broker.vhosts.values():
         for q in vhost.queues.values():
@@ -209,6 +210,7 @@ def queue_table(server: ServerState) -> list[dict[str, Any]]:
                     "messages": q.message_count if local else None,
                     "consumers": q.consumer_count if local else len(q.consumers),
                     "replicas": replica_states(q),
+                    "moving": getattr(q, "moving", None),
                 }
             )
     return sorted(rows, key=lambda r: (r["vhost"], r["name"]))

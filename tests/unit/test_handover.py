@@ -236,3 +236,38 @@ def test_gets_and_publishes_on_the_owner_wait_for_the_move(net: Net) -> None:
     log.apply_all()
     net.tick()  # asked of B before B had the placement: asked again
     assert len(got) == 1 and got[0] is not None and got[0][0].body == b"0"
+
+
+def test_ctl_queues_shows_a_move_under_way(net: Net) -> None:
+    from brokerd.server.dump import queue_table
+
+    class Server:  # what queue_table reads of the server
+        spid = "A"
+        broker = net.servers["A"].broker
+
+    log = Log(net)
+    log.order("A", "B")
+    log.apply_next("A")
+    [row] = queue_table(Server())  # type: ignore[arg-type]
+    assert (row["owner"], row["moving"]) == ("A", "B")
+    log.apply_all()
+    [row] = queue_table(Server())  # type: ignore[arg-type]
+    assert (row["owner"], row["moving"]) == ("B", None)
+
+
+def test_the_queue_table_prints_the_target(capsys: Any) -> None:
+    from brokerd.ctl import _print_queues
+
+    row = {
+        "vhost": "/",
+        "name": "q",
+        "type": "replicated",
+        "role": "master",
+        "owner": "A",
+        "moving": "B",
+        "messages": 0,
+        "consumers": 0,
+        "replicas": [],
+    }
+    _print_queues({"spid": "A", "queues": [row]})
+    assert "A (here) -> B" in capsys.readouterr().out
