@@ -271,3 +271,31 @@ def test_the_queue_table_prints_the_target(capsys: Any) -> None:
     }
     _print_queues({"spid": "A", "queues": [row]})
     assert "A (here) -> B" in capsys.readouterr().out
+
+
+def test_a_target_still_taking_another_queues_snapshot_holds_this_one(net: Net) -> None:
+    """A move waits for the target to hold the queue, not for all of the owner's
+    snapshots to it: one of another queue still under way does not hold it up."""
+    from collections import deque
+
+    replicas = net.servers["A"].plane.replicas
+    net.queue("A", "q").push(message(b"m"))
+    net.pump()
+    link = replicas.replicas["B"]
+    assert replicas.holds("B", "q", replicas.seq)
+    # another queue's snapshot to B is under way: B is not whole any more
+    link.synced_at = None
+    link.syncs.append(("other", deque([1])))
+    assert not replicas.whole(link)
+    sent = link.queues["q"]
+    assert link.acked > sent  # q's snapshot was followed by an event B acked
+    assert replicas.holds("B", "q", replicas.seq)
+    assert not replicas.holds("B", "other", replicas.seq)
+    assert not replicas.holds("B", "q", replicas.seq + 1)  # not acked that far
+    # q's snapshot just went whole and nothing followed: an event is sent to prove it
+    link.queues["q"] = replicas.seq
+    before = replicas.seq
+    assert not replicas.holds("B", "q", before)
+    assert replicas.seq == before + 1
+    net.pump()
+    assert replicas.holds("B", "q", before)

@@ -155,8 +155,7 @@ class Handovers:
                 handover.point = replicas.seq
                 queue.frozen = True
                 log.info("queue=%s frozen at stream seq=%d", queue.name, handover.point)
-            replica = replicas.replicas.get(handover.target)
-            if replica is None or not replicas.whole(replica) or replica.acked < handover.point:
+            if not replicas.holds(handover.target, queue.name, handover.point):
                 continue
             handover.asked = True
             log.info(

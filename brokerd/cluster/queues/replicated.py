@@ -114,7 +114,7 @@ class Gate:
 class ReplicaLink:
     """One replica: what it acked, and the snapshots still to send it."""
 
-    __slots__ = ("acked", "joined", "out", "since", "spid", "synced_at", "syncs")
+    __slots__ = ("acked", "joined", "out", "queues", "since", "spid", "synced_at", "syncs")
 
     def __init__(self, out: Outbound, seq: int, now: float) -> None:
         self.out = out
@@ -130,6 +130,9 @@ class ReplicaLink:
         self.since = now
         #: (queue name, mids still to send)
         self.syncs: deque[tuple[str, deque[int]]] = deque()
+        #: queue name -> the stream's last event when that queue's snapshot was sent
+        #: whole: an ack of any later event proves the replica holds the queue
+        self.queues: dict[str, int] = {}
 
 
 class ReplicaSet:
@@ -388,12 +391,34 @@ class ReplicaSet:
             if entries:
                 replica.syncs.append((name, deque(entries)))
                 replica.synced_at = None
+                replica.queues.pop(name, None)
             else:
                 batch.replicate(0, rec.R_SYNCED, name, 0)  # empty: the copy is whole
+                replica.queues[name] = self.seq
         if entries and self.replicas:
             log.info("queue=%s adopted: %d messages to sync", name, len(entries))
             self._advance()
             self._schedule_sync()
+
+    def holds(self, spid: str, name: str, seq: int) -> bool:
+        """Replica ``spid`` holds queue ``name`` as this server's stream had it at event
+        ``seq``: it acked that far, and its snapshot of the queue is in (all of its
+        snapshots, or this queue's, followed by an event it acked). When no event
+        followed that snapshot yet, one is sent for the ack to prove it: a settle of
+        mid 0, which no queue has, so every replica applies it as nothing."""
+        replica = self.replicas.get(spid)
+        if replica is None or replica.acked < seq:
+            return False
+        if self.whole(replica):
+            return True
+        sent = replica.queues.get(name)
+        if sent is None or any(queued == name for queued, _mids in replica.syncs):
+            return False
+        if replica.acked > sent:
+            return True
+        if sent == self.seq:  # nothing live followed it yet: something must
+            self.emit(rec.R_SETTLE, name, 0)
+        return False
 
     def disown(self, name: str) -> None:
         """This server no longer owns queue ``name`` (moved, failed over, deleted)."""
@@ -565,6 +590,7 @@ class ReplicaSet:
                 if not mids:
                     batch.replicate(0, rec.R_SYNCED, name, 0)
                     replica.syncs.popleft()
+                    replica.queues[name] = self.seq
             if not replica.syncs and replica.synced_at is None:
                 done.append(replica)
             more = more or bool(replica.syncs)
