@@ -14,9 +14,9 @@ it, every server plays its part:
   every linked server has drained (a server whose link is down cannot send
   more: what it had in flight is voided, and kept for the next owner) it
   *freezes* the queue at its stream's position (later publishes, even its own
-  clients', are kept for the next owner), waits for the target to ack the
-  stream that far (its copy is then the queue, event for event), and asks the
-  root to place the queue on the target (``on_handed``);
+  clients', are kept for the next owner), waits for the target to hold the
+  queue that far (``ReplicaSet.holds``: its copy is then the queue, event for
+  event), and asks the root to place the queue on the target (``on_handed``);
 - **the target** takes the queue from its copy when that placement arrives,
   as in a failover: what the old owner had delivered and not seen settled
   comes back flagged redelivered, and every kept publish follows, in order.
