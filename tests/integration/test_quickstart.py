@@ -74,7 +74,9 @@ class Quickstart:
 
     def wait_running(self, timeout: float = 75.0) -> None:
         deadline = time.monotonic() + timeout
-        while "Rookery is running:" not in self.output:
+        # the banner's last line: its lines reach ``output`` one at a time (the reader
+        # thread), so waiting for its first one left the rest to a race
+        while "Ctrl-C stops everything." not in self.output:
             if self.proc.poll() is not None:
                 pytest.fail(f"quickstart exited {self.proc.returncode}:\n{self.tail()}")
             if time.monotonic() > deadline:
