@@ -175,7 +175,7 @@ class QueueMoves:
         placer = self.placer
         plane = placer.plane
         target = self.resolve(to)
-        queue = check_move(plane.shared_queue(name), name, target, Mover(placer).live())
+        queue = check_move(plane.shared_queue(name), name, target, placer.mover.live())
         owner = queue.owner or ""
         placer.wiring.request(
             rep.move_request(placer.members.config.vhost, name, target, placer.members.spid),
@@ -191,7 +191,7 @@ class QueueMoves:
         owners = {q.name: q.owner for q in queues if q.owner is not None}
         movable = {q.name for q in queues if q.replicated_kind and q.moving is None}
         moves = []
-        for name, owner, to in plan_rebalance(owners, movable, Mover(placer).live()):
+        for name, owner, to in plan_rebalance(owners, movable, placer.mover.live()):
             try:
                 moves.append(self.move(name, to, _logged(name, to)))
             except MoveRefused as exc:
