@@ -507,3 +507,24 @@ def test_a_new_owner_lost_during_its_snapshot_leaves_the_copies_whole(net: Net) 
     survivor = net.queue("C", "q")
     assert survivor.local
     assert sorted(m.body for m, _r in survivor.ready()) == bodies
+
+
+def test_a_reset_behind_stale_events_in_one_batch_is_applied(net: Net) -> None:
+    """A replica that asked for a resync may get the source's last events from before
+    the ask and its reset in one batch: the gap the stale events show must not make
+    it drop the reset behind them, or it waits for a reset that never comes again
+    (its ask was answered) and acks the source no more (CI: a rebalance's move to it
+    never completed)."""
+    root = net.queue("A", "q")
+    root.push(message(b"1"))
+    net.pump()
+    side = net.servers["C"].plane.replica
+    stream = side.streams["A"]
+    side.resync(stream)  # asked (say a queue's reset overtook its placement)
+    replicas = net.servers["A"].plane.replicas
+    seq = replicas.seq
+    stale = rec.Replicate(stream.applied + 1, rec.R_SETTLE, "q", 0)  # sent before the ask
+    reset = rec.Replicate(0, rec.R_RESET, "", seq, replicas.generation % 256)
+    live = rec.Replicate(seq + 1, rec.R_SETTLE, "q", 0)
+    side.receive(net.servers["C"].plane.out("A"), [stale, reset, live])
+    assert stream.joined and stream.applied == seq + 1

@@ -207,8 +207,9 @@ class ReplicaSide:
                     log.warning(
                         "replication gap from %s: event %d after %d", spid, r.seq, stream.applied
                     )
+                # skipped, not the batch: the reset answering the ask may follow in it
                 self.resync(stream)
-                return
+                continue
             self.apply(stream, r)
             stream.applied = r.seq
         self.ack(stream)
