@@ -25,6 +25,7 @@ none of this: they see queues.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -33,7 +34,7 @@ from brokerd.cluster.config import ClusterConfig
 from brokerd.cluster.election import PRIMARY
 from brokerd.cluster.membership import Membership
 from brokerd.cluster.messages import CLUSTER_EXCHANGE
-from brokerd.cluster.moving import QueueMoves
+from brokerd.cluster.moving import MOVE_TIMEOUT, QueueMoves
 from brokerd.cluster.operations import OperatorCommands
 from brokerd.cluster.placing import Placer
 from brokerd.cluster.plane.forwarding import DATA, MessagePlane
@@ -140,6 +141,43 @@ class ClusterController(Membership):
             link = self.link_to(self.current_root)
             if link is not None:
                 self.heartbeat.send_status(link)
+
+    async def move_queues_away(self, limit: float = MOVE_TIMEOUT + 1.0) -> None:
+        """A planned stop (after ``hand_over``, while this server still listens): its
+        replicated queues move to the other primaries and are not failed over once
+        it is gone. Waits, at most ``limit``, until each has moved, been refused or
+        been called off; with no root but this server, none can move."""
+        root = self.standing.current_root
+        if root is None or root == self.spid:
+            return
+        refused: set[str] = set()
+        moves = self.moves.evacuate(refused.add)
+        if not moves:
+            return
+        started = self.clock()
+        epochs = {m["queue"]: q.epoch for m in moves if (q := self.plane.shared_queue(m["queue"]))}
+
+        def under_way(name: str) -> bool:
+            queue = self.plane.shared_queue(name)
+            if queue is None or not queue.local or name in refused:
+                return False
+            # the move's placement and the one calling it off: each one epoch on
+            return queue.moving is not None or queue.epoch < epochs[name] + 2
+
+        pending = list(epochs)
+        while pending and self.clock() - started < limit:
+            await asyncio.sleep(0.005)
+            pending = [name for name in pending if under_way(name)]
+        moved = sum(
+            1 for name in epochs if (q := self.plane.shared_queue(name)) is None or not q.local
+        )
+        log.warning(
+            "stopping: %d of %d queues moved to other primaries in %.0f ms%s",
+            moved,
+            len(epochs),
+            (self.clock() - started) * 1000,
+            f"; still under way: {', '.join(pending)}" if pending else "",
+        )
 
     def make_queue(self, name: str, vhost: str, **kwargs: Any) -> Queue:
         """The clustered vhost's queue types: exclusive ones are private (local),

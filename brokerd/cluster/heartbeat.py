@@ -117,6 +117,7 @@ class Heartbeat:
             copy_seq=copy[1] if copy is not None else 0,
             fenced=host.fenced_copies(),
             reply=ask,
+            stopping=host.standing.stopping,
         )
 
     async def _run(self) -> None:

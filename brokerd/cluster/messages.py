@@ -65,6 +65,8 @@ class Status:
     #: answer with a status at once (a root renewing its lease, a server checking
     #: whether others still hear the root); an answer never asks back
     reply: bool = False
+    #: the sender is on its way out (a planned stop): no queue is moved to it
+    stopping: bool = False
 
 
 @dataclass
@@ -107,6 +109,8 @@ def decode(kind: str, body: bytes) -> Status | Root:
             raise MessageError(f"{kind}: reply must be a boolean")
         if not isinstance(message.syncing, bool):
             raise MessageError(f"{kind}: syncing must be a boolean")
+        if not isinstance(message.stopping, bool):
+            raise MessageError(f"{kind}: stopping must be a boolean")
         if message.copy_source is not None and not isinstance(message.copy_source, str):
             raise MessageError(f"{kind}: copy_source must be a spid or null")
         if (

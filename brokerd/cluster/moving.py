@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.wiring import entries as rep
@@ -47,9 +47,16 @@ class MoveRefused(AMQPError):
         super().__init__(code, text)
 
 
-def check_move(queue: SharedQueue | None, name: str, to: str, live: Sequence[str]) -> SharedQueue:
+def check_move(
+    queue: SharedQueue | None,
+    name: str,
+    to: str,
+    live: Sequence[str],
+    stopping: Collection[str] = (),
+) -> SharedQueue:
     """The queue ``name`` may move to primary ``to`` (``live``: the live primaries
-    that are not fenced); raises ``MoveRefused`` with the reason otherwise."""
+    that are not fenced; ``stopping``: those on their way out, which may hand
+    queues over and take none); raises ``MoveRefused`` with the reason otherwise."""
     if queue is None:
         raise MoveRefused(f"no shared queue '{name}'", NOT_FOUND)
     if not queue.replicated_kind:
@@ -65,6 +72,8 @@ def check_move(queue: SharedQueue | None, name: str, to: str, live: Sequence[str
         raise MoveRefused(f"queue '{name}' is owned by {to} already")
     if to not in live:
         raise MoveRefused(f"{to} is not a live primary: queue '{name}' cannot move there")
+    if to in stopping:
+        raise MoveRefused(f"{to} is stopping: queue '{name}' cannot move there")
     if queue.owner not in live:
         raise MoveRefused(
             f"queue '{name}': its owner {queue.owner} is not live (it fails over instead)"
@@ -98,6 +107,23 @@ def plan_rebalance(
     return moves
 
 
+def plan_evacuation(
+    names: Sequence[str], owners: Mapping[str, str], targets: Sequence[str]
+) -> list[tuple[str, str]]:
+    """Where each of a stopping server's queues ``names`` goes, as (queue, to): to the
+    target owning fewest at the time (``owners``: every shared queue's owner; ties
+    go to the most senior, ``targets`` being in seniority order), in name order."""
+    if not targets:
+        return []
+    owned = Counter(owner for owner in owners.values() if owner in targets)
+    moves = []
+    for name in sorted(names):
+        to = min(targets, key=lambda spid: (owned[spid], targets.index(spid)))
+        owned[to] += 1
+        moves.append((name, to))
+    return moves
+
+
 class Mover:
     """The root's checks of move requests, and the moves it calls off."""
 
@@ -107,6 +133,20 @@ class Mover:
     def live(self) -> list[str]:
         plane = self.placer.plane
         return [spid for spid, _a in self.placer.primaries() if not plane.is_fenced(spid)]
+
+    def stopping(self) -> set[str]:
+        """The primaries on their way out (a planned stop, their statuses say): they
+        hand their queues over and take none."""
+        members = self.placer.members
+        out = {p.spid for p in members.peers.values() if p.status and p.status.stopping}
+        if members.standing.stopping:
+            out.add(members.spid)
+        return out
+
+    def targets(self) -> list[str]:
+        """The live primaries a queue may move to, in seniority order."""
+        stopping = self.stopping()
+        return [spid for spid in self.live() if spid not in stopping]
 
     def request(self, entry: Entry) -> Entry | AMQPError:
         """A move request about to be ordered: the placement it leads to, or why not."""
@@ -123,7 +163,7 @@ class Mover:
                 return MoveRefused(f"queue '{entry.name}': that move is over already")
             return rep.place_entry(entry.vhost, entry.name, entry.spid, queue.epoch + 1, None)
         try:
-            check_move(queue, entry.name, entry.spid, self.live())
+            check_move(queue, entry.name, entry.spid, self.live(), self.stopping())
         except MoveRefused as exc:
             return exc
         assert queue is not None
@@ -175,7 +215,8 @@ class QueueMoves:
         placer = self.placer
         plane = placer.plane
         target = self.resolve(to)
-        queue = check_move(plane.shared_queue(name), name, target, placer.mover.live())
+        mover = placer.mover
+        queue = check_move(plane.shared_queue(name), name, target, mover.live(), mover.stopping())
         owner = queue.owner or ""
         placer.wiring.request(
             rep.move_request(placer.members.config.vhost, name, target, placer.members.spid),
@@ -191,11 +232,37 @@ class QueueMoves:
         owners = {q.name: q.owner for q in queues if q.owner is not None}
         movable = {q.name for q in queues if q.replicated_kind and q.moving is None}
         moves = []
-        for name, owner, to in plan_rebalance(owners, movable, placer.mover.live()):
+        for name, owner, to in plan_rebalance(owners, movable, placer.mover.targets()):
             try:
                 moves.append(self.move(name, to, _logged(name, to)))
             except MoveRefused as exc:
                 log.warning("rebalance: queue=%s stays on %s: %s", name, owner, exc.text)
+        return moves
+
+    def evacuate(self, done: Callable[[str], None]) -> list[dict[str, str]]:
+        """A planned stop: ask for every replicated queue this server owns to move to
+        the other primaries, spread by what they own (``plan_evacuation``), so that
+        it moves (a pause of a round trip) instead of failing over once this server
+        is gone (redeliveries, and the outage until the failover). ``done(name)``:
+        the root refused that move (the queue then fails over as before)."""
+        placer = self.placer
+        plane = placer.plane
+        own = placer.members.spid
+        mine = [q.name for q in plane.owned_replicated() if q.moving is None]
+        owners = {q.name: q.owner for q in plane.placed_queues() if q.owner is not None}
+        targets = [spid for spid in placer.mover.targets() if spid != own]
+        moves = []
+        for name, to in plan_evacuation(mine, owners, targets):
+
+            def refused(error: AMQPError | None, _result: object, name: str = name) -> None:
+                if error is not None:
+                    log.warning("stopping: queue=%s stays here: %s", name, error.text)
+                    done(name)
+
+            try:
+                moves.append(self.move(name, to, refused))
+            except MoveRefused as exc:
+                log.warning("stopping: queue=%s stays here: %s", name, exc.text)
         return moves
 
     def handed(self, queue: SharedQueue, to: str) -> None:

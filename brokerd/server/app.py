@@ -493,12 +493,15 @@ class Server:
             self._stopping.set()
 
     async def shutdown(self) -> None:
-        """Hand root over, stop accepting, close every client with 320, wait briefly
-        for close-ok. Root goes first, while this server still listens: a peer that
-        found the port refused with the links closed would take it for dead, and the
-        clients sent away find a root where they reconnect."""
+        """Hand root over, move the queues this server owns to the other primaries,
+        stop accepting, close every client with 320, wait briefly for close-ok. Root
+        and queues go first, while this server still listens: a peer that found the
+        port refused with the links closed would take it for dead, the clients sent
+        away find a root where they reconnect, and the queues move with nothing
+        redelivered instead of failing over."""
         if self.cluster is not None:
             await self.cluster.hand_over()
+            await self.cluster.move_queues_away()
         if self._listener is not None:
             self._listener.close()
         self.resources.stop()

@@ -30,6 +30,7 @@ PAUSE_LONG = "pause-long"  # SIGSTOP longer than the heartbeat timeout
 CUT_LINK = "cut-link"  # both directions between two linked servers
 MOVE_QUEUE = "move-queue"  # an operator moves a queue's owner (``brokerd ctl queue move``)
 REBALANCE = "rebalance"  # an operator rebalances the owners (``ctl queues rebalance``)
+STOP_PRIMARY = "stop-primary"  # a planned stop (SIGTERM) of a primary: its queues move first
 KINDS = (
     KILL_ROOT,
     KILL_PRIMARY,
@@ -40,6 +41,7 @@ KINDS = (
     CUT_LINK,
     MOVE_QUEUE,
     REBALANCE,
+    STOP_PRIMARY,
 )
 
 
@@ -75,7 +77,7 @@ def schedule(
             hold = rng.uniform(0.5, 3.0) * timeout  # some shorter than the timeout, most longer
         elif kind in (MOVE_QUEUE, REBALANCE):
             hold = 0.0  # an operation, not a fault: it takes what it takes
-        else:  # kills: down for a while, then restarted
+        else:  # kills and stops: down for a while, then restarted
             hold = rng.uniform(0.5, 3.0)
         plan.append(Planned(kind, hold, rng.uniform(0.5, 2.0), rng.random(), rng.random()))
     return plan
@@ -133,6 +135,10 @@ class Nemesis:
             if root is not None:
                 return root, None, note
             return _choose(self.primaries(), planned.pick), None, "no root seen: a primary"
+        if planned.kind == STOP_PRIMARY:  # the root half of the time, as for pauses
+            if root is not None and planned.pick < 0.5:
+                return root, None, note
+            return _choose([i for i in self.primaries() if i != root], planned.pick), None, note
         if planned.kind == KILL_PRIMARY:
             return _choose([i for i in self.primaries() if i != root], planned.pick), None, note
         if planned.kind in (KILL_CONSUMER_SERVER, KILL_PUBLISHER_SERVER):
@@ -174,6 +180,12 @@ class Nemesis:
             fault.note = (fault.note + "; " if fault.note else "") + self.operate(planned)
         elif planned.kind.startswith("kill-"):
             cluster.kill(target)
+            time.sleep(planned.hold)
+            self.restart(target)
+        elif planned.kind == STOP_PRIMARY:
+            code = cluster.stop(target)
+            if code != 0:
+                fault.note = (fault.note + "; " if fault.note else "") + f"exit status {code}"
             time.sleep(planned.hold)
             self.restart(target)
         elif planned.kind.startswith("pause-"):

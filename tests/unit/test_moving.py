@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from brokerd.cluster.moving import MoveRefused, check_move, plan_rebalance
+from brokerd.cluster.moving import MoveRefused, check_move, plan_evacuation, plan_rebalance
 from brokerd.model.errors import NOT_FOUND, PRECONDITION_FAILED
 
 LIVE = ["a", "b", "c"]
@@ -39,6 +39,41 @@ def test_a_move_the_rules_forbid_is_refused_with_the_reason(
     with pytest.raises(MoveRefused, match=why) as refused:
         check_move(found, "q", to, LIVE)
     assert refused.value.reply_code == code
+
+
+def test_no_queue_moves_to_a_stopping_primary_and_a_stopping_owner_may_hand_its_over() -> None:
+    with pytest.raises(MoveRefused, match="b is stopping"):
+        check_move(queue(), "q", "b", LIVE, {"b"})
+    found = queue()
+    assert check_move(found, "q", "b", LIVE, {"a"}) is found  # its owner is stopping
+
+
+def test_a_stopping_server_spreads_its_queues_over_the_others_by_what_they_own() -> None:
+    owners = {"x1": "c", "x2": "c", "m1": "a", "m2": "a", "m3": "a"}
+    moves = plan_evacuation(["m3", "m1", "m2"], owners, ["b", "c"])
+    # b owned none, c two: b takes two, then the tie goes to the more senior, b
+    assert moves == [("m1", "b"), ("m2", "b"), ("m3", "b")]
+    assert plan_evacuation(["m1"], owners, []) == []
+
+
+@given(
+    st.lists(st.sampled_from("abc"), max_size=12),
+    st.integers(min_value=1, max_value=9),
+)
+def test_an_evacuation_moves_every_queue_and_ends_with_the_targets_within_one(
+    others: list[str], count: int
+) -> None:
+    owners = {f"o{i}": owner for i, owner in enumerate(others)}
+    mine = [f"m{i}" for i in range(count)]
+    owners |= {name: "s" for name in mine}
+    moves = plan_evacuation(mine, owners, LIVE)
+    assert sorted(name for name, _to in moves) == sorted(mine)
+    before = Counter(o for o in owners.values() if o in LIVE)
+    after = before + Counter(to for _name, to in moves)
+    # each goes to the least loaded: the targets end within one of each other, or
+    # the ones that owned more to start with were never given any
+    low = min(after[t] for t in LIVE)
+    assert all(after[t] <= low + 1 or not any(to == t for _n, to in moves) for t in LIVE)
 
 
 def test_a_replicated_queue_moves_to_another_live_primary() -> None:
