@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from brokerd.cluster.plane.flow import Feeders
 from brokerd.cluster.plane.pacing import BACKLOG_HIGH, OVERRUN
 from brokerd.cluster.queues.master import _GetFor
-from brokerd.cluster.queues.replicated import LAG_HIGH
+from brokerd.cluster.queues.replicaset import LAG_HIGH
 from tests.support.examples import examples
 from tests.unit.cluster_net import Net, Sink, Waiter, message
 

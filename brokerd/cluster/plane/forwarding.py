@@ -53,7 +53,7 @@ from brokerd.cluster.queues.handover import Handovers
 from brokerd.cluster.queues.master import MasterSide
 from brokerd.cluster.queues.proxy import ProxySide
 from brokerd.cluster.queues.replica import ReplicaSide
-from brokerd.cluster.queues.replicated import Gate, ReplicaSet
+from brokerd.cluster.queues.replicaset import Gate, ReplicaSet
 from brokerd.cluster.queues.shared import SharedQueue
 from brokerd.model.interfaces import PublishWaiter
 from brokerd.model.message import Message

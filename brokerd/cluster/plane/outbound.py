@@ -13,7 +13,7 @@ from brokerd.model.message import Message
 
 if TYPE_CHECKING:
     from brokerd.cluster.plane.forwarding import MessagePlane
-    from brokerd.cluster.queues.replicated import Gate
+    from brokerd.cluster.queues.replicaset import Gate
 
 #: an unsettled forward: the message, its targets, the publishers' callbacks, and
 #: whether it went flagged redelivered

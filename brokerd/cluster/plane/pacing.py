@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from brokerd.cluster.plane.flow import Feeder, Feeders
 from brokerd.cluster.plane.outbound import UNSETTLED_BYTES_HIGH
-from brokerd.cluster.queues.replicated import LAG_HIGH, LAG_LOW
+from brokerd.cluster.queues.replicaset import LAG_HIGH, LAG_LOW
 
 if TYPE_CHECKING:
     from brokerd.cluster.plane.forwarding import MessagePlane

@@ -1,0 +1,601 @@
+"""An owner's replication stream and its replica set (seed 001; DESIGN.md section 5 "Guarantees").
+
+Every event of a replicated or quorum queue this server owns (enqueue,
+acquire, settle, requeue, purge) is numbered in one sequence for the whole
+server (its stream) and sent, batched, to every other active primary
+(``records.Replicate``); each replica applies the events in order and acks
+the highest number it has applied (and written, for what it must write:
+``records.Replicated``). With ``min_acked``, the *quorum floor*:
+the highest event that the master and a majority of the known primaries hold
+(the master and the ``known // 2`` replicas that acked furthest, as a
+RabbitMQ quorum queue counts; one slow or paused replica stalls nothing, as
+long as the others are whole: a replica counts once its snapshot is in, see
+``_quorum_floor``):
+
+- a publisher's confirm waits until ``min_acked`` passes its enqueue
+  (asynchronous completion: the message is in the master queue at once, the
+  confirm goes when the replicas have it: one link round trip, batched);
+- a delivery waits until ``min_acked`` passes its acquisition (a ``Gate`` on
+  the recipient's output), so the next owner after a failover always knows
+  what the old one had delivered, and redelivers it flagged;
+- settlements and requeues are not waited for (AMQP acks have no reply).
+
+``ReplicatedQueueStore`` (``replicated``) is the master queue's
+``QueueStore``: it numbers and replicates through this stream, and delegates
+writing to the local journal store, so the model and the channel never know
+a queue is replicated. A replica that joins (a new or
+restarted primary) gets, per queue, a reset
+and a snapshot sent over several loop turns while the live stream goes on
+(seed 001's live updates). A replica that lags is slow, not dead: it stays in
+the set while its link is up and it is active, and its lag paces the
+publishers (``forwarding``'s flow control); one that has acked nothing for a
+while raises an alarm. Only the failure evidence membership uses (the link
+dropped, silence past the timeout, a refused port) takes it out. A fence in
+the state log (``fence``) ends the stream for good: the replicas ack it no
+more, so its owner confirms nothing more, and its queues fail over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from brokerd.cluster.plane import records as rec
+from brokerd.cluster.plane.flow import Feeder, Feeders, feeder
+from brokerd.cluster.queues.entry import Entry
+from brokerd.cluster.queues.replicated import ReplicatedQueueStore
+from brokerd.model.completion import Done
+from brokerd.model.message import Message
+from brokerd.model.storage import CorruptMessage
+
+if TYPE_CHECKING:
+    from brokerd.cluster.plane.forwarding import MessagePlane, Outbound
+    from brokerd.cluster.queues.shared import SharedQueue
+
+log = logging.getLogger("brokerd.cluster.queues.replicaset")
+
+#: events the replicas confirms wait for may be behind before the publishers feeding
+#: the master queues are paused (flow control), and where they resume
+LAG_HIGH = 20_000
+LAG_LOW = 5_000
+#: messages of a snapshot sent per loop turn and replica, at most
+SYNC_CHUNK = 500
+#: seconds of a loop turn a snapshot step may take: a confirm waits at most this
+#: long behind it
+SYNC_TURN = 0.0002
+#: while live events flow, a snapshot rests this many times as long as its last
+#: step took (it then takes about a ninth of the loop, and the sending and the
+#: replica's applying that follow it); on an idle root it goes on at once
+SYNC_REST = 8
+#: a snapshot waits while its replica's link has this many bytes queued: the live
+#: stream to that replica never queues behind more (and memory stays bounded)
+SYNC_BACKLOG_MAX = 1024 * 1024
+#: how soon a snapshot waiting for its link looks again (seconds)
+SYNC_WAIT = 0.005
+
+
+class Gate:
+    """Opens once every replica has acked event ``seq`` (implements the model's Gate)."""
+
+    __slots__ = ("_callbacks", "failed", "opened", "seq")
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.opened = False
+        #: opened because replication gave up (fenced): what it held is doubtful
+        self.failed = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    def on_open(self, callback: Callable[[], None]) -> None:
+        if self.opened:
+            callback()
+        else:
+            self._callbacks.append(callback)
+
+    def open(self) -> None:
+        if self.opened:
+            return
+        self.opened = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def fail(self) -> None:
+        """Open without the replicas' word: holders must not trust what they held."""
+        self.failed = True
+        self.open()
+
+
+class ReplicaLink:
+    """One replica: what it acked, and the snapshots still to send it."""
+
+    __slots__ = ("acked", "joined", "out", "queues", "since", "spid", "synced_at", "syncs")
+
+    def __init__(self, out: Outbound, seq: int, now: float) -> None:
+        self.out = out
+        self.spid = out.spid
+        #: the last event it acked; it joins at ``seq`` and counts as having what came
+        #: before (that is the snapshot's, and waits for the replicas that were there)
+        self.acked = seq
+        #: the event it joined at: what came before reaches it only with its snapshot
+        self.joined = seq
+        #: the live event that follows its snapshot (None: still syncing)
+        self.synced_at: int | None = None
+        #: when it last acked anything (or joined): one silent too long raises an alarm
+        self.since = now
+        #: (queue name, mids still to send)
+        self.syncs: deque[tuple[str, deque[int]]] = deque()
+        #: queue name -> the stream's last event when that queue's snapshot was sent
+        #: whole: an ack of any later event proves the replica holds the queue
+        self.queues: dict[str, int] = {}
+
+
+class ReplicaSet:
+    """This server's replicas and its replication stream (the queues it owns)."""
+
+    def __init__(self, plane: MessagePlane) -> None:
+        self.plane = plane
+        self.seq = 0
+        self.replicas: dict[str, ReplicaLink] = {}
+        self._confirms: deque[tuple[int, Done]] = deque()
+        self._gates: deque[Gate] = deque()
+        self._gate: Gate | None = None
+        self._syncing = False
+        self._sync_waits = False
+        #: the last event before the previous snapshot step (live events since: rest)
+        self._sync_seq = 0
+        #: the lowest ack among the replicas
+        self._floor = 0
+        #: replicas that have acked nothing for longer than the patience (alarmed)
+        self.stalled: set[str] = set()
+        #: what enqueued into the master queues lately: local connection ids, and the
+        #: spids of peers whose forwards did, and their bytes (flow control pauses
+        #: them when the replicas fall behind)
+        self.feeders = Feeders()
+        self._last_publisher: Any = None
+        self._last_feeder: Feeder = 0
+        #: unconfirmed publishes not yet held by a quorum, oldest first: (enqueue seq,
+        #: queue, message). If this server loses a queue before the quorum has them
+        #: (fenced after a pause past the timeout), they go to its next owner
+        #: (``unreplicated``) instead of dying with the reset of this copy. Bounded by
+        #: the quorum lag (flow control)
+        self.tail: deque[tuple[int, str, Message]] = deque()
+        #: the state log fenced this server's stream (its replicas stopped acking it,
+        #: its queues fail over): it confirms and delivers nothing more until the
+        #: queues it owned then are placed elsewhere; then it streams again under
+        #: its next ``generation`` (``restart``, from ``MessagePlane.
+        #: placements_changed``). ``fence_seq``: that fence's state-log entry
+        self.fenced = False
+        self.fence_seq = -1
+        #: the last fence of this server's stream it applied (the replicas accept
+        #: its resets at that generation only; a byte on the wire)
+        self.generation = 0
+        #: the queues this server owns and streams (``adopt``/``disown``)
+        self.owned: set[str] = set()
+
+    # -- the stream ------------------------------------------------------------------
+
+    def emit(
+        self, op: int, queue: str, mid: int, message: Message | None = None, flags: int = 0
+    ) -> int:
+        """Number one event and send it to every replica; 0 when none is needed (a
+        cluster of one primary). With replicas needed and none there yet, it is
+        numbered all the same, and what waits for it waits for a replica's
+        snapshot."""
+        if not self.replicas and self.needed() <= 0:
+            return 0
+        self.seq += 1
+        seq = self.seq
+        batch = self.plane.repl_batch
+        if message is None:
+            parts = rec.replicate_parts(seq, op, queue, mid, flags)
+        else:
+            parts = rec.replicate_parts(
+                seq,
+                op,
+                queue,
+                mid,
+                flags,
+                message.exchange,
+                message.routing_key,
+                message.props_raw,
+                message.body,
+            )
+            publisher = message.publisher
+            if publisher != self._last_publisher:
+                self._last_publisher = publisher
+                self._last_feeder = feeder(publisher)
+            self.feeders.add(self._last_feeder, len(message.body))
+        size = sum(map(len, parts))
+        for replica in self.replicas.values():
+            batch(replica.out).add_parts(parts, size)
+        return seq
+
+    def min_acked(self) -> int:
+        """The quorum floor (kept by ``_advance``: it is asked per publish and per
+        delivery)."""
+        return self._floor
+
+    def needed(self) -> int:
+        """Replica acks an event needs besides the owner's own copy: a majority of
+        the known primaries, the owner included, whether or not they are linked. An
+        owner cut off from the others confirms nothing, as a RabbitMQ quorum queue's
+        leader without a majority: the others may fence it and fail its queues over
+        (``fence``), and only a majority's copies are sure to hold what it
+        confirmed."""
+        return self.plane.members.known_primaries(self.plane.members.clock()) // 2
+
+    def whole(self, replica: ReplicaLink) -> bool:
+        """The replica holds every event up to its ack: its snapshot is in (it acked
+        the live event that followed it)."""
+        return replica.synced_at is not None and replica.acked >= replica.synced_at
+
+    def _quorum_floor(self) -> int:
+        """The highest event held, with every event before it, by ``needed`` replicas.
+
+        Once any replica's snapshot has been sent, only whole replicas count. One
+        still taking its snapshot holds what came after its join, not what came
+        before: a failover prefers a synced copy, and a whole one that lags
+        (paused) would win without the events only the syncing one acked
+        (tests/unit/test_replication.py). So with one whole replica paused and the
+        other syncing, confirms wait for the first to come back or the second's
+        snapshot. Right after this server took a queue on (``adopt``) every replica
+        is taking its snapshot and none is whole; what came before is then this
+        server's alone however confirms are counted, and those that joined no
+        later than the floor count by their live stream, so publishers go on at
+        once."""
+        need = self.needed()
+        if need <= 0:
+            return self.seq
+        if self.fenced:
+            return self._floor
+        replicas = self.replicas.values()
+        if any(r.synced_at is not None for r in replicas):
+            counted = [r.acked for r in replicas if self.whole(r)]
+        else:
+            counted = [r.acked for r in replicas if r.joined <= self._floor]
+        counted.sort(reverse=True)
+        return counted[need - 1] if len(counted) >= need else self._floor
+
+    def released_to(self) -> int:
+        """The last event whose confirms and deliveries may go: the replicas' floor.
+        An owner back from a pause releases nothing its replicas did not ack; those
+        that applied a fence of it ack nothing more (``ReplicaSide.fence``)."""
+        return self.min_acked()
+
+    def wait(self, seq: int, done: Done) -> None:
+        """Call ``done`` once every replica has event ``seq``."""
+        if seq <= self.released_to():
+            done(True, 1)
+        else:
+            self._confirms.append((seq, done))
+
+    def gate(self) -> Gate | None:
+        """A gate on the latest event (None: nothing to wait for). Until the stream is
+        next sent (``sent``), the newest gate is moved on rather than a new one
+        made: deliveries of one loop turn share a gate (they leave in the same
+        flush anyway), so a stream costs a gate per flush, not one per delivery,
+        and a gate never moves past what was sent when it was made."""
+        seq = self.seq
+        if seq <= self.released_to():
+            return None
+        gate = self._gate
+        if gate is None or gate.opened:
+            gate = self._gate = Gate(seq)
+            self._gates.append(gate)
+        else:
+            gate.seq = seq  # the newest in ``_gates``: the order holds
+        return gate
+
+    def sent(self) -> None:
+        """The stream so far went out: later events get a gate of their own."""
+        self._gate = None
+
+    def acked(self, spid: str, seq: int) -> None:
+        replica = self.replicas.get(spid)
+        if replica is None:
+            return
+        replica.since = self.plane.members.clock()
+        if seq == 0:  # the replica lost track (a gap, a failed write): start it again
+            log.warning("replica %s asked for a resync at seq=%d", spid, self.seq)
+            del self.replicas[spid]
+            self.add(replica.out, self.plane.owned_replicated())
+            return
+        if seq <= replica.acked:
+            return
+        replica.acked = min(seq, self.seq)
+        self._advance()
+
+    def _advance(self) -> None:
+        self._floor = self._quorum_floor()
+        done_to = self.released_to()
+        confirms = self._confirms
+        while confirms and confirms[0][0] <= done_to:
+            confirms.popleft()[1](True, 1)
+        gates = self._gates
+        while gates and gates[0].seq <= done_to:
+            gates.popleft().open()
+        # the quorum's floor, not ``min_acked``: with every replica gone, the master
+        # alone holds what followed
+        tail, floor = self.tail, self._floor
+        while tail and tail[0][0] <= floor:
+            tail.popleft()
+
+    def reset_feeders(self) -> None:
+        self.feeders.clear()
+        self._last_publisher = None
+
+    def quorum_lag(self) -> int:
+        """Events the replicas that confirms wait for are behind (flow control)."""
+        return self.seq - self.min_acked()
+
+    def resume(self) -> None:
+        """Release what waits for acks already in (the known primaries may have
+        changed): called every tick."""
+        self._advance()
+
+    # -- membership ------------------------------------------------------------------
+
+    def add(self, out: Outbound, queues: Iterable[SharedQueue]) -> None:
+        """A primary joins the replica set: every queue is reset there and its snapshot
+        follows over the next loop turns, interleaved with the live stream (seed 001's
+        live updates), so a deep queue's snapshot never stalls the replicas that
+        were there, nor the publishers they ack for. It counts for confirms and
+        deliveries once its snapshot is in (``whole``; see ``_quorum_floor`` for
+        right after a queue was adopted); until then its copies are not synced,
+        and a failover prefers a primary whose copy is (``placing``)."""
+        if out.spid in self.replicas or self.fenced:
+            return
+        replica = ReplicaLink(out, self.seq, self.plane.members.clock())
+        self.replicas[out.spid] = replica
+        self._floor = self._quorum_floor()
+        batch = self.plane.repl_batch(out)
+        # whatever it holds goes, the snapshot follows; live events go on after ``seq``
+        batch.replicate(0, rec.R_RESET, "", self.seq, self.generation % 256)
+        count = 0
+        for queue in queues:
+            store = queue.store
+            if not isinstance(store, ReplicatedQueueStore):
+                continue
+            batch.replicate(0, rec.R_RESET, queue.name, 0)
+            replica.syncs.append((queue.name, deque(store.entries)))
+            count += 1
+        log.info("replica %s joined at seq=%d: %d queues to sync", out.spid, self.seq, count)
+        self._schedule_sync()
+
+    def remove(self, spid: str, why: str) -> None:
+        if self.replicas.pop(spid, None) is not None:
+            log.warning("replica %s left the set (%s) at seq=%d", spid, why, self.seq)
+            self.stalled.discard(spid)
+            self._advance()
+
+    def forget(self, spid: str) -> None:
+        """The server is gone for good (inactive): no alarm waits for it."""
+        self.remove(spid, "gone")
+
+    def adopt(self, name: str, entries: dict[int, Entry]) -> None:
+        """This server owns queue ``name`` now (declared here, or failed over or moved
+        to it with ``entries``): every replica resets its copy, whoever fed it, and
+        gets this server's snapshot of it over the next loop turns. Until the
+        snapshots are in, the replicas count by their live stream (see
+        ``_quorum_floor``): what the queue held is this server's alone meanwhile."""
+        self.owned.add(name)
+        for replica in self.replicas.values():
+            batch = self.plane.repl_batch(replica.out)
+            batch.replicate(0, rec.R_RESET, name, 0)
+            if entries:
+                replica.syncs.append((name, deque(entries)))
+                replica.synced_at = None
+                replica.queues.pop(name, None)
+            else:
+                batch.replicate(0, rec.R_SYNCED, name, 0)  # empty: the copy is whole
+                replica.queues[name] = self.seq
+        if entries and self.replicas:
+            log.info("queue=%s adopted: %d messages to sync", name, len(entries))
+            self._advance()
+            self._schedule_sync()
+
+    def holds(self, spid: str, name: str, seq: int) -> bool:
+        """Replica ``spid`` holds queue ``name`` as this server's stream had it at event
+        ``seq``: it acked that far, and its snapshot of the queue is in (all of its
+        snapshots, or this queue's, followed by an event it acked). When no event
+        followed that snapshot yet, one is sent for the ack to prove it: a settle of
+        mid 0, which no queue has, so every replica applies it as nothing."""
+        replica = self.replicas.get(spid)
+        if replica is None or replica.acked < seq:
+            return False
+        if self.whole(replica):
+            return True
+        sent = replica.queues.get(name)
+        if sent is None or any(queued == name for queued, _mids in replica.syncs):
+            return False
+        if replica.acked > sent:
+            return True
+        if sent == self.seq:  # nothing live followed it yet: something must
+            self.emit(rec.R_SETTLE, name, 0)
+        return False
+
+    def disown(self, name: str) -> None:
+        """This server no longer owns queue ``name`` (moved, failed over, deleted)."""
+        self.owned.discard(name)
+
+    def restart(self) -> None:
+        """Every queue this server owned when it was fenced is placed elsewhere: its
+        stream starts again, under the next generation (the replicas refuse what is
+        left of the fenced one), and it may own replicated queues again."""
+        self.fenced = False
+        log.warning("this server's replication stream restarts: generation %d", self.generation)
+        plane = self.plane
+        for spid in plane.members.replica_peers():
+            self.add(plane.out(spid), plane.owned_replicated())
+
+    def fence(self, generation: int, seq: int = 0) -> None:
+        """The state log fenced this server's stream: the replicas ack it no more.
+        What waits for them fails (a confirm is nacked, a held delivery's connection
+        closed); publishes no quorum held stay in ``tail`` for the queues' next
+        owners (``unreplicated``)."""
+        if generation <= self.generation:
+            return  # applied already (a sync replays the log)
+        log.warning("this server's replication stream is fenced at seq=%d", self.seq)
+        self.generation = generation
+        self.fence_seq = seq
+        self.fenced = True
+        self.replicas.clear()
+        self.stalled.clear()
+        self.reset_feeders()
+        confirms, self._confirms = self._confirms, deque()
+        gates, self._gates = self._gates, deque()
+        self._gate = None
+        for _seq, done in confirms:
+            done(False, 0)
+        for gate in gates:
+            gate.fail()
+
+    def unreplicated(self, name: str, store: ReplicatedQueueStore) -> list[tuple[Message, str]]:
+        """Unconfirmed publishes to queue ``name`` no quorum holds yet that are still in
+        it (``store``: ready or delivered unacked), oldest first: what an owner that
+        loses the queue passes on to the next one."""
+        floor = self._floor
+        out = [
+            (message, name)
+            for seq, qname, message in self.tail
+            if qname == name and seq > floor and id(message) in store.mids
+        ]
+        if out:
+            self.tail = deque(t for t in self.tail if t[1] != name)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "min_acked": self.min_acked(),
+            "waiting_confirms": len(self._confirms),
+            "fenced": self.fenced,
+            "replicas": {
+                spid: {
+                    "acked": r.acked,
+                    "behind": self.seq - r.acked,
+                    "syncing": len(r.syncs),
+                }
+                for spid, r in sorted(self.replicas.items())
+            },
+        }
+
+    def members(self) -> list[dict[str, Any]]:
+        """Each replica, by spid, as the console and ``brokerd ctl queues`` show it:
+        ``in_sync`` once it holds every message of the replicated queues (``whole``:
+        its snapshot is proven in) and is not stalled, as RabbitMQ calls a mirror
+        synchronised; ``behind``: the events it has not acked yet."""
+        seq, stalled = self.seq, self.stalled
+        return [
+            {
+                "spid": spid,
+                "in_sync": self.whole(r) and spid not in stalled,
+                "behind": seq - r.acked,
+            }
+            for spid, r in sorted(self.replicas.items())
+        ]
+
+    def check(self, now: float, patience: float) -> list[str]:
+        """Replicas behind that have acked nothing for longer than ``patience``
+        seconds (an alarm: they stay in the set, slow is not dead)."""
+        self.stalled = {
+            r.spid
+            for r in self.replicas.values()
+            if r.acked < self.seq and now - r.since > patience
+        }
+        return sorted(self.stalled)
+
+    # -- live updates ---------------------------------------------------------------------
+
+    def _schedule_sync(self) -> None:
+        if not self._syncing:
+            self._syncing = True
+            try:
+                asyncio.get_running_loop().call_soon(self._sync_step)
+            except RuntimeError:  # no loop (unit tests): run it all now
+                self._syncing = False
+                while self.sync_step():
+                    pass
+
+    def _sync_step(self) -> None:
+        """One step of the snapshots, then the next: at once on an idle root, after a
+        rest while the live stream flows (seed 001's live updates: the sync yields
+        to the traffic), later while every snapshot waits for its link."""
+        self._syncing = False
+        began, seq = time.perf_counter(), self.seq
+        if not self.sync_step():
+            return
+        self._syncing = True
+        loop = asyncio.get_running_loop()
+        if self._sync_waits:
+            loop.call_later(SYNC_WAIT, self._sync_step)
+        elif self._sync_seq != seq:
+            loop.call_later((time.perf_counter() - began) * SYNC_REST, self._sync_step)
+        else:
+            loop.call_soon(self._sync_step)
+        self._sync_seq = seq
+
+    def sync_step(self) -> bool:
+        """Send the next chunk of every replica's snapshots; True if more is left."""
+        vhost = self.plane.vhost()
+        more = False
+        sent = False
+        done: list[ReplicaLink] = []
+        turn_ends = time.perf_counter() + SYNC_TURN
+        for replica in self.replicas.values():
+            link = self.plane.members.link_to(replica.spid)
+            if replica.syncs and link is not None and link.backlog > SYNC_BACKLOG_MAX:
+                more = True  # its link is behind: the snapshot waits, the live stream not
+                continue
+            sent = sent or bool(replica.syncs)
+            budget = SYNC_CHUNK
+            batch = self.plane.repl_batch(replica.out)
+            while replica.syncs and budget:
+                name, mids = replica.syncs[0]
+                queue = vhost.queues.get(name) if vhost is not None else None
+                store = getattr(queue, "store", None)
+                if not isinstance(store, ReplicatedQueueStore):
+                    replica.syncs.popleft()
+                    continue
+                while mids and budget:
+                    mid = mids.popleft()
+                    entry = store.entries.get(mid)
+                    if entry is None:
+                        continue  # settled since the snapshot began: nothing to send
+                    try:
+                        message, body = entry.message, store.body(entry.message)
+                    except CorruptMessage:
+                        continue  # corrupt here (logged, quarantined): the queue drops it
+
+                    batch.replicate(
+                        0,
+                        rec.R_SYNC,
+                        name,
+                        mid,
+                        entry.flags,
+                        message.exchange,
+                        message.routing_key,
+                        message.props_raw,
+                        body,
+                    )
+                    budget -= 1
+                    if not budget % 32 and time.perf_counter() > turn_ends:
+                        budget = 0  # this turn's share is spent
+                if not mids:
+                    batch.replicate(0, rec.R_SYNCED, name, 0)
+                    replica.syncs.popleft()
+                    replica.queues[name] = self.seq
+            if not replica.syncs and replica.synced_at is None:
+                done.append(replica)
+            more = more or bool(replica.syncs)
+        for replica in done:
+            # a live event after the snapshot: its ack proves the snapshot is in
+            replica.synced_at = self.emit(rec.R_SYNCED, "", 0)
+            log.info("replica %s: snapshot sent, synced at seq=%d", replica.spid, replica.synced_at)
+        self._sync_waits = more and not sent
+        return more
