@@ -109,6 +109,7 @@ class ClusterController(Membership):
         #: the root's placement of classic shared queues
         self.placer = Placer(self, self.plane, self.wiring)
         self.wiring.placer = self.placer.place
+        self.wiring.seed_placer = self.placer.recovered
         #: operators' queue moves and rebalances (``moving``)
         self.moves = QueueMoves(self.placer)
         self.plane.handovers.on_handed = self.moves.handed

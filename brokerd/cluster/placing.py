@@ -51,6 +51,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("brokerd.cluster.placing")
 
+#: after a whole-cluster restart, how long a recovered replicated queue waits for the
+#: server that owned it before it goes to the best copy at hand, in seconds
+RECOVERY_WAIT = 30.0
+
 
 class Placer:
     """Places shared queues, as root."""
@@ -62,6 +66,9 @@ class Placer:
         #: when this server last became root (None: it is not)
         self.root_since: float | None = None
         self.mover = Mover(self)
+        #: each durable shared queue's last owner (its address) as this server's store
+        #: recorded it before the restart: where a whole-cluster restart places it
+        self.recovered_owners: dict[str, str] = {}
 
     def primaries(self) -> list[tuple[str, str]]:
         """The live primaries, (spid, address), in seniority order."""
@@ -83,11 +90,30 @@ class Placer:
             return self.mover.request(entry)
         return self.place_declare(entry)
 
+    def recovered(self, entry: Entry) -> Entry:
+        """A recovered queue's declare that this root seeds its log with after a whole-
+        cluster restart: the queue goes back to the server that owned it before (by
+        address: spids change at every start). That server's copy holds everything
+        it confirmed; this root's may not (it may have been the replica that lagged
+        behind, the majority being the others). That server not live yet, the
+        queue waits for it (no owner, its address as home): ``check`` places it
+        there once it is, or on the best copy at hand after ``RECOVERY_WAIT``."""
+        if entry.op != sl.QUEUE_DECLARE:
+            return entry
+        address = self.recovered_owners.get(entry.name)
+        if not address or address == self.members.address:
+            return replace(entry, spid=self.members.spid)  # its own copy is the owner's
+        by_address = {a: spid for spid, a in self.primaries() if a}
+        if address in by_address:
+            return replace(entry, spid=by_address[address])
+        log.warning("queue=%s waits for its last owner at %s", entry.name, address)
+        return replace(entry, props=sl.freeze(dict(entry.props) | {"home": address}))
+
     def place_declare(self, entry: Entry) -> Entry:
         """A shared queue's declare, about to be ordered: it gets its owner. One placed
         already keeps it (a redeclare: the placement entries decide); so does a
         declare that names one (recovered wiring)."""
-        if entry.op != sl.QUEUE_DECLARE or entry.spid:
+        if entry.op != sl.QUEUE_DECLARE or rep.placed_by(entry):
             return entry
         vhost = self.plane.vhost()
         if getattr(vhost.queues.get(entry.name) if vhost is not None else None, "epoch", 0):
@@ -136,7 +162,9 @@ class Placer:
             if queue.replicated_kind:
                 if owner is not None and (gone or self.plane.is_fenced(owner)):
                     failing.setdefault(owner, []).append(queue)
-                elif owner is None:
+                elif owner is None and queue.home in by_address:  # its last owner is back
+                    self.order_place(queue.name, by_address[queue.home], queue.epoch + 1, None)
+                elif owner is None and self._waited(queue):
                     self._place_anywhere(queue, live_spids)
             elif gone:
                 self._lost(queue, owner)  # type: ignore[arg-type]
@@ -213,6 +241,23 @@ class Placer:
             log.error("queue=%s: no copy of it survived its owner: it starts empty", name)
             return heirs[0]
         return None
+
+    def _waited(self, queue: SharedQueue) -> bool:
+        """An unowned replicated queue waited long enough for the owner it waits for
+        (a whole-cluster restart's: ``recovered``), or waits for none."""
+        if not queue.home:
+            return True
+        assert self.root_since is not None
+        if self.members.clock() - self.root_since < RECOVERY_WAIT:
+            return False
+        log.error(
+            "queue=%s: its last owner at %s did not come back within %.0fs: it goes to the "
+            "copy at hand, which may lack what that owner confirmed last",
+            queue.name,
+            queue.home,
+            RECOVERY_WAIT,
+        )
+        return True
 
     def _place_anywhere(self, queue: SharedQueue, live: list[str]) -> None:
         """A replicated queue with no owner (none was live at its declare): the earliest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import signal
@@ -317,6 +318,11 @@ class Server:
             self._make_cluster(self.cluster_config)
         self.store.recover(self.broker)
         self.store.start()
+        if self.cluster is not None:
+            # each durable shared queue's last owner, for a whole-cluster restart
+            shared = self.cluster.config.vhost
+            self.cluster.placer.recovered_owners = self.store.wiring.owners(shared)
+            self.cluster.plane.on_owner = functools.partial(self.store.wiring.put_owner, shared)
         self.resources.start()
         self.loopwatch.start()
         # before the port listens: a client (or a test) that saw it listening may

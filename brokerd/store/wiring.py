@@ -32,6 +32,9 @@ CREATE TABLE IF NOT EXISTS bindings (
     kind TEXT NOT NULL, routing_key TEXT NOT NULL, arguments TEXT NOT NULL,
     PRIMARY KEY (vhost, source, destination, kind, routing_key, arguments));
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS owners (
+    vhost TEXT NOT NULL, name TEXT NOT NULL, address TEXT NOT NULL,
+    PRIMARY KEY (vhost, name));
 """
 
 
@@ -150,6 +153,7 @@ class WiringStore:
     def delete_queue(self, vhost: str, name: str) -> None:
         with self.db:
             self.db.execute("DELETE FROM queues WHERE vhost = ? AND name = ?", (vhost, name))
+            self.db.execute("DELETE FROM owners WHERE vhost = ? AND name = ?", (vhost, name))
             self.db.execute(
                 "DELETE FROM bindings WHERE vhost = ? AND kind = 'queue' AND destination = ?",
                 (vhost, name),
@@ -167,6 +171,11 @@ class WiringStore:
             "AND kind = ? AND routing_key = ? AND arguments = ?",
             (b.vhost, b.source, b.destination, b.kind, b.routing_key, encode_table(b.arguments)),
         )
+
+    def put_owner(self, vhost: str, name: str, address: str) -> None:
+        """A durable shared queue's last owner, by address (a cluster's whole restart
+        places the queue there again: its copy holds what it confirmed)."""
+        self.db.execute("INSERT OR REPLACE INTO owners VALUES (?, ?, ?)", (vhost, name, address))
 
     def put_setting(self, key: str, value: Any) -> None:
         self.db.execute("INSERT OR REPLACE INTO settings VALUES (?, ?)", (key, json.dumps(value)))
@@ -187,6 +196,10 @@ class WiringStore:
     def bindings(self) -> list[StoredBinding]:
         rows = self.db.execute("SELECT * FROM bindings ORDER BY rowid").fetchall()
         return [StoredBinding(v, s, d, k, r, decode_table(args)) for v, s, d, k, r, args in rows]
+
+    def owners(self, vhost: str) -> dict[str, str]:
+        rows = self.db.execute("SELECT name, address FROM owners WHERE vhost = ?", (vhost,))
+        return dict(rows.fetchall())
 
     def setting(self, key: str) -> Any:
         row = self.db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()

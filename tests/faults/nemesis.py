@@ -31,6 +31,7 @@ CUT_LINK = "cut-link"  # both directions between two linked servers
 MOVE_QUEUE = "move-queue"  # an operator moves a queue's owner (``brokerd ctl queue move``)
 REBALANCE = "rebalance"  # an operator rebalances the owners (``ctl queues rebalance``)
 STOP_PRIMARY = "stop-primary"  # a planned stop (SIGTERM) of a primary: its queues move first
+KILL_ALL = "kill-all"  # every server at once (a power cut), all started again in any order
 KINDS = (
     KILL_ROOT,
     KILL_PRIMARY,
@@ -42,6 +43,7 @@ KINDS = (
     MOVE_QUEUE,
     REBALANCE,
     STOP_PRIMARY,
+    KILL_ALL,
 )
 
 
@@ -135,6 +137,8 @@ class Nemesis:
             if root is not None:
                 return root, None, note
             return _choose(self.primaries(), planned.pick), None, "no root seen: a primary"
+        if planned.kind == KILL_ALL:  # the target: the server that starts last
+            return _choose(everyone, planned.pick), None, note
         if planned.kind == STOP_PRIMARY:  # the root half of the time, as for pauses
             if root is not None and planned.pick < 0.5:
                 return root, None, note
@@ -178,6 +182,12 @@ class Nemesis:
         self.recorder.fault(fault)
         if planned.kind in (MOVE_QUEUE, REBALANCE):
             fault.note = (fault.note + "; " if fault.note else "") + self.operate(planned)
+        elif planned.kind == KILL_ALL:
+            for node in cluster.nodes:
+                cluster.kill(node.index)
+            time.sleep(planned.hold)
+            for index in [n.index for n in cluster.nodes if n.index != target] + [target]:
+                self.restart(index)
         elif planned.kind.startswith("kill-"):
             cluster.kill(target)
             time.sleep(planned.hold)

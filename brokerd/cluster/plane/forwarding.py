@@ -104,6 +104,9 @@ class MessagePlane:
         self.handovers = Handovers(self)
         #: the root before the last change (its forwards are kept after it)
         self._last_id: tuple[Any, str] = (None, "")
+        #: records a durable shared queue's owner (its address) in this server's
+        #: store, for a whole-cluster restart (``Placer.recovered``); the server sets it
+        self.on_owner: Callable[[str, str], None] | None = None
 
     @property
     def spid(self) -> str:
@@ -559,6 +562,20 @@ class MessagePlane:
         else:
             self.replica.fence(spid, generation, seq)
         self.placements_changed()
+
+    def owner_placed(self, queue: SharedQueue) -> None:
+        """A durable shared queue's owner changed: remembered by address (stable across
+        restarts, where spids are not) if this server knows it."""
+        owner, hook = queue.owner, self.on_owner
+        if hook is None or owner is None or not queue.durable:
+            return
+        if owner == self.spid:
+            address = self.members.address
+        else:
+            peer = self.members.peers.get(owner)
+            address = peer.address if peer is not None else ""
+        if address:
+            hook(queue.name, address)
 
     def placements_changed(self) -> None:
         """Which fenced servers still own queues placed before their last fence

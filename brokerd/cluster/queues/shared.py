@@ -186,6 +186,8 @@ class SharedQueue(Queue):
         self.owner, self.epoch, self.home = owner, epoch, home
         self.moving = moving if owner is not None else None
         self.placed_seq = seq
+        if owner is not None:
+            self.plane.owner_placed(self)
         if owner == self.plane.spid:
             self._own()
         else:

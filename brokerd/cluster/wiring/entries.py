@@ -9,6 +9,7 @@ with ``apply_entry``, the same code path the root used to validate them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from typing import Any, Protocol
@@ -175,7 +176,7 @@ def apply_entry(
             arguments=m.arguments or {},
             reserved_ok=m.queue.startswith("amq.gen-"),
         )
-        if entry.spid:  # its owner (one recovered from disk is placed now, too)
+        if placed_by(entry):  # its owner (one recovered from disk is placed now, too)
             apply_placement(vhost, entry)
         return created, [queue.message_count, queue.consumer_count]
     if isinstance(m, commands.Queue.Delete):
@@ -204,6 +205,12 @@ def apply_entry(
         op(source, vhost.exchange(m.destination), m.routing_key, m.arguments or {})
         return len(source.bindings) != before, None
     raise ValueError(f"not a replicated method: {m.name}")  # pragma: no cover
+
+
+def placed_by(entry: Entry) -> bool:
+    """A queue's declare that places it: it names the owner, or (a queue recovered
+    after a whole-cluster restart) the address of the owner it waits for."""
+    return bool(entry.spid or dict(entry.props).get("home"))
 
 
 def apply_placement(vhost: Any, entry: Entry) -> bool:
@@ -344,6 +351,8 @@ def entry_header(entry: Entry) -> dict[str, Any]:
         header["props"] = dict(entry.props)
     elif entry.op == sl.SERVER_FENCE:
         header["props"] = dict(entry.props)
+    elif entry.op == sl.QUEUE_DECLARE and (home := dict(entry.props).get("home")):
+        header["home"] = home  # a recovered queue waiting for its last owner
     return header
 
 
@@ -384,10 +393,16 @@ def entry_from_header(header: dict[str, Any], frame: bytes) -> Entry:
     if type(method) not in OPERATIONS:
         raise BucketError(f"{method.name} is not a replicated method")
     method.raw_payload = frame
-    return entry_for(
+    entry = entry_for(
         method,
         str(header.get("vhost", "/")),
         seq=int(header.get("seq", 0)),
         origin=str(header.get("origin", "")),
         meta_spid=str(header.get("spid", "")),
     )
+    home = header.get("home")
+    if home is not None:
+        if not isinstance(home, str) or entry.op != sl.QUEUE_DECLARE:
+            raise BucketError("bad home in bucket")
+        entry = dataclasses.replace(entry, props=freeze(dict(entry.props) | {"home": home}))
+    return entry

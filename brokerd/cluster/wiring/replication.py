@@ -88,6 +88,9 @@ class WiringReplication:
         #: gives a shared queue's declare its owner before the root orders it
         #: (``placing.Placer.place_declare``)
         self.placer: Callable[[Entry], Entry | AMQPError] | None = None
+        #: a recovered queue's declare the root seeds its log with: where it goes
+        #: (``Placer.recovered``)
+        self.seed_placer: Callable[[Entry], Entry] | None = None
         #: fences a server's replication stream at a generation (``MessagePlane.
         #: fence``), says whether one is fenced and its queues not all placed
         #: elsewhere yet, and how many times one was fenced
@@ -308,7 +311,7 @@ class WiringReplication:
             entry.origin,
         )
         self._append(ordered)
-        if applied and ordered.spid and ordered.op == sl.QUEUE_DECLARE:
+        if applied and ordered.op == sl.QUEUE_DECLARE and rep.placed_by(ordered):
             vhost = self._vhost()
             if vhost is not None:  # the channel declared it here first: its owner now
                 rep.apply_placement(vhost, ordered)
@@ -462,7 +465,10 @@ class WiringReplication:
         name = vhost.name
         methods = shared_wiring(vhost)
         for method in methods:
-            self._order(rep.entry_for(method, name, origin=self.spid), None, applied=True)
+            entry = rep.entry_for(method, name, origin=self.spid)
+            if self.seed_placer is not None:
+                entry = self.seed_placer(entry)
+            self._order(entry, None, applied=True)
         if methods:
             log.warning("root seeded its state log with %d recovered wiring entries", len(methods))
 
