@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tests.faults.checker import check
 from tests.faults.history import History
-from tests.faults.nemesis import KINDS
+from tests.faults.nemesis import DURABLE_KINDS, KILL_ALL, KINDS
 from tests.faults.run import RunConfig, run
 
 
@@ -31,8 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument(
         "--kinds",
-        default=",".join(KINDS),
-        help=f"comma-separated fault kinds (default all: {','.join(KINDS)})",
+        help=f"comma-separated fault kinds (default all: {','.join(KINDS)}; with "
+        f"--durable, {KILL_ALL} too)",
     )
     parser.add_argument("--publishers", type=int, default=defaults.publishers)
     parser.add_argument("--consumers", type=int, default=defaults.consumers)
@@ -92,17 +92,23 @@ def main(argv: list[str] | None = None) -> int:
     consume_rate = args.consume_rate
     if consume_rate is None:  # a flood outgrows limited consumers: its backlog never drains
         consume_rate = 0.0 if args.flood else defaults.consume_rate
+    durable = args.durable or bool(args.queue_type)
+    kinds = tuple(k for k in (args.kinds or "").split(",") if k) or (
+        DURABLE_KINDS if durable else KINDS
+    )
+    if KILL_ALL in kinds and not durable:
+        parser.error(f"{KILL_ALL} needs --durable: transient messages do not survive it")
     config = RunConfig(
         seed=args.seed,
         faults=args.faults,
-        kinds=tuple(k for k in args.kinds.split(",") if k),
+        kinds=kinds,
         publishers=args.publishers,
         consumers=args.consumers,
         queues=args.queues,
         rate=args.rate,
         prefetch=args.prefetch,
         consume_rate=consume_rate or None,
-        durable=args.durable or bool(args.queue_type),
+        durable=durable,
         queue_type=args.queue_type,
         flood_publishers=args.flood,
         flood_rate=args.flood_rate,
