@@ -83,6 +83,11 @@ class Placer:
                 live.append((peer.start_time, peer.spid, peer.address))
         return [(spid, address) for _t, spid, address in sorted(live)]
 
+    @staticmethod
+    def by_address(live: list[tuple[str, str]]) -> dict[str, str]:
+        """The live primaries' spids by address (a restarted server's is new)."""
+        return {address: spid for spid, address in live if address}
+
     def place(self, entry: Entry) -> Entry | AMQPError:
         """An entry about to be ordered: a declare gets its owner, a move request
         becomes the placement it leads to (``moving``), or the reason it cannot."""
@@ -103,7 +108,7 @@ class Placer:
         address = self.recovered_owners.get(entry.name)
         if not address or address == self.members.address:
             return replace(entry, spid=self.members.spid)  # its own copy is the owner's
-        by_address = {a: spid for spid, a in self.primaries() if a}
+        by_address = self.by_address(self.primaries())
         if address in by_address:
             return replace(entry, spid=by_address[address])
         log.warning("queue=%s waits for its last owner at %s", entry.name, address)
@@ -152,24 +157,22 @@ class Placer:
             if peer.gone
             or (peer.status is not None and not self.members.standing.active(peer, now))
         }
-        by_address = {address: spid for spid, address in live if address}
+        by_address = self.by_address(live)
         failing: dict[str, list[SharedQueue]] = {}
         for queue in self.plane.placed_queues():
             owner = queue.owner
             gone = owner is not None and (
                 owner == lost or owner in silent or (settled and owner not in live_spids)
             )
-            if queue.replicated_kind:
+            if owner is None and queue.home in by_address:  # the owner it waits for is back
+                self.order_place(queue.name, by_address[queue.home], queue.epoch + 1, None)
+            elif queue.replicated_kind:
                 if owner is not None and (gone or self.plane.is_fenced(owner)):
                     failing.setdefault(owner, []).append(queue)
-                elif owner is None and queue.home in by_address:  # its last owner is back
-                    self.order_place(queue.name, by_address[queue.home], queue.epoch + 1, None)
                 elif owner is None and self._waited(queue):
                     self._place_anywhere(queue, live_spids)
             elif gone:
                 self._lost(queue, owner)  # type: ignore[arg-type]
-            elif owner is None and queue.home in by_address:
-                self.order_place(queue.name, by_address[queue.home], queue.epoch + 1, None)
         for owner, queues in failing.items():
             self._fail_over(owner, queues, live_spids)
         self.mover.check()
