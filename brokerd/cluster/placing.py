@@ -21,7 +21,11 @@ what they decide in the state log, so every server places the queue alike:
   the reporter with the furthest copy (a synced one first, then the
   earliest primary), fenced once itself or not: a fenced server is still a
   sound replica of the others. A fenced owner that was only paused streams
-  again, under its next generation, once its queues are placed elsewhere.
+  again, under its next generation, once its queues are placed elsewhere;
+- **a whole-cluster restart**: the root seeds its state log from its disk and
+  gives each durable shared queue back to its last owner by address
+  (``recovered``), or leaves it waiting for that server (``home``), a
+  replicated one for at most ``RECOVERY_WAIT``.
 
 The root checks at every tick, after being root for a heartbeat timeout (a
 new root has heard every live primary by then), and at once when membership
