@@ -56,14 +56,30 @@ DATA_LANE = "data"
 class Lane:
     """One of a link's two connections, with its own outbox and sender task.
 
-    Messages posted to a lane leave in the order they were posted; each waits
-    until the transport took it (aiormq drains after every publish), so a peer
-    that reads slowly shows as ``backlog`` here and nowhere else."""
+    Messages posted to a lane leave in the order they were posted. On the data
+    lane each waits until the transport took it (aiormq drains after every
+    publish), so a peer that reads slowly shows as ``backlog`` here and nowhere
+    else. The control lane drains once per burst (``drain_each``): a drained
+    publish costs two or three loop turns, and under load a turn takes tens of
+    milliseconds, so a status queued behind a few dozen acks would leave
+    seconds late and a healthy server would look silent to its peers."""
 
-    __slots__ = ("amqp", "backlog", "connection", "name", "outbox", "ready", "sender", "sent")
+    __slots__ = (
+        "amqp",
+        "backlog",
+        "connection",
+        "drain_each",
+        "name",
+        "outbox",
+        "ready",
+        "sender",
+        "sent",
+    )
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, drain_each: bool = True) -> None:
         self.name = name
+        #: drain after every message (the data lane), or after the last of each burst
+        self.drain_each = drain_each
         self.connection: aio_pika.abc.AbstractConnection | None = None
         self.amqp: aiormq.abc.AbstractChannel | None = None
         #: posted messages not yet written, oldest first, and their total size
@@ -115,7 +131,7 @@ class Link:
         self.last_error = ""
         #: the latest connection attempt was refused: nothing listens at ``address``
         self.refused = False
-        self.control = Lane(CONTROL)
+        self.control = Lane(CONTROL, drain_each=False)
         self.data = Lane(DATA_LANE)
         self._task: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
@@ -190,7 +206,11 @@ class Link:
                 lane.backlog -= len(body)
                 try:
                     await channel.basic_publish(
-                        body, exchange=CLUSTER_EXCHANGE, routing_key=kind, properties=_PROPERTIES
+                        body,
+                        exchange=CLUSTER_EXCHANGE,
+                        routing_key=kind,
+                        properties=_PROPERTIES,
+                        wait=lane.drain_each or not outbox,
                     )
                 except Exception as exc:  # the connection went away under us
                     self._lost(f"{lane.name} lane: send failed: {exc}")

@@ -3,13 +3,17 @@ the test pumps (tests/unit/cluster_net.py)."""
 
 from __future__ import annotations
 
+from collections import deque
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from brokerd.cluster.plane.flow import Feeders
+from brokerd.cluster.plane.forwarding import FLUSH_BYTES
 from brokerd.cluster.plane.pacing import BACKLOG_HIGH, OVERRUN
 from brokerd.cluster.queues.master import _GetFor
 from brokerd.cluster.queues.replicaset import LAG_HIGH
+from brokerd.model.message import Message
 from tests.support.examples import examples
 from tests.unit.cluster_net import Net, Sink, Waiter, message
 
@@ -423,3 +427,39 @@ def test_a_consume_that_reaches_the_new_owner_before_its_placement_is_sent_again
     net.queue("B", "q").push(message(b"m"))
     net.tick()  # C asks again
     assert sink.bodies() == [b"m"]
+
+
+class _Recorded(deque):  # type: ignore[type-arg]
+    """The network's wire, noting each link message's size as it is posted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[tuple[str, str, int]] = []
+
+    def append(self, item: tuple[str, str, str, bytes]) -> None:
+        self.sizes.append((item[0], item[1], len(item[3])))
+        super().append(item)
+
+
+def test_forwards_gathered_behind_a_slow_gate_leave_in_link_messages_of_bounded_size(
+    net: Net,
+) -> None:
+    """A batch held while a delivery in it waits for the replicas keeps growing with
+    the forwards that follow it. Once the gate opens it must not reach the peer as
+    one message of megabytes: the peer applies a link message in one loop turn,
+    and a turn of seconds made healthy servers look dead under a flood."""
+    net.declare("q2", owner="B")
+    sink = Sink("c", no_ack=True)
+    net.queue("B", "q").add_consumer(sink, lambda error: None)
+    net.pump()
+    net.wire = _Recorded()
+    net.queue("A", "q").push(message(b"gated"))  # its delivery to B waits for C's ack
+    bodies = [b"%06d" % i + b"x" * 1000 for i in range(1500)]
+    for body in bodies:  # 1.5 MB of forwards to q2's owner, behind that delivery
+        assert net.queue("A", "q2").push(Message("", "q2", b"", body, 1, 1))
+    net.pump()
+    to_b = [size for src, dst, size in net.wire.sizes if (src, dst) == ("A", "B")]
+    assert sum(to_b) > 1_500_000
+    assert max(to_b) < FLUSH_BYTES + 4096, to_b
+    assert sink.bodies() == [b"gated"]
+    assert [m.body for m in net.queue("B", "q2").messages] == bodies  # in order

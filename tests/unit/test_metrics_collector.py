@@ -140,3 +140,30 @@ def test_the_event_loop_lag_is_exported_as_quantiles() -> None:
         s.labels["quantile"]: s.value for s in families["rookery_event_loop_lag_seconds"].samples
     }
     assert lag["1"] == 0.3 and lag["0.5"] == 0.002
+
+
+def test_a_held_loop_is_sampled_where_it_is_held() -> None:
+    """The lag says the loop was held; the sampler says by what (the loop watch
+    logs it with the lag), so a stall in production explains itself."""
+    import time
+
+    from brokerd.server.loopwatch import StallSampler
+
+    sampler = StallSampler(period=0.02)
+    sampler.start()
+    try:
+        sampler.beat()
+
+        def busy_in_plane_code() -> None:
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:
+                pass
+
+        busy_in_plane_code()
+        held = sampler.take()
+    finally:
+        sampler.stop()
+    assert held, "nothing sampled while the loop thread was held"
+    assert "busy_in_plane_code" in held[0][0]
+    sampler.beat()
+    assert sampler.take() == []  # taken: the next stall starts afresh

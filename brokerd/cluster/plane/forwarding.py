@@ -59,6 +59,7 @@ from brokerd.model.interfaces import PublishWaiter
 from brokerd.model.message import Message
 
 if TYPE_CHECKING:
+    from brokerd.cluster.link import Link
     from brokerd.cluster.membership import Membership
     from brokerd.model.broker import Broker
     from brokerd.model.vhost import VirtualHost
@@ -338,17 +339,37 @@ class MessagePlane:
             log.debug("replication acks to %s dropped: link down", out.spid)
 
     def _post(self, out: Outbound) -> None:
-        parts: list[Any] = []
+        """Send what no closed gate holds, as link messages of about ``FLUSH_BYTES``
+        each (cut between the segments a gate or a full batch left): the peer
+        applies a link message in one loop turn, so a batch that grew behind a
+        slow gate must not reach it as one message of many megabytes."""
         held = out.held
+        if out.gate is not None and not out.gate.opened and out.batch.size > FLUSH_BYTES:
+            # gated and full: what follows waits for the same gate, in a new segment
+            out.held.append((out.gate, out.batch.cut()))
+        segments: list[list[Any]] = []
         while held and (held[0][0] is None or held[0][0].opened):
-            parts += held.popleft()[1]
+            segments.append(held.popleft()[1])
         if not held and (out.gate is None or out.gate.opened):
             out.gate = None
-            parts += out.batch.cut()
-        if not parts:
+            if out.batch:
+                segments.append(out.batch.cut())
+        if not segments:
             return  # deliveries in it wait for the replicas
-        data = rec.joined(parts)
         link = self.members.link_to(out.spid)
+        parts: list[Any] = []
+        size = 0
+        for segment in segments:
+            parts += segment
+            size += sum(map(len, segment))
+            if size > FLUSH_BYTES:
+                self._post_parts(out, link, parts)
+                parts, size = [], 0
+        if parts:
+            self._post_parts(out, link, parts)
+
+    def _post_parts(self, out: Outbound, link: Link | None, parts: list[Any]) -> None:
+        data = rec.joined(parts)
         if link is None or not link.post(DATA, data):
             log.debug("batch to %s dropped: link down (%d bytes)", out.spid, len(data))
 
