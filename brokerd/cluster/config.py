@@ -7,6 +7,8 @@
     known_hosts = ["h1:5672", "h2:5672", "h3:5672"]   # the primary servers
     default_queue_type = "quorum"   # optional: what a shared queue declared without
                                     # x-queue-type is (classic | quorum | replicated)
+    recovery_wait = 30.0            # optional: after a whole-cluster restart, how long a
+                                    # replicated queue waits for its last owner (seconds)
 
     [heartbeat]
     interval = 1.0                  # seconds between Cluster.Status messages
@@ -37,6 +39,10 @@ _PORT = re.compile(r"[0-9]{1,5}")
 #: what ``default_queue_type`` may say (``replicated``: a shared queue on its owner,
 #: copied to every primary, durable or not)
 QUEUE_TYPES = ("classic", "quorum", "replicated")
+#: after a whole-cluster restart, how long a recovered replicated queue waits for the
+#: server that owned it before it goes to the most complete copy at hand (seconds):
+#: ``recovery_wait``'s default
+RECOVERY_WAIT = 30.0
 
 
 class ClusterConfigError(Exception):
@@ -64,6 +70,10 @@ class ClusterConfig:
     open_timeout: float = 10.0
     #: the type of a shared queue declared without x-queue-type (None: by durability)
     default_queue_type: str | None = None
+    #: after a whole-cluster restart, how long a recovered replicated queue waits for
+    #: the server that owned it before it goes to the most complete copy at hand
+    #: (seconds; only the root reads it, so the checksum leaves it out)
+    recovery_wait: float = RECOVERY_WAIT
 
     @property
     def checksum(self) -> str:
@@ -119,6 +129,7 @@ def parse_cluster_config(raw: dict[str, Any], where: str = "cluster file") -> Cl
         "known_hosts",
         "heartbeat",
         "default_queue_type",
+        "recovery_wait",
     }
     unknown = set(raw) - allowed
     if unknown:
@@ -173,6 +184,13 @@ def parse_cluster_config(raw: dict[str, Any], where: str = "cluster file") -> Cl
         raise ClusterConfigError(
             f"{where}: default_queue_type must be one of {', '.join(QUEUE_TYPES)}"
         )
+    recovery_wait = raw.get("recovery_wait", RECOVERY_WAIT)
+    if (
+        isinstance(recovery_wait, bool)
+        or not isinstance(recovery_wait, int | float)
+        or recovery_wait <= 0
+    ):
+        raise ClusterConfigError(f"{where}: recovery_wait must be a positive number of seconds")
     return ClusterConfig(
         name=name,
         vhost=vhost,
@@ -183,4 +201,5 @@ def parse_cluster_config(raw: dict[str, Any], where: str = "cluster file") -> Cl
         heartbeat_timeout=values["timeout"],
         open_timeout=values["open_timeout"],
         default_queue_type=default_type,
+        recovery_wait=float(recovery_wait),
     )

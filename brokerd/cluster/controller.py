@@ -356,6 +356,9 @@ class ClusterController(Membership):
     def fenced_copies(self) -> dict[str, dict[str, list[Any]]]:
         return self.plane.replica.fenced_report()
 
+    def recovered_copies(self) -> dict[str, int]:
+        return self.plane.recovered_report()
+
     def before_send(self, spid: str) -> None:
         self.plane.flush_peer(spid)
 

@@ -511,6 +511,11 @@ class Membership:
         (overridden by the controller)."""
         return {}
 
+    def recovered_copies(self) -> dict[str, int]:
+        """Per queue waiting for its last owner: this server's recovered copy's highest
+        message id (overridden by the controller)."""
+        return {}
+
     def state_seq(self) -> int:
         """The last wiring entry this server applied (carried in its statuses)."""
         return 0

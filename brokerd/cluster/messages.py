@@ -62,6 +62,11 @@ class Status:
     #: ``[synced, applied]`` by queue name; the key says it applied the fence
     #: (the root fails the owner's queues over once enough have)
     fenced: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    #: per queue that waits for its last owner after a whole-cluster restart (no
+    #: owner, a home): the highest message id in the sender's recovered copy (0:
+    #: none). Ids grow along the queue's history, so the highest copy holds every
+    #: message a lower one holds, or saw it settled (``placing.Placer``)
+    recovered: dict[str, int] = field(default_factory=dict)
     #: answer with a status at once (a root renewing its lease, a server checking
     #: whether others still hear the root); an answer never asks back
     reply: bool = False
@@ -120,7 +125,18 @@ def decode(kind: str, body: bytes) -> Status | Root:
         ):
             raise MessageError(f"{kind}: copy_seq must be a non-negative integer")
         message.fenced = _fenced(kind, message.fenced)
+        message.recovered = _recovered(kind, message.recovered)
     return message
+
+
+def _recovered(kind: str, value: Any) -> dict[str, int]:
+    """Recovered copies: {queue: highest message id}; anything else is an error."""
+    if not isinstance(value, dict):
+        raise MessageError(f"{kind}: recovered must be an object")
+    for name, top in value.items():
+        if not isinstance(top, int) or isinstance(top, bool) or top < 0:
+            raise MessageError(f"{kind}: recovered copy of {name!r} must be a message id")
+    return {str(name): top for name, top in value.items()}
 
 
 def _fenced(kind: str, value: Any) -> dict[str, dict[str, list[Any]]]:

@@ -25,7 +25,11 @@ what they decide in the state log, so every server places the queue alike:
 - **a whole-cluster restart**: the root seeds its state log from its disk and
   gives each durable shared queue back to its last owner by address
   (``recovered``), or leaves it waiting for that server (``home``), a
-  replicated one for at most ``RECOVERY_WAIT``.
+  replicated one for at most the cluster file's ``recovery_wait``
+  (``config.RECOVERY_WAIT``, 30 s, by default). Then it goes to the most complete copy
+  that came back: each primary reports its recovered copy's highest message
+  id in its status (``recovered``), and once a majority of the known
+  primaries has, the highest wins (``_recover_elsewhere``).
 
 The root checks at every tick, after being root for a heartbeat timeout (a
 new root has heard every live primary by then), and at once when membership
@@ -55,10 +59,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("brokerd.cluster.placing")
 
-#: after a whole-cluster restart, how long a recovered replicated queue waits for the
-#: server that owned it before it goes to the best copy at hand, in seconds
-RECOVERY_WAIT = 30.0
-
 
 class Placer:
     """Places shared queues, as root."""
@@ -73,6 +73,9 @@ class Placer:
         #: each durable shared queue's last owner (its address) as this server's store
         #: recorded it before the restart: where a whole-cluster restart places it
         self.recovered_owners: dict[str, str] = {}
+        #: queues whose wait for their last owner is over, and still short of reports
+        #: (logged once each)
+        self._short: set[str] = set()
 
     def primaries(self) -> list[tuple[str, str]]:
         """The live primaries, (spid, address), in seniority order."""
@@ -106,7 +109,8 @@ class Placer:
         it confirmed; this root's may not (it may have been the replica that lagged
         behind, the majority being the others). That server not live yet, the
         queue waits for it (no owner, its address as home): ``check`` places it
-        there once it is, or on the best copy at hand after ``RECOVERY_WAIT``."""
+        there once it is, or on the most complete copy at hand after the cluster
+        file's ``recovery_wait`` (``_recover_elsewhere``)."""
         if entry.op != sl.QUEUE_DECLARE:
             return entry
         address = self.recovered_owners.get(entry.name)
@@ -174,7 +178,10 @@ class Placer:
                 if owner is not None and (gone or self.plane.is_fenced(owner)):
                     failing.setdefault(owner, []).append(queue)
                 elif owner is None and self._waited(queue):
-                    self._place_anywhere(queue, live_spids)
+                    if queue.home:
+                        self._recover_elsewhere(queue, live_spids)
+                    else:
+                        self._place_anywhere(queue, live_spids)
             elif gone:
                 self._lost(queue, owner)  # type: ignore[arg-type]
         for owner, queues in failing.items():
@@ -255,16 +262,59 @@ class Placer:
         if not queue.home:
             return True
         assert self.root_since is not None
-        if self.members.clock() - self.root_since < RECOVERY_WAIT:
-            return False
+        return self.members.clock() - self.root_since >= self.members.config.recovery_wait
+
+    def _recover_elsewhere(self, queue: SharedQueue, live: list[str]) -> None:
+        """A replicated queue whose last owner did not come back after a whole-cluster
+        restart: it goes to the live primary whose recovered copy is the most
+        complete, its highest message id (ids grow along the queue's history, and
+        each copy holds a prefix of it: the highest holds every message a lower one
+        holds, or applied its settlement). A message confirmed by the lost owner is
+        on a majority with it, so once a majority of the known primaries other than
+        it has reported, one report holds it; until then the queue waits."""
+        name = queue.name
+        reports: dict[str, int] = {}
+        mine = self.plane.recovered_report()
+        if name in mine:
+            reports[self.members.spid] = mine[name]
+        for spid in live:
+            peer = self.members.peers.get(spid)
+            status = peer.status if peer is not None else None
+            if status is not None and name in status.recovered:
+                reports[spid] = status.recovered[name]
+        known = self.members.known_primaries(self.members.clock())
+        order = {spid: i for i, spid in enumerate(live)}
+        heirs = [
+            (top, -order.get(spid, len(order)), spid)
+            for spid, top in reports.items()
+            if not self.plane.is_fenced(spid)
+        ]
+        if len(reports) < known - known // 2 or not heirs:
+            if name not in self._short:
+                self._short.add(name)
+                log.error(
+                    "queue=%s: its last owner at %s did not come back within %.0fs, and only "
+                    "%d of the %d primaries needed reported their copies: it waits for them",
+                    name,
+                    queue.home,
+                    self.members.config.recovery_wait,
+                    len(reports),
+                    known - known // 2,
+                )
+            return
+        self._short.discard(name)
+        top, _order, heir = max(heirs)
         log.error(
-            "queue=%s: its last owner at %s did not come back within %.0fs: it goes to the "
-            "copy at hand, which may lack what that owner confirmed last",
-            queue.name,
+            "queue=%s: its last owner at %s did not come back within %.0fs: it goes to %s, "
+            "whose recovered copy is the most complete (highest message id %d; copies: %s)",
+            name,
             queue.home,
-            RECOVERY_WAIT,
+            self.members.config.recovery_wait,
+            heir,
+            top,
+            ", ".join(f"{spid}={mid}" for spid, mid in sorted(reports.items())),
         )
-        return True
+        self.order_place(name, heir, queue.epoch + 1, None)
 
     def _place_anywhere(self, queue: SharedQueue, live: list[str]) -> None:
         """A replicated queue with no owner (none was live at its declare): the earliest

@@ -358,6 +358,42 @@ def test_a_whole_cluster_restart_gives_each_queue_back_to_its_last_owner(
     assert got == sent, (len(got), len(sent))
 
 
+def test_a_whole_cluster_restart_without_the_last_owner_takes_the_most_complete_copy(
+    cluster: Cluster,
+) -> None:
+    """As above, but the last owner never comes back (its disk is gone): after the
+    cluster file's ``recovery_wait`` the queue goes to the copy that came back
+    with the most, the other replica's (the owner and it confirmed the 300), not
+    the root's, which lagged. Before, the first live primary took it, whatever
+    its copy held: 50 of the 350 confirmed messages came back."""
+    root, (a, b) = roles(cluster)
+    queue = uid("orphan")
+    with connect(cluster, a) as conn:  # declared on a: a owns it
+        ch = conn.channel()
+        ch.queue_declare(queue, durable=True)
+        ch.confirm_delivery()
+        sent = [b"before-%03d" % i for i in range(50)]
+        for body in sent:
+            ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+        cluster.pause(root)
+        for i in range(300):
+            body = b"lagged-%03d:" % i + bytes([i % 256]) * (i % 900)
+            ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+            sent.append(body)
+    for index in (3, b, a, root):
+        cluster.kill(index)
+    cluster.file.write_text("recovery_wait = 3\n" + cluster.file.read_text())
+    cluster.start_all([root, b])  # a's disk is gone: it never returns
+    cluster.wait_until(cluster.settled_root, timeout=30, what="a root without a")
+    eventually(lambda: queue in cluster.ctl(b, "status")["owned_queues"], 20, "b's copy takes it")
+    with connect(cluster, root) as conn:
+        ch = conn.channel()
+        got = []
+        while (m := ch.basic_get(queue, auto_ack=True))[0] is not None:
+            got.append(m[2])
+    assert got == sent, (len(got), len(sent))
+
+
 def test_a_restarted_primary_syncs_a_deep_queue_while_publishers_go_on(
     cluster: Cluster,
 ) -> None:

@@ -73,3 +73,14 @@ def test_file_errors(tmp_path: Path) -> None:
     bad.write_text("known_hosts = [")
     with pytest.raises(ClusterConfigError, match="not valid TOML"):
         load_cluster_config(bad)
+
+
+def test_recovery_wait_defaults_to_thirty_seconds_and_must_be_positive() -> None:
+    from brokerd.cluster.config import RECOVERY_WAIT, ClusterConfigError, parse_cluster_config
+
+    base = {"secret": "s3cret-enough", "known_hosts": ["h1:5701"]}
+    assert parse_cluster_config(base).recovery_wait == RECOVERY_WAIT == 30.0
+    assert parse_cluster_config(base | {"recovery_wait": 5}).recovery_wait == 5.0
+    for bad in (0, -1, True, "30"):
+        with pytest.raises(ClusterConfigError, match="recovery_wait"):
+            parse_cluster_config(base | {"recovery_wait": bad})

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from pamqp import commands
 
-from brokerd.cluster.placing import RECOVERY_WAIT, Placer
+from brokerd.cluster.config import RECOVERY_WAIT
+from brokerd.cluster.placing import Placer
 from brokerd.cluster.wiring import entries as rep
 from brokerd.cluster.wiring import statelog as sl
 from brokerd.cluster.wiring.entries import BucketError
@@ -54,7 +55,9 @@ def test_the_home_a_seeded_declare_waits_for_travels_in_its_header() -> None:
 
 
 def placer(recorded: dict[str, str], live: list[tuple[str, str]]) -> Placer:
-    members: Any = SimpleNamespace(spid="root", address="h1:5701")
+    members: Any = SimpleNamespace(
+        spid="root", address="h1:5701", config=SimpleNamespace(recovery_wait=RECOVERY_WAIT)
+    )
     p = Placer.__new__(Placer)
     p.members = members
     p.recovered_owners = recorded
@@ -91,3 +94,77 @@ def test_a_queue_waits_for_its_last_owner_for_a_bounded_time_only() -> None:
     now[0] = RECOVERY_WAIT
     assert p._waited(waiting)  # then it goes to the copy at hand
     assert p._waited(SimpleNamespace(name="r", home=None))  # waits for nobody
+
+
+class _Plane:
+    """What ``_recover_elsewhere`` reads of the plane: the root's own report."""
+
+    def __init__(self, mine: dict[str, int], fenced: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+        self.mine = mine
+        self.fenced = fenced
+
+    def recovered_report(self) -> dict[str, int]:
+        return self.mine
+
+    def is_fenced(self, spid: str) -> bool:
+        return spid in self.fenced
+
+
+def recovering(
+    mine: int | None, peers: dict[str, int | None], known: int = 3
+) -> tuple[Placer, list[tuple[str, int, int | None]]]:
+    """A root whose wait for q's last owner (h9, never back) is over: its copy's
+    highest id ``mine``, and each live peer's report (None: no status with one)."""
+    p = placer({}, [])
+    p.plane = _Plane({} if mine is None else {"q": mine})  # type: ignore[assignment]
+    p.members.clock = lambda: 100.0
+    p.members.known_primaries = lambda now: known
+    p.members.peers = {
+        spid: SimpleNamespace(status=SimpleNamespace(recovered={} if top is None else {"q": top}))
+        for spid, top in peers.items()
+    }
+    p._short = set()
+    ordered: list[tuple[str, int, int | None]] = []
+    p.order_place = lambda name, owner, epoch, home: ordered.append((name, owner, home))  # type: ignore[method-assign,assignment]
+    return p, ordered
+
+
+def _waiting() -> Any:
+    return SimpleNamespace(name="q", home="h9:5709", epoch=4)
+
+
+@pytest.mark.parametrize(
+    ("mine", "peers", "heir"),
+    [
+        (50, {"s2": 350}, "s2"),  # the root lagged: the other copy has what it confirmed
+        (350, {"s2": 50}, "root"),
+        (0, {"s2": 7}, "s2"),  # the root recovered nothing of it
+        (80, {"s2": 80}, "root"),  # alike: the most senior (the root is first here)
+    ],
+)
+def test_a_queue_whose_last_owner_never_returns_goes_to_the_most_complete_copy(
+    mine: int, peers: dict[str, int | None], heir: str
+) -> None:
+    """Before, it went to the first live primary whatever its copy held: the root's
+    copy, which lagged, lost what the owner and the other replica confirmed."""
+    p, ordered = recovering(mine, peers)
+    p._recover_elsewhere(_waiting(), ["root", "s2"])
+    assert ordered == [("q", heir, None)]
+
+
+def test_it_waits_until_a_majority_of_the_known_primaries_reported() -> None:
+    """With 3 known, the owner gone: a confirmed message is on one of the other two
+    at least, so both must be heard before either is chosen."""
+    p, ordered = recovering(50, {"s2": None})
+    p._recover_elsewhere(_waiting(), ["root", "s2"])
+    assert ordered == []
+    p.members.peers["s2"].status.recovered = {"q": 350}
+    p._recover_elsewhere(_waiting(), ["root", "s2"])
+    assert ordered == [("q", "s2", None)]
+
+
+def test_a_fenced_server_does_not_take_it() -> None:
+    p, ordered = recovering(50, {"s2": 350, "s3": 10}, known=5)
+    p.plane.fenced = {"s2"}  # type: ignore[attr-defined]
+    p._recover_elsewhere(_waiting(), ["root", "s2", "s3"])
+    assert ordered == [("q", "root", None)]

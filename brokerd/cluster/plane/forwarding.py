@@ -134,6 +134,18 @@ class MessagePlane:
         """The shared queues the state log has placed (each on its owner)."""
         return [q for q in self.shared_queues() if q.epoch]
 
+    def recovered_report(self) -> dict[str, int]:
+        """Per replicated queue that waits for its last owner after a whole-cluster
+        restart (no owner, a home): the highest message id of this server's
+        recovered copy (0: none), for the root to choose the queue's owner from if
+        that server does not come back (``Placer``)."""
+        report: dict[str, int] = {}
+        for queue in self.placed_queues():
+            if queue.owner is None and queue.home and queue.replicated_kind:
+                copy = self.replica.queues.get(queue.name)
+                report[queue.name] = copy.top if copy is not None else 0
+        return report
+
     def owned_replicated(self) -> list[SharedQueue]:
         """The replicated and quorum queues this server owns: its stream's."""
         return [q for q in self.shared_queues() if q.local and q.replicated is not None]
