@@ -97,7 +97,9 @@ class Client(threading.Thread):
             self.next = (index + 1) % len(self.ports)
             try:
                 conn = connect(self.ports[index])
-            except (AMQPError, OSError) as exc:
+            # pika raises ValueError ("Expected connected socket, but getpeername()
+            # failed") when the server resets the connection as it is made (killed then)
+            except (AMQPError, OSError, ValueError) as exc:
                 self.errors[f"connect {type(exc).__name__}"] += 1
                 self.stop.wait(BACKOFF)
                 continue
