@@ -7,6 +7,8 @@
     known_hosts = ["h1:5672", "h2:5672", "h3:5672"]   # the primary servers
     default_queue_type = "quorum"   # optional: what a shared queue declared without
                                     # x-queue-type is (classic | quorum | replicated)
+    queue_leader_locator = "balanced"   # optional: where a shared queue whose declare
+                                    # names no locator is placed (client-local | balanced)
     recovery_wait = 30.0            # optional: after a whole-cluster restart, how long a
                                     # replicated queue waits for its last owner (seconds)
 
@@ -39,6 +41,9 @@ _PORT = re.compile(r"[0-9]{1,5}")
 #: what ``default_queue_type`` may say (``replicated``: a shared queue on its owner,
 #: copied to every primary, durable or not)
 QUEUE_TYPES = ("classic", "quorum", "replicated")
+#: what ``queue_leader_locator`` may say: RabbitMQ's values (the declaring primary, or
+#: the primary owning the fewest shared queues)
+LEADER_LOCATORS = ("client-local", "balanced")
 #: after a whole-cluster restart, how long a recovered replicated queue waits for the
 #: server that owned it before it goes to the most complete copy at hand (seconds):
 #: ``recovery_wait``'s default
@@ -74,6 +79,9 @@ class ClusterConfig:
     #: the server that owned it before it goes to the most complete copy at hand
     #: (seconds; only the root reads it, so the checksum leaves it out)
     recovery_wait: float = RECOVERY_WAIT
+    #: where the root places a shared queue whose declare names no locator (only the
+    #: root reads it; the checksum leaves it out, as placement is no one else's)
+    queue_leader_locator: str = "client-local"
 
     @property
     def checksum(self) -> str:
@@ -130,6 +138,7 @@ def parse_cluster_config(raw: dict[str, Any], where: str = "cluster file") -> Cl
         "heartbeat",
         "default_queue_type",
         "recovery_wait",
+        "queue_leader_locator",
     }
     unknown = set(raw) - allowed
     if unknown:
@@ -191,6 +200,11 @@ def parse_cluster_config(raw: dict[str, Any], where: str = "cluster file") -> Cl
         or recovery_wait <= 0
     ):
         raise ClusterConfigError(f"{where}: recovery_wait must be a positive number of seconds")
+    locator = raw.get("queue_leader_locator", "client-local")
+    if locator not in LEADER_LOCATORS:
+        raise ClusterConfigError(
+            f"{where}: queue_leader_locator must be one of {', '.join(LEADER_LOCATORS)}"
+        )
     return ClusterConfig(
         name=name,
         vhost=vhost,
@@ -202,4 +216,5 @@ def parse_cluster_config(raw: dict[str, Any], where: str = "cluster file") -> Cl
         open_timeout=values["open_timeout"],
         default_queue_type=default_type,
         recovery_wait=float(recovery_wait),
+        queue_leader_locator=locator,
     )

@@ -4,7 +4,8 @@ The rules are ``queues.placement``'s; this applies them as root and orders
 what they decide in the state log, so every server places the queue alike:
 
 - **on declare** the root gives the queue its owner before ordering the
-  declare (``x-queue-master-locator``/``x-queue-leader-locator``: the
+  declare (``x-queue-master-locator``/``x-queue-leader-locator``, or for a
+  declare that names none the cluster file's ``queue_leader_locator``: the
   declaring primary by default, else the primary owning the fewest); the
   entry carries the owner (``Entry.spid``). A replicated or quorum queue never
   goes to a fenced server;
@@ -141,7 +142,8 @@ class Placer:
         if not spids:
             return entry  # no primary is live: the declare is refused by the root's checks
         owned = Counter(q.owner for q in self.plane.placed_queues() if q.owner is not None)
-        owner = choose_owner(locator_of(arguments), entry.origin, spids, owned)
+        locator = locator_of(arguments, self.members.config.queue_leader_locator)
+        owner = choose_owner(locator, entry.origin, spids, owned)
         log.info("queue=%s (%s) placed on owner=%s", entry.name, kind, owner)
         return replace(entry, spid=owner)
 

@@ -212,3 +212,36 @@ def test_an_auto_delete_classic_queue_owned_off_the_root_goes_with_its_last_cons
         return True
 
     eventually(gone_everywhere, 10, f"{queue} deleted on every server")
+
+
+def test_the_cluster_files_leader_locator_places_declares_that_name_none(
+    tmp_path: Any,
+) -> None:
+    """``queue_leader_locator = "balanced"`` in the cluster file: queues declared
+    through one primary without a locator spread over the primaries, as RabbitMQ's
+    ``queue_leader_locator`` setting does; one naming ``client-local`` stays put.
+    Before the setting, all three went to the declaring primary."""
+    cluster = Cluster(tmp_path, primaries=3, interval=0.5, timeout=2.5)
+    cluster.file.write_text('queue_leader_locator = "balanced"\n' + cluster.file.read_text())
+    try:
+        root = cluster.start_settled()
+        servers = Servers(cluster, root)
+        names = [uid("balanced") for _ in range(3)]
+        with servers.connect(servers.a) as conn:
+            ch = conn.channel()
+            for name in names:  # classic and durable replicated alike
+                ch.queue_declare(name, durable=name != names[0], arguments=None)
+            local = uid("local")
+            # an untyped queue's arguments are a classic queue's (RabbitMQ's check)
+            ch.queue_declare(
+                local, durable=True, arguments={"x-queue-master-locator": "client-local"}
+            )
+        for name in [*names, local]:
+            eventually(lambda n=name: servers.owner(n) is not None, 10, f"{name} owned")
+        assert sorted(servers.owner(n) for n in names) == sorted(servers.primaries)
+        assert servers.owner(local) == servers.a
+    except BaseException:
+        print(cluster.describe())
+        raise
+    finally:
+        cluster.close()

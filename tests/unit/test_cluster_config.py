@@ -84,3 +84,15 @@ def test_recovery_wait_defaults_to_thirty_seconds_and_must_be_positive() -> None
     for bad in (0, -1, True, "30"):
         with pytest.raises(ClusterConfigError, match="recovery_wait"):
             parse_cluster_config(base | {"recovery_wait": bad})
+
+
+def test_the_default_leader_locator_is_client_local_and_takes_rabbitmqs_values() -> None:
+    from brokerd.cluster.config import ClusterConfigError, parse_cluster_config
+
+    base = {"secret": "s3cret-enough", "known_hosts": ["h1:5701"]}
+    assert parse_cluster_config(base).queue_leader_locator == "client-local"
+    config = parse_cluster_config(base | {"queue_leader_locator": "balanced"})
+    assert config.queue_leader_locator == "balanced"
+    for bad in ("min-masters", "Balanced", 1, None):
+        with pytest.raises(ClusterConfigError, match="queue_leader_locator"):
+            parse_cluster_config(base | {"queue_leader_locator": bad})

@@ -283,3 +283,13 @@ def test_locators_of_both_families_map_to_client_local_or_balanced() -> None:
     assert locator_of({"x-queue-master-locator": b"min-masters"}) == BALANCED
     assert locator_of({"x-queue-master-locator": "random"}) == BALANCED
     assert locator_of({"x-queue-master-locator": "client-local"}) == CLIENT_LOCAL
+
+
+def test_a_declare_that_names_no_locator_gets_the_cluster_default() -> None:
+    """The cluster file's ``queue_leader_locator`` covers clients that send none (as
+    RabbitMQ's setting of that name does); a locator the declare names wins."""
+    assert locator_of({}, BALANCED) == BALANCED
+    assert locator_of({"x-queue-leader-locator": "client-local"}, BALANCED) == CLIENT_LOCAL
+    assert locator_of({"x-queue-master-locator": b"client-local"}, BALANCED) == CLIENT_LOCAL
+    assert locator_of({"x-queue-leader-locator": "balanced"}, CLIENT_LOCAL) == BALANCED
+    assert locator_of({"x-queue-leader-locator": "nearest"}, BALANCED) == BALANCED  # unknown

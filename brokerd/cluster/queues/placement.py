@@ -64,17 +64,21 @@ def kind_of(durable: bool, arguments: Mapping[str, object], default: str | None 
     return REPLICATED if durable else CLASSIC
 
 
-def locator_of(arguments: Mapping[str, object]) -> str:
+def locator_of(arguments: Mapping[str, object], default: str = CLIENT_LOCAL) -> str:
     """Where a declare asks its queue to live: ``x-queue-leader-locator`` (quorum),
     or a classic queue's ``x-queue-master-locator``, whose ``min-masters`` and
-    ``random`` both mean the least loaded primary here."""
+    ``random`` both mean the least loaded primary here. A declare that names no
+    locator we know gets ``default`` (the cluster file's ``queue_leader_locator``,
+    as RabbitMQ's ``queue_leader_locator`` setting covers clients that send none)."""
     for key in ("x-queue-leader-locator", "x-queue-master-locator"):
         value = arguments.get(key)
         if isinstance(value, bytes):
             value = value.decode("utf-8", "replace")
         if value in (BALANCED, "min-masters", "random"):
             return BALANCED
-    return CLIENT_LOCAL
+        if value == CLIENT_LOCAL:
+            return CLIENT_LOCAL
+    return default
 
 
 class PlacementError(ValueError):
