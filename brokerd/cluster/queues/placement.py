@@ -5,14 +5,16 @@ The root takes these decisions and orders them in the state log, so every
 server applies the same placements in the same order; the root carries no
 queue's traffic unless it owns the queue. This module is the rule book: the
 table of placements and what changes it (``placing.Placer`` applies the
-owner rules as root; replica sets per queue, moves and rebalance are not
-wired yet: every other primary keeps a copy of a replicated or quorum queue).
+owner rules as root, ``moving`` the moves and rebalances; ``PlacementTable``'s
+replica sets per queue are not wired yet: every other primary keeps a copy
+of a replicated or quorum queue, whatever ``x-quorum-initial-group-size``).
 
 - **Placement on declare** follows RabbitMQ's ``x-queue-leader-locator``:
-  ``client-local`` (the default, and what an unknown value means, as in 3.10)
-  puts the owner on the declaring server when it is a primary; ``balanced`` on
-  the primary that owns the fewest queues. Ties go to the earlier primary in
-  the order given (seniority).
+  ``client-local`` puts the owner on the declaring server when it is a
+  primary; ``balanced`` on the primary that owns the fewest queues. A declare
+  naming neither (or a value we do not know) gets the cluster file's
+  ``queue_leader_locator``, ``client-local`` by default. Ties go to the
+  earlier primary in the order given (seniority).
 - **Replicas** by type: a ``classic`` queue has none (lost with its owner if
   transient, unavailable until the owner returns if durable, as RabbitMQ's
   classic queue on a dead node); a ``quorum`` queue has its group
