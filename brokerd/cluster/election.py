@@ -72,6 +72,9 @@ class Member:
     #: its copy's place: (the root whose replication stream it follows, the last
     #: event it applied); the root itself: (itself, its last event). None: no copy
     copy: tuple[str, int] | None = None
+    #: it recovered shared wiring from its disk when it started (a server that did
+    #: not, a new one or one whose disk was lost, has nothing to seed a log with)
+    holds_state: bool = False
 
     @property
     def voter(self) -> bool:
@@ -152,7 +155,13 @@ def copy_rank(member: Member, last_root: str | None) -> int:
 
 def choose(view: View) -> str | None:
     """The spid this server votes for: the sitting root if still eligible, else the
-    candidate with the best copy (whole, then furthest along), then the eldest."""
+    candidate with the best copy (whole, then furthest along), then one that
+    recovered cluster state from its disk, then the eldest.
+
+    After a whole-cluster restart no copy ranks (none follows a live stream):
+    the root seeds the cluster's state log from its own disk and the others drop
+    what it lacks, so a server that recovered nothing (its disk lost, or new)
+    must not win on seniority alone, as it did: every queue was dropped."""
     checksum = view.me.checksum
     candidates = [m for m in view.members() if is_candidate(m, checksum)]
     if not candidates:
@@ -162,7 +171,10 @@ def choose(view: View) -> str | None:
             if member.spid == view.current_root:
                 return member.spid
     last = view.last_root
-    return min(candidates, key=lambda m: (m.syncing, -copy_rank(m, last), m.seniority)).spid
+    return min(
+        candidates,
+        key=lambda m: (m.syncing, -copy_rank(m, last), not m.holds_state, m.seniority),
+    ).spid
 
 
 def decide(view: View) -> Decision:

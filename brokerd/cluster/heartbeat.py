@@ -49,6 +49,7 @@ class HeartbeatHost(Protocol):
     start_time: float
     checksum: str
     listed: bool
+    holds_state: bool
     address: str
     peers: dict[str, Peer]
     cut: set[str]
@@ -120,6 +121,7 @@ class Heartbeat:
             recovered=host.recovered_copies(),
             reply=ask,
             stopping=host.standing.stopping,
+            holds_state=host.holds_state,
         )
 
     async def _run(self) -> None:

@@ -112,6 +112,10 @@ class Membership:
         self.cut: set[str] = set()
         self.root_enabled = server_type == PRIMARY
         self.listed = False
+        #: shared wiring was recovered from this server's disk at start (the server
+        #: sets it; its statuses say so, for the election after a whole-cluster
+        #: restart)
+        self.holds_state = False
         #: known-host addresses that turned out to be this server
         self.own_addresses: set[str] = set()
         #: the election loop and its state: this object is its host and its listener

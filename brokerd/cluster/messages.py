@@ -62,6 +62,10 @@ class Status:
     #: ``[synced, applied]`` by queue name; the key says it applied the fence
     #: (the root fails the owner's queues over once enough have)
     fenced: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    #: the sender recovered shared wiring from its disk when it started: after a
+    #: whole-cluster restart the root must be one that did, or the others, syncing
+    #: from an empty log, drop every queue (``election.choose``)
+    holds_state: bool = False
     #: per queue that waits for its last owner after a whole-cluster restart (no
     #: owner, a home): the highest message id in the sender's recovered copy (0:
     #: none). Ids grow along the queue's history, so the highest copy holds every
@@ -116,6 +120,8 @@ def decode(kind: str, body: bytes) -> Status | Root:
             raise MessageError(f"{kind}: syncing must be a boolean")
         if not isinstance(message.stopping, bool):
             raise MessageError(f"{kind}: stopping must be a boolean")
+        if not isinstance(message.holds_state, bool):
+            raise MessageError(f"{kind}: holds_state must be a boolean")
         if message.copy_source is not None and not isinstance(message.copy_source, str):
             raise MessageError(f"{kind}: copy_source must be a spid or null")
         if (

@@ -132,6 +132,9 @@ class OperatorCommands:
             "quorum": decision.quorum,
             "known_primaries": members.known_primaries(now),
             "listed": members.listed,
+            # recovered the cluster's wiring from its disk at start (the election after
+            # a whole-cluster restart prefers such a server)
+            "holds_state": members.holds_state,
             "known_hosts": sorted(members.known),
             "peers": [
                 {
@@ -143,6 +146,7 @@ class OperatorCommands:
                     "root_enabled": p.status.root_enabled if p.status else None,
                     "is_root": bool(p.status and p.status.is_root),
                     "vote": p.status.vote if p.status else None,
+                    "holds_state": bool(p.status and p.status.holds_state),
                     "link": p.link.state if p.link else None,
                     "last_seen_age": None if p.status is None else round(now - p.last_seen, 3),
                     "rtt_ms": p.rtt_ms,

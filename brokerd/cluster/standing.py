@@ -73,6 +73,8 @@ class StandingHost(Protocol):
     #: known-host addresses that turned out to be this server
     own_addresses: set[str]
     listed: bool
+    #: it recovered shared wiring from its disk at start (``election.choose``)
+    holds_state: bool
     root_enabled: bool
     peers: dict[str, Peer]
     clock: Callable[[], float]
@@ -215,6 +217,7 @@ class Standing:
                     copy=None
                     if status.copy_source is None
                     else (status.copy_source, status.copy_seq),
+                    holds_state=status.holds_state,
                 )
             )
         if self.role_root:
@@ -230,6 +233,7 @@ class Standing:
             listed=self.host.listed,
             syncing=not self.host.copy_complete(),
             copy=self.host.copy_position(),
+            holds_state=self.host.holds_state,
         )
         return View(me, tuple(members), self.known_primaries(now), sitting, self.last_root)
 

@@ -18,6 +18,7 @@ from brokerd.cluster.config import ClusterConfig, ClusterConfigError, load_clust
 from brokerd.cluster.controller import ClusterController, ClusterExchange
 from brokerd.cluster.identity import make_spid
 from brokerd.cluster.messages import CLUSTER_EXCHANGE, LINK_PROPERTY
+from brokerd.cluster.wiring.recovered import shared_wiring
 from brokerd.config import BrokerConfig, ConfigError, load_config
 from brokerd.consolelink.host import HostRefused
 from brokerd.consolelink.link import ConsoleLink
@@ -322,6 +323,8 @@ class Server:
             # each durable shared queue's last owner, for a whole-cluster restart
             shared = self.cluster.config.vhost
             self.cluster.placer.recovered_owners = self.store.wiring.owners(shared)
+            vhost = self.broker.vhosts.get(shared)
+            self.cluster.holds_state = vhost is not None and bool(shared_wiring(vhost))
             self.cluster.plane.on_owner = functools.partial(self.store.wiring.put_owner, shared)
         self.resources.start()
         self.loopwatch.start()

@@ -10,6 +10,7 @@ receiving, and "blocked" really stops publishers.
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -387,6 +388,40 @@ def test_a_whole_cluster_restart_without_the_last_owner_takes_the_most_complete_
     cluster.wait_until(cluster.settled_root, timeout=30, what="a root without a")
     eventually(lambda: queue in cluster.ctl(b, "status")["owned_queues"], 20, "b's copy takes it")
     with connect(cluster, root) as conn:
+        ch = conn.channel()
+        got = []
+        while (m := ch.basic_get(queue, auto_ack=True))[0] is not None:
+            got.append(m[2])
+    assert got == sent, (len(got), len(sent))
+
+
+def test_a_whole_cluster_restart_led_by_a_server_that_lost_its_disk_keeps_every_queue(
+    cluster: Cluster,
+) -> None:
+    """Every server killed; one of them, not the queue's owner, comes back with an
+    empty disk (replaced, wiped) and starts first. It must not become root: the
+    root seeds the cluster's state log from its own disk, and the others, syncing
+    from an empty one, dropped every queue (before the fix: 404, 100 confirmed
+    messages lost). A server that recovered the wiring is elected instead."""
+    root, (a, b) = roles(cluster)
+    queue = uid("kept")
+    with connect(cluster, a) as conn:  # declared on a: a owns it
+        ch = conn.channel()
+        ch.queue_declare(queue, durable=True)
+        ch.confirm_delivery()
+        sent = [b"kept-%03d" % i for i in range(100)]
+        for body in sent:
+            ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+    for index in (3, b, a, root):
+        cluster.kill(index)
+    wiped = b
+    shutil.rmtree(cluster.nodes[wiped].home)
+    for index in (wiped, root, a):  # the wiped one first: the most senior
+        cluster.start(index)
+    cluster.wait_until(cluster.settled_root, timeout=30, what="a root")
+    assert cluster.root_index(10) != wiped
+    eventually(lambda: queue in cluster.ctl(a, "status")["owned_queues"], 15, "a owns it")
+    with connect(cluster, wiped) as conn:
         ch = conn.channel()
         got = []
         while (m := ch.basic_get(queue, auto_ack=True))[0] is not None:

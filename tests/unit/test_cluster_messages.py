@@ -60,3 +60,15 @@ def test_a_malformed_recovered_copy_is_refused(bad: object) -> None:
     data = json.loads(body) | {"recovered": bad}
     with pytest.raises(MessageError, match="recovered"):
         decode(kind, json.dumps(data).encode())
+
+
+def test_holds_state_travels_and_must_be_a_boolean() -> None:
+    kind, body = encode(status(holds_state=True))
+    back = decode(kind, body)
+    assert isinstance(back, Status) and back.holds_state
+    data = json.loads(body)
+    del data["holds_state"]  # a server from before the field
+    back = decode(kind, json.dumps(data).encode())
+    assert isinstance(back, Status) and not back.holds_state
+    with pytest.raises(MessageError, match="holds_state must be a boolean"):
+        decode(kind, json.dumps(data | {"holds_state": 1}).encode())

@@ -65,6 +65,31 @@ def test_a_primary_whose_copy_is_whole_is_preferred_to_a_more_senior_one_syncing
     assert choose(sitting) == "s3"
 
 
+def test_after_a_whole_cluster_restart_a_server_that_recovered_state_is_preferred() -> None:
+    """No copy follows a live stream after a whole-cluster restart, so seniority
+    decided, and a server whose disk was lost, started first, became root with an
+    empty state log: the others, syncing from it, dropped every queue (100 of 100
+    confirmed messages lost in ``test_cluster_failover.py``). One that recovered
+    the cluster's wiring now wins over it; among those, seniority decides."""
+    after_restart = {"syncing": True}
+    wiped = _member("s1", **after_restart)
+    peers = (_member("s2", holds_state=True, **after_restart), _member("s3", **after_restart))
+    assert choose(View(me=wiped, peers=peers, known_primaries=3)) == "s2"
+    both = (_member("s2", holds_state=True, **after_restart), _member("s3", holds_state=True))
+    assert choose(View(me=wiped, peers=both, known_primaries=3)) == "s3"  # whole first
+    held = (_member("s2", holds_state=True, **after_restart),)
+    me = _member("s1", holds_state=True, **after_restart)
+    assert choose(View(me=me, peers=held, known_primaries=3)) == "s1"  # the eldest
+    # a copy that follows the last root still ranks first: state from disk is older
+    ranked = View(
+        me=_member("s1", holds_state=True, copy=("r", 5)),
+        peers=(_member("s2", copy=("r", 9)),),
+        known_primaries=3,
+        last_root="r",
+    )
+    assert choose(ranked) == "s2"
+
+
 def test_a_primary_missing_from_known_hosts_never_counts() -> None:
     stray = _member("s0", listed=False, vote="s0")
     view = View(me=stray, peers=(_member("s1", vote="s1"),), known_primaries=1)

@@ -58,14 +58,29 @@ class Log:
     def kill(self, spid: str) -> None:
         """kill -9 of ``spid`` once every placement ordered so far is applied: the
         root fences it and fails its queue over (``Net.kill``), which ends a move
-        of it under way; the log records the placement every live server applied."""
+        of it under way; the log records the placement every live server applied.
+        A placement ordered meanwhile (the hand-over the loss let finish) is
+        applied, and a move whose target is lost is called off, as the root's
+        ``Mover.check`` does. (Before, the model marked every entry applied
+        without applying the hand-over's, and ordered no call-off: the owner
+        stayed "moving" for good. Hypothesis found both.)"""
         self.apply_all()
         self.live.remove(spid)
         self.net.kill(spid)
         queue = self.net.queue(self.live[0], "q")
-        self.entries.append((queue.owner, queue.epoch, None))
-        for other in self.live:
-            self.applied[other] = len(self.entries)
+        if queue.epoch > self.entries[-1][1]:
+            # failed over: ``Net.fail_over`` placed it on every live server
+            self.entries.append((queue.owner, queue.epoch, None))
+            for other in self.live:
+                self.applied[other] = len(self.entries)
+            return
+        self.apply_all()  # what was ordered meanwhile: an owner's hand-over done
+        queue = self.net.queue(self.live[0], "q")
+        if queue.moving == spid and queue.owner in self.live:
+            # the move's target is lost: the root calls the move off, a placement on
+            # the owner (``moving.Mover.check``), which every live server applies
+            self.order(queue.owner, None)
+            self.apply_all()
 
     @property
     def moving(self) -> bool:
