@@ -67,9 +67,9 @@ class Status:
     #: from an empty log, drop every queue (``election.choose``)
     holds_state: bool = False
     #: per queue that waits for its last owner after a whole-cluster restart (no
-    #: owner, a home): the highest message id in the sender's recovered copy (0:
-    #: none). Ids grow along the queue's history, so the highest copy holds every
-    #: message a lower one holds, or saw it settled (``placing.Placer``)
+    #: owner, a home): the highest message id in the sender's recovered copy (0: an
+    #: empty one; -1: none). Ids grow along the queue's history, so the highest copy
+    #: holds every message a lower one holds, or saw it settled (``placing.Placer``)
     recovered: dict[str, int] = field(default_factory=dict)
     #: answer with a status at once (a root renewing its lease, a server checking
     #: whether others still hear the root); an answer never asks back
@@ -140,7 +140,7 @@ def _recovered(kind: str, value: Any) -> dict[str, int]:
     if not isinstance(value, dict):
         raise MessageError(f"{kind}: recovered must be an object")
     for name, top in value.items():
-        if not isinstance(top, int) or isinstance(top, bool) or top < 0:
+        if not isinstance(top, int) or isinstance(top, bool) or top < -1:
             raise MessageError(f"{kind}: recovered copy of {name!r} must be a message id")
     return {str(name): top for name, top in value.items()}
 

@@ -77,6 +77,8 @@ class Placer:
         #: queues whose wait for their last owner is over, and still short of reports
         #: (logged once each)
         self._short: set[str] = set()
+        #: queues whose last owner came back without their copy (logged once each)
+        self._homeless: set[str] = set()
 
     def primaries(self) -> list[tuple[str, str]]:
         """The live primaries, (spid, address), in seniority order."""
@@ -118,10 +120,17 @@ class Placer:
         if not address or address == self.members.address:
             return replace(entry, spid=self.members.spid)  # its own copy is the owner's
         by_address = self.by_address(self.primaries())
-        if address in by_address:
+        props = dict(entry.props)
+        arguments = dict(props.get("arguments") or ())
+        replicated = (
+            kind_of(bool(props.get("durable")), arguments, self.plane.default_queue_type) != CLASSIC
+        )
+        if address in by_address and not replicated:
             return replace(entry, spid=by_address[address])
+        # a replicated queue waits for that server's status to show it came back with
+        # its copy (``check``): one at that address with a new disk has none
         log.warning("queue=%s waits for its last owner at %s", entry.name, address)
-        return replace(entry, props=sl.freeze(dict(entry.props) | {"home": address}))
+        return replace(entry, props=sl.freeze(props | {"home": address}))
 
     def place_declare(self, entry: Entry) -> Entry:
         """A shared queue's declare, about to be ordered: it gets its owner. One placed
@@ -175,7 +184,7 @@ class Placer:
                 owner == lost or owner in silent or (settled and owner not in live_spids)
             )
             if owner is None and queue.home in by_address:  # the owner it waits for is back
-                self.order_place(queue.name, by_address[queue.home], queue.epoch + 1, None)
+                self._home_again(queue, by_address[queue.home], live_spids)
             elif queue.replicated_kind:
                 if owner is not None and (gone or self.plane.is_fenced(owner)):
                     failing.setdefault(owner, []).append(queue)
@@ -258,6 +267,36 @@ class Placer:
             return heirs[0]
         return None
 
+    def _home_again(self, queue: SharedQueue, spid: str, live: list[str]) -> None:
+        """The server a queue waits for answers at its address again (``spid`` now): a
+        classic queue is its again. A replicated one is, once its status shows it
+        came back with the queue's copy; one that came back without (a new disk:
+        giving it the queue would reset every copy to its empty one) does not get
+        it: the queue goes to the most complete copy at hand (``_recover_elsewhere``)."""
+        if not queue.replicated_kind:
+            self.order_place(queue.name, spid, queue.epoch + 1, None)
+            return
+        if spid == self.members.spid:
+            top = self.plane.recovered_report().get(queue.name)
+        else:
+            peer = self.members.peers.get(spid)
+            status = peer.status if peer is not None else None
+            top = status.recovered.get(queue.name) if status is not None else None
+        if top is None:
+            return  # not reported yet: its next status says
+        if top >= 0:
+            self.order_place(queue.name, spid, queue.epoch + 1, None)
+            return
+        if queue.name not in self._homeless:
+            self._homeless.add(queue.name)
+            log.error(
+                "queue=%s: the server at %s, its last owner, came back without its copy (a "
+                "new disk?): the queue goes to the most complete copy that came back",
+                queue.name,
+                queue.home,
+            )
+        self._recover_elsewhere(queue, live)
+
     def _waited(self, queue: SharedQueue) -> bool:
         """An unowned replicated queue waited long enough for the owner it waits for
         (a whole-cluster restart's: ``recovered``), or waits for none."""
@@ -275,7 +314,7 @@ class Placer:
         on a majority with it, so once a majority of the known primaries other than
         it has reported, one report holds it; until then the queue waits."""
         name = queue.name
-        reports: dict[str, int] = {}
+        reports: dict[str, int] = {}  # -1: that server holds no copy of it
         mine = self.plane.recovered_report()
         if name in mine:
             reports[self.members.spid] = mine[name]

@@ -429,6 +429,44 @@ def test_a_whole_cluster_restart_led_by_a_server_that_lost_its_disk_keeps_every_
     assert got == sent, (len(got), len(sent))
 
 
+def test_a_last_owner_back_with_a_new_disk_does_not_get_its_queue_back_empty(
+    cluster: Cluster,
+) -> None:
+    """Every server killed; the queue's last owner comes back at its address with an
+    empty disk (replaced). It must not own the queue again: its empty copy would
+    replace every other (the owner resets its replicas), and what it confirmed
+    would be lost (before the fix: 0 of 100 came back). The most complete copy
+    that came back takes it instead."""
+    root, (a, b) = roles(cluster)
+    queue = uid("rehomed")
+    with connect(cluster, a) as conn:  # declared on a: a owns it
+        ch = conn.channel()
+        ch.queue_declare(queue, durable=True)
+        ch.confirm_delivery()
+        sent = [b"rehomed-%03d" % i for i in range(100)]
+        for body in sent:
+            ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+    for index in (3, b, a, root):
+        cluster.kill(index)
+    shutil.rmtree(cluster.nodes[a].home)  # a's disk is replaced
+    for index in (root, b, a):
+        cluster.start(index)
+    cluster.wait_until(cluster.settled_root, timeout=30, what="a root")
+
+    def owner() -> int | None:
+        owners = [i for i in (root, a, b) if queue in cluster.ctl(i, "status")["owned_queues"]]
+        return owners[0] if owners else None
+
+    eventually(lambda: owner() is not None, 20, "an owner for the queue")
+    assert owner() != a
+    with connect(cluster, a) as conn:
+        ch = conn.channel()
+        got = []
+        while (m := ch.basic_get(queue, auto_ack=True))[0] is not None:
+            got.append(m[2])
+    assert got == sent, (len(got), len(sent))
+
+
 def test_a_restarted_primary_syncs_a_deep_queue_while_publishers_go_on(
     cluster: Cluster,
 ) -> None:

@@ -45,16 +45,16 @@ def test_a_stopping_field_that_is_not_a_boolean_is_refused() -> None:
 def test_recovered_copies_travel_and_an_older_status_has_none() -> None:
     """A whole-cluster restart's root chooses a queue's owner from these when its
     last owner does not come back (``Placer._recover_elsewhere``)."""
-    kind, body = encode(status(recovered={"q": 350, "r": 0}))
+    kind, body = encode(status(recovered={"q": 350, "r": 0, "s": -1}))  # -1: no copy
     back = decode(kind, body)
-    assert isinstance(back, Status) and back.recovered == {"q": 350, "r": 0}
+    assert isinstance(back, Status) and back.recovered == {"q": 350, "r": 0, "s": -1}
     data = json.loads(body)
     del data["recovered"]
     back = decode(kind, json.dumps(data).encode())
     assert isinstance(back, Status) and back.recovered == {}
 
 
-@pytest.mark.parametrize("bad", [{"q": -1}, {"q": True}, {"q": "7"}, {"q": 1.5}, ["q"], None])
+@pytest.mark.parametrize("bad", [{"q": -2}, {"q": True}, {"q": "7"}, {"q": 1.5}, ["q"], None])
 def test_a_malformed_recovered_copy_is_refused(bad: object) -> None:
     kind, body = encode(status())
     data = json.loads(body) | {"recovered": bad}

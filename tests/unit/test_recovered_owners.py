@@ -38,8 +38,10 @@ def test_the_store_keeps_each_queues_last_owner_and_forgets_it_with_the_queue(
     store.close()
 
 
-def declare(name: str = "q") -> sl.Entry:
-    return rep.entry_for(commands.Queue.Declare(queue=name, durable=True), "/", origin="root")
+def declare(name: str = "q", classic: bool = False) -> sl.Entry:
+    arguments = {"x-queue-type": "classic"} if classic else None
+    method = commands.Queue.Declare(queue=name, durable=True, arguments=arguments)
+    return rep.entry_for(method, "/", origin="root")
 
 
 def test_the_home_a_seeded_declare_waits_for_travels_in_its_header() -> None:
@@ -60,25 +62,29 @@ def placer(recorded: dict[str, str], live: list[tuple[str, str]]) -> Placer:
     )
     p = Placer.__new__(Placer)
     p.members = members
+    p.plane = SimpleNamespace(default_queue_type=None)  # type: ignore[assignment]
     p.recovered_owners = recorded
     p.primaries = lambda: live  # type: ignore[method-assign]
     return p
 
 
 @pytest.mark.parametrize(
-    ("recorded", "spid", "home"),
+    ("recorded", "classic", "spid", "home"),
     [
-        ({}, "root", None),  # nothing recorded (an older store): the root's own copy
-        ({"q": "h1:5701"}, "root", None),  # the root owned it
-        ({"q": "h2:5702"}, "s2", None),  # its last owner is live: back to it
-        ({"q": "h3:5703"}, "", "h3:5703"),  # not back yet: it waits for it
+        ({}, False, "root", None),  # nothing recorded (an older store): the root's own copy
+        ({"q": "h1:5701"}, False, "root", None),  # the root owned it
+        ({"q": "h2:5702"}, True, "s2", None),  # a classic queue's last owner is live
+        # a replicated one waits for that server's status to show its copy
+        ({"q": "h2:5702"}, False, "", "h2:5702"),
+        ({"q": "h3:5703"}, False, "", "h3:5703"),  # not back yet: it waits for it
+        ({"q": "h3:5703"}, True, "", "h3:5703"),
     ],
 )
 def test_a_recovered_queue_goes_back_to_its_last_owner_or_waits_for_it(
-    recorded: dict[str, str], spid: str, home: str | None
+    recorded: dict[str, str], classic: bool, spid: str, home: str | None
 ) -> None:
     live = [("root", "h1:5701"), ("s2", "h2:5702")]
-    placed = placer(recorded, live).recovered(declare())
+    placed = placer(recorded, live).recovered(declare(classic=classic))
     assert placed.spid == spid
     assert dict(placed.props).get("home") == home
 
@@ -168,3 +174,27 @@ def test_a_fenced_server_does_not_take_it() -> None:
     p.plane.fenced = {"s2"}  # type: ignore[attr-defined]
     p._recover_elsewhere(_waiting(), ["root", "s2", "s3"])
     assert ordered == [("q", "root", None)]
+
+
+@pytest.mark.parametrize(
+    ("home_report", "placed"),
+    [
+        (None, []),  # its status has not said yet: wait
+        (0, [("q", "s2", None)]),  # back with its (empty) copy: its queue again
+        (120, [("q", "s2", None)]),
+        # back without its copy (a new disk): the most complete copy takes it, not it
+        (-1, [("q", "root", None)]),
+    ],
+)
+def test_a_last_owner_back_at_its_address_gets_its_queue_only_with_its_copy(
+    home_report: int | None, placed: list[tuple[str, str, None]]
+) -> None:
+    """Before, the server answering at the last owner's address got the queue back
+    whatever its disk held: with a new disk, its empty copy replaced every other
+    (the owner resets the replicas), and what it had confirmed was lost."""
+    p, ordered = recovering(50, {"s2": home_report})
+    p.members.peers["s2"].status.recovered = {} if home_report is None else {"q": home_report}
+    p._homeless = set()
+    waiting: Any = SimpleNamespace(name="q", home="h2:5702", epoch=4, replicated_kind=True)
+    p._home_again(waiting, "s2", ["root", "s2"])
+    assert ordered == placed

@@ -137,13 +137,13 @@ class MessagePlane:
     def recovered_report(self) -> dict[str, int]:
         """Per replicated queue that waits for its last owner after a whole-cluster
         restart (no owner, a home): the highest message id of this server's
-        recovered copy (0: none), for the root to choose the queue's owner from if
-        that server does not come back (``Placer``)."""
+        recovered copy (0: an empty one; -1: none, as on a server whose disk was
+        replaced), for the root to choose the queue's owner from (``Placer``)."""
         report: dict[str, int] = {}
         for queue in self.placed_queues():
             if queue.owner is None and queue.home and queue.replicated_kind:
                 copy = self.replica.queues.get(queue.name)
-                report[queue.name] = copy.top if copy is not None else 0
+                report[queue.name] = copy.top if copy is not None else -1
         return report
 
     def owned_replicated(self) -> list[SharedQueue]:
