@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tests.faults.checker import check
 from tests.faults.history import History
-from tests.faults.nemesis import DURABLE_KINDS, KILL_ALL, KINDS
+from tests.faults.nemesis import DURABLE_KINDS, KILL_ALL, KILL_ALL_WIPE, KINDS
 from tests.faults.run import RunConfig, run
 
 
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kinds",
         help=f"comma-separated fault kinds (default all: {','.join(KINDS)}; with "
-        f"--durable, {KILL_ALL} too)",
+        f"--durable, {KILL_ALL} and {KILL_ALL_WIPE} too)",
     )
     parser.add_argument("--publishers", type=int, default=defaults.publishers)
     parser.add_argument("--consumers", type=int, default=defaults.consumers)
@@ -96,8 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     kinds = tuple(k for k in (args.kinds or "").split(",") if k) or (
         DURABLE_KINDS if durable else KINDS
     )
-    if KILL_ALL in kinds and not durable:
-        parser.error(f"{KILL_ALL} needs --durable: transient messages do not survive it")
+    for needs_disk in (KILL_ALL, KILL_ALL_WIPE):
+        if needs_disk in kinds and not durable:
+            parser.error(f"{needs_disk} needs --durable: transient messages do not survive it")
     config = RunConfig(
         seed=args.seed,
         faults=args.faults,

@@ -12,6 +12,7 @@ the guarantee under test is about losing any *one* server.
 from __future__ import annotations
 
 import random
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,9 @@ MOVE_QUEUE = "move-queue"  # an operator moves a queue's owner (``brokerd ctl qu
 REBALANCE = "rebalance"  # an operator rebalances the owners (``ctl queues rebalance``)
 STOP_PRIMARY = "stop-primary"  # a planned stop (SIGTERM) of a primary: its queues move first
 KILL_ALL = "kill-all"  # every server at once (a power cut), all started again in any order
+#: every server at once, and one primary's disk replaced: it comes back empty, first
+#: (the most senior) or last
+KILL_ALL_WIPE = "kill-all-wipe"
 KINDS = (
     KILL_ROOT,
     KILL_PRIMARY,
@@ -46,7 +50,7 @@ KINDS = (
 )
 #: with persistent messages (``--durable``) only: a restart of every server keeps what
 #: was written, and transient messages are not (as in RabbitMQ)
-DURABLE_KINDS = (*KINDS, KILL_ALL)
+DURABLE_KINDS = (*KINDS, KILL_ALL, KILL_ALL_WIPE)
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,9 @@ class Nemesis:
             return _choose(self.primaries(), planned.pick), None, "no root seen: a primary"
         if planned.kind == KILL_ALL:  # the target: the server that starts last
             return _choose(everyone, planned.pick), None, note
+        if planned.kind == KILL_ALL_WIPE:  # the target: the primary whose disk is replaced
+            first = "it starts first" if planned.pick_peer < 0.5 else "it starts last"
+            return _choose(self.primaries(), planned.pick), None, first
         if planned.kind == STOP_PRIMARY:  # the root half of the time, as for pauses
             if root is not None and planned.pick < 0.5:
                 return root, None, note
@@ -186,11 +193,17 @@ class Nemesis:
         self.recorder.fault(fault)
         if planned.kind in (MOVE_QUEUE, REBALANCE):
             fault.note = (fault.note + "; " if fault.note else "") + self.operate(planned)
-        elif planned.kind == KILL_ALL:
+        elif planned.kind in (KILL_ALL, KILL_ALL_WIPE):
             for node in cluster.nodes:
                 cluster.kill(node.index)
             time.sleep(planned.hold)
-            for index in [n.index for n in cluster.nodes if n.index != target] + [target]:
+            others = [n.index for n in cluster.nodes if n.index != target]
+            order = [*others, target]
+            if planned.kind == KILL_ALL_WIPE:
+                shutil.rmtree(cluster.nodes[target].home)  # a new disk: nothing on it
+                if planned.pick_peer < 0.5:
+                    order = [target, *others]  # and the most senior
+            for index in order:
                 self.restart(index)
         elif planned.kind.startswith("kill-"):
             cluster.kill(target)
