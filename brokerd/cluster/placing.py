@@ -295,7 +295,7 @@ class Placer:
                 queue.name,
                 queue.home,
             )
-        self._recover_elsewhere(queue, live)
+        self._recover_elsewhere(queue, live, "came back without its copy")
 
     def _waited(self, queue: SharedQueue) -> bool:
         """An unowned replicated queue waited long enough for the owner it waits for
@@ -305,15 +305,20 @@ class Placer:
         assert self.root_since is not None
         return self.members.clock() - self.root_since >= self.members.config.recovery_wait
 
-    def _recover_elsewhere(self, queue: SharedQueue, live: list[str]) -> None:
+    def _recover_elsewhere(
+        self, queue: SharedQueue, live: list[str], why: str | None = None
+    ) -> None:
         """A replicated queue whose last owner did not come back after a whole-cluster
         restart: it goes to the live primary whose recovered copy is the most
         complete, its highest message id (ids grow along the queue's history, and
         each copy holds a prefix of it: the highest holds every message a lower one
         holds, or applied its settlement). A message confirmed by the lost owner is
         on a majority with it, so once a majority of the known primaries other than
-        it has reported, one report holds it; until then the queue waits."""
+        it has reported, one report holds it; until then the queue waits. ``why``: how
+        its last owner failed it (default: it did not come back in time)."""
         name = queue.name
+        if why is None:
+            why = f"did not come back within {self.members.config.recovery_wait:.0f}s"
         reports: dict[str, int] = {}  # -1: that server holds no copy of it
         mine = self.plane.recovered_report()
         if name in mine:
@@ -334,11 +339,11 @@ class Placer:
             if name not in self._short:
                 self._short.add(name)
                 log.error(
-                    "queue=%s: its last owner at %s did not come back within %.0fs, and only "
-                    "%d of the %d primaries needed reported their copies: it waits for them",
+                    "queue=%s: its last owner at %s %s, and only %d of the %d primaries "
+                    "needed reported their copies: it waits for them",
                     name,
                     queue.home,
-                    self.members.config.recovery_wait,
+                    why,
                     len(reports),
                     known - known // 2,
                 )
@@ -346,11 +351,11 @@ class Placer:
         self._short.discard(name)
         top, _order, heir = max(heirs)
         log.error(
-            "queue=%s: its last owner at %s did not come back within %.0fs: it goes to %s, "
-            "whose recovered copy is the most complete (highest message id %d; copies: %s)",
+            "queue=%s: its last owner at %s %s: it goes to %s, whose recovered copy is "
+            "the most complete (highest message id %d; copies: %s)",
             name,
             queue.home,
-            self.members.config.recovery_wait,
+            why,
             heir,
             top,
             ", ".join(f"{spid}={mid}" for spid, mid in sorted(reports.items())),
