@@ -200,7 +200,8 @@ class Nemesis:
             others = [n.index for n in cluster.nodes if n.index != target]
             order = [*others, target]
             if planned.kind == KILL_ALL_WIPE:
-                shutil.rmtree(cluster.nodes[target].home)  # a new disk: nothing on it
+                # a new disk: nothing of its store (its log is kept, for the report)
+                shutil.rmtree(cluster.nodes[target].home / "store")
                 if planned.pick_peer < 0.5:
                     order = [target, *others]  # and the most senior
             for index in order:

@@ -489,6 +489,7 @@ class WiringReplication:
 
     def _on_sync_request(self, spid: str) -> None:
         if not self.members.root_now():
+            log.info("sync request from=%s not answered: not acting as root now", spid)
             return
         self.log = compact(self.log)
         self._compacted_size = len(self.log)
@@ -496,6 +497,9 @@ class WiringReplication:
         frames = [e.frame for e in self.log]
         if self.members.post(spid, SYNC, rep.encode_bucket(header, frames)):
             log.info("sync sent to=%s entries=%d seq=%d", spid, len(self.log), self.last_seq)
+        else:
+            # it asks again each timeout, and stays not ready until one is answered
+            log.warning("sync request from=%s not answered: no link up to it", spid)
 
     def _on_sync(self, spid: str, header: dict[str, Any], frames: list[bytes]) -> None:
         if spid != self.members.root():
