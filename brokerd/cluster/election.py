@@ -155,8 +155,9 @@ def copy_rank(member: Member, last_root: str | None) -> int:
 
 def choose(view: View) -> str | None:
     """The spid this server votes for: the sitting root if still eligible, else the
-    candidate with the best copy (whole, then furthest along), then one that
-    recovered cluster state from its disk, then the eldest.
+    candidate with the best copy (whole, then furthest along), then, among those
+    with no copy of the last root's stream, one that recovered cluster state
+    from its disk, then the eldest.
 
     After a whole-cluster restart no copy ranks (none follows a live stream):
     the root seeds the cluster's state log from its own disk and the others drop
@@ -171,10 +172,13 @@ def choose(view: View) -> str | None:
             if member.spid == view.current_root:
                 return member.spid
     last = view.last_root
-    return min(
-        candidates,
-        key=lambda m: (m.syncing, -copy_rank(m, last), not m.holds_state, m.seniority),
-    ).spid
+
+    def rank(m: Member) -> tuple[bool, int, bool, tuple[float, str]]:
+        copy = copy_rank(m, last)
+        # state from disk counts only where no copy of the last root's stream does
+        return (m.syncing, -copy, copy < 0 and not m.holds_state, m.seniority)
+
+    return min(candidates, key=rank).spid
 
 
 def decide(view: View) -> Decision:

@@ -88,6 +88,14 @@ def test_after_a_whole_cluster_restart_a_server_that_recovered_state_is_preferre
         last_root="r",
     )
     assert choose(ranked) == "s2"
+    # copies that tie: seniority, as before (state from disk is for the restart only)
+    tied = View(
+        me=_member("s1", copy=("r", 9)),
+        peers=(_member("s2", holds_state=True, copy=("r", 9)),),
+        known_primaries=3,
+        last_root="r",
+    )
+    assert choose(tied) == "s1"
 
 
 def test_a_primary_missing_from_known_hosts_never_counts() -> None:
