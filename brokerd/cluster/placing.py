@@ -120,17 +120,20 @@ class Placer:
         if not address or address == self.members.address:
             return replace(entry, spid=self.members.spid)  # its own copy is the owner's
         by_address = self.by_address(self.primaries())
-        props = dict(entry.props)
-        arguments = dict(props.get("arguments") or ())
-        replicated = (
-            kind_of(bool(props.get("durable")), arguments, self.plane.default_queue_type) != CLASSIC
-        )
-        if address in by_address and not replicated:
+        if address in by_address and self._kind(entry)[0] == CLASSIC:
             return replace(entry, spid=by_address[address])
         # a replicated queue waits for that server's status to show it came back with
         # its copy (``check``): one at that address with a new disk has none
         log.warning("queue=%s waits for its last owner at %s", entry.name, address)
-        return replace(entry, props=sl.freeze(props | {"home": address}))
+        return replace(entry, props=sl.freeze(dict(entry.props) | {"home": address}))
+
+    def _kind(self, entry: Entry) -> tuple[str, dict[str, object]]:
+        """A declare's queue type (the cluster's default for one that names none), and
+        its arguments."""
+        props = dict(entry.props)
+        arguments = dict(props.get("arguments") or ())
+        durable = bool(props.get("durable"))
+        return kind_of(durable, arguments, self.plane.default_queue_type), arguments
 
     def place_declare(self, entry: Entry) -> Entry:
         """A shared queue's declare, about to be ordered: it gets its owner. One placed
@@ -141,10 +144,7 @@ class Placer:
         vhost = self.plane.vhost()
         if getattr(vhost.queues.get(entry.name) if vhost is not None else None, "epoch", 0):
             return entry
-        props = dict(entry.props)
-        arguments = dict(props.get("arguments") or ())
-        durable = bool(props.get("durable"))
-        kind = kind_of(durable, arguments, self.plane.default_queue_type)
+        kind, arguments = self._kind(entry)
         spids = [spid for spid, _address in self.primaries()]
         if kind != CLASSIC:
             spids = [spid for spid in spids if not self.plane.is_fenced(spid)]
@@ -276,12 +276,7 @@ class Placer:
         if not queue.replicated_kind:
             self.order_place(queue.name, spid, queue.epoch + 1, None)
             return
-        if spid == self.members.spid:
-            top = self.plane.recovered_report().get(queue.name)
-        else:
-            peer = self.members.peers.get(spid)
-            status = peer.status if peer is not None else None
-            top = status.recovered.get(queue.name) if status is not None else None
+        top = self._recovered_copy(spid, queue.name)
         if top is None:
             return  # not reported yet: its next status says
         if top >= 0:
@@ -296,6 +291,16 @@ class Placer:
                 queue.home,
             )
         self._recover_elsewhere(queue, live, "came back without its copy")
+
+    def _recovered_copy(self, spid: str, name: str) -> int | None:
+        """What server ``spid`` reports of its recovered copy of queue ``name`` (this
+        server's from its plane, a peer's from its last status): the highest message
+        id, -1 for none, None while it has not said."""
+        if spid == self.members.spid:
+            return self.plane.recovered_report().get(name)
+        peer = self.members.peers.get(spid)
+        status = peer.status if peer is not None else None
+        return status.recovered.get(name) if status is not None else None
 
     def _waited(self, queue: SharedQueue) -> bool:
         """An unowned replicated queue waited long enough for the owner it waits for
@@ -320,14 +325,10 @@ class Placer:
         if why is None:
             why = f"did not come back within {self.members.config.recovery_wait:.0f}s"
         reports: dict[str, int] = {}  # -1: that server holds no copy of it
-        mine = self.plane.recovered_report()
-        if name in mine:
-            reports[self.members.spid] = mine[name]
-        for spid in live:
-            peer = self.members.peers.get(spid)
-            status = peer.status if peer is not None else None
-            if status is not None and name in status.recovered:
-                reports[spid] = status.recovered[name]
+        for spid in {self.members.spid, *live}:
+            top = self._recovered_copy(spid, name)
+            if top is not None:
+                reports[spid] = top
         known = self.members.known_primaries(self.members.clock())
         order = {spid: i for i, spid in enumerate(live)}
         heirs = [

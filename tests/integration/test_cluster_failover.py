@@ -61,6 +61,45 @@ def roles(cluster: Cluster) -> tuple[int, list[int]]:
     return root, [i for i in range(3) if i != root]
 
 
+def publish_on_owner(
+    cluster: Cluster, owner: int, queue: str, bodies: list[bytes], *, lag_root: int | None = None
+) -> list[bytes]:
+    """Declare durable ``queue`` through ``owner`` (client-local: it owns it) and publish
+    ``bodies`` persistent, each confirmed. With ``lag_root``, that server is paused
+    next and 300 more are confirmed by the owner and the other replica only: the
+    root's copy lacks them. Every body confirmed, in order."""
+    sent = list(bodies)
+    with connect(cluster, owner) as conn:
+        ch = conn.channel()
+        ch.queue_declare(queue, durable=True)
+        ch.confirm_delivery()
+        for body in bodies:
+            ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+        if lag_root is not None:
+            cluster.pause(lag_root)
+            for i in range(300):
+                body = b"lagged-%03d:" % i + bytes([i % 256]) * (i % 900)
+                ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
+                sent.append(body)
+    return sent
+
+
+def kill_every_server(cluster: Cluster, root: int, a: int, b: int) -> None:
+    """kill -9 of the secondary and the three primaries, the root last."""
+    for index in (3, b, a, root):
+        cluster.kill(index)
+
+
+def drain(cluster: Cluster, index: int, queue: str) -> list[bytes]:
+    """Every body left in ``queue``, got through server ``index``, in order."""
+    with connect(cluster, index) as conn:
+        ch = conn.channel()
+        got = []
+        while (m := ch.basic_get(queue, auto_ack=True))[0] is not None:
+            got.append(m[2])
+    return got
+
+
 def test_consumers_elsewhere_keep_receiving_after_the_root_dies(cluster: Cluster) -> None:
     root, (a, b) = roles(cluster)
     queue = uid("survive")
@@ -331,31 +370,16 @@ def test_a_whole_cluster_restart_gives_each_queue_back_to_its_last_owner(
     the 350 confirmed messages were lost."""
     root, (a, b) = roles(cluster)
     queue = uid("lagged")
-    with connect(cluster, a) as conn:  # declared on a: a owns it
-        ch = conn.channel()
-        ch.queue_declare(queue, durable=True)
-        ch.confirm_delivery()
-        sent = [b"before-%03d" % i for i in range(50)]
-        for body in sent:
-            ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
-        cluster.pause(root)
-        for i in range(300):
-            body = b"lagged-%03d:" % i + bytes([i % 256]) * (i % 900)
-            ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
-            sent.append(body)
-    for index in (3, b, a, root):
-        cluster.kill(index)
+    before = [b"before-%03d" % i for i in range(50)]
+    sent = publish_on_owner(cluster, a, queue, before, lag_root=root)  # a owns it
+    kill_every_server(cluster, root, a, b)
     cluster.start_all([root, b])
     cluster.wait_until(cluster.settled_root, timeout=30, what="a root without a")
     for index in (root, b):  # nobody takes it while its last owner may come back
         assert queue not in cluster.ctl(index, "status")["owned_queues"]
     cluster.start(a)
     eventually(lambda: queue in cluster.ctl(a, "status")["owned_queues"], 15, "a owns it again")
-    with connect(cluster, b) as conn:
-        ch = conn.channel()
-        got = []
-        while (m := ch.basic_get(queue, auto_ack=True))[0] is not None:
-            got.append(m[2])
+    got = drain(cluster, b, queue)
     assert got == sent, (len(got), len(sent))
 
 
@@ -369,29 +393,14 @@ def test_a_whole_cluster_restart_without_the_last_owner_takes_the_most_complete_
     its copy held: 50 of the 350 confirmed messages came back."""
     root, (a, b) = roles(cluster)
     queue = uid("orphan")
-    with connect(cluster, a) as conn:  # declared on a: a owns it
-        ch = conn.channel()
-        ch.queue_declare(queue, durable=True)
-        ch.confirm_delivery()
-        sent = [b"before-%03d" % i for i in range(50)]
-        for body in sent:
-            ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
-        cluster.pause(root)
-        for i in range(300):
-            body = b"lagged-%03d:" % i + bytes([i % 256]) * (i % 900)
-            ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
-            sent.append(body)
-    for index in (3, b, a, root):
-        cluster.kill(index)
+    before = [b"before-%03d" % i for i in range(50)]
+    sent = publish_on_owner(cluster, a, queue, before, lag_root=root)  # a owns it
+    kill_every_server(cluster, root, a, b)
     cluster.file.write_text("recovery_wait = 3\n" + cluster.file.read_text())
     cluster.start_all([root, b])  # a's disk is gone: it never returns
     cluster.wait_until(cluster.settled_root, timeout=30, what="a root without a")
     eventually(lambda: queue in cluster.ctl(b, "status")["owned_queues"], 20, "b's copy takes it")
-    with connect(cluster, root) as conn:
-        ch = conn.channel()
-        got = []
-        while (m := ch.basic_get(queue, auto_ack=True))[0] is not None:
-            got.append(m[2])
+    got = drain(cluster, root, queue)
     assert got == sent, (len(got), len(sent))
 
 
@@ -405,15 +414,8 @@ def test_a_whole_cluster_restart_led_by_a_server_that_lost_its_disk_keeps_every_
     messages lost). A server that recovered the wiring is elected instead."""
     root, (a, b) = roles(cluster)
     queue = uid("kept")
-    with connect(cluster, a) as conn:  # declared on a: a owns it
-        ch = conn.channel()
-        ch.queue_declare(queue, durable=True)
-        ch.confirm_delivery()
-        sent = [b"kept-%03d" % i for i in range(100)]
-        for body in sent:
-            ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
-    for index in (3, b, a, root):
-        cluster.kill(index)
+    sent = publish_on_owner(cluster, a, queue, [b"kept-%03d" % i for i in range(100)])
+    kill_every_server(cluster, root, a, b)
     wiped = b
     shutil.rmtree(cluster.nodes[wiped].home)
     for index in (wiped, root, a):  # the wiped one first: the most senior
@@ -421,11 +423,7 @@ def test_a_whole_cluster_restart_led_by_a_server_that_lost_its_disk_keeps_every_
     cluster.wait_until(cluster.settled_root, timeout=30, what="a root")
     assert cluster.root_index(10) != wiped
     eventually(lambda: queue in cluster.ctl(a, "status")["owned_queues"], 15, "a owns it")
-    with connect(cluster, wiped) as conn:
-        ch = conn.channel()
-        got = []
-        while (m := ch.basic_get(queue, auto_ack=True))[0] is not None:
-            got.append(m[2])
+    got = drain(cluster, wiped, queue)
     assert got == sent, (len(got), len(sent))
 
 
@@ -439,15 +437,8 @@ def test_a_last_owner_back_with_a_new_disk_does_not_get_its_queue_back_empty(
     that came back takes it instead."""
     root, (a, b) = roles(cluster)
     queue = uid("rehomed")
-    with connect(cluster, a) as conn:  # declared on a: a owns it
-        ch = conn.channel()
-        ch.queue_declare(queue, durable=True)
-        ch.confirm_delivery()
-        sent = [b"rehomed-%03d" % i for i in range(100)]
-        for body in sent:
-            ch.basic_publish("", queue, body, pika.BasicProperties(delivery_mode=2))
-    for index in (3, b, a, root):
-        cluster.kill(index)
+    sent = publish_on_owner(cluster, a, queue, [b"rehomed-%03d" % i for i in range(100)])
+    kill_every_server(cluster, root, a, b)
     shutil.rmtree(cluster.nodes[a].home)  # a's disk is replaced
     for index in (root, b, a):
         cluster.start(index)
@@ -459,11 +450,7 @@ def test_a_last_owner_back_with_a_new_disk_does_not_get_its_queue_back_empty(
 
     eventually(lambda: owner() is not None, 20, "an owner for the queue")
     assert owner() != a
-    with connect(cluster, a) as conn:
-        ch = conn.channel()
-        got = []
-        while (m := ch.basic_get(queue, auto_ack=True))[0] is not None:
-            got.append(m[2])
+    got = drain(cluster, a, queue)
     assert got == sent, (len(got), len(sent))
 
 

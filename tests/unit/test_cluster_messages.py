@@ -25,20 +25,23 @@ def status(**fields: object) -> Status:
     return Status(**(base | fields))  # type: ignore[arg-type]
 
 
-def test_a_stopping_server_says_so_and_an_older_status_means_not_stopping() -> None:
-    kind, body = encode(status(stopping=True))
+@pytest.mark.parametrize("field", ["stopping", "holds_state"])
+def test_a_flag_travels_and_an_older_status_without_it_means_false(field: str) -> None:
+    """``stopping`` (a planned stop), ``holds_state`` (wiring recovered from disk)."""
+    kind, body = encode(status(**{field: True}))
     back = decode(kind, body)
-    assert isinstance(back, Status) and back.stopping
+    assert isinstance(back, Status) and getattr(back, field)
     data = json.loads(body)
-    del data["stopping"]  # a server from before the field
+    del data[field]  # a server from before the field
     back = decode(kind, json.dumps(data).encode())
-    assert isinstance(back, Status) and not back.stopping
+    assert isinstance(back, Status) and not getattr(back, field)
 
 
-def test_a_stopping_field_that_is_not_a_boolean_is_refused() -> None:
+@pytest.mark.parametrize(("field", "bad"), [("stopping", "yes"), ("holds_state", 1)])
+def test_a_flag_that_is_not_a_boolean_is_refused(field: str, bad: object) -> None:
     kind, body = encode(status())
-    data = json.loads(body) | {"stopping": "yes"}
-    with pytest.raises(MessageError, match="stopping must be a boolean"):
+    data = json.loads(body) | {field: bad}
+    with pytest.raises(MessageError, match=f"{field} must be a boolean"):
         decode(kind, json.dumps(data).encode())
 
 
@@ -60,15 +63,3 @@ def test_a_malformed_recovered_copy_is_refused(bad: object) -> None:
     data = json.loads(body) | {"recovered": bad}
     with pytest.raises(MessageError, match="recovered"):
         decode(kind, json.dumps(data).encode())
-
-
-def test_holds_state_travels_and_must_be_a_boolean() -> None:
-    kind, body = encode(status(holds_state=True))
-    back = decode(kind, body)
-    assert isinstance(back, Status) and back.holds_state
-    data = json.loads(body)
-    del data["holds_state"]  # a server from before the field
-    back = decode(kind, json.dumps(data).encode())
-    assert isinstance(back, Status) and not back.holds_state
-    with pytest.raises(MessageError, match="holds_state must be a boolean"):
-        decode(kind, json.dumps(data | {"holds_state": 1}).encode())
