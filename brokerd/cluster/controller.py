@@ -325,6 +325,14 @@ class ClusterController(Membership):
         peer = self.peers.get(spid)
         return peer is not None and self.standing.active(peer, self.clock())
 
+    def address_of(self, spid: str) -> str:
+        """A peer's known-hosts address ("" while unknown): what a quorum queue's group
+        names (spids change at every start)."""
+        if spid == self.spid:
+            return self.address
+        peer = self.peers.get(spid)
+        return peer.address if peer is not None else ""
+
     def replica_peers(self) -> list[str]:
         """The servers that keep copies of the master queues: the active primaries
         this server has a link to."""

@@ -13,7 +13,8 @@ kept for it goes there. A lost owner's queue fails over as any other
 
 Only replicated and quorum queues move: a classic queue lives on its owner
 alone, with no copy to move to (RabbitMQ cannot transfer a classic queue's
-leadership either).
+leadership either); a quorum queue whose group leaves some primaries out
+moves within its group, as RabbitMQ's ``transfer_leadership`` does.
 """
 
 from __future__ import annotations
@@ -53,10 +54,13 @@ def check_move(
     to: str,
     live: Sequence[str],
     stopping: Collection[str] = (),
+    addresses: Mapping[str, str] | None = None,
 ) -> SharedQueue:
     """The queue ``name`` may move to primary ``to`` (``live``: the live primaries
     that are not fenced; ``stopping``: those on their way out, which may hand
-    queues over and take none); raises ``MoveRefused`` with the reason otherwise."""
+    queues over and take none; ``addresses``: the live primaries' addresses, by
+    spid, which a quorum queue's group names); raises ``MoveRefused`` with the
+    reason otherwise."""
     if queue is None:
         raise MoveRefused(f"no shared queue '{name}'", NOT_FOUND)
     if not queue.replicated_kind:
@@ -74,6 +78,11 @@ def check_move(
         raise MoveRefused(f"{to} is not a live primary: queue '{name}' cannot move there")
     if to in stopping:
         raise MoveRefused(f"{to} is stopping: queue '{name}' cannot move there")
+    if queue.group is not None and (addresses or {}).get(to) not in queue.group:
+        raise MoveRefused(
+            f"queue '{name}' keeps its copies on {', '.join(queue.group)} (its quorum "
+            f"group): it can move to one of them only"
+        )
     if queue.owner not in live:
         raise MoveRefused(
             f"queue '{name}': its owner {queue.owner} is not live (it fails over instead)"
@@ -82,13 +91,19 @@ def check_move(
 
 
 def plan_rebalance(
-    owners: Mapping[str, str], movable: set[str], primaries: Sequence[str]
+    owners: Mapping[str, str],
+    movable: set[str],
+    primaries: Sequence[str],
+    within: Mapping[str, Collection[str]] | None = None,
 ) -> list[tuple[str, str, str]]:
     """Moves, as (queue, from, to), that leave no primary owning more than its share:
     every owned queue over the primaries, rounded up (``rabbitmq-queues
     rebalance``). ``owners``: every shared queue's owner (classic ones count, but
     only ``movable`` queues move); queues go from the primaries owning most to
-    those owning fewest, in name order, so a plan is the same wherever made."""
+    those owning fewest, in name order, so a plan is the same wherever made.
+    ``within``: the primaries a queue may go to, for those kept by some only (a
+    quorum queue's group)."""
+    within = within or {}
     if not primaries:
         return []
     owned = Counter(owner for owner in owners.values() if owner in primaries)
@@ -98,7 +113,11 @@ def plan_rebalance(
         owner = owners[name]
         if name not in movable or owner not in primaries or owned[owner] <= share:
             continue
-        to = min(primaries, key=lambda spid: (owned[spid], primaries.index(spid)))
+        allowed = within.get(name)
+        candidates = [p for p in primaries if allowed is None or p in allowed]
+        if not candidates:
+            continue
+        to = min(candidates, key=lambda spid: (owned[spid], primaries.index(spid)))
         if owned[to] + 1 > share or to == owner:
             continue
         owned[owner] -= 1
@@ -108,17 +127,26 @@ def plan_rebalance(
 
 
 def plan_evacuation(
-    names: Sequence[str], owners: Mapping[str, str], targets: Sequence[str]
+    names: Sequence[str],
+    owners: Mapping[str, str],
+    targets: Sequence[str],
+    within: Mapping[str, Collection[str]] | None = None,
 ) -> list[tuple[str, str]]:
     """Where each of a stopping server's queues ``names`` goes, as (queue, to): to the
     target owning fewest at the time (``owners``: every shared queue's owner; ties
-    go to the most senior, ``targets`` being in seniority order), in name order."""
+    go to the most senior, ``targets`` being in seniority order), in name order;
+    ``within``: as for ``plan_rebalance`` (a queue with no target there stays)."""
     if not targets:
         return []
+    within = within or {}
     owned = Counter(owner for owner in owners.values() if owner in targets)
     moves = []
     for name in sorted(names):
-        to = min(targets, key=lambda spid: (owned[spid], targets.index(spid)))
+        allowed = within.get(name)
+        candidates = [t for t in targets if allowed is None or t in allowed]
+        if not candidates:
+            continue
+        to = min(candidates, key=lambda spid: (owned[spid], targets.index(spid)))
         owned[to] += 1
         moves.append((name, to))
     return moves
@@ -163,7 +191,14 @@ class Mover:
                 return MoveRefused(f"queue '{entry.name}': that move is over already")
             return rep.place_entry(entry.vhost, entry.name, entry.spid, queue.epoch + 1, None)
         try:
-            check_move(queue, entry.name, entry.spid, self.live(), self.stopping())
+            check_move(
+                queue,
+                entry.name,
+                entry.spid,
+                self.live(),
+                self.stopping(),
+                dict(self.placer.primaries()),
+            )
         except MoveRefused as exc:
             return exc
         assert queue is not None
@@ -216,7 +251,14 @@ class QueueMoves:
         plane = placer.plane
         target = self.resolve(to)
         mover = placer.mover
-        queue = check_move(plane.shared_queue(name), name, target, mover.live(), mover.stopping())
+        queue = check_move(
+            plane.shared_queue(name),
+            name,
+            target,
+            mover.live(),
+            mover.stopping(),
+            dict(placer.primaries()),
+        )
         owner = queue.owner or ""
         placer.wiring.request(
             rep.move_request(placer.members.config.vhost, name, target, placer.members.spid),
@@ -232,7 +274,8 @@ class QueueMoves:
         owners = {q.name: q.owner for q in queues if q.owner is not None}
         movable = {q.name for q in queues if q.replicated_kind and q.moving is None}
         moves = []
-        for name, owner, to in plan_rebalance(owners, movable, placer.mover.targets()):
+        within = self.groups(queues)
+        for name, owner, to in plan_rebalance(owners, movable, placer.mover.targets(), within):
             try:
                 moves.append(self.move(name, to, _logged(name, to)))
             except MoveRefused as exc:
@@ -252,7 +295,8 @@ class QueueMoves:
         owners = {q.name: q.owner for q in plane.placed_queues() if q.owner is not None}
         targets = [spid for spid in placer.mover.targets() if spid != own]
         moves = []
-        for name, to in plan_evacuation(mine, owners, targets):
+        within = self.groups(plane.owned_replicated())
+        for name, to in plan_evacuation(mine, owners, targets, within):
 
             def refused(error: AMQPError | None, _result: object, name: str = name) -> None:
                 if error is not None:
@@ -264,6 +308,16 @@ class QueueMoves:
             except MoveRefused as exc:
                 log.warning("stopping: queue=%s stays here: %s", name, exc.text)
         return moves
+
+    def groups(self, queues: Sequence[SharedQueue]) -> dict[str, set[str]]:
+        """The live primaries each queue kept by some only (a quorum queue's group) may
+        move to."""
+        live = self.placer.primaries()
+        return {
+            q.name: {spid for spid, address in live if address in q.group}
+            for q in queues
+            if q.group is not None
+        }
 
     def handed(self, queue: SharedQueue, to: str) -> None:
         """This server, the owner, handed ``queue`` over: the root places it on ``to``."""

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 
 from brokerd.cluster.election import PRIMARY
 from brokerd.cluster.moving import Mover
-from brokerd.cluster.queues.placement import CLASSIC, choose_owner, kind_of, locator_of
+from brokerd.cluster.queues.placement import CLASSIC, choose_owner, group_of, kind_of, locator_of
 from brokerd.cluster.wiring import entries as rep
 from brokerd.cluster.wiring import statelog as sl
 
@@ -74,6 +74,8 @@ class Placer:
         #: each durable shared queue's last owner (its address) as this server's store
         #: recorded it before the restart: where a whole-cluster restart places it
         self.recovered_owners: dict[str, str] = {}
+        #: the quorum groups it recorded for them (those kept by some primaries only)
+        self.recovered_groups: dict[str, tuple[str, ...]] = {}
         #: queues whose wait for their last owner is over, and still short of reports
         #: (logged once each)
         self._short: set[str] = set()
@@ -116,6 +118,9 @@ class Placer:
         file's ``recovery_wait`` (``_recover_elsewhere``)."""
         if entry.op != sl.QUEUE_DECLARE:
             return entry
+        group = self.recovered_groups.get(entry.name)
+        if group is not None:
+            entry = replace(entry, props=sl.freeze(dict(entry.props) | {"group": group}))
         address = self.recovered_owners.get(entry.name)
         if not address or address == self.members.address:
             return replace(entry, spid=self.members.spid)  # its own copy is the owner's
@@ -145,16 +150,31 @@ class Placer:
         if getattr(vhost.queues.get(entry.name) if vhost is not None else None, "epoch", 0):
             return entry
         kind, arguments = self._kind(entry)
-        spids = [spid for spid, _address in self.primaries()]
+        live = self.primaries()
         if kind != CLASSIC:
-            spids = [spid for spid in spids if not self.plane.is_fenced(spid)]
+            live = [(spid, a) for spid, a in live if not self.plane.is_fenced(spid)]
+        spids = [spid for spid, _address in live]
         if not spids:
             return entry  # no primary is live: the declare is refused by the root's checks
-        owned = Counter(q.owner for q in self.plane.placed_queues() if q.owner is not None)
+        placed = self.plane.placed_queues()
+        owned = Counter(q.owner for q in placed if q.owner is not None)
         locator = locator_of(arguments, self.members.config.queue_leader_locator)
         owner = choose_owner(locator, entry.origin, spids, owned)
-        log.info("queue=%s (%s) placed on owner=%s", entry.name, kind, owner)
-        return replace(entry, spid=owner)
+        address = dict(live).get(owner, "")
+        held = Counter(a for q in placed if q.group is not None for a in q.group)
+        known = self.members.known_primaries(self.members.clock())
+        addresses = [a for _spid, a in live if a]
+        group = group_of(kind, arguments, address, addresses, known, held) if address else None
+        log.info(
+            "queue=%s (%s) placed on owner=%s%s",
+            entry.name,
+            kind,
+            owner,
+            f", group {', '.join(group)}" if group is not None else "",
+        )
+        if group is None:
+            return replace(entry, spid=owner)
+        return replace(entry, spid=owner, props=sl.freeze(dict(entry.props) | {"group": group}))
 
     def root_changed(self, is_root: bool) -> None:
         self.root_since = self.members.clock() if is_root else None
@@ -205,16 +225,27 @@ class Placer:
         queue to the furthest copy."""
         if owner == self.members.spid:
             return  # a root does not fail itself over (it steps down first)
+        alone = [q for q in queues if q.group is not None and len(q.group) <= 1]
+        for queue in alone:
+            self._unavailable(queue, owner)
+        queues = [q for q in queues if q not in alone]
+        if not queues:
+            return
         if not self.plane.is_fenced(owner):
             log.warning("owner %s of %d replicated queues lost: fencing it", owner, len(queues))
             self.wiring.fence(owner)
             return
         reports = self._reports(owner, live)
         known = self.members.known_primaries(self.members.clock())
-        if len(reports) < known - known // 2:
-            return  # more copies must be heard from: one of them may be the only whole one
+        addresses = dict(self.primaries())
         for queue in queues:
-            heir = self._heir(queue.name, reports, live)
+            copies, needed = reports, known - known // 2
+            if queue.group is not None:
+                copies = {s: r for s, r in reports.items() if addresses.get(s) in queue.group}
+                needed = len(queue.group) - len(queue.group) // 2
+            if len(copies) < needed:
+                continue  # more copies must be heard from: one may be the only whole one
+            heir = self._heir(queue.name, copies, live)
             if heir is None:
                 continue
             log.warning(
@@ -325,11 +356,16 @@ class Placer:
         if why is None:
             why = f"did not come back within {self.members.config.recovery_wait:.0f}s"
         reports: dict[str, int] = {}  # -1: that server holds no copy of it
+        addresses = dict(self.primaries())
         for spid in {self.members.spid, *live}:
+            if queue.group is not None and addresses.get(spid) not in queue.group:
+                continue  # not of its group: it never kept a copy
             top = self._recovered_copy(spid, name)
             if top is not None:
                 reports[spid] = top
         known = self.members.known_primaries(self.members.clock())
+        if queue.group is not None:
+            known = len(queue.group)
         order = {spid: i for i, spid in enumerate(live)}
         heirs = [
             (top, -order.get(spid, len(order)), spid)
@@ -376,10 +412,20 @@ class Placer:
             log.warning("owner %s of transient queue=%s lost: the queue goes with it", owner, name)
             self.wiring.order_delete(queue)
             return
+        self._unavailable(queue, owner)
+
+    def _unavailable(self, queue: SharedQueue, owner: str) -> None:
+        """A durable queue kept on its lost owner alone (classic, or a quorum group of
+        one) waits for it, by address: the same server back, under any spid."""
         peer = self.members.peers.get(owner)
         home = peer.address if peer is not None and peer.address else owner
-        log.warning("owner %s of durable queue=%s lost: unavailable until it returns", owner, name)
-        self.order_place(name, None, queue.epoch + 1, home)
+        log.warning(
+            "owner %s of durable queue=%s (%s) lost: unavailable until it returns",
+            owner,
+            queue.name,
+            "its own copy alone" if queue.replicated_kind else "classic",
+        )
+        self.order_place(queue.name, None, queue.epoch + 1, home)
 
     def order_place(self, name: str, owner: str | None, epoch: int, home: str | None) -> None:
         entry = rep.place_entry(self.members.config.vhost, name, owner, epoch, home)

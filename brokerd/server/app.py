@@ -323,6 +323,7 @@ class Server:
             # each durable shared queue's last owner, for a whole-cluster restart
             shared = self.cluster.config.vhost
             self.cluster.placer.recovered_owners = self.store.wiring.owners(shared)
+            self.cluster.placer.recovered_groups = self.store.wiring.groups(shared)
             vhost = self.broker.vhosts.get(shared)
             self.cluster.holds_state = vhost is not None and bool(shared_wiring(vhost))
             self.cluster.plane.on_owner = functools.partial(self.store.wiring.put_owner, shared)

@@ -163,6 +163,9 @@ def _placement(queue: object) -> str:
     replicas = replica_states(queue)
     if replicas is not None and getattr(queue, "replicated_kind", False):
         text += f" replicas={replica_marks(replicas)}"
+    group = getattr(queue, "group", None)
+    if group is not None:
+        text += f" group={','.join(group)}"
     return text
 
 
@@ -191,7 +194,10 @@ def queue_table(server: ServerState) -> list[dict[str, Any]]:
     are on the owner); any other queue is this server's own (``local``). ``replicas``:
     on a shared master, the servers holding a copy, each in sync or not ([] for a
     classic queue); null elsewhere (a proxy does not know, a local queue has none).
-    ``moving``: the primary a move is handing the queue to (null: none under way)."""
+    ``moving``: the primary a move is handing the queue to (null: none under way).
+    ``group``: the addresses of the primaries keeping a quorum queue's copies, when
+    its ``x-quorum-initial-group-size`` leaves some out (null: every primary, or
+    none for a classic queue)."""
     rows = []
     for vhost in server.broker.vhosts.values():
         for q in vhost.queues.values():
@@ -211,6 +217,7 @@ def queue_table(server: ServerState) -> list[dict[str, Any]]:
                     "consumers": q.consumer_count if local else len(q.consumers),
                     "replicas": replica_states(q),
                     "moving": getattr(q, "moving", None),
+                    "group": list(group) if (group := getattr(q, "group", None)) else None,
                 }
             )
     return sorted(rows, key=lambda r: (r["vhost"], r["name"]))

@@ -35,6 +35,9 @@ CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS owners (
     vhost TEXT NOT NULL, name TEXT NOT NULL, address TEXT NOT NULL,
     PRIMARY KEY (vhost, name));
+CREATE TABLE IF NOT EXISTS groups (
+    vhost TEXT NOT NULL, name TEXT NOT NULL, addresses TEXT NOT NULL,
+    PRIMARY KEY (vhost, name));
 """
 
 
@@ -154,6 +157,7 @@ class WiringStore:
         with self.db:
             self.db.execute("DELETE FROM queues WHERE vhost = ? AND name = ?", (vhost, name))
             self.db.execute("DELETE FROM owners WHERE vhost = ? AND name = ?", (vhost, name))
+            self.db.execute("DELETE FROM groups WHERE vhost = ? AND name = ?", (vhost, name))
             self.db.execute(
                 "DELETE FROM bindings WHERE vhost = ? AND kind = 'queue' AND destination = ?",
                 (vhost, name),
@@ -172,10 +176,18 @@ class WiringStore:
             (b.vhost, b.source, b.destination, b.kind, b.routing_key, encode_table(b.arguments)),
         )
 
-    def put_owner(self, vhost: str, name: str, address: str) -> None:
+    def put_owner(
+        self, vhost: str, name: str, address: str, group: tuple[str, ...] | None = None
+    ) -> None:
         """A durable shared queue's last owner, by address (a cluster's whole restart
-        places the queue there again: its copy holds what it confirmed)."""
+        places the queue there again: its copy holds what it confirmed), and its
+        group's if it names one (a quorum queue kept by some primaries only)."""
         self.db.execute("INSERT OR REPLACE INTO owners VALUES (?, ?, ?)", (vhost, name, address))
+        if group is not None:
+            self.db.execute(
+                "INSERT OR REPLACE INTO groups VALUES (?, ?, ?)",
+                (vhost, name, json.dumps(list(group))),
+            )
 
     def put_setting(self, key: str, value: Any) -> None:
         self.db.execute("INSERT OR REPLACE INTO settings VALUES (?, ?)", (key, json.dumps(value)))
@@ -200,6 +212,10 @@ class WiringStore:
     def owners(self, vhost: str) -> dict[str, str]:
         rows = self.db.execute("SELECT name, address FROM owners WHERE vhost = ?", (vhost,))
         return dict(rows.fetchall())
+
+    def groups(self, vhost: str) -> dict[str, tuple[str, ...]]:
+        rows = self.db.execute("SELECT name, addresses FROM groups WHERE vhost = ?", (vhost,))
+        return {name: tuple(json.loads(addresses)) for name, addresses in rows.fetchall()}
 
     def setting(self, key: str) -> Any:
         row = self.db.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchone()

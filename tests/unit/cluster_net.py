@@ -87,6 +87,10 @@ class Members:
     def is_active(self, spid: str) -> bool:
         return spid in self.net.servers
 
+    def address_of(self, spid: str) -> str:
+        """A server's address is its spid here (a group names spids)."""
+        return spid
+
     def replica_peers(self) -> list[str]:
         """Every other server with a link up (the net's servers are all primaries)."""
         return [s for s in self.net.servers if s != self.spid and self.link_to(s) is not None]

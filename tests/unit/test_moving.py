@@ -17,7 +17,7 @@ LIVE = ["a", "b", "c"]
 
 
 def queue(**fields: Any) -> Any:
-    base = {"replicated_kind": True, "owner": "a", "moving": None}
+    base = {"replicated_kind": True, "owner": "a", "moving": None, "group": None}
     return SimpleNamespace(**(base | fields))
 
 
@@ -129,3 +129,22 @@ def test_a_rebalance_leaves_no_primary_past_its_share_that_a_move_could_relieve(
                 owned[other] >= share for other in primaries
             )
     assert plan_rebalance(after, movable, primaries) == [] or max(owned.values()) > share
+
+
+def test_a_quorum_queue_kept_by_some_primaries_moves_within_its_group_only() -> None:
+    grouped = queue(group=("h1:1", "h2:1"))
+    addresses = {"a": "h1:1", "b": "h2:1", "c": "h3:1"}
+    with pytest.raises(MoveRefused, match="its quorum group"):
+        check_move(grouped, "q", "c", LIVE, (), addresses)
+    assert check_move(grouped, "q", "b", LIVE, (), addresses) is grouped
+
+
+def test_rebalance_and_evacuation_keep_each_queue_within_its_group() -> None:
+    owners = {f"q{i}": "a" for i in range(6)}
+    within = {name: {"a", "b"} for name in owners}  # c keeps no copy of any
+    moves = plan_rebalance(owners, set(owners), LIVE, within)
+    assert {to for _name, _from, to in moves} == {"b"}
+    assert plan_rebalance(owners, set(owners), LIVE, {n: {"a"} for n in owners}) == []
+    assert plan_evacuation(["m1", "m2"], {"m1": "a", "m2": "a"}, ["b", "c"], {"m1": {"a"}}) == [
+        ("m2", "b")
+    ]

@@ -25,6 +25,8 @@ from brokerd.cluster.queues.placement import (
     PlacementError,
     PlacementTable,
     choose_owner,
+    group_of,
+    group_size,
     kind_of,
     locator_of,
     replica_count,
@@ -293,3 +295,20 @@ def test_a_declare_that_names_no_locator_gets_the_cluster_default() -> None:
     assert locator_of({"x-queue-master-locator": b"client-local"}, BALANCED) == CLIENT_LOCAL
     assert locator_of({"x-queue-leader-locator": "balanced"}, CLIENT_LOCAL) == BALANCED
     assert locator_of({"x-queue-leader-locator": "nearest"}, BALANCED) == BALANCED  # unknown
+
+
+def test_a_quorum_group_smaller_than_the_primaries_names_its_members_owner_first() -> None:
+    live = ["h1", "h2", "h3", "h4", "h5"]
+    two = {"x-quorum-initial-group-size": 2}
+    assert group_of(QUORUM, two, "h3", live, 5, {}) == ("h3", "h1")
+    # the members go to the primaries in fewest groups, then by seniority
+    assert group_of(QUORUM, {}, "h1", live, 5, {"h2": 2, "h3": 1}) == ("h1", "h4", "h5")
+    assert group_of(QUORUM, {"x-quorum-initial-group-size": 1}, "h2", live, 5, {}) == ("h2",)
+    # as large as the known primaries (or larger), or not quorum: every primary keeps one
+    assert group_of(QUORUM, {}, "h1", live[:3], 3, {}) is None
+    assert group_of(QUORUM, {"x-quorum-initial-group-size": 7}, "h1", live, 5, {}) is None
+    assert group_of(REPLICATED, two, "h1", live, 5, {}) is None
+    assert group_of(CLASSIC, two, "h1", live, 5, {}) is None
+    # fewer live primaries than the group: as many as are live (RabbitMQ's nodes running)
+    assert group_of(QUORUM, {}, "h1", ["h1", "h2"], 5, {}) == ("h1", "h2")
+    assert group_size({}) == 3 and group_size({"x-quorum-initial-group-size": 5}) == 5

@@ -64,6 +64,7 @@ def placer(recorded: dict[str, str], live: list[tuple[str, str]]) -> Placer:
     p.members = members
     p.plane = SimpleNamespace(default_queue_type=None)  # type: ignore[assignment]
     p.recovered_owners = recorded
+    p.recovered_groups = {}
     p.primaries = lambda: live  # type: ignore[method-assign]
     return p
 
@@ -136,7 +137,7 @@ def recovering(
 
 
 def _waiting() -> Any:
-    return SimpleNamespace(name="q", home="h9:5709", epoch=4)
+    return SimpleNamespace(name="q", home="h9:5709", epoch=4, group=None)
 
 
 @pytest.mark.parametrize(
@@ -195,6 +196,46 @@ def test_a_last_owner_back_at_its_address_gets_its_queue_only_with_its_copy(
     p, ordered = recovering(50, {"s2": home_report})
     p.members.peers["s2"].status.recovered = {} if home_report is None else {"q": home_report}
     p._homeless = set()
-    waiting: Any = SimpleNamespace(name="q", home="h2:5702", epoch=4, replicated_kind=True)
+    waiting: Any = SimpleNamespace(
+        name="q", home="h2:5702", epoch=4, replicated_kind=True, group=None
+    )
     p._home_again(waiting, "s2", ["root", "s2"])
     assert ordered == placed
+
+
+def test_a_quorum_groups_members_travel_in_its_declares_header() -> None:
+    entry = declare()
+    grouped = dataclasses.replace(
+        entry, spid="s2", props=sl.freeze(dict(entry.props) | {"group": ("h2:5702", "h1:5701")})
+    )
+    header = rep.entry_header(grouped)
+    assert header["group"] == ["h2:5702", "h1:5701"]  # owner first, as chosen
+    back = rep.entry_from_header(header, grouped.frame)
+    assert dict(back.props)["group"] == ("h2:5702", "h1:5701")
+    assert "group" not in rep.entry_header(entry)
+    for bad in (5, [], ["h1:5701", 7], "h1:5701"):
+        with pytest.raises(BucketError, match="bad group"):
+            rep.entry_from_header(header | {"group": bad}, grouped.frame)
+
+
+def test_a_recovered_quorum_queue_keeps_its_group() -> None:
+    p = placer({"q": "h1:5701"}, [("root", "h1:5701")])
+    p.recovered_groups = {"q": ("h1:5701", "h3:5703")}
+    placed = p.recovered(declare())
+    assert dict(placed.props)["group"] == ("h1:5701", "h3:5703") and placed.spid == "root"
+
+
+def test_a_queue_of_a_group_goes_to_a_member_once_a_majority_of_its_group_reported() -> None:
+    """Group h9 (gone), h1 (the root) and h3 (s3), among five primaries: the copies
+    are on h1 and h3 only, so s2, which reports a higher id for a queue it never
+    kept, is not heard, and the two members besides the owner are enough."""
+    p, ordered = recovering(50, {"s2": 400, "s3": None}, known=5)
+    p.primaries = lambda: [("root", "h1:5701"), ("s2", "h2:5702"), ("s3", "h3:5703")]  # type: ignore[method-assign]
+    grouped: Any = SimpleNamespace(
+        name="q", home="h9:5709", epoch=4, group=("h9:5709", "h1:5701", "h3:5703")
+    )
+    p._recover_elsewhere(grouped, ["root", "s2", "s3"])
+    assert ordered == []  # one report of the group's two: s3 may hold what h9 confirmed
+    p.members.peers["s3"].status.recovered = {"q": 120}
+    p._recover_elsewhere(grouped, ["root", "s2", "s3"])
+    assert ordered == [("q", "s3", None)]

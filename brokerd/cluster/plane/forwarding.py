@@ -107,7 +107,7 @@ class MessagePlane:
         self._last_id: tuple[Any, str] = (None, "")
         #: records a durable shared queue's owner (its address) in this server's
         #: store, for a whole-cluster restart (``Placer.recovered``); the server sets it
-        self.on_owner: Callable[[str, str], None] | None = None
+        self.on_owner: Callable[[str, str, tuple[str, ...] | None], None] | None = None
 
     @property
     def spid(self) -> str:
@@ -608,7 +608,7 @@ class MessagePlane:
             peer = self.members.peers.get(owner)
             address = peer.address if peer is not None else ""
         if address:
-            hook(queue.name, address)
+            hook(queue.name, address, queue.group)
 
     def placements_changed(self) -> None:
         """Which fenced servers still own queues placed before their last fence

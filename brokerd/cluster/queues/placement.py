@@ -5,9 +5,9 @@ The root takes these decisions and orders them in the state log, so every
 server applies the same placements in the same order; the root carries no
 queue's traffic unless it owns the queue. This module is the rule book: the
 table of placements and what changes it (``placing.Placer`` applies the
-owner rules as root, ``moving`` the moves and rebalances; ``PlacementTable``'s
-replica sets per queue are not wired yet: every other primary keeps a copy
-of a replicated or quorum queue, whatever ``x-quorum-initial-group-size``).
+owner rules as root, ``moving`` the moves and rebalances, ``group_of`` a
+quorum queue's group; ``PlacementTable`` is the model the hypothesis state
+machine checks these rules against).
 
 - **Placement on declare** follows RabbitMQ's ``x-queue-leader-locator``:
   ``client-local`` puts the owner on the declaring server when it is a
@@ -113,6 +113,43 @@ def choose_owner(
     if locator != BALANCED and declared_on in primaries:
         return declared_on
     return min(primaries, key=lambda spid: (owned.get(spid, 0), primaries.index(spid)))
+
+
+def group_size(arguments: Mapping[str, object]) -> int:
+    """``x-quorum-initial-group-size`` (checked at declare: a positive integer), or
+    RabbitMQ's default of 3."""
+    size = arguments.get("x-quorum-initial-group-size")
+    if isinstance(size, int) and not isinstance(size, bool) and size > 0:
+        return size
+    return QUORUM_GROUP
+
+
+def group_of(
+    kind: str,
+    arguments: Mapping[str, object],
+    owner: str,
+    primaries: Sequence[str],
+    known: int,
+    held: Mapping[str, int],
+) -> tuple[str, ...] | None:
+    """The servers, by address, that keep a new queue's copies: its owner first,
+    then the live ``primaries`` (seniority order) in fewest groups (``held``).
+    None: every primary keeps one (a replicated queue, or a quorum queue whose
+    group is as large as the ``known`` primaries): the group names only what
+    leaves some out. RabbitMQ forms a quorum queue's group of up to
+    ``x-quorum-initial-group-size`` members from the nodes running at declare;
+    so does this, and it keeps them (``rabbitmq-queues grow`` has no
+    counterpart yet)."""
+    if kind != QUORUM:
+        return None
+    size = group_size(arguments)
+    if size >= known:
+        return None
+    others = sorted(
+        (address for address in primaries if address != owner),
+        key=lambda address: (held.get(address, 0), primaries.index(address)),
+    )
+    return (owner, *others[: size - 1])
 
 
 def replica_count(kind: str, group_size: int | None, primaries: int) -> int:

@@ -20,6 +20,15 @@ long as the others are whole: a replica counts once its snapshot is in, see
   what the old one had delivered, and redelivers it flagged;
 - settlements and requeues are not waited for (AMQP acks have no reply).
 
+A quorum queue whose group (``x-quorum-initial-group-size``) leaves some
+primaries out (``SharedQueue.group``: the members' addresses) counts its
+floor over its members only: a majority of its group, the owner included
+(``needed``). Its events go whole to its members; every other replica gets
+the event's number alone (a settle of nothing), so each replica's stream
+stays gapless and its acks mean the same, and it keeps no copy. A group of
+one (the owner alone) numbers nothing: its confirms are its journal's, as a
+lone primary's.
+
 ``ReplicatedQueueStore`` (``replicated``) is the master queue's
 ``QueueStore``: it numbers and replicates through this stream, and delegates
 writing to the local journal store, so the model and the channel never know
@@ -57,6 +66,10 @@ if TYPE_CHECKING:
     from brokerd.cluster.queues.shared import SharedQueue
 
 log = logging.getLogger("brokerd.cluster.queues.replicaset")
+
+#: whose acks a floor counts: the addresses of a quorum queue's group, or None for
+#: every primary (a replicated queue, a quorum queue whose group is every primary)
+Group = frozenset[str] | None
 
 #: events the replicas confirms wait for may be behind before the publishers feeding
 #: the master queues are paused (flow control), and where they resume
@@ -113,11 +126,23 @@ class Gate:
 class ReplicaLink:
     """One replica: what it acked, and the snapshots still to send it."""
 
-    __slots__ = ("acked", "joined", "out", "queues", "since", "spid", "synced_at", "syncs")
+    __slots__ = (
+        "acked",
+        "address",
+        "joined",
+        "out",
+        "queues",
+        "since",
+        "spid",
+        "synced_at",
+        "syncs",
+    )
 
-    def __init__(self, out: Outbound, seq: int, now: float) -> None:
+    def __init__(self, out: Outbound, seq: int, now: float, address: str = "") -> None:
         self.out = out
         self.spid = out.spid
+        #: its known-hosts address: what a quorum queue's group names
+        self.address = address
         #: the last event it acked; it joins at ``seq`` and counts as having what came
         #: before (that is the snapshot's, and waits for the replicas that were there)
         self.acked = seq
@@ -141,15 +166,18 @@ class ReplicaSet:
         self.plane = plane
         self.seq = 0
         self.replicas: dict[str, ReplicaLink] = {}
-        self._confirms: deque[tuple[int, Done]] = deque()
-        self._gates: deque[Gate] = deque()
-        self._gate: Gate | None = None
+        #: per group (``Group``): the confirms and the gates waiting for its floor, the
+        #: newest gate not sent yet, and the floor
+        self._confirms: dict[Group, deque[tuple[int, Done]]] = {}
+        self._gates: dict[Group, deque[Gate]] = {}
+        self._gate: dict[Group, Gate] = {}
+        self._floors: dict[Group, int] = {None: 0}
+        #: owned queues whose group leaves some primaries out: name -> its addresses
+        self.groups: dict[str, frozenset[str]] = {}
         self._syncing = False
         self._sync_waits = False
         #: the last event before the previous snapshot step (live events since: rest)
         self._sync_seq = 0
-        #: the lowest ack among the replicas
-        self._floor = 0
         #: replicas that have acked nothing for longer than the patience (alarmed)
         self.stalled: set[str] = set()
         #: what enqueued into the master queues lately: local connection ids, and the
@@ -185,8 +213,13 @@ class ReplicaSet:
         """Number one event and send it to every replica; 0 when none is needed (a
         cluster of one primary). With replicas needed and none there yet, it is
         numbered all the same, and what waits for it waits for a replica's
-        snapshot."""
-        if not self.replicas and self.needed() <= 0:
+        snapshot. An event of a queue whose group leaves some primaries out goes
+        whole to its members only (the others get its number); one of a group of
+        one is not numbered."""
+        group = self.groups.get(queue)
+        if group is not None and len(group) <= 1:
+            return 0
+        if not self.replicas and self.needed(group) <= 0:
             return 0
         self.seq += 1
         seq = self.seq
@@ -211,31 +244,52 @@ class ReplicaSet:
                 self._last_feeder = feeder(publisher)
             self.feeders.add(self._last_feeder, len(message.body))
         size = sum(map(len, parts))
+        if group is None:
+            for replica in self.replicas.values():
+                batch(replica.out).add_parts(parts, size)
+            return seq
+        skip: list[bytes] | None = None
         for replica in self.replicas.values():
-            batch(replica.out).add_parts(parts, size)
+            if replica.address in group:
+                batch(replica.out).add_parts(parts, size)
+            else:
+                if skip is None:
+                    skip = rec.replicate_parts(seq, rec.R_SETTLE, "", 0, 0)
+                batch(replica.out).add_parts(skip, sum(map(len, skip)))
         return seq
 
-    def min_acked(self) -> int:
-        """The quorum floor (kept by ``_advance``: it is asked per publish and per
-        delivery)."""
-        return self._floor
+    def min_acked(self, group: Group = None) -> int:
+        """The quorum floor of ``group`` (kept by ``_advance``: it is asked per publish
+        and per delivery)."""
+        floor = self._floors.get(group)
+        if floor is None:
+            floor = self._floors[group] = self._quorum_floor(group)
+        return floor
 
-    def needed(self) -> int:
+    def needed(self, group: Group = None) -> int:
         """Replica acks an event needs besides the owner's own copy: a majority of
-        the known primaries, the owner included, whether or not they are linked. An
-        owner cut off from the others confirms nothing, as a RabbitMQ quorum queue's
-        leader without a majority: the others may fence it and fail its queues over
+        the known primaries (of ``group``'s members, for a queue whose group leaves
+        some out), the owner included, whether or not they are linked. An owner cut
+        off from the others confirms nothing, as a RabbitMQ quorum queue's leader
+        without a majority: the others may fence it and fail its queues over
         (``fence``), and only a majority's copies are sure to hold what it
         confirmed."""
+        if group is not None:
+            return len(group) // 2
         return self.plane.members.known_primaries(self.plane.members.clock()) // 2
+
+    def group_of(self, name: str) -> Group:
+        """Whose acks queue ``name``'s confirms and deliveries wait for."""
+        return self.groups.get(name)
 
     def whole(self, replica: ReplicaLink) -> bool:
         """The replica holds every event up to its ack: its snapshot is in (it acked
         the live event that followed it)."""
         return replica.synced_at is not None and replica.acked >= replica.synced_at
 
-    def _quorum_floor(self) -> int:
-        """The highest event held, with every event before it, by ``needed`` replicas.
+    def _quorum_floor(self, group: Group = None) -> int:
+        """The highest event held, with every event before it, by ``needed`` replicas
+        (of ``group``'s members; a group's snapshots go to its members alone).
 
         Once any replica's snapshot has been sent, only whole replicas count. One
         still taking its snapshot holds what came after its join, not what came
@@ -248,52 +302,64 @@ class ReplicaSet:
         server's alone however confirms are counted, and those that joined no
         later than the floor count by their live stream, so publishers go on at
         once."""
-        need = self.needed()
+        need = self.needed(group)
         if need <= 0:
             return self.seq
+        floor = self._floors.get(group, 0)
         if self.fenced:
-            return self._floor
-        replicas = self.replicas.values()
+            return floor
+        if group is None:
+            replicas = list(self.replicas.values())
+        else:
+            replicas = [r for r in self.replicas.values() if r.address in group]
         if any(r.synced_at is not None for r in replicas):
             counted = [r.acked for r in replicas if self.whole(r)]
         else:
-            counted = [r.acked for r in replicas if r.joined <= self._floor]
+            counted = [r.acked for r in replicas if r.joined <= floor]
         counted.sort(reverse=True)
-        return counted[need - 1] if len(counted) >= need else self._floor
+        return counted[need - 1] if len(counted) >= need else floor
 
-    def released_to(self) -> int:
+    def released_to(self, group: Group = None) -> int:
         """The last event whose confirms and deliveries may go: the replicas' floor.
         An owner back from a pause releases nothing its replicas did not ack; those
         that applied a fence of it ack nothing more (``ReplicaSide.fence``)."""
-        return self.min_acked()
+        return self.min_acked(group)
 
-    def wait(self, seq: int, done: Done) -> None:
-        """Call ``done`` once every replica has event ``seq``."""
-        if seq <= self.released_to():
+    def wait(self, seq: int, done: Done, group: Group = None) -> None:
+        """Call ``done`` once a quorum (of ``group``) has event ``seq``."""
+        if seq <= self.released_to(group):
             done(True, 1)
         else:
-            self._confirms.append((seq, done))
+            confirms = self._confirms.get(group)
+            if confirms is None:
+                confirms = self._confirms[group] = deque()
+            confirms.append((seq, done))
 
-    def gate(self) -> Gate | None:
+    def gate(self, group: Group = None) -> Gate | None:
         """A gate on the latest event (None: nothing to wait for). Until the stream is
         next sent (``sent``), the newest gate is moved on rather than a new one
         made: deliveries of one loop turn share a gate (they leave in the same
         flush anyway), so a stream costs a gate per flush, not one per delivery,
-        and a gate never moves past what was sent when it was made."""
+        and a gate never moves past what was sent when it was made. ``group``: the
+        delivered queue's (each group's floor opens its own gates)."""
         seq = self.seq
-        if seq <= self.released_to():
+        if seq <= self.released_to(group):
             return None
-        gate = self._gate
+        gate = self._gate.get(group)
         if gate is None or gate.opened:
-            gate = self._gate = Gate(seq)
-            self._gates.append(gate)
+            gate = self._gate[group] = Gate(seq)
+            gates = self._gates.get(group)
+            if gates is None:
+                gates = self._gates[group] = deque()
+            gates.append(gate)
         else:
-            gate.seq = seq  # the newest in ``_gates``: the order holds
+            gate.seq = seq  # the newest in its group's gates: the order holds
         return gate
 
     def sent(self) -> None:
         """The stream so far went out: later events get a gate of their own."""
-        self._gate = None
+        if self._gate:
+            self._gate.clear()
 
     def acked(self, spid: str, seq: int) -> None:
         replica = self.replicas.get(spid)
@@ -311,18 +377,28 @@ class ReplicaSet:
         self._advance()
 
     def _advance(self) -> None:
-        self._floor = self._quorum_floor()
-        done_to = self.released_to()
-        confirms = self._confirms
-        while confirms and confirms[0][0] <= done_to:
-            confirms.popleft()[1](True, 1)
-        gates = self._gates
-        while gates and gates[0].seq <= done_to:
-            gates.popleft().open()
+        floors = self._floors
+        groups: set[Group] = {None, *self.groups.values(), *self._confirms, *self._gates}
+        for group in groups:
+            floors[group] = self._quorum_floor(group)
+        for group in [g for g in floors if g not in groups]:
+            del floors[group]  # no queue of that group is owned here now
+        for group, confirms in list(self._confirms.items()):
+            done_to = floors[group]
+            while confirms and confirms[0][0] <= done_to:
+                confirms.popleft()[1](True, 1)
+            if not confirms:
+                del self._confirms[group]
+        for group, gates in list(self._gates.items()):
+            done_to = floors[group]
+            while gates and gates[0].seq <= done_to:
+                gates.popleft().open()
+            if not gates:
+                del self._gates[group]
         # the quorum's floor, not ``min_acked``: with every replica gone, the master
         # alone holds what followed
-        tail, floor = self.tail, self._floor
-        while tail and tail[0][0] <= floor:
+        tail, named = self.tail, self.groups
+        while tail and tail[0][0] <= floors.get(named.get(tail[0][1]), 0):
             tail.popleft()
 
     def reset_feeders(self) -> None:
@@ -330,8 +406,12 @@ class ReplicaSet:
         self._last_publisher = None
 
     def quorum_lag(self) -> int:
-        """Events the replicas that confirms wait for are behind (flow control)."""
-        return self.seq - self.min_acked()
+        """Events the replicas that confirms wait for are behind (flow control): the
+        furthest behind of the groups this server's queues wait for."""
+        floors = self._floors
+        return self.seq - min(
+            floors.get(group, self.seq) for group in (None, *self.groups.values())
+        )
 
     def resume(self) -> None:
         """Release what waits for acks already in (the known primaries may have
@@ -350,9 +430,11 @@ class ReplicaSet:
         and a failover prefers a primary whose copy is (``placing``)."""
         if out.spid in self.replicas or self.fenced:
             return
-        replica = ReplicaLink(out, self.seq, self.plane.members.clock())
+        address = self.plane.members.address_of(out.spid)
+        replica = ReplicaLink(out, self.seq, self.plane.members.clock(), address)
         self.replicas[out.spid] = replica
-        self._floor = self._quorum_floor()
+        for group in list(self._floors):
+            self._floors[group] = self._quorum_floor(group)
         batch = self.plane.repl_batch(out)
         # whatever it holds goes, the snapshot follows; live events go on after ``seq``
         batch.replicate(0, rec.R_RESET, "", self.seq, self.generation % 256)
@@ -361,6 +443,9 @@ class ReplicaSet:
             store = queue.store
             if not isinstance(store, ReplicatedQueueStore):
                 continue
+            group = self.groups.get(queue.name)
+            if group is not None and address not in group:
+                continue  # not of its group: the reset above dropped any copy it had
             batch.replicate(0, rec.R_RESET, queue.name, 0)
             replica.syncs.append((queue.name, deque(store.entries)))
             count += 1
@@ -377,16 +462,27 @@ class ReplicaSet:
         """The server is gone for good (inactive): no alarm waits for it."""
         self.remove(spid, "gone")
 
-    def adopt(self, name: str, entries: dict[int, Entry]) -> None:
+    def adopt(self, name: str, entries: dict[int, Entry], group: Group = None) -> None:
         """This server owns queue ``name`` now (declared here, or failed over or moved
         to it with ``entries``): every replica resets its copy, whoever fed it, and
-        gets this server's snapshot of it over the next loop turns. Until the
-        snapshots are in, the replicas count by their live stream (see
-        ``_quorum_floor``): what the queue held is this server's alone meanwhile."""
+        those of its ``group`` (None: all) get this server's snapshot of it over the
+        next loop turns. Until the snapshots are in, the replicas count by their
+        live stream (see ``_quorum_floor``): what the queue held is this server's
+        alone meanwhile."""
         self.owned.add(name)
+        if group is None:
+            self.groups.pop(name, None)
+        else:
+            self.groups[name] = group
+            # no event of a group new here is older than this: its floor starts at it
+            self._floors.setdefault(group, self.seq)
         for replica in self.replicas.values():
             batch = self.plane.repl_batch(replica.out)
             batch.replicate(0, rec.R_RESET, name, 0)
+            if group is not None and replica.address not in group:
+                # not of its group: it keeps no copy (an empty snapshot prunes any it had)
+                batch.replicate(0, rec.R_SYNCED, name, 0)
+                continue
             if entries:
                 replica.syncs.append((name, deque(entries)))
                 replica.synced_at = None
@@ -422,6 +518,7 @@ class ReplicaSet:
     def disown(self, name: str) -> None:
         """This server no longer owns queue ``name`` (moved, failed over, deleted)."""
         self.owned.discard(name)
+        self.groups.pop(name, None)
 
     def restart(self) -> None:
         """Every queue this server owned when it was fenced is placed elsewhere: its
@@ -447,19 +544,21 @@ class ReplicaSet:
         self.replicas.clear()
         self.stalled.clear()
         self.reset_feeders()
-        confirms, self._confirms = self._confirms, deque()
-        gates, self._gates = self._gates, deque()
-        self._gate = None
-        for _seq, done in confirms:
-            done(False, 0)
-        for gate in gates:
-            gate.fail()
+        confirms, self._confirms = self._confirms, {}
+        gates, self._gates = self._gates, {}
+        self._gate = {}
+        for waiting in confirms.values():
+            for _seq, done in waiting:
+                done(False, 0)
+        for held in gates.values():
+            for gate in held:
+                gate.fail()
 
     def unreplicated(self, name: str, store: ReplicatedQueueStore) -> list[tuple[Message, str]]:
         """Unconfirmed publishes to queue ``name`` no quorum holds yet that are still in
         it (``store``: ready or delivered unacked), oldest first: what an owner that
         loses the queue passes on to the next one."""
-        floor = self._floor
+        floor = self.min_acked(self.groups.get(name))
         out = [
             (message, name)
             for seq, qname, message in self.tail
@@ -473,7 +572,7 @@ class ReplicaSet:
         return {
             "seq": self.seq,
             "min_acked": self.min_acked(),
-            "waiting_confirms": len(self._confirms),
+            "waiting_confirms": sum(map(len, self._confirms.values())),
             "fenced": self.fenced,
             "replicas": {
                 spid: {
@@ -485,11 +584,12 @@ class ReplicaSet:
             },
         }
 
-    def members(self) -> list[dict[str, Any]]:
-        """Each replica, by spid, as the console and ``brokerd ctl queues`` show it:
-        ``in_sync`` once it holds every message of the replicated queues (``whole``:
-        its snapshot is proven in) and is not stalled, as RabbitMQ calls a mirror
-        synchronised; ``behind``: the events it has not acked yet."""
+    def members(self, group: Group = None) -> list[dict[str, Any]]:
+        """Each replica (of ``group``: None for all), by spid, as the console and
+        ``brokerd ctl queues`` show it: ``in_sync`` once it holds every message of
+        the replicated queues (``whole``: its snapshot is proven in) and is not
+        stalled, as RabbitMQ calls a mirror synchronised; ``behind``: the events it
+        has not acked yet."""
         seq, stalled = self.seq, self.stalled
         return [
             {
@@ -498,6 +598,7 @@ class ReplicaSet:
                 "behind": seq - r.acked,
             }
             for spid, r in sorted(self.replicas.items())
+            if group is None or r.address in group
         ]
 
     def check(self, now: float, patience: float) -> list[str]:

@@ -63,7 +63,7 @@ class ReplicatedQueueStore:
             self.local.enqueued(message, waiter, jid=mid, redelivered=redelivered)
         seq = self.replicas.emit(rec.R_ENQUEUE, self.name, mid, message, entry.flags)
         if seq and waiter is not None:
-            self.replicas.wait(seq, waiter.defer())
+            self.replicas.wait(seq, waiter.defer(), self.replicas.group_of(self.name))
         elif seq:
             self.replicas.tail.append((seq, self.name, message))
 
@@ -83,7 +83,7 @@ class ReplicatedQueueStore:
                 entry.acquired = True
             seq = self.replicas.emit(rec.R_ACQUIRE, self.name, mid)
         if seq and consumer is not None:
-            gate = self.replicas.gate()
+            gate = self.replicas.gate(self.replicas.group_of(self.name))
             if gate is not None:
                 hold = getattr(consumer, "hold", None)
                 if hold is not None:

@@ -76,6 +76,10 @@ class SharedQueue(Queue):
         self.owner: str | None = None
         self.epoch = 0
         self.home: str | None = None
+        #: the addresses of the primaries keeping its copies, its first owner first (a
+        #: quorum queue whose ``x-quorum-initial-group-size`` leaves some out); None:
+        #: every primary keeps one, or none does (classic). Its declare says
+        self.group: tuple[str, ...] | None = None
         #: the state-log entry that placed it: an owner fenced by a later entry
         #: holds it from before its fence (its failover moves it)
         self.placed_seq = 0
@@ -105,6 +109,11 @@ class SharedQueue(Queue):
         """Kept on replicas (replicated or quorum), not on its owner alone (classic)."""
         return self.kind != CLASSIC
 
+    @property
+    def group_key(self) -> frozenset[str] | None:
+        """Whose acks its confirms and deliveries wait for (``replicaset.Group``)."""
+        return frozenset(self.group) if self.group is not None else None
+
     def owner_spid(self) -> str | None:
         """The server holding the master copy now (None: nobody, for the moment)."""
         return self.owner
@@ -116,7 +125,7 @@ class SharedQueue(Queue):
         elsewhere); None on a proxy, which does not know (its master reports them)."""
         if not self.local:
             return None
-        return self.plane.replicas.members() if self.replicated_kind else []
+        return self.plane.replicas.members(self.group_key) if self.replicated_kind else []
 
     @property  # type: ignore[override]
     def store(self) -> QueueStore | None:
@@ -267,7 +276,7 @@ class SharedQueue(Queue):
             if replica is not None:
                 store.next_mid = max(store.next_mid, replica.top + 1)
             self.replicated = store
-            self.plane.replicas.adopt(self.name, store.entries)
+            self.plane.replicas.adopt(self.name, store.entries, self.group_key)
         if ready:
             self.replace_messages(ready)
         self.plane.proxy.forget(self)

@@ -221,6 +221,9 @@ def apply_placement(vhost: Any, entry: Entry) -> bool:
     if place is None:
         return False
     props = dict(entry.props)
+    group = props.get("group")
+    if entry.op == sl.QUEUE_DECLARE and group and getattr(queue, "group", None) is None:
+        queue.group = tuple(group)  # set once, by the declare that placed it
     place(
         entry.spid or None,
         int(props.get("epoch", 1)),
@@ -351,8 +354,12 @@ def entry_header(entry: Entry) -> dict[str, Any]:
         header["props"] = dict(entry.props)
     elif entry.op == sl.SERVER_FENCE:
         header["props"] = dict(entry.props)
-    elif entry.op == sl.QUEUE_DECLARE and (home := dict(entry.props).get("home")):
-        header["home"] = home  # a recovered queue waiting for its last owner
+    elif entry.op == sl.QUEUE_DECLARE:
+        props = dict(entry.props)
+        if home := props.get("home"):
+            header["home"] = home  # a recovered queue waiting for its last owner
+        if group := props.get("group"):
+            header["group"] = list(group)  # a quorum queue's group, by address
     return header
 
 
@@ -405,4 +412,14 @@ def entry_from_header(header: dict[str, Any], frame: bytes) -> Entry:
         if not isinstance(home, str) or entry.op != sl.QUEUE_DECLARE:
             raise BucketError("bad home in bucket")
         entry = dataclasses.replace(entry, props=freeze(dict(entry.props) | {"home": home}))
+    group = header.get("group")
+    if group is not None:
+        if (
+            not isinstance(group, list)
+            or not group
+            or not all(isinstance(a, str) and a for a in group)
+            or entry.op != sl.QUEUE_DECLARE
+        ):
+            raise BucketError("bad group in bucket")
+        entry = dataclasses.replace(entry, props=freeze(dict(entry.props) | {"group": group}))
     return entry

@@ -1,0 +1,130 @@
+"""A quorum queue whose ``x-quorum-initial-group-size`` leaves some primaries out: its
+events reach its group alone, and its confirms and deliveries wait for a majority of
+its group, not of every primary (``replicaset.ReplicaSet``; the in-memory net of
+``cluster_net``, where a server's address is its spid)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.cluster_net import Net, Sink, Waiter, message
+
+
+@pytest.fixture
+def net4() -> Net:
+    """Primaries A, B, C and D (a majority of all four is three), A root, and the
+    replicated queue ``q`` every primary keeps."""
+    net = Net()
+    for spid in "ABCD":
+        net.add(spid)
+    net.elect("A")
+    net.declare("q")
+    return net
+
+
+def declare_grouped(net: Net, name: str, group: tuple[str, ...], owner: str = "A") -> None:
+    """What a declare the root placed with a group does on every server."""
+    for server in net.servers.values():
+        server.broker.vhosts["/"].declare_queue(name, connection_id=0)
+        net.queue(server.spid, name).group = group
+    net.place(name, owner)
+    net.pump()
+
+
+def copy_of(net: Net, spid: str, name: str) -> list[bytes]:
+    replica = net.servers[spid].plane.replica.queues.get(name)
+    return [] if replica is None else [e.message.body for e in replica.entries.values()]
+
+
+def test_a_group_of_two_confirms_on_its_member_alone_and_the_others_keep_no_copy(
+    net4: Net,
+) -> None:
+    declare_grouped(net4, "g", ("A", "B"))
+    net4.cut |= {("C", "A"), ("D", "A")}  # C's and D's acks never come back
+    grouped, everywhere = Waiter(), Waiter()
+    net4.queue("A", "g").push(message(b"g1"), grouped)
+    net4.queue("A", "q").push(message(b"q1"), everywhere)
+    net4.pump()
+    assert grouped.confirmed() and grouped.deferred == 1  # B's ack is a majority of A, B
+    assert everywhere.answers == []  # three of four primaries: B's ack is not enough
+    assert copy_of(net4, "B", "g") == [b"g1"]
+    assert copy_of(net4, "C", "g") == copy_of(net4, "D", "g") == []
+    assert copy_of(net4, "C", "q") == [b"q1"]  # the stream reached C: only its acks are cut
+
+
+def test_a_group_waits_for_its_member_whatever_the_others_ack(net4: Net) -> None:
+    declare_grouped(net4, "g", ("A", "B"))
+    net4.cut.add(("B", "A"))
+    waiter = Waiter()
+    net4.queue("A", "g").push(message(b"g1"), waiter)
+    net4.pump()
+    assert waiter.answers == []  # C and D acked its number, but they are not of its group
+    net4.cut.discard(("B", "A"))
+    net4.servers["B"].plane.replica.ack()
+    net4.pump()
+    assert waiter.confirmed()
+
+
+def test_a_delivery_waits_for_its_groups_floor(net4: Net) -> None:
+    declare_grouped(net4, "g", ("A", "B"))
+    net4.queue("A", "g").push(message(b"g1"))
+    net4.pump()
+    net4.cut.add(("B", "A"))  # B's ack of the acquisition never comes
+    sink = Sink("c")
+    net4.queue("C", "g").add_consumer(sink, lambda error: None)  # attached at A
+    net4.pump()
+    assert sink.bodies() == []  # held at its gate: C's and D's acks do not count
+    net4.cut.discard(("B", "A"))
+    net4.servers["B"].plane.replica.ack()
+    net4.pump()
+    assert sink.bodies() == [b"g1"]
+
+
+def test_a_group_of_one_numbers_nothing_and_confirms_at_once(net4: Net) -> None:
+    declare_grouped(net4, "g", ("A",))
+    plane = net4.servers["A"].plane
+    seq = plane.replicas.seq
+    waiter = Waiter()
+    net4.queue("A", "g").push(message(b"alone"), waiter)
+    net4.pump()
+    assert waiter.deferred == 0  # nothing to wait for: the channel confirms at once
+    assert plane.replicas.seq == seq
+    assert all(copy_of(net4, spid, "g") == [] for spid in "BCD")
+
+
+def test_a_member_that_joins_late_gets_the_groups_snapshot_and_a_non_member_none() -> None:
+    net = Net()
+    for spid in "ABC":
+        net.add(spid)
+    net.elect("A")
+    declare_grouped(net, "g", ("A", "D"))
+    for i in range(3):
+        net.queue("A", "g").push(message(b"%d" % i))
+    net.pump()
+    net.join("D", "g")
+    net.queue("D", "g").group = ("A", "D")
+    net.join("E", "g")
+    net.queue("E", "g").group = ("A", "D")
+    net.pump()
+    assert copy_of(net, "D", "g") == [b"0", b"1", b"2"]
+    assert copy_of(net, "E", "g") == copy_of(net, "B", "g") == []
+    states = net.queue("A", "g").replica_states()
+    assert [s["spid"] for s in states or []] == ["D"]  # its group's replicas alone
+
+
+def test_the_group_moves_with_its_owner_and_the_new_owner_streams_to_the_old(
+    net4: Net,
+) -> None:
+    declare_grouped(net4, "g", ("A", "B"))
+    for i in range(3):
+        net4.queue("A", "g").push(message(b"%d" % i))
+    net4.pump()
+    net4.place("g", "B")  # a move's last placement: B owns it now
+    net4.pump()
+    waiter = Waiter()
+    net4.queue("B", "g").push(message(b"3"), waiter)
+    net4.cut |= {("C", "B"), ("D", "B")}
+    net4.pump()
+    assert waiter.confirmed()  # A's ack: the majority of A and B
+    assert copy_of(net4, "A", "g") == [b"0", b"1", b"2", b"3"]
+    assert copy_of(net4, "C", "g") == copy_of(net4, "D", "g") == []
