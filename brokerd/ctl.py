@@ -128,7 +128,8 @@ def _print_status(status: dict[str, Any]) -> None:
 def _print_queues(result: dict[str, Any]) -> None:
     """A table: a shared queue's messages are counted on its owner (``master``); a
     proxy's are shown as ``-``, its consumers are the ones connected here. The replicas
-    of a queue mastered here: how many are in sync, and the spids still syncing."""
+    of a queue mastered here: how many are in sync, and the spids still syncing; a
+    quorum queue kept by some primaries only names them (``group``, addresses)."""
     me = result.get("spid")
     print(
         f"{'vhost':<10} {'queue':<32} {'type':<10} {'role':<6} {'owner':<28} ready consumers "
@@ -144,6 +145,7 @@ def _print_queues(result: dict[str, Any]) -> None:
         print(
             f"{q['vhost']:<10} {q['name']:<32} {q['type']:<10} {q['role']:<6} {owner:<28} "
             f"{ready:>5} {q['consumers']:>9} {_replica_text(q.get('replicas'))}"
+            + (f" group {', '.join(q['group'])}" if q.get("group") else "")
         )
 
 

@@ -73,10 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--queue-type",
-        choices=["classic"],
+        choices=["classic", "quorum"],
         default="",
         help="classic queues, each owned by a primary (implies --durable: a dead owner's "
-        "queue waits for its return and must then hold every confirmed message)",
+        "queue waits for its return and must then hold every confirmed message); or "
+        "quorum queues (implies --durable)",
+    )
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        default=0,
+        help="quorum queues' x-quorum-initial-group-size (default: none sent, 3)",
     )
     parser.add_argument("--dir", type=Path, help="where the servers keep data and logs (kept)")
     parser.add_argument("--json", type=Path, help="write the history and the report here")
@@ -92,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     consume_rate = args.consume_rate
     if consume_rate is None:  # a flood outgrows limited consumers: its backlog never drains
         consume_rate = 0.0 if args.flood else defaults.consume_rate
+    if args.group_size and args.queue_type != "quorum":
+        parser.error("--group-size needs --queue-type quorum")
     durable = args.durable or bool(args.queue_type)
     kinds = tuple(k for k in (args.kinds or "").split(",") if k) or (
         DURABLE_KINDS if durable else KINDS
@@ -111,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         consume_rate=consume_rate or None,
         durable=durable,
         queue_type=args.queue_type,
+        group_size=args.group_size,
         flood_publishers=args.flood,
         flood_rate=args.flood_rate,
         flood_size=args.flood_size,

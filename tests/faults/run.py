@@ -37,8 +37,10 @@ class RunConfig:
     consume_rate: float | None = 25.0
     prefetch: int = 32
     durable: bool = False  # persistent messages (the queues are always durable: replicated)
-    #: "classic": the queues are classic, spread over the primaries (``durable`` needed)
+    #: "classic": the queues are classic, spread over the primaries (``durable`` needed);
+    #: "quorum": quorum queues, of ``group_size`` members (0: RabbitMQ's default, 3)
     queue_type: str = ""
+    group_size: int = 0
     pad: int = 64  # body bytes beyond the publisher:seq prefix
     warmup: float = 2.0
     quiet: float = 2.0  # the drain ends when nothing arrived for this long
@@ -130,7 +132,7 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
     try:
         cluster.start_all()
         cluster.wait_until(cluster.settled_root, timeout=30, what="a settled root")
-        declare(cluster.primary_ports, queues, config.queue_type)
+        declare(cluster.primary_ports, queues, config.queue_type, config.group_size)
         for client in clients:
             client.start()
         time.sleep(config.warmup)

@@ -395,18 +395,25 @@ def depths(ports: Sequence[int], queues: Sequence[str]) -> dict[str, int] | None
     return None
 
 
-def declare(ports: Sequence[int], queues: Sequence[str], queue_type: str = "") -> None:
+def declare(
+    ports: Sequence[int], queues: Sequence[str], queue_type: str = "", group_size: int = 0
+) -> None:
     """The shared queues. They are durable, so replicated, whether the messages are
     persistent or not: a transient shared queue is classic, lost with its owner, and
     the checker holds the cluster to losing no confirmed message. Queue *i* is
     declared through server *i* and owned there (client-local), so the owners are
     spread and every kind of fault hits one. With ``queue_type`` classic, durable
     classic queues with persistent messages wait for a dead owner's return and must
-    then hold every confirmed message."""
+    then hold every confirmed message. With quorum and ``group_size``, each queue's
+    copies are on that many primaries (its owner's and the others')."""
     for i, queue in enumerate(queues):
         conn = connect(ports[i % len(ports)])
         try:
-            arguments = {"x-queue-type": queue_type} if queue_type else None
+            arguments: dict[str, object] | None = (
+                {"x-queue-type": queue_type} if queue_type else None
+            )
+            if arguments is not None and group_size:
+                arguments["x-quorum-initial-group-size"] = group_size
             conn.channel().queue_declare(queue, durable=True, arguments=arguments)
         finally:
             close_quietly(conn)

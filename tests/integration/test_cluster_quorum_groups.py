@@ -5,6 +5,8 @@ for its owner as a durable classic queue does (issue 23)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -115,6 +117,17 @@ def test_a_group_of_two_keeps_its_copies_on_its_members_and_fails_over_within_th
     assert copy_size(cluster, outsider, queue) == 0  # its stream carried their numbers only
     states = row(cluster, 1, queue)["replicas"]
     assert [s["spid"] for s in states] == [cluster.spid(member)]
+    data_dir = str(cluster.nodes[1].data_dir)
+    table = subprocess.run(
+        [sys.executable, "-m", "brokerd", "ctl", "--data-dir", data_dir, "queues"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    line = next(text for text in table.splitlines() if queue in text)
+    assert line.endswith(f"1/1 in sync group {group[0]}, {group[1]}")
+    dump = cluster.ctl(1, "dump")["dump"]
+    assert f"group={group[0]},{group[1]}" in dump
 
     cluster.kill(1)
     cluster.wait_until(
