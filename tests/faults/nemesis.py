@@ -270,6 +270,9 @@ class Nemesis:
                 if queue in (cluster.status(i) or {}).get("owned_queues", [])
             ]
             others = [i for i in self.primaries() if i not in owners]
+            group = self.group_of(owners, queue)
+            if group:  # a quorum queue kept by some primaries moves within them
+                others = [i for i in others if f"127.0.0.1:{cluster.ports[i]}" in group] or others
             to = _choose(others, planned.pick_peer)
             reply = request(data_dir, "queue", ["move", queue, cluster.spid(to)], timeout=30)
             if reply.get("ok"):
@@ -277,6 +280,16 @@ class Nemesis:
             return f"move of {queue} to [{to}] refused: {reply.get('error')}"
         except (OSError, ValueError, KeyError) as exc:
             return f"operation failed: {exc}"
+
+    def group_of(self, owners: list[int], queue: str) -> list[str]:
+        """The addresses of ``queue``'s quorum group as its owner lists it ([]: every
+        primary keeps a copy, or its owner did not say)."""
+        for index in owners:
+            reply = request(self.cluster.nodes[index].data_dir, "queues", timeout=5)
+            for row in (reply.get("result") or {}).get("queues", []):
+                if row.get("name") == queue:
+                    return list(row.get("group") or [])
+        return []
 
     def restart(self, index: int, attempts: int = 3) -> None:
         """Start a dead server again (its data directory, hence its store, kept)."""

@@ -153,11 +153,15 @@ class Net:
                 self.servers[other].plane.link_ready(spid)
         return server
 
-    def declare(self, name: str, owner: str | None = None) -> None:
+    def declare(
+        self, name: str, owner: str | None = None, group: tuple[str, ...] | None = None
+    ) -> None:
         """Wiring is global: the queue exists on every server (as wiring replication
-        does), placed on ``owner`` (default: the root) as the root's declare places it."""
+        does), placed on ``owner`` (default: the root) as the root's declare places it;
+        ``group``: the servers keeping its copies (a quorum group; None: all)."""
         for server in self.servers.values():
             server.broker.vhosts["/"].declare_queue(name, connection_id=0)
+            self.queue(server.spid, name).group = group
         self.place(name, owner or self.root)  # type: ignore[arg-type]
         self.pump()  # the owner's reset of the replicas' copies
 
@@ -171,7 +175,8 @@ class Net:
     def fail_over(self, dead: str) -> None:
         """What the root orders for the replicated queues ``dead`` owned: the fence,
         applied everywhere, then each queue on the survivor with the furthest copy
-        (synced first, then the earliest spid), as ``placing.Placer`` chooses."""
+        (synced first, then the earliest spid), as ``placing.Placer`` chooses: of the
+        queue's group, if it has one."""
         servers = self.servers.values()
         under_way = [s for s in servers if s.spid != dead and s.plane.is_fenced(dead)]
         if under_way:  # the root orders no second fence while one is under way
@@ -195,8 +200,9 @@ class Net:
             if getattr(q, "owner", None) == dead
         }
         for name in sorted(names):
+            group = self.queue(next(iter(self.servers)), name).group
             ranked = sorted(
-                self.servers,
+                (spid for spid in self.servers if group is None or spid in group),
                 key=lambda spid: (
                     tuple(reports[spid].get(name, (False, -1))),
                     [-ord(c) for c in spid],
