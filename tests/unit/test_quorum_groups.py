@@ -128,3 +128,19 @@ def test_the_group_moves_with_its_owner_and_the_new_owner_streams_to_the_old(
     assert waiter.confirmed()  # A's ack: the majority of A and B
     assert copy_of(net4, "A", "g") == [b"0", b"1", b"2", b"3"]
     assert copy_of(net4, "C", "g") == copy_of(net4, "D", "g") == []
+
+
+def test_publishes_no_majority_of_the_group_holds_go_to_the_next_owner(net4: Net) -> None:
+    """The old owner passes on what its group's floor has not reached; C's and D's
+    acks of the numbers alone must not count (before the fix, the stream forgot the
+    group before the old owner asked, and the floor of every primary let them go)."""
+    declare_grouped(net4, "g", ("A", "B"))
+    net4.cut.add(("A", "B"))  # B never gets them: the stream to it is cut
+    for i in range(3):
+        net4.queue("A", "g").push(message(b"u%d" % i))  # unconfirmed: no waiter
+    net4.pump()
+    assert copy_of(net4, "B", "g") == []
+    net4.cut.discard(("A", "B"))
+    net4.place("g", "B")  # failed over to B (its only other member)
+    net4.pump()
+    assert [m.body for m, _r in net4.queue("B", "g").ready()] == [b"u0", b"u1", b"u2"]

@@ -297,8 +297,9 @@ class SharedQueue(Queue):
         replica = QueueReplica()
         replicated, self.replicated = self.replicated, None
         if replicated is not None:
-            self.plane.replicas.disown(self.name)
+            # what no quorum of its group holds yet, before the stream forgets the group
             self.plane.orphans.adopt(self.plane.replicas.unreplicated(self.name, replicated))
+            self.plane.replicas.disown(self.name)
             for mid, entry in replicated.entries.items():
                 replica.entries[mid] = entry
                 if not entry.message.paged:
