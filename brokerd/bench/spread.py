@@ -43,6 +43,10 @@ them against each other:
 ``--nodes 2`` runs two primaries and two RabbitMQ nodes against the same
 one-server baselines: on a 2-core machine, one broker process per core.
 
+``--durable --group-size N`` adds quorum queues of ``N`` members
+(``x-quorum-initial-group-size``) on both clusters: brokerd copies each to
+its group alone, as RabbitMQ does.
+
 Prints a Markdown table of total deliveries per second with the ratios, and
 stops everything. The set-up labels name the variant; the JSON report also
 carries it (``variant``) and each set-up's arguments (``setups``).
@@ -92,8 +96,14 @@ class Setup:
     persistent: bool = False
 
 
-def select_setups(nodes: int, durable: bool, rabbitmq: bool) -> list[Setup]:
-    """The set-ups of one invocation, in the order they run and are printed."""
+def quorum_of(size: int) -> dict[str, Any]:
+    """A quorum queue's arguments with a group of ``size`` members."""
+    return {"x-queue-type": "quorum", "x-quorum-initial-group-size": size}
+
+
+def select_setups(nodes: int, durable: bool, rabbitmq: bool, group_size: int = 0) -> list[Setup]:
+    """The set-ups of one invocation, in the order they run and are printed;
+    ``group_size`` (durable only): quorum queues of that many members too."""
     if durable:
         setups = [
             Setup("one", "brokerd, one server, durable, persistent", SINGLE, persistent=True),
@@ -122,6 +132,28 @@ def select_setups(nodes: int, durable: bool, rabbitmq: bool) -> list[Setup]:
                     persistent=True,
                 ),
             ]
+        if group_size:
+            setups.append(
+                Setup(
+                    "cluster-group",
+                    f"brokerd, {nodes} primaries, quorum queues of {group_size} members, "
+                    "persistent",
+                    BROKERD,
+                    quorum_of(group_size),
+                    persistent=True,
+                )
+            )
+            if rabbitmq:
+                setups.append(
+                    Setup(
+                        "rabbit-group",
+                        f"RabbitMQ, {nodes} nodes, quorum queues of {group_size} members, "
+                        "persistent",
+                        RABBIT,
+                        quorum_of(group_size),
+                        persistent=True,
+                    )
+                )
         return setups
     setups = [
         Setup("one", "brokerd, one server", SINGLE),
@@ -141,15 +173,24 @@ def select_setups(nodes: int, durable: bool, rabbitmq: bool) -> list[Setup]:
     return setups
 
 
-def ratio_names(nodes: int, durable: bool) -> list[tuple[str, str, str]]:
+def ratio_names(nodes: int, durable: bool, group_size: int = 0) -> list[tuple[str, str, str]]:
     """(numerator key, denominator key, line) of the ratios printed after the table."""
     if durable:
+        group = f"quorum of {group_size}"
         return [
             ("cluster", "rabbit", f"brokerd replicated / RabbitMQ {nodes} nodes quorum"),
             ("cluster", "one", "brokerd replicated / brokerd one server"),
             ("cluster", "rabbit-one", "brokerd replicated / RabbitMQ one node quorum"),
             ("rabbit", "rabbit-one", f"RabbitMQ {nodes} nodes / RabbitMQ one node"),
-        ]
+        ] + (
+            [
+                ("cluster-group", "rabbit-group", f"brokerd {group} / RabbitMQ {group}"),
+                ("cluster-group", "cluster", f"brokerd {group} / brokerd replicated"),
+                ("cluster-group", "one", f"brokerd {group} / brokerd one server"),
+            ]
+            if group_size
+            else []
+        )
     return [
         ("cluster", "one", "brokerd classic spread / brokerd one server"),
         ("cluster", "root", "brokerd classic spread / brokerd on the root"),
@@ -265,24 +306,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="durable queues, persistent messages: brokerd one server and replicated "
         "queues against RabbitMQ quorum queues (spread, and on one node)",
     )
+    p.add_argument(
+        "--group-size",
+        type=int,
+        default=0,
+        help="with --durable: quorum queues of this many members too, on both clusters",
+    )
     p.add_argument("--no-rabbitmq", action="store_true", help="brokerd only")
     p.add_argument("--json", metavar="OUT.json", default=None)
     args = p.parse_args(argv)
     if args.nodes < 2:
         p.error("--nodes must be 2 or more (the one-server set-ups are always measured)")
+    if args.group_size and not args.durable:
+        p.error("--group-size needs --durable (quorum queues are durable)")
+    if args.group_size < 0:
+        p.error("--group-size must be positive")
     return args
 
 
 def variant(args: argparse.Namespace) -> str:
     """What ran, in words, for the table header and the JSON report."""
     kind = "durable, persistent" if args.durable else "transient"
-    return f"{kind}, {args.nodes} nodes, layout {args.layout}"
+    group = f", quorum groups of {args.group_size}" if args.group_size else ""
+    return f"{kind}, {args.nodes} nodes, layout {args.layout}{group}"
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     opts = Options(duration=args.duration, warmup=args.warmup, confirm_window=args.confirm_window)
-    setups = select_setups(args.nodes, args.durable, not args.no_rabbitmq)
+    setups = select_setups(args.nodes, args.durable, not args.no_rabbitmq, args.group_size)
     base = Path(tempfile.mkdtemp(prefix="rookery-bench-spread-"))
     single = Node(base / "single", 0, free_port(), None)
     brokerd = BrokerdCluster(base / "brokerd", args.nodes)
@@ -329,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {label} | {shown} | {len(ok)} |")
     by_key = {s.key: medians.get(s.label) for s in setups}
     print()
-    for top, bottom, line in ratio_names(args.nodes, args.durable):
+    for top, bottom, line in ratio_names(args.nodes, args.durable, args.group_size):
         if top in by_key and bottom in by_key:
             a, b = by_key[top], by_key[bottom]
             print(f"{line}: {a / b:.2f}" if a and b else f"{line}: -")

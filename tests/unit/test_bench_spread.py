@@ -119,3 +119,28 @@ def test_each_queue_is_its_own_declared_on_its_owner() -> None:
         assert run.persistent
     transient = build_runs([5001], Options(), 2, "local", None, durable=True)
     assert [(r.persistent, r.opts.durable_queues) for r in transient] == [(False, True)] * 2
+
+
+def test_a_group_size_adds_quorum_groups_on_both_clusters(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = parse_args(["--durable", "--group-size", "2"])
+    setups = select_setups(args.nodes, args.durable, True, args.group_size)
+    grouped = [s for s in setups if s.key in ("cluster-group", "rabbit-group")]
+    assert [(s.key, s.servers) for s in grouped] == [
+        ("cluster-group", BROKERD),
+        ("rabbit-group", RABBIT),
+    ]
+    assert all(
+        s.arguments == {"x-queue-type": "quorum", "x-quorum-initial-group-size": 2}
+        and s.persistent
+        and "quorum queues of 2 members" in s.label
+        for s in grouped
+    )
+    keys = {s.key for s in setups}
+    lines = ratio_names(args.nodes, True, 2)
+    assert all(top in keys and bottom in keys for top, bottom, _ in lines)
+    assert variant(args).endswith("quorum groups of 2")
+    with pytest.raises(SystemExit):
+        parse_args(["--group-size", "2"])  # transient: quorum queues are durable
+    assert "--group-size needs --durable" in capsys.readouterr().err
