@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingConnection
 
-from tests.cluster_harness import Cluster
+from tests.cluster_harness import Cluster, MakeCluster
 from tests.conftest import uid
+from tests.support import clients
 
 # serial: it kills servers and waits for failovers against the heartbeat
 pytestmark = [
@@ -28,21 +27,14 @@ pytestmark = [
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path, primaries=3, interval=0.3, timeout=1.5, open_timeout=3.0)
-    try:
-        cluster.start_all()
-        cluster.wait_until(cluster.settled_root, timeout=30, what="a settled root")
-        yield cluster
-    except BaseException:
-        print(cluster.describe())
-        raise
-    finally:
-        cluster.close()
+def cluster(make_cluster: MakeCluster) -> Cluster:
+    cluster = make_cluster(3, 0, interval=0.3, timeout=1.5, open_timeout=3.0)
+    cluster.start_settled()
+    return cluster
 
 
 def connect(cluster: Cluster, index: int) -> BlockingConnection:
-    return BlockingConnection(pika.ConnectionParameters("127.0.0.1", cluster.ports[index]))
+    return clients.connect(cluster.ports[index])
 
 
 def address(cluster: Cluster, index: int) -> str:
