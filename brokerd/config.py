@@ -25,6 +25,15 @@ fresh RabbitMQ: vhost ``/`` and user ``guest``/``guest``, loopback only.
     configure = ".*"
     write = ".*"
     read = ".*"
+
+    [tls]                               # the AMQPS listener (--tls-port): brokerd.tls
+    certfile = "server.pem"             # paths relative to this file's folder
+    keyfile = "server.key"
+    cafile = "ca.pem"
+    verify = "peer"                     # none | peer | peer_required
+
+SIGHUP reloads the ``[tls]`` certificates too (new handshakes use them;
+established connections stay up).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from typing import Any
 
 from brokerd.model.auth import Permission, User, UserDatabase, hash_password, is_password_hash
 from brokerd.model.limits import Limits, VhostLimits
+from brokerd.tls import TLSConfigError, TLSSettings, parse_tls
 
 
 class ConfigError(Exception):
@@ -79,6 +89,8 @@ class BrokerConfig:
     store: StoreSettings = field(default_factory=StoreSettings)
     #: per vhost name; vhosts not listed have no limits of their own
     vhost_limits: dict[str, VhostLimits] = field(default_factory=dict)
+    #: ``[tls]``: the AMQPS listener's certificate and client verification (None: none)
+    tls: TLSSettings | None = None
 
     def user_database(self) -> UserDatabase:
         db = UserDatabase()
@@ -107,7 +119,7 @@ def load_config(path: Path | None) -> BrokerConfig:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    return parse_config(raw, str(path))
+    return parse_config(raw, str(path), path.parent)
 
 
 # -- the parts shared by brokerd.toml and the console's document (brokerd.configdoc) --
@@ -329,8 +341,11 @@ def parse_store(raw: object, key: str) -> StoreSettings:
     return settings
 
 
-def parse_config(raw: dict[str, Any], where: str = "config") -> BrokerConfig:
-    unknown = set(raw) - {"limits", "vhosts", "users", "permissions", "store"}
+def parse_config(
+    raw: dict[str, Any], where: str = "config", base: Path | None = None
+) -> BrokerConfig:
+    """``base``: the folder relative paths (``[tls]`` files) are read from."""
+    unknown = set(raw) - {"limits", "vhosts", "users", "permissions", "store", "tls"}
     if unknown:
         raise ConfigError(f"{where}: unknown section(s) {', '.join(sorted(unknown))}")
     for section in ("vhosts", "users", "permissions"):
@@ -340,6 +355,11 @@ def parse_config(raw: dict[str, Any], where: str = "config") -> BrokerConfig:
     config = BrokerConfig(vhosts=[], users=[], permissions=[])
     config.limits = parse_limits(raw.get("limits", {}), f"{where}: limits")
     config.store = parse_store(raw.get("store", {}), f"{where}: store")
+    if "tls" in raw:
+        try:
+            config.tls = parse_tls(raw["tls"], f"{where}: tls", base)
+        except TLSConfigError as exc:
+            raise ConfigError(str(exc)) from None
     for i, entry in enumerate(raw.get("vhosts", [{"name": "/"}])):
         name = parse_vhost_name(entry.get("name"), f"{where}: vhosts[{i}].name")
         config.vhosts.append(name)

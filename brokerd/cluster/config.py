@@ -12,6 +12,15 @@
     recovery_wait = 30.0            # optional: after a whole-cluster restart, how long a
                                     # replicated queue waits for its last owner (seconds)
 
+    [tls]                           # optional: cluster links over mutual TLS
+    links = "required"              # required | off (default off), the same everywhere
+    cafile = "ca.pem"               # the cluster CA: every server's certificate is its
+    certfile = "server.pem"         # the default certificate and key of every server
+    keyfile = "server.key"
+    [tls.servers."h1:5671"]         # or one per server, by its known-host address
+    certfile = "h1.pem"
+    keyfile = "h1.key"
+
     [heartbeat]
     interval = 1.0                  # seconds between Cluster.Status messages
     timeout = 3.0                   # a peer is inactive after this long without one
@@ -25,6 +34,13 @@ RabbitMQ 3.11+ keeps one per vhost. Without it, a durable shared queue
 declared without ``x-queue-type`` is replicated and a transient one classic
 (``cluster.queues.placement.kind_of``). Every server must resolve a queue's
 type alike, so the checksum covers it when it is set.
+
+With ``[tls] links = "required"`` every link runs over TLS: the known hosts
+are the servers' AMQPS addresses (``--tls-port``), each server serves its
+certificate there, and each end checks the other's against the cluster CA
+(a link presents its server's certificate as a client certificate). A
+cluster is all TLS or all plain, so the checksum covers the choice. Paths
+are relative to the cluster file's folder.
 """
 
 from __future__ import annotations
@@ -55,6 +71,28 @@ class ClusterConfigError(Exception):
 
 
 @dataclass(frozen=True)
+class ClusterTLS:
+    """``[tls]``: links over mutual TLS against the cluster CA."""
+
+    cafile: Path
+    #: certificate and key of a server the ``servers`` table does not name
+    default: tuple[Path, Path] | None = None
+    #: per known-host address ("host:port"): certificate and key
+    servers: tuple[tuple[str, tuple[Path, Path]], ...] = ()
+
+    def certificate_for(self, address: str) -> tuple[Path, Path]:
+        for name, pair in self.servers:
+            if name == address:
+                return pair
+        if self.default is None:
+            raise ClusterConfigError(
+                f"cluster file [tls]: no certificate for this server ({address}): "
+                f'add [tls.servers."{address}"] or a default certfile and keyfile'
+            )
+        return self.default
+
+
+@dataclass(frozen=True)
 class HostPort:
     host: str
     port: int
@@ -82,10 +120,14 @@ class ClusterConfig:
     #: where the root places a shared queue whose declare names no locator (only the
     #: root reads it; the checksum leaves it out, as placement is no one else's)
     queue_leader_locator: str = "client-local"
+    #: links over mutual TLS (None: plain links)
+    tls: ClusterTLS | None = None
 
     @property
     def checksum(self) -> str:
-        return known_hosts_checksum(self.known_hosts, self.default_queue_type)
+        return known_hosts_checksum(
+            self.known_hosts, self.default_queue_type, tls_links=self.tls is not None
+        )
 
 
 def parse_host(value: Any, where: str) -> HostPort:
@@ -107,13 +149,19 @@ def parse_host(value: Any, where: str) -> HostPort:
 
 
 def known_hosts_checksum(
-    hosts: tuple[HostPort, ...] | list[HostPort], default_queue_type: str | None = None
+    hosts: tuple[HostPort, ...] | list[HostPort],
+    default_queue_type: str | None = None,
+    *,
+    tls_links: bool = False,
 ) -> str:
     """SHA-256 (first 16 hex digits) of the sorted, lower-cased, de-duplicated list,
-    and of the default queue type when one is set (servers must agree on it too)."""
+    of the default queue type when one is set, and of TLS on links when on (servers
+    must agree on both too)."""
     normalised = "\n".join(sorted({str(h) for h in hosts}))
     if default_queue_type is not None:
         normalised += f"\ndefault_queue_type={default_queue_type}"
+    if tls_links:
+        normalised += "\ntls_links=required"
     return hashlib.sha256(normalised.encode()).hexdigest()[:16]
 
 
@@ -124,11 +172,14 @@ def load_cluster_config(path: Path) -> ClusterConfig:
         raise ClusterConfigError(f"cannot read cluster file {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ClusterConfigError(f"cluster file {path} is not valid TOML: {exc}") from None
-    return parse_cluster_config(raw, str(path))
+    return parse_cluster_config(raw, str(path), path.parent)
 
 
-def parse_cluster_config(raw: dict[str, Any], where: str = "cluster file") -> ClusterConfig:
+def parse_cluster_config(
+    raw: dict[str, Any], where: str = "cluster file", base: Path | None = None
+) -> ClusterConfig:
     allowed = {
+        "tls",
         "name",
         "vhost",
         "secret",
@@ -217,4 +268,57 @@ def parse_cluster_config(raw: dict[str, Any], where: str = "cluster file") -> Cl
         default_queue_type=default_type,
         recovery_wait=float(recovery_wait),
         queue_leader_locator=locator,
+        tls=parse_cluster_tls(raw.get("tls"), where, base),
     )
+
+
+def parse_cluster_tls(raw: object, where: str, base: Path | None) -> ClusterTLS | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ClusterConfigError(f"{where}: [tls] must be a table")
+    unknown = set(raw) - {"links", "cafile", "certfile", "keyfile", "servers"}
+    if unknown:
+        raise ClusterConfigError(f"{where}: unknown [tls] key(s) {', '.join(sorted(unknown))}")
+    links = raw.get("links", "off")
+    if links not in ("required", "off"):
+        raise ClusterConfigError(f"{where}: [tls] links must be 'required' or 'off'")
+    if links == "off":
+        return None
+
+    def path(table: dict[str, Any], key: str, at: str) -> Path | None:
+        value = table.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            raise ClusterConfigError(f"{where}: {at}{key} must be a file path")
+        result = Path(value)
+        return result if result.is_absolute() or base is None else base / result
+
+    def pair(table: dict[str, Any], at: str) -> tuple[Path, Path] | None:
+        certfile, keyfile = path(table, "certfile", at), path(table, "keyfile", at)
+        if certfile is None and keyfile is None:
+            return None
+        if certfile is None:
+            raise ClusterConfigError(f"{where}: {at}keyfile needs a certfile")
+        return certfile, keyfile or certfile
+
+    cafile = path(raw, "cafile", "[tls] ")
+    if cafile is None:
+        raise ClusterConfigError(f"{where}: [tls] links = 'required' needs the cluster cafile")
+    servers_raw = raw.get("servers", {})
+    if not isinstance(servers_raw, dict):
+        raise ClusterConfigError(f"{where}: [tls.servers] must be a table of servers")
+    servers = []
+    for name, table in servers_raw.items():
+        at = f"[tls.servers.{name!r}] "
+        if not isinstance(table, dict):
+            raise ClusterConfigError(f"{where}: {at}must be a table")
+        extra = set(table) - {"certfile", "keyfile"}
+        if extra:
+            raise ClusterConfigError(f"{where}: {at}unknown key(s) {', '.join(sorted(extra))}")
+        entry = pair(table, at)
+        if entry is None:
+            raise ClusterConfigError(f"{where}: {at}needs a certfile")
+        servers.append((str(parse_host(name, where)), entry))
+    return ClusterTLS(cafile, pair(raw, "[tls] "), tuple(servers))

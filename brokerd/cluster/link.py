@@ -27,6 +27,7 @@ import contextlib
 import errno
 import logging
 import random
+import ssl
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -117,10 +118,14 @@ class Link:
         on_up: Callable[[Link], None],
         on_down: Callable[[Link, str], None],
         connect_timeout: float = 3.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.address = address
         credentials = f"{quote(user, safe='')}:{quote(secret, safe='')}"
-        self.url = f"amqp://{credentials}@{address}/{quote(vhost, safe='')}"
+        scheme = "amqps" if ssl_context is not None else "amqp"
+        self.url = f"{scheme}://{credentials}@{address}/{quote(vhost, safe='')}"
+        #: links over mutual TLS: the cluster CA, and this server's certificate
+        self.ssl_context = ssl_context
         self.identity = identity
         self.on_up = on_up
         self.on_down = on_down
@@ -268,7 +273,7 @@ class Link:
         # aio_pika.connect() folds client_properties into the URL query, which
         # cannot carry a table; handed to the connection's kwargs they reach
         # aiormq.connect() intact
-        connection = aio_pika.Connection(self.url)
+        connection = aio_pika.Connection(self.url, ssl_context=self.ssl_context)
         connection.kwargs["client_properties"] = {
             LINK_PROPERTY: {**self.identity(), "lane": lane.name},
             "connection_name": f"rookery-link-{lane.name}",
@@ -331,6 +336,26 @@ class Link:
         }
 
 
+#: TLS alerts a peer sends when it refuses the certificate we presented
+_REFUSED_ALERTS = ("ALERT_UNKNOWN_CA", "ALERT_BAD_CERTIFICATE", "ALERT_CERTIFICATE", "REQUIRED")
+
+
+def describe_tls_error(exc: BaseException) -> str | None:
+    """ "TLS: ..." for a failed handshake, saying whose certificate was refused."""
+    for error in _chain(exc):
+        if isinstance(error, ssl.SSLCertVerificationError):
+            return (
+                "TLS: the peer's certificate failed verification against the cluster CA: "
+                f"{error.verify_message or error.reason}"
+            )
+        if isinstance(error, ssl.SSLError):
+            reason = str(error.reason or error)
+            if any(alert in reason.upper() for alert in _REFUSED_ALERTS):
+                return f"TLS: the peer refused this server's certificate ({reason})"
+            return f"TLS: handshake failed ({reason})"
+    return None
+
+
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     """The exception and its causes (aiormq and aio-pika wrap the OSError)."""
     seen: set[int] = set()
@@ -362,6 +387,9 @@ def is_reset(exc: BaseException) -> bool:
 
 def describe_error(exc: BaseException) -> str:
     """A one-line reason for a failed link, keeping the broker's AMQP reply text."""
+    tls = describe_tls_error(exc)
+    if tls is not None:
+        return tls
     if isinstance(exc, aiormq.exceptions.ProbableAuthenticationError):
         return "authentication refused (wrong cluster secret?)"
     if isinstance(exc, aiormq.exceptions.ConnectionClosed):

@@ -53,11 +53,13 @@ from brokerd.cluster.election import PRIMARY, SECONDARY, Decision, View
 from brokerd.cluster.heartbeat import Heartbeat
 from brokerd.cluster.latency import LatencyWindow
 from brokerd.cluster.link import Link
+from brokerd.cluster.linktls import LinkTLS
 from brokerd.cluster.messages import LINK_PROPERTY, MessageError, Root, Status
 from brokerd.cluster.peers import Alarm, Peer
 from brokerd.cluster.standing import Standing
 from brokerd.model.broker import Broker
 from brokerd.model.errors import (
+    ACCESS_REFUSED,
     CONNECTION_FORCED,
     NOT_ALLOWED,
     ConnectionError_,
@@ -131,6 +133,8 @@ class Membership:
         self._carrier: dict[tuple[str, str], int] = {}
         #: the lane (control or data) of each inbound link connection
         self.lanes: dict[int, str] = {}
+        #: links over mutual TLS (None: plain links)
+        self.link_tls = LinkTLS(config.tls) if config.tls is not None else None
 
     # -- the standing, read back (``standing`` owns it; see the module docstring) ----
 
@@ -224,6 +228,7 @@ class Membership:
             identity=self.identity,
             on_up=self._link_up,
             on_down=self._link_down,
+            ssl_context=self.link_tls.context(self.address) if self.link_tls else None,
         )
         self.links[address] = link
         link.start()
@@ -274,7 +279,7 @@ class Membership:
             self.check_gone(spid)
         if "checksum" in reason:
             self.raise_alarm("config-mismatch", f"link to {link.address} refused: {reason}")
-        elif "authentication" in reason or "ACCESS_REFUSED" in reason:
+        elif any(word in reason for word in ("authentication", "ACCESS_REFUSED", "TLS:")):
             self.raise_alarm(f"link:{link.address}", f"link to {link.address}: {reason}")
 
     def check_gone(self, spid: str) -> None:
@@ -330,6 +335,11 @@ class Membership:
         spid = str(props.get("spid", ""))
         if conn.user.name != self.config.user:
             raise ConnectionError_(NOT_ALLOWED, "cluster links must log in as the cluster user")
+        if self.link_tls is not None:
+            refused = self.link_tls.check(conn, spid)
+            if refused:
+                self.raise_alarm(f"inbound-tls:{conn.peer[0]}", refused)
+                raise ConnectionError_(ACCESS_REFUSED, refused)
         if conn.vhost.name != self.config.vhost:
             raise ConnectionError_(NOT_ALLOWED, "cluster links must use the cluster vhost")
         theirs = str(props.get("checksum", ""))

@@ -154,6 +154,17 @@ class UserDatabase:
         self._verified[username] = token
         return user, ""
 
+    def identify(self, username: str, peer_host: str) -> tuple[User | None, str]:
+        """SASL EXTERNAL: the user a verified client certificate names, with no
+        password (the TLS handshake proved the identity, as RabbitMQ's
+        ``rabbitmq_auth_mechanism_ssl`` takes it)."""
+        user = self.users.get(username)
+        if user is None:
+            return None, f"user '{username}' (from the client certificate) does not exist"
+        if user.loopback_only and not is_loopback(peer_host):
+            return None, f"user '{username}' can only connect via localhost"
+        return user, ""
+
     def can_access_vhost(self, username: str, vhost: str) -> bool:
         return (username, vhost) in self.permissions
 

@@ -31,6 +31,7 @@ from brokerd.protocol.handshake import (
 from brokerd.protocol.hooks import ConnectionHooks, Wait
 from brokerd.protocol.negotiation import ConnectionState, Negotiation
 from brokerd.protocol.output import OUTPUT_HIGH_WATER, Output
+from brokerd.tls import PeerCertificate
 from brokerd.wire import codec
 from brokerd.wire.codec import (
     FRAME_BODY,
@@ -91,8 +92,14 @@ class Connection(Output, Negotiation):
         server_properties: dict[str, Any] | None = None,
         hooks: ConnectionHooks | None = None,
         on_login: Callable[[LoginCheck], None] | None = None,
+        tls: bool = False,
+        peer_certificate: PeerCertificate | None = None,
     ) -> None:
         self.broker = broker
+        #: over TLS, and the client's certificate as the handshake verified it (None:
+        #: none sent, or not verified); EXTERNAL logs in as the user it names
+        self.tls = tls
+        self.peer_certificate = peer_certificate
         self.peer = peer
         self.id = connection_id if connection_id is not None else next_connection_id()
         self.name = f"{peer[0]}:{peer[1]}"
@@ -154,6 +161,12 @@ class Connection(Output, Negotiation):
         self._returns_in_window = 0
         self.returns_dropped = 0
         self._confirm_dirty: set[Any] = set()
+
+    @property
+    def certificate_login(self) -> str | None:
+        """The user the verified client certificate names (EXTERNAL), if any."""
+        cert = self.peer_certificate
+        return cert.login if cert is not None else None
 
     @property
     def closed(self) -> bool:

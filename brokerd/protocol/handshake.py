@@ -30,6 +30,14 @@ SERVER_CAPABILITIES = {
 }
 
 MECHANISMS = "PLAIN AMQPLAIN"
+#: SASL EXTERNAL: the user named by a verified TLS client certificate (offered only then)
+EXTERNAL = "EXTERNAL"
+
+
+def mechanisms(certificate_login: str | None) -> str:
+    """What connection.start offers: EXTERNAL too when the client's verified
+    certificate names a user (RabbitMQ offers it only then as well)."""
+    return MECHANISMS if certificate_login is None else f"{MECHANISMS} {EXTERNAL}"
 
 
 def start_properties(extra: dict[str, Any]) -> dict[str, Any]:
@@ -60,8 +68,21 @@ class LoginCheck:
     mechanism: str = ""
 
 
-def parse_credentials(mechanism: str, response: Any) -> tuple[str, str]:
-    """(username, password) from a start-ok response; 403 when it cannot be read."""
+def parse_credentials(
+    mechanism: str, response: Any, certificate_login: str | None = None
+) -> tuple[str, str]:
+    """(username, password) from a start-ok response; 403 when it cannot be read.
+
+    EXTERNAL's response (an authorisation identity, usually empty) is ignored:
+    the user is the one ``certificate_login`` names, as in RabbitMQ."""
+    if mechanism == EXTERNAL:
+        if certificate_login is None:
+            raise ConnectionError_(
+                ACCESS_REFUSED,
+                "EXTERNAL needs a TLS connection with a verified client certificate "
+                "that names a user",
+            )
+        return certificate_login, ""
     # pamqp hands a long string back as str when it is valid UTF-8, else as bytes:
     # encoding the str as UTF-8 gives the client's bytes back (names like 'Božena')
     raw = response.encode() if isinstance(response, str) else bytes(response or b"")

@@ -23,8 +23,9 @@ from brokerd.model.errors import (
     ConnectionError_,
 )
 from brokerd.protocol.handshake import (
-    MECHANISMS,
+    EXTERNAL,
     LoginCheck,
+    mechanisms,
     parse_credentials,
     start_properties,
 )
@@ -54,7 +55,8 @@ class Negotiation:
 
     def _send_start(self: Connection) -> None:
         props = start_properties(self.server_properties)
-        self.send_method(0, commands.Connection.Start(0, 9, props, MECHANISMS, "en_US"))
+        offered = mechanisms(self.certificate_login)
+        self.send_method(0, commands.Connection.Start(0, 9, props, offered, "en_US"))
         self.state = ConnectionState.AWAIT_START_OK
 
     def _connection_method(self: Connection, method: Method) -> None:
@@ -101,7 +103,9 @@ class Negotiation:
         self.client_properties = method.client_properties or {}
         caps = self.client_properties.get("capabilities")
         self.capabilities = caps if isinstance(caps, dict) else {}
-        username, password = parse_credentials(method.mechanism, method.response)
+        username, password = parse_credentials(
+            method.mechanism, method.response, self.certificate_login
+        )
         self.state = ConnectionState.AWAIT_LOGIN
         self._check_login(LoginCheck("login", username, password, self.peer[0], method.mechanism))
 
@@ -111,7 +115,11 @@ class Negotiation:
         if self.on_login is not None:
             self.on_login(check)
             return
-        user, reason = self.broker.users.authenticate(check.username, check.password, self.peer[0])
+        users = self.broker.users
+        if check.mechanism == EXTERNAL:
+            user, reason = users.identify(check.username, self.peer[0])
+        else:
+            user, reason = users.authenticate(check.username, check.password, self.peer[0])
         self.complete_login(check, user, reason)
 
     def complete_login(self: Connection, check: LoginCheck, user: Any, reason: str) -> None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from brokerd.protocol import Connection, ConnectionState
 from brokerd.protocol.handshake import LoginCheck
 from brokerd.server.resources import CHECK_EVERY_BYTES
+from brokerd.tls import TLSSettings, peer_certificate
 
 if TYPE_CHECKING:
     from brokerd.model.broker import Broker
@@ -64,6 +65,11 @@ class AMQPHost(Protocol):
 
     def server_properties(self) -> dict[str, Any]: ...
 
+    @property
+    def tls_settings(self) -> TLSSettings | None:
+        """The TLS listener's settings (how a certificate names its user)."""
+        ...
+
 
 class AMQPProtocol(asyncio.Protocol):
     def __init__(self, server: AMQPHost) -> None:
@@ -83,6 +89,7 @@ class AMQPProtocol(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         self.transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
         peer = transport.get_extra_info("peername") or ("?", 0)
+        ssl_object = transport.get_extra_info("ssl_object")
         self.machine = Connection(
             self.server.broker,
             (str(peer[0]), int(peer[1])),
@@ -90,6 +97,8 @@ class AMQPProtocol(asyncio.Protocol):
             server_properties=self.server.server_properties(),
             hooks=self.server.hooks,
             on_login=self._on_login,
+            tls=ssl_object is not None,
+            peer_certificate=peer_certificate(ssl_object, self.server.tls_settings),
         )
         self.server.connections[self.machine.id] = self
 

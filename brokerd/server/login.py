@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from brokerd.model.auth import User, UserDatabase
 from brokerd.model.throttle import LoginThrottle
-from brokerd.protocol.handshake import LoginCheck
+from brokerd.protocol.handshake import EXTERNAL, LoginCheck
 
 log = logging.getLogger("brokerd.login")
 
@@ -50,6 +50,11 @@ class LoginService:
     async def check(self, check: LoginCheck) -> tuple[User | None, str]:
         """The user, or None and the reason; never raises for bad credentials."""
         users = self._users()
+        if check.mechanism == EXTERNAL:  # no password: the certificate was checked
+            user, reason = users.identify(check.username, check.peer_host)
+            if user is None:
+                self.refused += 1
+            return user, reason
         cached = users.cached(check.username, check.password, check.peer_host)
         if cached is not None:
             return cached, ""
