@@ -265,3 +265,37 @@ def ca_subjects(cafile: Path) -> frozenset[str]:
     except ValueError as exc:
         raise TLSConfigError(f"CA file {cafile} holds no PEM certificate: {exc}") from None
     return frozenset(cert.subject.rfc4514_string() for cert in certs)
+
+
+def check_certificate(
+    certfile: Path, keyfile: Path, cafile: Path, server_hostname: str
+) -> str | None:
+    """Why a peer trusting only ``cafile`` would refuse this certificate for
+    ``server_hostname`` (None: it would not): a TLS handshake in memory, between
+    a server with the certificate and a client with the CA, so the check is the
+    one every peer makes (issuer, signature, dates, host name)."""
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    load_chain(server, certfile, keyfile)
+    client = client_context(cafile)
+    pipes = [ssl.MemoryBIO() for _ in range(4)]
+    client_end = client.wrap_bio(pipes[0], pipes[1], server_hostname=server_hostname)
+    server_end = server.wrap_bio(pipes[2], pipes[3], server_side=True)
+    done = {"client": False, "server": False}
+    for _ in range(10):  # a TLS handshake takes a few flights
+        for name, end in (("client", client_end), ("server", server_end)):
+            if done[name]:
+                continue
+            try:
+                end.do_handshake()
+                done[name] = True
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLCertVerificationError as exc:
+                return str(exc.verify_message or exc.reason)
+            except ssl.SSLError as exc:
+                return str(exc.reason or exc)
+        pipes[2].write(pipes[1].read())  # client to server
+        pipes[0].write(pipes[3].read())  # server to client
+        if all(done.values()):
+            return None
+    return "the handshake did not finish"

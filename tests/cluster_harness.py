@@ -35,6 +35,7 @@ from typing import Any
 
 from brokerd.server.control import request
 from tests.brokerd_process import BrokerProcess, free_port
+from tests.support.certs import Pki
 from tests.support.eventually import eventually
 
 INTERVAL = 0.3
@@ -57,8 +58,10 @@ def write_cluster_file(
     interval: float = INTERVAL,
     timeout: float = TIMEOUT,
     open_timeout: float = OPEN_TIMEOUT,
+    tls: str = "",
 ) -> Path:
-    """The shared TOML file; ``ports`` may also hold whole ``host:port`` strings."""
+    """The shared TOML file; ``ports`` may also hold whole ``host:port`` strings;
+    ``tls`` is a ``[tls]`` table to append (links over mutual TLS)."""
     hosts = ", ".join(f'"{p}"' if isinstance(p, str) else f'"127.0.0.1:{p}"' for p in ports)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
@@ -68,7 +71,7 @@ def write_cluster_file(
         "[heartbeat]\n"
         f"interval = {interval}\n"
         f"timeout = {timeout}\n"
-        f"open_timeout = {open_timeout}\n"
+        f"open_timeout = {open_timeout}\n" + tls
     )
     return path
 
@@ -80,6 +83,8 @@ class Node:
     port: int
     #: the data directory of every process of this node
     home: Path
+    #: the AMQPS port (clusters whose links run over TLS: the known-host address)
+    tls_port: int | None = None
     process: BrokerProcess | None = None
     spid: str | None = None
     paused: bool = False
@@ -141,6 +146,7 @@ class Cluster:
         open_timeout: float = OPEN_TIMEOUT,
         secret: str = SECRET,
         fault_injection: bool = True,
+        tls: bool = False,
     ) -> None:
         self.base = base
         self.base.mkdir(parents=True, exist_ok=True)
@@ -151,14 +157,39 @@ class Cluster:
             Node(i, "primary" if i < primaries else "secondary", free_port(), base / f"n{i}")
             for i in range(primaries + secondaries)
         ]
+        #: links over mutual TLS: the cluster CA (tests/support/certs), else None
+        self.pki: Pki | None = None
+        tls_table = ""
+        if tls:
+            self.pki = Pki(base / "pki", name="cluster")
+            tls_table = self._tls_table(self.pki)
         self.file = write_cluster_file(
             base / "cluster.toml",
-            [n.port for n in self.nodes[:primaries]],
+            [n.tls_port or n.port for n in self.nodes[:primaries]],
             secret=secret,
             interval=interval,
             timeout=timeout,
             open_timeout=open_timeout,
+            tls=tls_table,
         )
+
+    def _tls_table(self, pki: Pki) -> str:
+        """Every node gets an AMQPS port and a certificate of its own; servers the
+        table does not name (secondaries added later) use the default one."""
+        default = pki.server("default")
+        table = (
+            '[tls]\nlinks = "required"\n'
+            f'cafile = "{pki.cafile}"\ncertfile = "{default.certfile}"\n'
+            f'keyfile = "{default.keyfile}"\n'
+        )
+        for node in self.nodes:
+            node.tls_port = free_port()
+            files = pki.issue(f"n{node.index}", "127.0.0.1", common_name=f"n{node.index}")
+            table += (
+                f'[tls.servers."127.0.0.1:{node.tls_port}"]\n'
+                f'certfile = "{files.certfile}"\nkeyfile = "{files.keyfile}"\n'
+            )
+        return table
 
     @property
     def primary_ports(self) -> list[int]:
@@ -180,7 +211,10 @@ class Cluster:
     def add_secondary(self) -> int:
         """Room for one more secondary (not in known_hosts); returns its index."""
         index = len(self.nodes)
-        self.nodes.append(Node(index, "secondary", free_port(), self.base / f"n{index}"))
+        node = Node(index, "secondary", free_port(), self.base / f"n{index}")
+        if self.pki is not None:
+            node.tls_port = free_port()
+        self.nodes.append(node)
         return len(self.nodes) - 1
 
     def start(
@@ -197,6 +231,8 @@ class Cluster:
         args = ["--cluster", str(file or self.file), "--type", node.kind]
         if self.fault_injection:
             args.append("--enable-fault-injection")
+        if node.tls_port is not None:
+            args += ["--tls-port", str(node.tls_port)]
         node.process = BrokerProcess(node.home, port=node.port, extra_args=[*args, *(extra or [])])
         node.paused = False
         node.process.spawn()

@@ -15,7 +15,7 @@ import ssl
 from typing import TYPE_CHECKING
 
 from brokerd.cluster.config import ClusterConfigError, ClusterTLS
-from brokerd.tls import TLSConfigError, ca_subjects, client_context
+from brokerd.tls import TLSConfigError, ca_subjects, check_certificate, client_context
 
 if TYPE_CHECKING:
     from brokerd.protocol.connection import Connection
@@ -36,10 +36,31 @@ class LinkTLS:
         if self._context is None:
             certfile, keyfile = self.settings.certificate_for(address)
             try:
-                self._context = client_context(self.settings.cafile, certfile, keyfile)
+                context = client_context(self.settings.cafile, certfile, keyfile)
             except TLSConfigError as exc:
                 raise ClusterConfigError(f"cluster file [tls]: {exc}") from None
+            # TLS 1.2: a peer refusing our certificate says so in the handshake, so the
+            # link can report it; under 1.3 the refusal comes after the handshake and
+            # reaches us as a bare close (its ciphers are still ECDHE with AEAD only)
+            context.maximum_version = ssl.TLSVersion.TLSv1_2
+            self._context = context
         return self._context
+
+    def check_own(self, address: str) -> None:
+        """Refuse to start with a certificate our peers would refuse (another CA,
+        expired, not for this host): said at once, here, rather than as links that
+        never come up."""
+        certfile, keyfile = self.settings.certificate_for(address)
+        host = address.rpartition(":")[0].strip("[]")
+        try:
+            why = check_certificate(certfile, keyfile, self.settings.cafile, host)
+        except TLSConfigError as exc:
+            raise ClusterConfigError(f"cluster file [tls]: {exc}") from None
+        if why is not None:
+            raise ClusterConfigError(
+                f"cluster file [tls]: this server's certificate {certfile} would be refused "
+                f"by its peers for {host}: {why} (links trust only {self.settings.cafile})"
+            )
 
     def refusal(self, conn: Connection) -> str | None:
         """Why an inbound link may not be admitted (None: it may)."""

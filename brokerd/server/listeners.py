@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from brokerd.cluster.config import ClusterConfig
+from brokerd.cluster.linktls import LinkTLS
 from brokerd.tls import TLSConfigError, TLSSettings, reload_context, server_context
 
 log = logging.getLogger("brokerd.listeners")
@@ -50,6 +51,7 @@ def make_listeners(
     if options.tls_port is None:
         raise ListenerError("the cluster file runs links over TLS: this server needs --tls-port")
     address = f"{host_name(options.bind)}:{options.tls_port}"
+    LinkTLS(cluster.tls).check_own(address)
     return Listeners(
         options.bind,
         options.port,
