@@ -34,9 +34,17 @@ pytestmark = [
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
+def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """Plain links, or links over mutual TLS for the tests parametrised with
+    ``WITH_TLS_LINKS``."""
     cluster = Cluster(
-        tmp_path, primaries=3, secondaries=1, interval=0.3, timeout=1.5, open_timeout=3.0
+        tmp_path,
+        primaries=3,
+        secondaries=1,
+        interval=0.3,
+        timeout=1.5,
+        open_timeout=3.0,
+        tls=getattr(request, "param", "plain") == "tls",
     )
     try:
         cluster.start_all()
@@ -47,6 +55,10 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
         raise
     finally:
         cluster.close()
+
+
+#: the failovers that run again with links over mutual TLS
+WITH_TLS_LINKS = pytest.mark.parametrize("cluster", ["plain", "tls"], indirect=True)
 
 
 def connect(cluster: Cluster, index: int, **kwargs: object) -> BlockingConnection:
@@ -100,6 +112,7 @@ def drain(cluster: Cluster, index: int, queue: str) -> list[bytes]:
     return got
 
 
+@WITH_TLS_LINKS
 def test_consumers_elsewhere_keep_receiving_after_the_root_dies(cluster: Cluster) -> None:
     root, (a, b) = roles(cluster)
     queue = uid("survive")
@@ -138,6 +151,7 @@ def test_consumers_elsewhere_keep_receiving_after_the_root_dies(cluster: Cluster
         consumer.close()
 
 
+@WITH_TLS_LINKS
 def test_no_confirmed_message_is_lost_when_the_root_is_killed(cluster: Cluster) -> None:
     """A confirmed stream of persistent messages through a non-root server while the
     root is killed (kill -9): every publish is acked or nacked, and every acked one
@@ -333,6 +347,7 @@ def test_replicas_journal_persistent_messages_a_restart_without_the_old_root_kee
     assert got == [b"%03d" % i for i in range(200)]
 
 
+@WITH_TLS_LINKS
 def test_a_whole_cluster_restart_keeps_durable_shared_wiring_and_messages(
     cluster: Cluster,
 ) -> None:

@@ -76,10 +76,18 @@ class Roles:
             return True
 
 
-@pytest.fixture(scope="module")
-def roles(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Roles]:
+@pytest.fixture(scope="module", params=["plain", "tls"])
+def roles(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Roles]:
+    """The cluster, with plain links and again with links over mutual TLS."""
     cluster = Cluster(
-        tmp_path_factory.mktemp("routing"), primaries=3, secondaries=1, interval=0.5, timeout=2.5
+        tmp_path_factory.mktemp("routing"),
+        primaries=3,
+        secondaries=1,
+        interval=0.5,
+        timeout=2.5,
+        tls=request.param == "tls",
     )
     try:
         root_index = cluster.start_settled()
@@ -412,7 +420,9 @@ def test_open_ok_lists_the_known_hosts(roles: Roles) -> None:
         )
         ok = raw.expect(commands.Connection.OpenOk)
     hosts = set(ok.known_hosts.split(","))
-    assert {f"127.0.0.1:{p}" for p in roles.cluster.primary_ports} <= hosts
+    # the cluster file's addresses: the AMQPS ports when links run over TLS
+    known = [n.tls_port or n.port for n in roles.cluster.nodes if n.kind == "primary"]
+    assert {f"127.0.0.1:{p}" for p in known} <= hosts
 
 
 # -- other clients ---------------------------------------------------------------------------------
