@@ -32,6 +32,11 @@ Environment:
     CONSOLE_BROKER_TOKEN    token of the broker link; unset: generated once in
                             DATA_DIR/console-broker-token (mode 0600)
     ROOKERY_CELERY_LOGLEVEL worker and beat, default WARNING (INFO shows every task)
+    ROOKERY_TLS             1: everything over TLS with a throwaway CA made in
+                            DATA_DIR/tls/ (deploy/throwaway_ca.py): the brokers serve
+                            AMQPS only (on the same ports), the cluster links run over
+                            mutual TLS, the console is https:// and the brokers link to
+                            it over wss://. Default: plain
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import sys
 import tomllib
 from collections.abc import Awaitable, Callable
@@ -56,6 +62,8 @@ REPO = Path(__file__).resolve().parents[1]
 # This checkout's console, whatever else the interpreter could import (an installed
 # copy, another checkout's editable install): Python puts deploy/ on the path, not REPO.
 sys.path.insert(0, str(REPO))
+
+import throwaway_ca  # noqa: E402  (deploy/, next to this file)
 
 from console.environment import ascii_int, new_token  # noqa: E402
 
@@ -101,6 +109,8 @@ class QuickstartConfig:
     admin_password: str | None
     broker_token: str | None
     celery_loglevel: str
+    #: ROOKERY_TLS=1: everything over TLS with a throwaway CA in DATA_DIR/tls
+    tls: bool = False
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | os._Environ[str]) -> QuickstartConfig:
@@ -129,6 +139,7 @@ class QuickstartConfig:
             admin_password=environ.get("ROOKERY_ADMIN_PASSWORD") or None,
             broker_token=get("CONSOLE_BROKER_TOKEN") or None,
             celery_loglevel=get("ROOKERY_CELERY_LOGLEVEL", "WARNING").upper(),
+            tls=get("ROOKERY_TLS", "0").lower() in ("1", "true", "yes", "on"),
         )
         ports = config.listen_ports()
         if len(set(ports.values())) != len(ports):
@@ -145,7 +156,11 @@ class QuickstartConfig:
 
     @property
     def console_url(self) -> str:
-        return f"http://{HOST}:{self.console_port}/"
+        return f"{'https' if self.tls else 'http'}://{HOST}:{self.console_port}/"
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.data_dir / "tls"
 
     @property
     def password_file(self) -> Path:
@@ -232,8 +247,18 @@ def read_or_create_secret(path: Path, make: Callable[[], str]) -> tuple[str, boo
 
 
 def ensure_cluster_file(config: QuickstartConfig, output: Output) -> None:
-    """Write DATA_DIR/cluster.toml for the three primaries, or reuse the one there."""
+    """Write DATA_DIR/cluster.toml for the three primaries, or reuse the one there
+    (rewritten when the primaries moved or ROOKERY_TLS changed)."""
     wanted = [f"{HOST}:{port}" for port in config.broker_ports[:3]]
+    tls_table = ""
+    if config.tls:
+        pki = throwaway_ca.ThrowawayPki(config.tls_dir)
+        certfile, keyfile = pki.server
+        tls_table = (
+            '[tls]\nlinks = "required"\n'
+            f"cafile = {_toml_str(str(pki.cafile))}\n"
+            f"certfile = {_toml_str(str(certfile))}\nkeyfile = {_toml_str(str(keyfile))}\n"
+        )
     name, secret = "quickstart", new_token(24)
     path = config.cluster_file
     if path.exists():
@@ -241,22 +266,39 @@ def ensure_cluster_file(config: QuickstartConfig, output: Output) -> None:
             current = tomllib.loads(path.read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise QuickstartError(f"{path} is not readable TOML ({exc}): fix or delete it") from exc
-        if current.get("known_hosts") == wanted:
+        links = current.get("tls", {}).get("links", "off")
+        if current.get("known_hosts") == wanted and (links == "required") == config.tls:
             return
         name = str(current.get("name", name))
         secret = str(current.get("secret") or secret)
-        output.say(f"{path}: primaries moved to {', '.join(wanted)}; rewriting known_hosts")
+        output.say(f"{path}: rewriting it for {', '.join(wanted)}, TLS links {config.tls}")
     text = (
         "# Written by deploy/quickstart.py (make run); reused by the next run.\n"
         f"name = {_toml_str(name)}\n"
         f"secret = {_toml_str(secret)}\n"
-        f"known_hosts = [{', '.join(_toml_str(h) for h in wanted)}]\n"
+        f"known_hosts = [{', '.join(_toml_str(h) for h in wanted)}]\n" + tls_table
     )
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(text)
     tmp.replace(path)
+
+
+def ensure_tls_files(config: QuickstartConfig, output: Output) -> None:
+    """ROOKERY_TLS=1: the throwaway CA and certificates, and the brokers' brokerd.toml
+    (its [tls] table: client certificates from the CA are checked when sent, and
+    name their user for SASL EXTERNAL)."""
+    pki, made = throwaway_ca.ensure(config.tls_dir)
+    if made:
+        output.say(f"made a throwaway CA and certificates in {config.tls_dir}")
+    certfile, keyfile = pki.server
+    (config.tls_dir / "brokerd.toml").write_text(
+        "# Written by deploy/quickstart.py (ROOKERY_TLS=1 make run).\n"
+        "[tls]\n"
+        f"certfile = {_toml_str(str(certfile))}\nkeyfile = {_toml_str(str(keyfile))}\n"
+        f'cafile = {_toml_str(str(pki.cafile))}\nverify = "peer"\n'
+    )
 
 
 def _toml_str(value: str) -> str:
@@ -479,9 +521,12 @@ async def _tcp_open(port: int) -> bool:
     return True
 
 
-async def _exchange(port: int, request: bytes) -> bytes:
+async def _exchange(port: int, request: bytes, tls: ssl.SSLContext | None = None) -> bytes:
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(HOST, port), 1.0)
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(HOST, port, ssl=tls, server_hostname=HOST if tls else None),
+            2.0,
+        )
     except (OSError, TimeoutError):
         return b""
     try:
@@ -503,11 +548,11 @@ def redis_probe(port: int) -> Probe:
     return probe
 
 
-def http_probe(port: int, path: str) -> Probe:
+def http_probe(port: int, path: str, tls: ssl.SSLContext | None = None) -> Probe:
     request = f"GET {path} HTTP/1.0\r\nHost: {HOST}:{port}\r\n\r\n".encode()
 
     async def probe() -> bool:
-        return b" 200 " in await _exchange(port, request)
+        return b" 200 " in await _exchange(port, request, tls)
 
     return probe
 
@@ -567,19 +612,36 @@ def build_services(config: QuickstartConfig, base_env: dict[str, str]) -> list[S
         redis_argv += options(dir=redis_dir, save="", appendonly="no", daemonize="no")
         services.append(Service("redis", redis_argv, base_env, redis_probe(config.redis_port)))
     console_argv = [py, "manage.py", "runserver", "--noreload", f"{HOST}:{config.console_port}"]
+    console_env = dict(base_env, DEBUG="1")
+    link = f"ws://{HOST}:{config.console_port}/ws/brokers/"
+    probe_context: ssl.SSLContext | None = None
+    if config.tls:
+        pki = throwaway_ca.ThrowawayPki(config.tls_dir)
+        certfile, keyfile = pki.server
+        endpoint = f"ssl:{config.console_port}:interface={HOST}:privateKey={keyfile}"
+        console_argv = [py, "-m", "daphne", "-e", f"{endpoint}:certKey={certfile}"]
+        console_argv.append("console.asgi:application")
+        console_env["CONSOLE_HTTPS"] = "1"
+        link = f"wss://{HOST}:{config.console_port}/ws/brokers/"
+        probe_context = ssl.create_default_context(cafile=str(pki.cafile))
     services.append(
         Service(
             "console",
             console_argv,
-            dict(base_env, DEBUG="1"),
-            http_probe(config.console_port, "/healthz"),
+            console_env,
+            http_probe(config.console_port, "/healthz", probe_context),
         )
     )
-    link = f"ws://{HOST}:{config.console_port}/ws/brokers/"
     # The token goes in the environment, not on the command line (visible in ps).
     broker_env = dict(base_env, ROOKERY_CONSOLE_TOKEN=base_env["CONSOLE_BROKER_TOKEN"])
     for index, (name, port) in enumerate(zip(BROKER_NAMES, config.broker_ports, strict=True)):
-        broker_argv = [py, "-m", "brokerd", *options(bind=HOST, port=port)]
+        broker_argv = [py, "-m", "brokerd", *options(bind=HOST)]
+        if config.tls:
+            tls_dir = config.tls_dir
+            broker_argv += options(port="off", tls_port=port, config=tls_dir / "brokerd.toml")
+            broker_argv += options(console_cafile=throwaway_ca.ThrowawayPki(tls_dir).cafile)
+        else:
+            broker_argv += options(port=port)
         broker_argv += options(
             data_dir=config.data_dir / "brokers" / str(index + 1),
             cluster=config.cluster_file,
@@ -626,6 +688,22 @@ def child_environment(config: QuickstartConfig, token: str) -> dict[str, str]:
     return env
 
 
+def broker_lines(config: QuickstartConfig, brokers: str) -> list[str]:
+    first = config.broker_ports[0]
+    if not config.tls:
+        return [
+            f"  brokers  AMQP on {HOST} ports {brokers}: three primaries and a secondary,",
+            f"           guest/guest from loopback, e.g. amqp://guest:guest@{HOST}:{first}/",
+        ]
+    ca = throwaway_ca.ThrowawayPki(config.tls_dir)
+    return [
+        f"  brokers  AMQPS only on {HOST} ports {brokers}: three primaries and a secondary,",
+        f"           links over mutual TLS; trust {ca.cafile}",
+        f"           guest/guest, or the certificate {ca.client[0]} (EXTERNAL, as guest),",
+        f"           e.g. amqps://guest:guest@{HOST}:{first}/?cafile={ca.cafile}",
+    ]
+
+
 def summary(config: QuickstartConfig, password_where: str) -> str:
     login = f"password {password_where}"
     brokers = ", ".join(str(p) for p in config.broker_ports)
@@ -634,9 +712,7 @@ def summary(config: QuickstartConfig, password_where: str) -> str:
         [
             "Rookery is running:",
             f"  console  {config.console_url}  (user {config.admin_user!r}, {login})",
-            f"  brokers  AMQP on {HOST} ports {brokers}: three primaries and a secondary,",
-            f"           guest/guest from loopback, e.g. amqp://guest:guest@{HOST}:"
-            f"{config.broker_ports[0]}/",
+            *broker_lines(config, brokers),
             f"  redis    {redis}",
             "  celery   worker and beat",
             "Ctrl-C stops everything.",
@@ -689,6 +765,8 @@ def main() -> int:
         token = config.broker_token
         if token is None:
             token, _ = read_or_create_secret(config.token_file, lambda: new_token(32))
+        if config.tls:
+            ensure_tls_files(config, output)
         ensure_cluster_file(config, output)
         env = child_environment(config, token)
         os.environ.update(env)  # Django in this process reads the same settings

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -38,9 +39,13 @@ LEAKY_ENV = (*CONSOLE_SETTINGS_ENV, "ROOKERY_ADMIN_USER", "ROOKERY_ADMIN_PASSWOR
 class Quickstart:
     """deploy/quickstart.py as a subprocess whose output is collected line by line."""
 
-    def __init__(self, data_dir: Path, console_port: int, broker_ports: list[int]) -> None:
+    def __init__(
+        self, data_dir: Path, console_port: int, broker_ports: list[int], *, tls: bool = False
+    ) -> None:
         self.console_port = console_port
         self.broker_ports = broker_ports
+        #: ROOKERY_TLS=1: the console is https://, verified against DATA_DIR/tls/ca.pem
+        self.tls_dir = data_dir / "tls" if tls else None
         env = environ_without(LEAKY_ENV)
         env.update(
             DATA_DIR=str(data_dir),
@@ -48,6 +53,7 @@ class Quickstart:
             ROOKERY_BROKER_PORTS=",".join(map(str, broker_ports)),
             ROOKERY_REDIS_PORT=str(free_port()),
             NO_COLOR="1",
+            ROOKERY_TLS="1" if tls else "0",
         )
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
@@ -98,12 +104,21 @@ class Quickstart:
         return "\n".join(self.lines[-lines:])
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.console_port}{path}"
+        scheme = "https" if self.tls_dir is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.console_port}{path}"
+
+    def context(self) -> ssl.SSLContext | None:
+        """Trust in the quickstart's throwaway CA (ROOKERY_TLS=1), else None."""
+        if self.tls_dir is None:
+            return None
+        return ssl.create_default_context(cafile=str(self.tls_dir / "ca.pem"))
 
     def http(self, path: str, form: dict[str, str] | None = None) -> tuple[int, bytes]:
         data = urllib.parse.urlencode(form).encode() if form is not None else None
         try:
-            with urllib.request.urlopen(self.url(path), data=data, timeout=10) as resp:
+            with urllib.request.urlopen(
+                self.url(path), data=data, timeout=10, context=self.context()
+            ) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as err:
             return err.code, err.read()
@@ -148,7 +163,7 @@ def linked_brokers(qs: Quickstart, token: str, want: int = 4, timeout: float = 3
     )
     deadline = time.monotonic() + timeout
     while True:
-        with urllib.request.urlopen(request, timeout=10) as resp:
+        with urllib.request.urlopen(request, timeout=10, context=qs.context()) as resp:
             brokers = json.load(resp)["results"]
         names = {b["name"] for b in brokers if b["connected"]}
         if len(names) >= want or time.monotonic() > deadline:
@@ -230,5 +245,55 @@ def test_quickstart_runs_everything_and_stops_cleanly(tmp_path: Path) -> None:
         assert qs.wait_exit() == 1, qs.tail()
         assert "secondary exited unexpectedly" in qs.output
         assert gone(children) == []
+    finally:
+        qs.kill_leftovers()
+
+
+def test_quickstart_over_tls(tmp_path: Path) -> None:
+    """ROOKERY_TLS=1: a throwaway CA, AMQPS only on the broker ports, TLS links, the
+    console on https:// and the brokers linked to it over wss://."""
+    data_dir = tmp_path / "var"
+    console_port = free_port()
+    broker_ports = [free_port() for _ in range(4)]
+    qs = Quickstart(data_dir, console_port, broker_ports, tls=True)
+    try:
+        qs.wait_running()
+        tls_dir = data_dir / "tls"
+        assert (tls_dir / "server.key").stat().st_mode & 0o777 == 0o600
+        assert f"trust {tls_dir / 'ca.pem'}" in qs.output
+        status, body = qs.http("/healthz")
+        assert (status, json.loads(body)) == (200, {"status": "ok"})
+        password = (data_dir / "admin-password").read_text().strip()
+        status, token = api_token(qs, "admin", password)
+        assert status == 200 and token.get("token"), token
+        # the brokers reach the console over wss://, verified against the throwaway CA
+        assert linked_brokers(qs, token["token"]) == {f"127.0.0.1:{p}" for p in broker_ports}
+        cluster = (data_dir / "cluster.toml").read_text()
+        assert 'links = "required"' in cluster
+        context = ssl.create_default_context(cafile=str(tls_dir / "ca.pem"))
+        context.load_cert_chain(tls_dir / "client.pem", tls_dir / "client.key")
+        for port in broker_ports:
+            # the client certificate (CN guest) logs in with EXTERNAL
+            params = pika.ConnectionParameters(
+                "127.0.0.1",
+                port,
+                credentials=pika.credentials.ExternalCredentials(),
+                ssl_options=pika.SSLOptions(context, server_hostname="127.0.0.1"),
+                connection_attempts=1,
+            )
+            conn = pika.BlockingConnection(params)
+            conn.channel().queue_declare("", exclusive=True)
+            conn.close()
+        # nothing plain answers on a broker port
+        plain = pika.ConnectionParameters(
+            "127.0.0.1", broker_ports[0], connection_attempts=1, socket_timeout=5
+        )
+        with pytest.raises(pika.exceptions.AMQPConnectionError):
+            pika.BlockingConnection(plain)
+        children = qs.children()
+        qs.proc.send_signal(signal.SIGINT)
+        assert qs.wait_exit() == 0, qs.tail()
+        assert gone(children) == []
+        assert "Exception inside application" not in qs.output
     finally:
         qs.kill_leftovers()
