@@ -33,7 +33,7 @@ Environment:
                             DATA_DIR/console-broker-token (mode 0600)
     ROOKERY_CELERY_LOGLEVEL worker and beat, default WARNING (INFO shows every task)
     ROOKERY_TLS             1: everything over TLS with a throwaway CA made in
-                            DATA_DIR/tls/ (deploy/throwaway_ca.py): the brokers serve
+                            DATA_DIR/tls/ (brokerd/throwaway_ca.py): the brokers serve
                             AMQPS only (on the same ports), the cluster links run over
                             mutual TLS, the console is https:// and the brokers link to
                             it over wss://. Default: plain
@@ -63,8 +63,8 @@ REPO = Path(__file__).resolve().parents[1]
 # copy, another checkout's editable install): Python puts deploy/ on the path, not REPO.
 sys.path.insert(0, str(REPO))
 
-import throwaway_ca  # noqa: E402  (deploy/, next to this file)
 
+from brokerd import throwaway_ca  # noqa: E402
 from console.environment import ascii_int, new_token  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent

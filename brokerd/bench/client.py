@@ -64,6 +64,9 @@ class Client:
     def connect(self) -> Client:
         sock = socket.create_connection((self.url.host, self.url.port), timeout=self.timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        context = self.url.ssl_context()
+        if context is not None:
+            sock = context.wrap_socket(sock, server_hostname=self.url.host)
         self.sock = sock
         sock.sendall(frames.PROTOCOL_HEADER)
         start = self.wait(0, commands.Connection.Start)

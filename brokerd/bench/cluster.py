@@ -40,23 +40,42 @@ from typing import Any
 from brokerd.bench.failover import Node
 from brokerd.bench.ports import free_port
 from brokerd.bench.scenarios import BenchError, Options, run_scenario
+from brokerd.throwaway_ca import ThrowawayPki
 
 GUEST = "amqp://guest:guest@127.0.0.1:{port}/"
 
 
 class BrokerdCluster:
-    """Three brokerd primaries (index 0 is the most senior, so the root)."""
+    """Three brokerd primaries (index 0 is the most senior, so the root); with
+    ``tls``, links over mutual TLS (the known hosts are the AMQPS ports; clients
+    still use the plain ``ports``)."""
 
-    def __init__(self, base: Path, size: int = 3) -> None:
+    def __init__(self, base: Path, size: int = 3, tls: ThrowawayPki | None = None) -> None:
         self.ports = [free_port() for _ in range(size)]
-        hosts = ", ".join(f'"127.0.0.1:{p}"' for p in self.ports)
+        self.tls_ports = [free_port() for _ in range(size)] if tls is not None else []
+        hosts = ", ".join(f'"127.0.0.1:{p}"' for p in (self.tls_ports or self.ports))
         base.mkdir(parents=True, exist_ok=True)
         self.file = base / "cluster.toml"
+        table = ""
+        if tls is not None:
+            certfile, keyfile = tls.server
+            table = (
+                f'[tls]\nlinks = "required"\ncafile = "{tls.cafile}"\n'
+                f'certfile = "{certfile}"\nkeyfile = "{keyfile}"\n'
+            )
         self.file.write_text(
-            f'name = "bench"\nsecret = "bench-secret-1"\nknown_hosts = [{hosts}]\n'
+            f'name = "bench"\nsecret = "bench-secret-1"\nknown_hosts = [{hosts}]\n{table}'
         )
         self.nodes = [
-            Node(base, i, port, self.file, "primary") for i, port in enumerate(self.ports)
+            Node(
+                base,
+                i,
+                port,
+                self.file,
+                "primary",
+                ["--tls-port", str(self.tls_ports[i])] if tls is not None else None,
+            )
+            for i, port in enumerate(self.ports)
         ]
 
     def start(self, timeout: float = 30.0) -> str:
@@ -87,7 +106,7 @@ RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
 class RabbitCluster:
     """Three rabbitmq-server nodes on their own ports, joined into one cluster."""
 
-    def __init__(self, base: Path, size: int = 3) -> None:
+    def __init__(self, base: Path, size: int = 3, tls: ThrowawayPki | None = None) -> None:
         self.base = base
         base.mkdir(parents=True, exist_ok=True)
         cookie = base / ".erlang.cookie"  # HOME for the nodes and rabbitmqctl alike
@@ -96,6 +115,10 @@ class RabbitCluster:
         self.nodes = [f"rkb{i + 1}@localhost" for i in range(size)]
         self.ports = [free_port() for _ in range(size)]
         self.dist_ports = [free_port() for _ in range(size)]
+        #: with ``tls``: an AMQPS listener beside the plain one (``ssl_options``,
+        #: no client certificate asked, as brokerd's ``verify = "none"``)
+        self.tls = tls
+        self.tls_ports = [free_port() for _ in range(size)] if tls is not None else []
 
     def _env(self, i: int) -> dict[str, str]:
         home = self.base / f"rk{i + 1}"
@@ -108,6 +131,20 @@ class RabbitCluster:
             RABBITMQ_MNESIA_BASE=str(home / "mnesia"),
             RABBITMQ_LOG_BASE=str(home / "log"),
             RABBITMQ_ENABLED_PLUGINS_FILE=str(home / "enabled_plugins"),
+            RABBITMQ_CONFIG_FILE=str(home / "rabbitmq.conf"),
+        )
+
+    def _config(self, i: int) -> str:
+        if self.tls is None:
+            return ""
+        certfile, keyfile = self.tls.server
+        return (
+            f"listeners.ssl.default = {self.tls_ports[i]}\n"
+            f"ssl_options.cacertfile = {self.tls.cafile}\n"
+            f"ssl_options.certfile = {certfile}\n"
+            f"ssl_options.keyfile = {keyfile}\n"
+            "ssl_options.verify = verify_none\n"
+            "ssl_options.fail_if_no_peer_cert = false\n"
         )
 
     def _ctl(self, i: int, *args: str, timeout: float = 120.0) -> None:
@@ -131,6 +168,7 @@ class RabbitCluster:
             home = self.base / f"rk{i + 1}"
             home.mkdir(parents=True, exist_ok=True)
             (home / "enabled_plugins").write_text("[].\n")
+            (home / "rabbitmq.conf").write_text(self._config(i))
             subprocess.run(
                 [str(self._bin("rabbitmq-server")), "-detached"],
                 env=self._env(i),

@@ -70,7 +70,13 @@ class Node:
     """One brokerd process (standalone when ``cluster`` is None)."""
 
     def __init__(
-        self, base: Path, index: int, port: int, cluster: Path | None, kind: str = "primary"
+        self,
+        base: Path,
+        index: int,
+        port: int,
+        cluster: Path | None,
+        kind: str = "primary",
+        extra: list[str] | None = None,
     ) -> None:
         self.data_dir = base / f"n{index}"
         self.port = port
@@ -86,6 +92,7 @@ class Node:
             "--data-dir",
             str(self.data_dir),
             *clustered,
+            *(extra or []),
             "--log-level",
             "warning",
         ]

@@ -17,9 +17,10 @@ construction); the hot paths only reuse those bytes:
 
 from __future__ import annotations
 
+import ssl
 import struct
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from pamqp import body as pbody
 from pamqp import commands, frame, header
@@ -53,25 +54,36 @@ class FrameError(Exception):
 
 
 class AMQPURL:
-    """``amqp://user:pass@host:port/vhost`` as pika reads it (``/`` or no path = vhost ``/``)."""
+    """``amqp://user:pass@host:port/vhost`` as pika reads it (``/`` or no path = vhost ``/``);
+    ``amqps://...?cafile=PEM`` for TLS (port 5671 by default; the CA file verifies the
+    server, else the system's trust store does)."""
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
-        if parts.scheme != "amqp":
-            raise ValueError(f"only amqp:// URLs are supported, not {url!r}")
+        if parts.scheme not in ("amqp", "amqps"):
+            raise ValueError(f"only amqp:// and amqps:// URLs are supported, not {url!r}")
         self.url = url
+        self.tls = parts.scheme == "amqps"
         self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or 5672
+        self.port = parts.port or (5671 if self.tls else 5672)
         self.user = unquote(parts.username) if parts.username is not None else "guest"
         self.password = unquote(parts.password) if parts.password is not None else "guest"
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
         self.vhost = unquote(path) if path else "/"
+        self.cafile = parse_qs(parts.query).get("cafile", [None])[0]
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The client context for an amqps:// URL (None for amqp://)."""
+        if not self.tls:
+            return None
+        return ssl.create_default_context(cafile=self.cafile)
 
     @property
     def redacted(self) -> str:
         """The URL without its password, for reports."""
         vhost = "" if self.vhost == "/" else self.vhost.replace("/", "%2F")
-        return f"amqp://{self.user}@{self.host}:{self.port}/{vhost}"
+        scheme = "amqps" if self.tls else "amqp"
+        return f"{scheme}://{self.user}@{self.host}:{self.port}/{vhost}"
 
     def __repr__(self) -> str:
         return f"AMQPURL({self.redacted!r})"

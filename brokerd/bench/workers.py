@@ -14,6 +14,7 @@ import select
 import selectors
 import signal
 import socket
+import ssl
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -157,6 +158,7 @@ def _publisher(cfg: PublisherConfig, shared: Shared, slot: int) -> None:
     sock.settimeout(None)
     poller = select.poll()
     poller.register(sock, select.POLLIN)
+    tls = isinstance(sock, ssl.SSLSocket)
     buf, view, have = frames.read_buffer(RECV_BUFFER, client.frame_max, client.buf)
     counts = [0] * (client.channel_max + 2)
     others: list[tuple[int, bytes]] = []
@@ -187,7 +189,8 @@ def _publisher(cfg: PublisherConfig, shared: Shared, slot: int) -> None:
                 pub[PUBLISHED] = published
                 if not confirm:
                     continue
-            if not poller.poll(wait_ms):
+            # over TLS, bytes already decrypted wait in the SSL object, not the socket
+            if not (tls and sock.pending()) and not poller.poll(wait_ms):  # type: ignore[attr-defined]
                 continue
             n = sock.recv_into(view[have:])
             if not n:
@@ -260,12 +263,13 @@ def _consumer(cfg: ConsumerConfig, shared: Shared, slot: int) -> None:
         delivered = shared.delivered
         stop = shared.stop
         while not stop.value:
-            for key, _mask in selector.select(0.2):
-                conn = key.data
+            # over TLS, bytes already decrypted wait in the SSL object, not the socket
+            ready = [c for c in conns if isinstance(c.sock, ssl.SSLSocket) and c.sock.pending()]
+            for conn in ready or [key.data for key, _mask in selector.select(0.2)]:
                 buf, have = conn.buf, conn.have
                 try:
                     n = conn.sock.recv_into(conn.view[have:])
-                except BlockingIOError:
+                except (BlockingIOError, ssl.SSLWantReadError):
                     continue
                 if not n:
                     raise ServerClosed("consumer: server closed the connection")

@@ -1,4 +1,4 @@
-"""A throwaway CA and loopback certificates for ``ROOKERY_TLS=1 make run``.
+"""A throwaway CA and loopback certificates: ``ROOKERY_TLS=1 make run``, the TLS benchmarks.
 
 Made once in ``DATA_DIR/tls/`` and reused while valid: ``ca.pem`` (the CA
 anyone trying it points a client at), ``server.pem``/``server.key`` (every
