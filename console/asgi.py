@@ -10,6 +10,10 @@ production nginx serves the collected files). Websockets split in two:
   be one of ALLOWED_HOSTS), the session-based auth middleware (``scope["user"]``)
   and the routes in ``websocket_urlpatterns``; a path nobody serves is refused
   at the handshake (HTTP 403) rather than failing with an error.
+
+Around it all: with DEBUG on, only loopback clients are served
+(``console.loopback``), and a Content-Type Django cannot parse is a 400
+(``console.bodylimits``), not the 500 its request constructor would cause.
 """
 
 import os
@@ -30,7 +34,9 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from django.urls import re_path  # noqa: E402
 
 from clusterapi.consumers import BrokerLinkConsumer, refuse_websocket  # noqa: E402
+from console.bodylimits import RefuseUnreadableContentType  # noqa: E402
 from console.dashboard import routing as dashboard_routing  # noqa: E402
+from console.loopback import LoopbackOnlyDebugApp  # noqa: E402
 
 BROKER_LINK_PATHS = frozenset({"/ws/brokers/", "/ws/brokers"})
 
@@ -53,4 +59,8 @@ async def websocket_router(scope: dict[str, Any], receive: Any, send: Any) -> No
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.DEBUG else django_asgi_app
 
-application = ProtocolTypeRouter({"http": http_app, "websocket": websocket_router})
+application = LoopbackOnlyDebugApp(
+    RefuseUnreadableContentType(
+        ProtocolTypeRouter({"http": http_app, "websocket": websocket_router})
+    )
+)

@@ -10,7 +10,18 @@ Environment (see ``deploy/README.md`` and ``deploy/console.env.example``):
                        and kept in ``DATA_DIR/secret_key`` (mode 0600). Set it when
                        several hosts serve the same console.
 ``DEBUG``              ``1`` for development (tracebacks, static files served by
-                       ``runserver``). Default ``0``.
+                       ``runserver``). Default ``0``. With ``DEBUG`` on the console
+                       answers loopback clients only: a request from any other
+                       address, or carrying a proxy's ``X-Forwarded-For``,
+                       ``X-Real-IP`` or ``Forwarded`` header, gets a plain 403, so
+                       no debug page reaches another machine (``console/loopback.py``).
+``MAX_REQUEST_BODY_BYTES`` the largest request body accepted, forms and JSON alike
+                       (also Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE``); larger is
+                       refused with a 400 before it is read. Default 1048576 (1 MiB).
+``MAX_JSON_DEPTH``     how deeply a JSON body (API) or document (configuration
+                       editor) may nest arrays and objects; deeper is refused with a
+                       400 before parsing. Default 32 (a configuration request
+                       nests 5).
 ``ALLOWED_HOSTS``      comma-separated host names; default ``127.0.0.1,localhost``.
 ``CSRF_TRUSTED_ORIGINS`` comma-separated origins (``https://console.example.com``)
                        allowed to POST when they differ from the request's own host.
@@ -66,6 +77,7 @@ import datetime as dt
 from pathlib import Path
 
 from console.environment import (
+    SettingError,
     ensure_sqlite_directory,
     env_bool,
     env_int,
@@ -110,6 +122,10 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # before anything that can fail or read a body: DEBUG answers loopback clients only,
+    # and bodies are bounded before CSRF or a view parses them (DESIGN.md section 10)
+    "console.loopback.LoopbackOnlyDebugMiddleware",
+    "console.bodylimits.BodyLimitsMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -239,6 +255,15 @@ SECURE_REFERRER_POLICY = "same-origin"
 SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
 
+# -- request limits (console/bodylimits.py) -----------------------------------------------
+
+MAX_REQUEST_BODY_BYTES = env_int("MAX_REQUEST_BODY_BYTES", 1024 * 1024)
+MAX_JSON_DEPTH = env_int("MAX_JSON_DEPTH", 32)
+if MAX_REQUEST_BODY_BYTES < 1 or MAX_JSON_DEPTH < 1:
+    raise SettingError("MAX_REQUEST_BODY_BYTES and MAX_JSON_DEPTH must be at least 1")
+# Django's own check when a form body is read, and for bodies without a length
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
+
 # -- REST API -----------------------------------------------------------------------------
 
 REST_FRAMEWORK = {
@@ -247,6 +272,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # DRF's defaults with its JSON parser replaced (clusterapi/api/parsers.py)
+    "DEFAULT_PARSER_CLASSES": [
+        "clusterapi.api.parsers.SafeJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 100,
     "DEFAULT_SCHEMA_CLASS": "clusterapi.api.schema.ApiSchema",

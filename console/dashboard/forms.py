@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django import forms
@@ -10,6 +9,7 @@ from django import forms
 from clusterapi import configs
 from clusterapi.configs import COMMENT_MAX
 from clusterapi.errors import InvalidRequest
+from console.jsonlimits import JsonRefused, load_json
 
 
 class ConfigForm(forms.Form):
@@ -37,7 +37,10 @@ class ConfigForm(forms.Form):
     def clean_document(self) -> Any:
         text = self.cleaned_data["document"]
         try:
-            document = json.loads(text)
+            # the API's reader: a deep or absurd document is a form error, never a 500
+            document = load_json(text)
+        except JsonRefused as exc:
+            raise forms.ValidationError(f"not accepted: {exc}") from None
         except ValueError as exc:
             line = getattr(exc, "lineno", None)
             where = f" (line {line}, column {exc.colno})" if line else ""
