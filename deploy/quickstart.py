@@ -271,7 +271,8 @@ def ensure_cluster_file(config: QuickstartConfig, output: Output) -> None:
             return
         name = str(current.get("name", name))
         secret = str(current.get("secret") or secret)
-        output.say(f"{path}: rewriting it for {', '.join(wanted)}, TLS links {config.tls}")
+        links_now = "over TLS" if config.tls else "plain"
+        output.say(f"{path}: rewriting known_hosts ({', '.join(wanted)}), links {links_now}")
     text = (
         "# Written by deploy/quickstart.py (make run); reused by the next run.\n"
         f"name = {_toml_str(name)}\n"

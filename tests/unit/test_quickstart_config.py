@@ -166,3 +166,23 @@ def test_the_closing_summary_says_where_the_password_is_in_every_case(tmp_path: 
     assert where == f"in {fresh.password_file}"
     _, where = qs.choose_admin_password(fresh, False, quiet, works=lambda p: False)
     assert where.startswith("changed in the console") and "holds the old one" in where
+
+
+def test_rookery_tls_rewrites_the_cluster_file_with_tls_links(tmp_path: Path) -> None:
+    out = qs.Output(io.StringIO())
+    plain = config(tmp_path)
+    qs.ensure_cluster_file(plain, out)
+    secret = tomllib.loads(plain.cluster_file.read_text())["secret"]
+    tls = config(tmp_path, ROOKERY_TLS="1")
+    assert tls.tls and tls.console_url.startswith("https://")
+    qs.ensure_tls_files(tls, out)
+    qs.ensure_cluster_file(tls, out)
+    doc = tomllib.loads(tls.cluster_file.read_text())
+    assert doc["secret"] == secret
+    assert doc["tls"]["links"] == "required"
+    assert Path(doc["tls"]["cafile"]) == tls.tls_dir / "ca.pem"
+    assert (tls.tls_dir / "server.key").stat().st_mode & 0o777 == 0o600
+    assert "links over TLS" in out.stream.getvalue()
+    # back to plain: the [tls] table goes
+    qs.ensure_cluster_file(plain, out)
+    assert "tls" not in tomllib.loads(plain.cluster_file.read_text())
