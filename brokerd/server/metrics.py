@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from brokerd.model.auth import is_loopback
 from brokerd.server.host import ServerState
 
 if TYPE_CHECKING:
@@ -342,7 +343,15 @@ class MetricsServer:
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._handle, self.bind, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
-        log.info("metrics listening bind=%s port=%d", self.bind, self.port)
+        if is_loopback(self.bind):
+            log.info("metrics listening bind=%s port=%d (loopback only)", self.bind, self.port)
+        else:
+            log.warning(
+                "metrics listening bind=%s port=%d: reachable from the network, without "
+                "authentication (the default binds 127.0.0.1)",
+                self.bind,
+                self.port,
+            )
 
     def close(self) -> None:
         if self._server is not None:

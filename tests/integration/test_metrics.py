@@ -156,4 +156,5 @@ def test_metrics_off_by_default_and_loopback_by_default(broker: BrokerProcess, m
     assert f"0100007F:{port:04X}" in listeners  # 127.0.0.1
     assert f"00000000:{port:04X}" not in listeners  # not 0.0.0.0
     assert "metrics listening bind=127.0.0.1" in metered_broker.log_text()
+    assert "(loopback only)" in metered_broker.log_text()
     assert "metrics listening" not in broker.log_text()  # the default broker serves none
