@@ -200,7 +200,11 @@ def test_urls() -> None:
     assert AMQPURL("amqp://h").vhost == "/"
     assert "b@c" not in AMQPURL("amqp://a:b%40c@h/").redacted
     with pytest.raises(ValueError):
-        AMQPURL("amqps://h/")
+        AMQPURL("http://h/")
+    tls = AMQPURL("amqps://h/?cafile=/etc/ca.pem")
+    assert (tls.tls, tls.port, tls.cafile) == (True, 5671, "/etc/ca.pem")
+    assert tls.redacted == "amqps://guest@h:5671/"
+    assert AMQPURL("amqp://h").ssl_context() is None
 
 
 @pytest.mark.integration  # starts a Python process
