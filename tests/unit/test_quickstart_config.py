@@ -105,7 +105,7 @@ def test_cluster_file_is_reused_and_follows_moved_primaries(tmp_path: Path) -> N
 
 def test_output_prefixes_every_line_and_survives_a_closed_reader() -> None:
     stream = io.StringIO()
-    out = qs.Output(stream)
+    out = qs.Output(stream, qs.PROCESS_NAMES)  # labels as wide as the longest name
     out.line("primary1", "hello")
     out.say("two\nlines")
     assert stream.getvalue().splitlines() == [
