@@ -30,6 +30,7 @@ shutdown (clients get connection.close 320), SIGHUP re-read --config.
 
 
 CONSOLE_TOKEN_ENV = "ROOKERY_CONSOLE_TOKEN"
+CONSOLE_CAFILE_ENV = "ROOKERY_CONSOLE_CAFILE"
 
 
 def console_url_problem(url: str) -> str | None:
@@ -43,6 +44,20 @@ def console_url_problem(url: str) -> str | None:
         parse_uri(url)
     except (InvalidURI, ValueError) as exc:  # urllib raises ValueError for a bad port
         return f"--console {url!r}: {exc}"
+    return None
+
+
+def console_cafile_problem(
+    url: str, cafile: Path | None, source: str = "--console-cafile"
+) -> str | None:
+    """Why ``cafile`` cannot verify the console at ``url`` (a ws:// URL, a file that
+    is missing or holds no CA), or None: refused at startup, not at the first link."""
+    from brokerd.consolelink.tls import ConsoleTLSError, client_context
+
+    try:
+        client_context(url, cafile)
+    except ConsoleTLSError as exc:
+        return f"{source}: {exc}"
     return None
 
 
@@ -144,6 +159,16 @@ def build_parser() -> argparse.ArgumentParser:
         f"default, and preferred: the environment variable {CONSOLE_TOKEN_ENV}",
     )
     parser.add_argument(
+        "--console-cafile",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="CA bundle (PEM) that verifies the console's certificate on a wss:// --console "
+        "(always verified: certificate required, host name checked, TLS 1.2 or later; "
+        "re-read at each reconnect); default: the environment variable "
+        f"{CONSOLE_CAFILE_ENV}, else the system's trust store; refused with ws://",
+    )
+    parser.add_argument(
         "--metrics-port",
         type=_port,
         default=None,
@@ -217,15 +242,24 @@ def main(argv: list[str] | None = None) -> int:
     token = args.console_token
     if token is None:
         token = os.environ.get(CONSOLE_TOKEN_ENV, "")
+    cafile = args.console_cafile
+    if cafile is None and os.environ.get(CONSOLE_CAFILE_ENV):
+        cafile = Path(os.environ[CONSOLE_CAFILE_ENV])
     if args.console is not None:
         problem = console_url_problem(args.console)
         if problem is None and not token:
             problem = f"--console needs a token (--console-token or {CONSOLE_TOKEN_ENV})"
+        if problem is None:
+            source = "--console-cafile" if args.console_cafile else CONSOLE_CAFILE_ENV
+            problem = console_cafile_problem(args.console, cafile, source)
         if problem is not None:
             print(f"brokerd: {problem}", file=sys.stderr)
             return 2
     elif args.console_token is not None:
         print("brokerd: --console-token needs --console", file=sys.stderr)
+        return 2
+    elif args.console_cafile is not None:
+        print("brokerd: --console-cafile needs --console", file=sys.stderr)
         return 2
     return run(
         ServerOptions(
@@ -238,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             fault_injection=args.enable_fault_injection,
             console_url=args.console,
             console_token=token,
+            console_cafile=cafile,
             metrics_port=args.metrics_port,
             metrics_bind=args.metrics_bind,
         )

@@ -4,7 +4,9 @@
 fresh SQLite database under its own ``DATA_DIR``, creates an operator and a
 read-only user, then runs Daphne and a Celery worker with beat exactly as a
 deployment does, with the same environment for all of them. ``start_cluster``
-adds real brokerd processes linked to the console. Every process logs to a file
+adds real brokerd processes linked to the console. With ``tls_endpoints``
+Daphne also serves HTTPS and ``wss://`` on one more port per certificate
+(``tls_ports``, ``wss_url``), beside its plain port. Every process logs to a file
 under the stack's directory; ``print_logs`` shows their tails when a test fails.
 
 The fixture ``console_stack`` (module scoped) is what tests use.
@@ -21,7 +23,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +160,13 @@ class Service:
 class ConsoleStack:
     """Redis + migrated database + Daphne + Celery worker/beat, and optionally brokers."""
 
-    def __init__(self, root: Path, *, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        extra_env: dict[str, str] | None = None,
+        tls_endpoints: Sequence[tuple[Path, Path]] = (),
+    ) -> None:
         self.root = root
         self.data_dir = root / "data"
         self.logs = root / "logs"
@@ -166,6 +174,9 @@ class ConsoleStack:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.redis_port = free_port()
         self.http_port = free_port()
+        #: (certfile, keyfile) of each TLS port Daphne serves beside the plain one
+        self.tls_endpoints = list(tls_endpoints)
+        self.tls_ports = [free_port() for _ in self.tls_endpoints]
         self.broker_token = new_token(24)
         env = environ_without()  # the caller's console settings must not leak in
         env.update(
@@ -195,6 +206,10 @@ class ConsoleStack:
     @property
     def link_url(self) -> str:
         return f"ws://127.0.0.1:{self.http_port}/ws/brokers/"
+
+    def wss_url(self, index: int = 0) -> str:
+        """The broker endpoint on TLS port ``index`` (``tls_endpoints[index]``)."""
+        return f"wss://127.0.0.1:{self.tls_ports[index]}/ws/brokers/"
 
     def api(self, user: tuple[str, str] | None = OPERATOR) -> Api:
         """An API client as ``user`` (a token is fetched once per user); None: anonymous."""
@@ -267,10 +282,13 @@ class ConsoleStack:
             "127.0.0.1",
             "-p",
             str(self.http_port),
+            *tls_endpoint_options(self.tls_ports, self.tls_endpoints),
             "console.asgi:application",
         ]
         svc = self._spawn("daphne", cmd)
         wait_for_port(self.http_port, timeout=30, proc=svc.proc, log_path=svc.log_path)
+        for port in self.tls_ports:
+            wait_for_port(port, timeout=15, proc=svc.proc, log_path=svc.log_path)
         self.wait(lambda: Api(self.http_url).get("/healthz")[0] == 200, 15, "daphne health")
 
     def _start_celery(self) -> None:
@@ -371,6 +389,24 @@ class ConsoleStack:
                 tail = path.read_text(errors="replace").splitlines()[-lines:]
                 parts.append(f"===== {path} =====\n" + "\n".join(tail))
         return "\n".join(parts)
+
+
+def tls_endpoint_options(ports: Sequence[int], files: Sequence[tuple[Path, Path]]) -> list[str]:
+    """Daphne's ``-e`` options for TLS on loopback: one Twisted ``ssl:`` endpoint per
+    port, with its certificate and key files (``:`` and ``\\`` escaped, as
+    endpoint strings require)."""
+
+    def escaped(path: Path) -> str:
+        return str(path).replace("\\", "\\\\").replace(":", "\\:")
+
+    options: list[str] = []
+    for port, (certfile, keyfile) in zip(ports, files, strict=True):
+        endpoint = (
+            f"ssl:{port}:interface=127.0.0.1:privateKey={escaped(keyfile)}"
+            f":certKey={escaped(certfile)}"
+        )
+        options += ["-e", endpoint]
+    return options
 
 
 @pytest.fixture(scope="module")

@@ -7,4 +7,5 @@ commands.py  config.apply, root.enable/disable, state.dump, queue.move, queues.r
              repeated ids answered once
 session.py   one connection's state (seq, tracker), no socket
 link.py      the asyncio websocket client: reconnect, backoff, status timer
+tls.py       the context a wss:// link verifies the console with (--console-cafile)
 """

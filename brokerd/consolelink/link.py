@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import logging
 import random
+import ssl
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import websockets
@@ -22,6 +24,7 @@ from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 from brokerd.consolelink import messages
 from brokerd.consolelink.commands import ConsoleCommands
 from brokerd.consolelink.session import ConsoleSession
+from brokerd.consolelink.tls import ConsoleTLSError, client_context, describe_failure
 
 if TYPE_CHECKING:
     from brokerd.consolelink.host import ConsoleHost
@@ -48,10 +51,16 @@ def backoff_delays(
 
 
 class ConsoleLink:
-    def __init__(self, host: ConsoleHost, url: str, token: str) -> None:
+    def __init__(self, host: ConsoleHost, url: str, token: str, cafile: Path | None = None) -> None:
         self.host = host
         self.url = url
         self.token = token
+        #: wss:// only: the CA bundle that verifies the console (None: the system's)
+        self.cafile = cafile
+        # refuse a ws:// URL with a CA file, or an unusable CA file, before starting
+        client_context(url, cafile)
+        #: the TLS failure last logged at ERROR, until the link is up or fails otherwise
+        self._tls_failure: str | None = None
         self.commands = ConsoleCommands(host)
         self.connected = False
         self.statuses_skipped = 0
@@ -77,21 +86,31 @@ class ConsoleLink:
         delays = backoff_delays()
         while True:
             opened = None
+            tls_failure: str | None = None
             try:
+                # read at every attempt: a console whose certificate was renewed under a
+                # new CA is reached once the bundle is replaced, without a broker restart
+                context = client_context(self.url, self.cafile)
                 async with websockets.connect(
                     self.url,
                     additional_headers={"Authorization": f"Bearer {self.token}"},
                     open_timeout=OPEN_TIMEOUT,
                     max_size=messages.MAX_MESSAGE,
                     user_agent_header=f"brokerd/{self.host.spid}",
+                    ssl=context,
                 ) as ws:
                     opened = time.monotonic()
                     self._ws = ws
                     self.connected = True
-                    log.info("console link up url=%s", self.url)
+                    self._tls_failure = None
+                    log.info("console link up url=%s%s", self.url, tls_summary(ws))
                     await self._session(ws)
             except asyncio.CancelledError:
                 raise
+            except ssl.SSLError as exc:
+                tls_failure = describe_failure(exc)
+            except ConsoleTLSError as exc:
+                tls_failure = str(exc)  # the CA file went bad since startup
             except InvalidStatus as exc:
                 code = exc.response.status_code
                 if code in (401, 403):
@@ -111,11 +130,30 @@ class ConsoleLink:
             finally:
                 self.connected = False
                 self._ws = None
+            self._report_tls(tls_failure)
             if opened is not None and time.monotonic() - opened >= STABLE_AFTER:
                 delays = backoff_delays()
             delay = next(delays)
             log.info("console link retry in %.1fs", delay)
             await asyncio.sleep(delay)
+
+    def _report_tls(self, failure: str | None) -> None:
+        """Log a TLS failure at ERROR once while it repeats. A wrong CA or host name
+        does not heal by retrying, and the same error every 15 s forever would bury
+        the rest of the log; a different failure, or one after the link was up or
+        failed otherwise, is logged again."""
+        if failure is None:
+            self._tls_failure = None
+            return
+        if failure == self._tls_failure:
+            log.debug("console link: %s url=%s (again)", failure, self.url)
+            return
+        self._tls_failure = failure
+        hint = ""
+        if failure.startswith("certificate verify failed"):
+            source = f"--console-cafile {self.cafile}" if self.cafile else "the system CAs"
+            hint = f"; the console's certificate must chain to {source} and name the URL's host"
+        log.error("console link: %s url=%s%s", failure, self.url, hint)
 
     async def _session(self, ws: ClientConnection) -> None:
         session = ConsoleSession(self.host, self.commands)
@@ -165,3 +203,10 @@ class ConsoleLink:
             # a bug while building a status must not leave a silent link behind
             log.exception("console status failed; closing the link")
             await ws.close(1011, "broker error")
+
+
+def tls_summary(ws: ClientConnection) -> str:
+    """`` tls=TLSv1.3`` for a verified wss:// link, nothing for ws://."""
+    transport = ws.transport
+    ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
+    return f" tls={ssl_object.version()}" if ssl_object is not None else ""

@@ -56,6 +56,8 @@ class ServerOptions:
     #: the console's broker endpoint (ws:// or wss://) and its shared token
     console_url: str | None = None
     console_token: str = ""
+    #: wss:// only: the CA bundle that verifies the console (None: the system's trust store)
+    console_cafile: Path | None = None
     #: Prometheus /metrics port (None: off) and the address it binds (loopback by default)
     metrics_port: int | None = None
     metrics_bind: str = "127.0.0.1"
@@ -372,7 +374,12 @@ class Server:
             self.cluster.address = self.address
             await self.cluster.start()
         if self.options.console_url:
-            self.console = ConsoleLink(self, self.options.console_url, self.options.console_token)
+            self.console = ConsoleLink(
+                self,
+                self.options.console_url,
+                self.options.console_token,
+                self.options.console_cafile,
+            )
             self._restore_console_config(self.console)
             self.console.start()
         log.info(
