@@ -95,6 +95,11 @@ def _port(value: str) -> int:
     return port
 
 
+def _plain_port(value: str) -> int | None:
+    """``--port``: a port, or ``off`` for no plain listener (TLS only)."""
+    return None if value == "off" else _port(value)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="brokerd",
@@ -108,7 +113,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--bind", default="0.0.0.0", help="address to listen on for AMQP clients (default 0.0.0.0)"
     )
     parser.add_argument(
-        "--port", type=_port, default=5672, help="AMQP port (default 5672; 0 picks a free port)"
+        "--port",
+        type=_plain_port,
+        default=5672,
+        help="AMQP port (default 5672; 0 picks a free port; 'off': no plain listener, "
+        "clients use --tls-port only)",
+    )
+    parser.add_argument(
+        "--tls-port",
+        type=_port,
+        default=None,
+        metavar="PORT",
+        help="AMQPS port (5671 by convention; 0 picks a free port), served with the "
+        "[tls] table of the --config file (certfile, keyfile, cafile, verify); "
+        "default: no TLS listener. SIGHUP reloads the certificates",
     )
     parser.add_argument(
         "--data-dir",
@@ -239,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_bind != "127.0.0.1" and args.metrics_port is None:
         print("brokerd: --metrics-bind needs --metrics-port", file=sys.stderr)
         return 2
+    if args.port is None and args.tls_port is None:
+        print("brokerd: --port off needs --tls-port (no listener at all)", file=sys.stderr)
+        return 2
     token = args.console_token
     if token is None:
         token = os.environ.get(CONSOLE_TOKEN_ENV, "")
@@ -265,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         ServerOptions(
             bind=args.bind,
             port=args.port,
+            tls_port=args.tls_port,
             data_dir=args.data_dir,
             config_file=config,
             cluster_file=args.cluster,

@@ -30,11 +30,13 @@ from brokerd.protocol import ConnectionState
 from brokerd.server import dump, queueops
 from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError, serve_control
+from brokerd.server.listeners import ListenerError, make_listeners
 from brokerd.server.login import LoginService
 from brokerd.server.loopwatch import LoopWatch
 from brokerd.server.metrics import MetricsServer
 from brokerd.server.resources import ResourceMonitor
 from brokerd.store.disk import DiskStore
+from brokerd.tls import TLSSettings
 
 log = logging.getLogger("brokerd.server")
 
@@ -47,7 +49,9 @@ SHUTDOWN_GRACE = 1.0
 @dataclass
 class ServerOptions:
     bind: str = "0.0.0.0"
-    port: int = 5672
+    #: the plain AMQP port (None: no plain listener) and the AMQPS port (None: none)
+    port: int | None = 5672
+    tls_port: int | None = None
     data_dir: Path = Path("var/brokerd")
     config_file: Path | None = None
     cluster_file: Path | None = None
@@ -98,10 +102,13 @@ class Server:
         self.rates = {"published": 0.0, "routed": 0.0, "delivered": 0.0}
         self._last_counters = (time.monotonic(), self.broker.counters())
         #: host:port this server is known by (cluster callback, console name); set at start
-        self.address = f"{options.bind}:{options.port}"
+        links_tls = self.cluster_config is not None and self.cluster_config.tls is not None
+        self.address = f"{options.bind}:{options.tls_port if links_tls else options.port}"
         self.console: ConsoleLink | None = None
         self.metrics: MetricsServer | None = None
-        self._listener: asyncio.AbstractServer | None = None
+        #: the plain and AMQPS listeners (bound at start)
+        self.listeners = make_listeners(options, config.tls, self.cluster_config)
+        self.tls_port = options.tls_port
         self._stopping: asyncio.Event | None = None
         self._control: asyncio.AbstractServer | None = None
         self.port = options.port
@@ -172,6 +179,7 @@ class Server:
         """``brokerd ctl status --json``: identity, cluster view, counts."""
         counts = {
             "port": self.port,
+            "tls_port": self.tls_port,
             "address": self.address,
             "started": self.started,
             "rates": self.rates,
@@ -282,6 +290,10 @@ class Server:
     def loop_status(self) -> dict[str, Any]:
         return self.loopwatch.describe()
 
+    @property
+    def tls_settings(self) -> TLSSettings | None:
+        return self.listeners.tls
+
     def state_dump(self) -> str:
         """The full state dump (SIGUSR1, ``brokerd ctl dump``, the console's state.dump)."""
         return dump.full(self)
@@ -342,20 +354,11 @@ class Server:
             (signal.SIGHUP, self.reload),
         ):
             loop.add_signal_handler(sig, handler)
-        self._listener = await loop.create_server(
-            lambda: AMQPProtocol(self),
-            self.options.bind,
-            self.options.port,
-            reuse_address=True,
-            backlog=1024,
-        )
-        self.port = self._listener.sockets[0].getsockname()[1]
-        host = self.options.bind
-        if host in ("0.0.0.0", "::", ""):
-            import socket
-
-            host = socket.getfqdn()
-        self.address = f"{host}:{self.port}"
+        await self.listeners.start(lambda: AMQPProtocol(self))
+        self.port, self.tls_port = self.listeners.port, self.listeners.tls_port
+        # the address peers link to: the AMQPS port when links run over TLS
+        links_tls = self.cluster_config is not None and self.cluster_config.tls is not None
+        self.address = f"{self.listeners.host()}:{self.tls_port if links_tls else self.port}"
         self._ticker_task = loop.create_task(self._ticker())
         self._control = await serve_control(self.options.data_dir, self.control)
         if self.options.metrics_port is not None:
@@ -383,10 +386,11 @@ class Server:
             self._restore_console_config(self.console)
             self.console.start()
         log.info(
-            "listening spid=%s bind=%s port=%d data_dir=%s",
+            "listening spid=%s bind=%s port=%s tls_port=%s data_dir=%s",
             self.spid,
             self.options.bind,
-            self.port,
+            "off" if self.port is None else self.port,
+            "off" if self.tls_port is None else self.tls_port,
             self.options.data_dir,
         )
 
@@ -519,8 +523,7 @@ class Server:
         if self.cluster is not None:
             await self.cluster.hand_over()
             await self.cluster.move_queues_away()
-        if self._listener is not None:
-            self._listener.close()
+        self.listeners.close()
         self.resources.stop()
         self.loopwatch.stop()
         if self._control is not None:
@@ -578,6 +581,7 @@ class Server:
             )
             return
         self.install_config(config)
+        self.listeners.reload(config.tls)
         log.info("reloaded config=%s users=%d", self.options.config_file, len(config.users))
 
     def install_config(self, config: BrokerConfig) -> None:
@@ -610,7 +614,7 @@ class Server:
 def run(options: ServerOptions) -> int:
     try:
         server = Server(options)
-    except (ConfigError, ClusterConfigError) as exc:
+    except (ConfigError, ClusterConfigError, ListenerError) as exc:
         log.error("%s", exc)
         print(f"brokerd: {exc}", file=sys.stderr)
         return 2
@@ -628,6 +632,7 @@ def run(options: ServerOptions) -> int:
         with asyncio.Runner(**runner_kwargs) as runner:
             runner.run(server.serve_forever())
     except OSError as exc:
-        log.error("cannot listen on %s:%d: %s", options.bind, options.port, exc.strerror)
+        ports = "/".join(str(p) for p in (options.port, options.tls_port) if p is not None)
+        log.error("cannot listen on %s:%s: %s", options.bind, ports, exc.strerror)
         return 1
     return 0
