@@ -13,8 +13,8 @@ temporary directory and starts, on free loopback ports:
 
 Then runs, brokers alternating run by run, ``queue-250`` and ``durable-4k``
 of ``python -m brokerd.bench`` against each broker over plain AMQP and over
-AMQPS (the bench client wraps its sockets in TLS 1.3 with the default
-ciphers, for both brokers alike), and the replicated cluster path (a durable
+AMQPS (the bench client wraps its sockets with Python's default client
+context, for both brokers alike), and the replicated cluster path (a durable
 queue without a type, so replicated to every primary: declared on the root,
 published on the second primary, consumed on the third, transient messages,
 clients on the plain ports) on both clusters. Prints Markdown tables with
