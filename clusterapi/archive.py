@@ -404,3 +404,32 @@ def count_rows(root: Path, table: str, start: dt.datetime | None, end: dt.dateti
         term = pc.field("ts") >= value if op == "ge" else pc.field("ts") < value
         condition = term if condition is None else condition & term
     return dataset.count_rows(filter=condition)
+
+
+def has_samples(start: dt.datetime | None, end: dt.datetime | None) -> bool:
+    """Whether any broker sample lies in ``[start, end)``: in the database, or in the
+    archived files of the days the period touches.
+
+    Asked before a report run is accepted, so a period without data is refused at once
+    instead of becoming a failed run; cheap (one EXISTS, then row counts of the few
+    Parquet files of those days, which pyarrow answers from their statistics).
+    """
+    rows = HeartbeatSample.objects.all()
+    if start is not None:
+        rows = rows.filter(time__gte=start)
+    if end is not None:
+        rows = rows.filter(time__lt=end)
+    if rows.exists():
+        return True
+    parts = [str(p) for p in _archived_parts(lake_root() / "broker_samples", start, end)]
+    if not parts:
+        return False
+    dataset = ds.dataset(parts, format="parquet", schema=lake.file_schema("broker_samples"))
+    condition = None
+    for bound, op in ((start, "ge"), (end, "lt")):
+        if bound is None:
+            continue
+        value = pa.scalar(bound.astimezone(dt.UTC), type=lake.TS)
+        term = pc.field("ts") >= value if op == "ge" else pc.field("ts") < value
+        condition = term if condition is None else condition & term
+    return dataset.count_rows(filter=condition) > 0

@@ -38,6 +38,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from clusterapi import archive, audit
+from clusterapi.errors import InvalidRequest
 from clusterapi.models import ReportRun
 from clusterapi.scheduling import queue_task
 
@@ -49,6 +50,10 @@ TABLE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 ERROR_LINES = 20
 #: a run still "running" this long after its timeout lost its worker
 ABANDON_GRACE = dt.timedelta(minutes=5)
+#: no sample can be older than this (brokerd did not exist): earlier bounds are typos
+EARLIEST = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
+#: the longest period one run may cover unless ``REPORT_MAX_PERIOD_DAYS`` says otherwise
+MAX_PERIOD_DAYS = 366
 
 
 def reports_dir() -> Path:
@@ -61,10 +66,61 @@ def job_command() -> list[str]:
 
 
 def iso(value: dt.datetime) -> str:
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """``YYYY-MM-DDTHH:MM:SSZ``; ``isoformat`` pads the year (``strftime("%Y")`` gives
+    ``1-01-01`` for year 0001, which the job cannot parse)."""
+    return value.astimezone(dt.UTC).replace(microsecond=0, tzinfo=None).isoformat() + "Z"
 
 
 # -- requests -----------------------------------------------------------------------------
+
+
+def max_period() -> dt.timedelta:
+    return dt.timedelta(days=getattr(settings, "REPORT_MAX_PERIOD_DAYS", MAX_PERIOD_DAYS))
+
+
+def check_period(
+    start: dt.datetime | None, end: dt.datetime | None, now: dt.datetime | None = None
+) -> None:
+    """Refuse (``InvalidRequest``, the API's 400, a form error on the dashboard) a period
+    a run cannot report on, before any run is recorded: an operator learns at once
+    what to change instead of polling a run that was bound to fail.
+
+    Out of range: a bound before 2000 (year 0001 is a typo, and such dates break
+    conversions further on), a start not before the end, a bound in the future, a
+    period longer than ``REPORT_MAX_PERIOD_DAYS`` (default 366); then a period without
+    a single broker sample, in the database or in the archived lake.
+    """
+    now = now or timezone.now()
+    for name, bound in (("period_from", start), ("period_to", end)):
+        if bound is None:
+            continue
+        if bound < EARLIEST:
+            raise InvalidRequest(
+                f"{name} {bound.date().isoformat()} is out of range: no sample is older "
+                f"than {EARLIEST.date().isoformat()}"
+            )
+        if bound > now:
+            raise InvalidRequest(
+                f"{name} {iso(bound)} is in the future (now is {iso(now)}); "
+                + (
+                    "leave period_to empty to report up to now"
+                    if name == "period_to"
+                    else "choose a start in the past"
+                )
+            )
+    if start is not None and end is not None and start >= end:
+        raise InvalidRequest(
+            f"the period is empty: it starts at {iso(start)}, not before its end "
+            f"{iso(end)}; choose a start before the end"
+        )
+    longest = max_period()
+    if start is not None and (end or now) - start > longest:
+        raise InvalidRequest(
+            f"the period is longer than {longest.days} days, the most one report covers "
+            "(REPORT_MAX_PERIOD_DAYS); split it into several reports"
+        )
+    if not archive.has_samples(start, end):
+        raise InvalidRequest(empty_period_message(ReportRun(period_from=start, period_to=end)))
 
 
 def request_run(

@@ -175,15 +175,19 @@ class ReportRunViewSet(ReadOnlyViewSet):
         summary="Run the traffic report now",
         description="Starts a run over the period (operators only; both ends optional: "
         "the whole history). It reads the archived lake and the samples not archived yet, "
-        "so it works from a fresh install's first minutes; a period without samples fails "
-        "at once with a message saying so. Answers 202 with the run; poll it for the "
-        "outcome.",
+        "so it works from a fresh install's first minutes. A period the report cannot cover "
+        "is a 400 saying why, and no run is recorded: a start not before the end, a bound "
+        "before 2000 or in the future, more than `REPORT_MAX_PERIOD_DAYS` (366) days, or no "
+        "broker sample in the period. Answers 202 with the run; poll it for the outcome.",
         request=ReportRequestSerializer,
         responses={202: ReportRunDetailSerializer},
     )
     def create(self, request: Request) -> Response:
         body = ReportRequestSerializer(data=request.data)
         body.is_valid(raise_exception=True)
+        reports.check_period(
+            body.validated_data.get("period_from"), body.validated_data.get("period_to")
+        )
         run = reports.request_run(
             request.user,
             body.validated_data.get("period_from"),

@@ -108,6 +108,7 @@ def report_run(request: HttpRequest) -> HttpResponse:
         return _render_list(request, form, status=400)
     start, end = _utc(form.cleaned_data["period_from"]), _utc(form.cleaned_data["period_to"])
     try:
+        reports.check_period(start, end)
         run = reports.request_run(request.user, start, end)
     except InvalidRequest as exc:
         form.add_error(None, exc.message)

@@ -494,9 +494,10 @@ def test_nightly_schedule_setting() -> None:
     assert {"clusterapi.tasks.nightly_report", "clusterapi.tasks.prune_heartbeats"} <= names
 
 
-def test_api_reversed_period_is_a_run_that_failed_saying_why(operator: User) -> None:
+def test_api_reversed_period_is_refused_saying_why(operator: User) -> None:
+    """Issue 25: a 400 and no run (tests/unit/test_report_periods.py has the rest)."""
     body = {"period_from": "2026-01-06T00:00:00Z", "period_to": "2026-01-05T00:00:00Z"}
     response = api_for(operator).post("/api/v1/reports/", body, format="json")
-    assert response.status_code == 202
-    run = response.json()
-    assert run["state"] == "failed" and "not before its end" in run["error"]
+    assert response.status_code == 400
+    assert "not before its end" in response.json()["error"]
+    assert not ReportRun.objects.exists()
