@@ -286,8 +286,10 @@ REST_FRAMEWORK = {
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "Rookery admin API",
+    # Markdown (Swagger UI): a bare <...> is an HTML tag and vanishes, so code spans
     "DESCRIPTION": "Brokers, cluster state and configuration of a Rookery cluster. "
-    "Authenticate with POST /api/v1/auth/token/ and send 'Authorization: Token <token>'.",
+    "Authenticate with `POST /api/v1/auth/token/` and send the header "
+    "`Authorization: Token <your-token>`.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     "SCHEMA_PATH_PREFIX": r"/api/v1",

@@ -24,7 +24,7 @@ class ErrorSerializer(serializers.Serializer):
 
 _WHY = {
     400: "invalid request: a parameter or body field is wrong or unknown (the message names it)",
-    401: "not authenticated: send 'Authorization: Token <token>' or log in",
+    401: "not authenticated: send `Authorization: Token <your-token>` or log in",
     403: "not allowed: a read-only account, or a failed CSRF check on a session request",
     404: "no such object (or page)",
     409: "the target cannot do this now: the message says why (nothing was started)",

@@ -443,4 +443,4 @@ class TokenRequestSerializer(StrictSerializer, AuthTokenSerializer):
 
 
 class TokenSerializer(serializers.Serializer):
-    token = serializers.CharField(help_text="send as 'Authorization: Token <token>'")
+    token = serializers.CharField(help_text="send as `Authorization: Token <your-token>`")

@@ -423,7 +423,7 @@ class AlarmViewSet(ReadOnlyViewSet):
     post=extend_schema(
         summary="Get an API token",
         description="Exchanges a username and password for the user's API token; send it "
-        "as `Authorization: Token <token>`. Changing the password revokes the token. "
+        "as `Authorization: Token <your-token>`. Changing the password revokes the token. "
         "Repeated failed logins lock the user and address out for a while (429).",
         request=serializers.TokenRequestSerializer,
         responses={200: serializers.TokenSerializer, **errors(400, 401, 415, 429)},
