@@ -91,6 +91,9 @@ class BrokerConfig:
     vhost_limits: dict[str, VhostLimits] = field(default_factory=dict)
     #: ``[tls]``: the AMQPS listener's certificate and client verification (None: none)
     tls: TLSSettings | None = None
+    #: what the file set itself ("limits.frame_max", "users", ...): the rest is default
+    #: (``brokerd ctl status`` and the console say where each setting comes from)
+    explicit: frozenset[str] = frozenset()
 
     def user_database(self) -> UserDatabase:
         db = UserDatabase()
@@ -376,6 +379,12 @@ def parse_config(
                 entry, f"{where}: permissions[{i}]", users, config.vhosts, strict=False
             )
         )
+    limits_raw = raw.get("limits", {})
+    set_here = {f"limits.{key}" for key in limits_raw} if isinstance(limits_raw, dict) else set()
+    set_here |= {part for part in ("vhosts", "users", "permissions") if raw.get(part)}
+    if config.vhost_limits:
+        set_here.add("vhost_limits")
+    config.explicit = frozenset(set_here)
     if not config.users:
         defaults = default_config()
         config.users = defaults.users

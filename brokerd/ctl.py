@@ -123,6 +123,15 @@ def _print_status(status: dict[str, Any]) -> None:
         )
     for alarm in status.get("alarms", []):
         print(f"alarm      {alarm.get('kind')}: {alarm.get('message')}")
+    settings = status.get("settings") or {}
+    document, sources = settings.get("document") or {}, settings.get("sources") or {}
+    for key, value in (document.get("limits") or {}).items():
+        print(f"limit      {key} = {value} ({sources.get(f'limits.{key}', '?')})")
+    for key, value in (document.get("heartbeat") or {}).items():
+        print(f"heartbeat  {key} = {value} ({sources.get('heartbeat', '?')})")
+    for part in ("vhosts", "users", "permissions", "vhost_limits", "known_hosts"):
+        if part in document:
+            print(f"in force   {part}: {len(document[part])} ({sources.get(part, '?')})")
 
 
 def _print_queues(result: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.cluster.config import ClusterConfig, parse_host
 from brokerd.config import BrokerConfig, parse_limits, parse_vhost_limits
 from brokerd.configdoc import ConfigDocumentError, document_checksum, validate_document
-from brokerd.consolelink import messages
+from brokerd.consolelink import inforce, messages
 from brokerd.consolelink.host import HostRefused
 from brokerd.model.auth import Permission, User
 
@@ -105,6 +105,8 @@ def merge_broker_config(baseline: BrokerConfig, doc: dict[str, Any]) -> BrokerCo
         limits=limits,
         store=baseline.store,
         vhost_limits=vhost_limits,
+        tls=baseline.tls,
+        explicit=baseline.explicit,
     )
 
 
@@ -151,6 +153,7 @@ class ConsoleCommands:
         self._installed_config: BrokerConfig | None = None
         self._installed_cluster: ClusterConfig | None = None
         self._answers: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._in_force: tuple[tuple[Any, Any, Any], dict[str, Any]] | None = None
 
     def running(self) -> tuple[int | None, str | None]:
         """(version, checksum) of the console document the live configuration comes
@@ -169,6 +172,22 @@ class ConsoleCommands:
         if host.cluster_config is not self._installed_cluster:
             return None, None
         return self.config_version, self.config_checksum
+
+    def applied_document(self) -> dict[str, Any] | None:
+        """The console document the live configuration comes from (None when the
+        broker's own files rule, as ``running`` says)."""
+        return self._doc if self.running() != (None, None) else None
+
+    def in_force(self) -> dict[str, Any]:
+        """The configuration in force and where each part came from (``inforce``)."""
+        host = self.host
+        applied = self.applied_document()
+        # made again only when one of its inputs was replaced (they are never mutated)
+        inputs = (host.config, host.cluster_config, applied)
+        cached = self._in_force
+        if cached is None or any(a is not b for a, b in zip(cached[0], inputs, strict=True)):
+            cached = self._in_force = (inputs, inforce.in_force(*inputs))
+        return cached[1]
 
     def _baselines(self) -> tuple[BrokerConfig, ClusterConfig | None]:
         """The broker's own configurations: what it read from its files, unless what is

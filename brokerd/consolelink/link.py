@@ -70,6 +70,16 @@ class ConsoleLink:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
+    async def announce_stop(self, reason: str) -> None:
+        """A planned stop: say so before anything closes, so the console records it
+        as an event and does not take the closing link for a crash."""
+        ws = self._ws
+        if ws is None:
+            return
+        message = messages.stopping(self.host.spid, reason)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(ws.send(messages.encode(message)), timeout=1.0)
+
     async def stop(self) -> None:
         """Close the websocket as "going away" (1001), then stop reconnecting."""
         ws = self._ws

@@ -142,6 +142,12 @@ def status(
     }
 
 
+def stopping(spid: str, reason: str) -> dict[str, Any]:
+    """Sent first on a planned stop (SIGTERM, SIGINT): the link closing next is not
+    a crash."""
+    return {"type": "stopping", "spid": spid, "reason": reason}
+
+
 def ack(
     command_id: str,
     ok: bool,

@@ -29,9 +29,13 @@ class ConsoleSession:
         self.seq = 0
         #: the configuration version the console holds (from ``welcome``)
         self.console_version: int | None = None
+        #: the configuration in force last sent (a status carries it again on change)
+        self._in_force: dict[str, Any] | None = None
 
     def hello(self) -> dict[str, Any]:
-        return messages.hello(self.host, *self.commands.running())
+        message = messages.hello(self.host, *self.commands.running())
+        self._in_force = message["in_force"] = self.commands.in_force()
+        return message
 
     def status(self, now: float | None = None) -> dict[str, Any]:
         host = self.host
@@ -39,7 +43,11 @@ class ConsoleSession:
         full, sections = self.tracker.next(collect(host.broker, cluster_vhost, host.spid))
         self.seq += 1
         running = self.commands.running()
-        return messages.status(host, self.seq, full, sections, now, running)
+        message = messages.status(host, self.seq, full, sections, now, running)
+        in_force = self.commands.in_force()
+        if in_force != self._in_force:  # an apply, a SIGHUP, a cluster change
+            self._in_force = message["in_force"] = in_force
+        return message
 
     def receive(self, text: str | bytes) -> list[dict[str, Any]]:
         """Handle one console message; returns the messages to send back."""

@@ -20,6 +20,7 @@ from brokerd.cluster.identity import make_spid
 from brokerd.cluster.messages import CLUSTER_EXCHANGE, LINK_PROPERTY
 from brokerd.cluster.wiring.recovered import shared_wiring
 from brokerd.config import BrokerConfig, ConfigError, load_config
+from brokerd.consolelink import inforce
 from brokerd.consolelink.host import HostRefused
 from brokerd.consolelink.link import ConsoleLink
 from brokerd.model.auth import Permission, User, hash_password
@@ -110,6 +111,8 @@ class Server:
         self.listeners = make_listeners(options, config.tls, self.cluster_config)
         self.tls_port = options.tls_port
         self._stopping: asyncio.Event | None = None
+        #: why this server is stopping (the signal), told to the console first
+        self.stop_reason = "stop requested"
         self._control: asyncio.AbstractServer | None = None
         self.port = options.port
         self._cluster_secret_hash = ""
@@ -189,6 +192,7 @@ class Server:
             "blocked": dict(self._blocks),
             "resources": self.resources.status(),
             "loop": self.loopwatch.describe(),
+            "settings": self.settings_in_force(),
             "console": None
             if self.console is None
             else {
@@ -290,6 +294,13 @@ class Server:
     def loop_status(self) -> dict[str, Any]:
         return self.loopwatch.describe()
 
+    def settings_in_force(self) -> dict[str, Any]:
+        """The configuration in force and where each part came from (file, the
+        console's document, default): ``ctl status`` and the console's drift view."""
+        if self.console is not None:
+            return self.console.commands.in_force()
+        return inforce.in_force(self.config, self.cluster_config, None)
+
     @property
     def tls_settings(self) -> TLSSettings | None:
         return self.listeners.tls
@@ -349,8 +360,8 @@ class Server:
         for sig, handler in (
             (signal.SIGUSR1, self.dump_full),
             (signal.SIGUSR2, self.dump_line),
-            (signal.SIGTERM, self.stop),
-            (signal.SIGINT, self.stop),
+            (signal.SIGTERM, functools.partial(self.stop, "SIGTERM")),
+            (signal.SIGINT, functools.partial(self.stop, "SIGINT")),
             (signal.SIGHUP, self.reload),
         ):
             loop.add_signal_handler(sig, handler)
@@ -508,8 +519,9 @@ class Server:
         await self._stopping.wait()
         await self.shutdown()
 
-    def stop(self) -> None:
-        log.info("stop requested spid=%s", self.spid)
+    def stop(self, reason: str = "stop requested") -> None:
+        log.info("stop requested spid=%s reason=%s", self.spid, reason)
+        self.stop_reason = reason
         if self._stopping is not None:
             self._stopping.set()
 
@@ -520,6 +532,8 @@ class Server:
         port refused with the links closed would take it for dead, the clients sent
         away find a root where they reconnect, and the queues move with nothing
         redelivered instead of failing over."""
+        if self.console is not None:
+            await self.console.announce_stop(self.stop_reason)
         if self.cluster is not None:
             await self.cluster.hand_over()
             await self.cluster.move_queues_away()
