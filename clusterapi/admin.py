@@ -42,6 +42,30 @@ class SampleAdmin(ReadOnlyAdmin):
 
 @admin.register(models.Broker)
 class BrokerAdmin(PrunableAdmin):
+    """Retiring (the broker page, or ``POST /api/v1/brokers/{id}/decommission/``) is the
+    supported way to take a broker out; a superuser may then delete a retired one here,
+    with everything it reported.
+
+    Django's delete confirmation refuses when any cascaded row's admin denies deletion,
+    and samples and snapshots are never deletable by hand (``SampleAdmin``): so deleting
+    any broker was refused, even to the superuser. Here the rows that go with a retired
+    broker do not need their own permission; a broker in service cannot be deleted.
+    """
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is not None and obj.state != models.Broker.STATE_RETIRED:
+            return False
+        return super().has_delete_permission(request, obj)
+
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, ...]:
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        in_service = [b.name for b in objs if b.state != models.Broker.STATE_RETIRED]
+        if in_service:
+            perms_needed = {f"brokers in service (retire them first: {', '.join(in_service)})"}
+        else:
+            perms_needed = set()
+        return deleted, counts, perms_needed, protected
+
     list_display = (
         "name",
         "broker_type",

@@ -82,7 +82,7 @@ def state() -> dict[str, Any]:
         "ready": ready,
         "quorum": quorum,
         "brokers_up": Broker.objects.filter(state=Broker.STATE_UP).count(),
-        "brokers_total": Broker.objects.count(),
+        "brokers_total": Broker.objects.active().count(),
         "config_version": latest.number if latest is not None else None,
         "alarms_active": active.count(),
         "alarms_unacknowledged": active.filter(acknowledged_at=None).count(),

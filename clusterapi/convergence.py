@@ -82,7 +82,7 @@ def broker_rows(version: ConfigVersion, current: ConfigVersion | None = None) ->
         ).values_list("broker_id", "error")
     )
     rows = []
-    for broker in Broker.objects.order_by("name"):
+    for broker in Broker.objects.active().order_by("name"):
         error = ""
         if broker.state == Broker.STATE_DOWN:
             state = DOWN

@@ -109,6 +109,9 @@ def register_hello(hello: Hello, channel_name: str = "") -> tuple[Broker, bool]:
         "connected": True,
         "link_channel": channel_name,
         "last_seen": now,
+        # a retired broker that links again is in service again: the cluster file
+        # evidently still has it (its audit entry says previous_state "retired")
+        "retired_at": None,
     }
     with transaction.atomic():
         broker, created = Broker.objects.get_or_create(name=hello.name, defaults=values)

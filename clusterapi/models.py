@@ -19,8 +19,19 @@ from django.conf import settings
 from django.db import models
 
 
+class BrokerQuerySet(models.QuerySet["Broker"]):
+    def active(self) -> BrokerQuerySet:
+        """Every broker but the retired ones: what lists and counts show."""
+        return self.exclude(state=Broker.STATE_RETIRED)
+
+
 class Broker(models.Model):
-    """One brokerd, identified across restarts by its callback ``host:port``."""
+    """One brokerd, identified across restarts by its callback ``host:port``.
+
+    A broker an operator decommissioned stays as a row in state ``retired`` (its samples
+    and commands are history); if a broker links again under that name, the same row
+    becomes active again (``ingest.register_hello``).
+    """
 
     TYPE_PRIMARY = "primary"
     TYPE_SECONDARY = "secondary"
@@ -34,7 +45,13 @@ class Broker(models.Model):
     STATE_UP = "up"
     STATE_DOWN = "down"
     STATE_UNKNOWN = "unknown"
-    STATE_CHOICES = [(STATE_UP, "up"), (STATE_DOWN, "down"), (STATE_UNKNOWN, "unknown")]
+    STATE_RETIRED = "retired"
+    STATE_CHOICES = [
+        (STATE_UP, "up"),
+        (STATE_DOWN, "down"),
+        (STATE_UNKNOWN, "unknown"),
+        (STATE_RETIRED, "retired"),
+    ]
 
     name = models.CharField(
         max_length=255, unique=True, help_text="stable name: the broker's callback host:port"
@@ -69,8 +86,13 @@ class Broker(models.Model):
     rates = models.JSONField(default=dict, blank=True)
     view = models.JSONField(default=dict, blank=True, help_text="the last status's cluster view")
     heartbeat_interval = models.FloatField(default=1.0, help_text="seconds between statuses")
+    retired_at = models.DateTimeField(
+        null=True, blank=True, help_text="when an operator decommissioned it (null: in service)"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = BrokerQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]

@@ -283,11 +283,13 @@ def messages_ready(brokers: Iterable[Broker]) -> int:
     return total
 
 
-def brokers() -> QuerySet[Broker]:
+def brokers(retired: bool = False) -> QuerySet[Broker]:
     """Brokers with ``queues_held``: the queues whose messages each holds (its private
     queues and the shared ones it owns; not its proxies), and ``shared_owned``: those
-    shared ones (each queue has one owner among the primaries, whatever its type)."""
+    shared ones (each queue has one owner among the primaries, whatever its type).
+    Retired brokers only with ``retired`` (their pages and API details are history)."""
     held = Count("queues", filter=Q(queues__master=True))
     owned = Count("queues", filter=Q(queues__master=True, queues__shared=True))
+    rows = Broker.objects.all() if retired else Broker.objects.active()
     # GROUP BY drops Meta's ordering
-    return Broker.objects.annotate(queues_held=held, shared_owned=owned).order_by("name")
+    return rows.annotate(queues_held=held, shared_owned=owned).order_by("name")

@@ -97,6 +97,7 @@ class BrokerSerializer(serializers.ModelSerializer):
             "quorum",
             "config_version",
             "config_checksum",
+            "retired_at",
             "queues_held",
             "shared_owned",
             "counts",
@@ -216,6 +217,24 @@ class RootRequestSerializer(StrictSerializer):
 # a docstring would become the schema's description of the body.)
 class DumpRequestSerializer(StrictSerializer):
     pass
+
+
+class DecommissionRequestSerializer(StrictSerializer):
+    confirm = StrictCharField(
+        max_length=255,
+        help_text="the broker's name (host:port), typed again: retiring is for a server "
+        "that is gone for good",
+    )
+
+
+class DecommissionSerializer(serializers.Serializer):
+    broker = serializers.CharField(help_text="the retired broker's name")
+    retired_at = serializers.DateTimeField()
+    alarms_closed = serializers.IntegerField(help_text="its alarms that were still active")
+    next = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="what to do so the servers forget it too: the cluster file is the authority",
+    )
 
 
 class QueueMoveSerializer(StrictSerializer):

@@ -27,7 +27,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from clusterapi import alarms, cluster, commands, objects, owners
+from clusterapi import alarms, cluster, commands, decommission, objects, owners
 from clusterapi.api import filters, object_serializers, serializers
 from clusterapi.api.parsers import SafeJSONParser
 from clusterapi.api.permissions import IsOperatorOrReadOnly
@@ -136,7 +136,8 @@ BROKER_ID = OpenApiParameter(
 
 @reads(
     "brokers",
-    "Every broker the console has heard from: type, state (up, down), root flags, "
+    "Every broker the console has heard from but the retired ones (`state=retired` lists "
+    "those): type, state (up, down, unknown), root flags, "
     "readiness, heartbeat age, the configuration it reports running, counts and rates.",
     "broker",
     "One broker by id or name, with its last status (cluster view, counts, rates).",
@@ -147,6 +148,12 @@ class BrokerViewSet(ReadOnlyViewSet):
     serializer_class = serializers.BrokerSerializer
     filterset_class = filters.BrokerFilter
     lookup_value_regex = "[^/]+"
+
+    def get_queryset(self) -> QuerySet[Broker]:
+        """The list leaves retired brokers out (``state=retired`` lists them); one broker
+        by id or name is found retired or not, as history."""
+        wanted = self.request.query_params.get("state") == Broker.STATE_RETIRED
+        return objects.brokers(retired=self.action != "list" or wanted)
 
     def get_object(self) -> Broker:
         """By id (digits) or by name, so ``/brokers/127.0.0.1:5701/`` works too."""
@@ -196,6 +203,30 @@ class BrokerViewSet(ReadOnlyViewSet):
     def dump(self, request: Request, pk: str | None = None) -> Response:
         StrictSerializer(data=request.data).is_valid(raise_exception=True)
         return self._issue(Command.STATE_DUMP)
+
+    @extend_schema(
+        operation_id="brokers_decommission",
+        summary="Retire a broker that is gone for good",
+        description="Operators only; audited. `confirm` must be the broker's name. The "
+        "broker leaves the lists and counts (`GET /brokers/?state=retired` lists it), its "
+        "alarms close, and it is kept, retired, with its history. The cluster file stays the "
+        "authority on membership: `next` says what to edit on the servers (remove its "
+        "host:port from `known_hosts` in the cluster file on every server, then restart "
+        "them one at a time). A broker that links again under that name is active again. "
+        "409 when it cannot be retired now: it is up and linked (stop it first), or "
+        "retired already; 400 for a wrong confirmation.",
+        parameters=[BROKER_ID],
+        request=serializers.DecommissionRequestSerializer,
+        responses={200: serializers.DecommissionSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def decommission(self, request: Request, pk: str | None = None) -> Response:
+        body = serializers.DecommissionRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        outcome = decommission.retire(
+            self.get_object(), request.user, body.validated_data["confirm"]
+        )
+        return Response(serializers.DecommissionSerializer(outcome).data)
 
 
 # -- queues, exchanges, bindings (cluster-wide) ----------------------------------------------

@@ -89,7 +89,7 @@ def build_config(params: QueryDict) -> dict[str, Any]:
         "versions": with_stamps(versions, "created_at", "pushed_at"),
         "current_text": pretty(version.document) if version is not None else "",
         "unset": convergence.unset_keys(version.document if version else {}),
-        "broker_total": Broker.objects.count(),
+        "broker_total": Broker.objects.active().count(),
         "brokers_up": sum(running.values()),
         "running": running_diffs(
             version.document if version is not None else {},

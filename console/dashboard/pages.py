@@ -20,7 +20,7 @@ from django.db.models import Q, QuerySet
 from django.http import QueryDict
 from django.utils import timezone
 
-from clusterapi import cluster, commands, objects, owners
+from clusterapi import cluster, commands, decommission, objects, owners
 from clusterapi.api import filters
 from clusterapi.errors import Conflict
 from clusterapi.models import (
@@ -247,7 +247,7 @@ def build_broker(params: QueryDict) -> dict[str, Any]:
     broker = Broker.objects.filter(name=params.get("broker", "")).first()
     if broker is None:
         return {"broker": None}
-    [broker] = with_stamps([broker], "last_seen", "start_time")
+    [broker] = with_stamps([broker], "last_seen", "start_time", "retired_at")
     dump = (
         broker.commands.filter(name=Command.STATE_DUMP, state=Command.STATE_ACKED)
         .order_by("-finished_at")
@@ -268,6 +268,7 @@ def build_broker(params: QueryDict) -> dict[str, Any]:
         "commands": with_stamps(broker.commands.all()[:10], "created_at", "finished_at"),
         "banner": banner_commands(broker),
         "actions": broker_actions(broker),
+        "decommission_refusal": decommission.refusal(broker),
         "dump": with_stamps([dump], "finished_at")[0] if dump else None,
         "dump_text": (dump.result or {}).get("dump", "") if dump else "",
         "alarms": with_stamps(broker.alarms.filter(active=True), "raised_at", "acknowledged_at"),

@@ -11,6 +11,11 @@ urlpatterns = [
     path("brokers/<str:name>/", views.broker, name="broker"),
     path("brokers/<str:name>/root/", views.broker_root, name="broker-root"),
     path("brokers/<str:name>/dump/", views.broker_dump, name="broker-dump"),
+    path(
+        "brokers/<str:name>/decommission/",
+        views.broker_decommission,
+        name="broker-decommission",
+    ),
     path("queues/", views.queues, name="queues"),
     path("queues/rebalance/", views.queues_rebalance, name="queues-rebalance"),
     path("queues/<int:pk>/", views.queue_detail, name="queue"),

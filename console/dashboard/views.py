@@ -22,7 +22,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
-from clusterapi import alarms, commands, objects, owners
+from clusterapi import alarms, cluster, commands, decommission, objects, owners
 from clusterapi.cluster import notify_dashboard
 from clusterapi.errors import Conflict, InvalidRequest
 from clusterapi.models import Alarm, Broker, Command, QueueSnapshot
@@ -162,6 +162,40 @@ def broker_root(request: HttpRequest, name: str) -> HttpResponse:
         return _command_answer(request, target, None, "enabled: must be 1 or 0", 400)
     enabled = form.cleaned_data["enabled"]
     return _issue(request, target, Command.ROOT_ENABLE if enabled else Command.ROOT_DISABLE)
+
+
+@login_required
+def broker_decommission(request: HttpRequest, name: str) -> HttpResponse:
+    """Retire a broker that is gone for good (operators; audited): GET is the
+    confirmation step (what retiring does, what to edit on the servers, the name to type
+    again), POST retires it and shows what is left to do on the servers."""
+    require_operator(request)
+    if request.method not in ("GET", "HEAD", "POST"):
+        return HttpResponse(status=405, headers={"Allow": "GET, HEAD, POST"})
+    broker = get_object_or_404(Broker, name=name)
+    context: dict[str, object] = {
+        "broker": broker,
+        "page": "brokers",
+        "can_operate": True,
+        "refusal": decommission.refusal(broker),
+        "next_steps": decommission.advice(broker),
+        "error": "",
+        "done": None,
+    }
+    status = 200
+    if request.method == "POST":
+        try:
+            context["done"] = decommission.retire(
+                broker, request.user, request.POST.get("confirm", "").strip()
+            )
+        except InvalidRequest as exc:
+            context["error"] = exc.message
+            status = 409 if isinstance(exc, Conflict) else 400
+        else:
+            messages.success(request, f"{broker.name} is retired.")
+            context["next_steps"] = context["done"]["next"]  # type: ignore[index]
+    context["cluster"] = cluster.state()
+    return render(request, "dashboard/broker_decommission.html", context, status=status)
 
 
 @require_POST
