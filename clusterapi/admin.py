@@ -259,3 +259,11 @@ class ReportRunAdmin(PrunableAdmin):
     list_display = ("id", "state", "trigger", "period_from", "period_to", "created_at")
     list_filter = ("state", "trigger")
     date_hierarchy = "created_at"
+
+
+@admin.register(models.BrokerEvent)
+class BrokerEventAdmin(SampleAdmin):
+    list_display = ("time", "broker", "kind", "level", "message")
+    list_filter = ("kind", "level", "broker")
+    date_hierarchy = "time"
+    list_select_related = ("broker",)

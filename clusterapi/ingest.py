@@ -23,7 +23,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from clusterapi import alarms, audit, convergence, linkparse, snapshots
+from clusterapi import alarms, audit, convergence, events, linkparse, snapshots
 from clusterapi.linkparse import (
     Hello,
     LinkProtocolError,
@@ -116,11 +116,15 @@ def register_hello(hello: Hello, channel_name: str = "") -> tuple[Broker, bool]:
     with transaction.atomic():
         broker, created = Broker.objects.get_or_create(name=hello.name, defaults=values)
         previous = None if created else broker.state
+        old_spid, old_seen = ("", None) if created else (broker.spid, broker.last_seen)
         if not created:
             for key, value in values.items():
                 setattr(broker, key, value)
         broker.state = Broker.STATE_UP
         broker.save()
+        if old_spid and old_spid != hello.spid:
+            # one row per name: the new run replaces the old one's spid, the event keeps both
+            events.record_restart(broker, old_spid, old_seen, planned=False)
         came_back = previous != Broker.STATE_UP
         if came_back:
             _mark_up(broker, previous)

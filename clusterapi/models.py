@@ -579,3 +579,40 @@ class ReportRun(models.Model):
     @property
     def is_open(self) -> bool:
         return self.state in self.OPEN_STATES
+
+
+class BrokerEvent(models.Model):
+    """Something that happened to one broker, for its page and for history: a restart
+    (a new spid at the same name), a planned stop, a link lost without one.
+
+    Alarms say what needs attention now; events say what happened, kept when the
+    condition is long over (an alarm of a crash clears at the next hello).
+    """
+
+    KIND_RESTART = "restart"
+    KIND_STOPPING = "stopping"
+    KIND_LINK_LOST = "link_lost"
+    KIND_CHOICES = [
+        (KIND_RESTART, "restart"),
+        (KIND_STOPPING, "planned stop"),
+        (KIND_LINK_LOST, "link lost"),
+    ]
+    LEVEL_INFO = "info"
+    LEVEL_WARNING = "warning"
+    LEVEL_CHOICES = [(LEVEL_INFO, "info"), (LEVEL_WARNING, "warning")]
+
+    broker = models.ForeignKey(Broker, on_delete=models.CASCADE, related_name="events")
+    time = models.DateTimeField()
+    kind = models.CharField(max_length=32, choices=KIND_CHOICES)
+    level = models.CharField(max_length=16, choices=LEVEL_CHOICES, default=LEVEL_INFO)
+    message = models.TextField(blank=True)
+    details = models.JSONField(
+        default=dict, blank=True, help_text="e.g. old_spid, new_spid, downtime_seconds"
+    )
+
+    class Meta:
+        ordering = ["-time", "-id"]
+        indexes = [models.Index(fields=["broker", "time"], name="brokerevent_broker_time")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} of {self.broker} at {self.time:%Y-%m-%d %H:%M:%S}"

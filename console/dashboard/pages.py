@@ -20,7 +20,7 @@ from django.db.models import Q, QuerySet
 from django.http import QueryDict
 from django.utils import timezone
 
-from clusterapi import cluster, commands, decommission, objects, owners
+from clusterapi import cluster, commands, decommission, events, objects, owners
 from clusterapi.api import filters
 from clusterapi.errors import Conflict
 from clusterapi.models import (
@@ -155,7 +155,12 @@ def build_brokers(params: QueryDict) -> dict[str, Any]:
 
 
 def peer_links(broker: Broker) -> list[dict[str, Any]]:
-    """The broker's peer links from its last status, named as the console knows them."""
+    """The broker's peer links from its last status, named as the console knows them.
+
+    One row per server: should a status still list a restarted peer's old spid beside
+    its new one at the same address, the newest run wins (the spid the console knows
+    from that server's own hello, else the active link, else the later entry).
+    """
     names = dict(Broker.objects.exclude(spid="").values_list("spid", "name"))
     lanes = broker.view.get("lanes")
     lanes = lanes if isinstance(lanes, dict) else {}
@@ -183,7 +188,22 @@ def peer_links(broker: Broker) -> list[dict[str, Any]]:
                 "replica_lag": _number(lane.get("replica_lag")),
             }
         )
-    return out
+    return _one_per_address(out)
+
+
+def _one_per_address(peers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    chosen: dict[str, int] = {}
+    for i, peer in enumerate(peers):
+        address = peer["address"] or peer["spid"]
+        if address not in chosen:
+            chosen[address] = i
+            continue
+        kept = peers[chosen[address]]
+        rank_new = (bool(peer["name"]), peer["active"])
+        if rank_new >= (bool(kept["name"]), kept["active"]):
+            chosen[address] = i
+    keep = sorted(chosen.values())
+    return [peers[i] for i in keep]
 
 
 def _number(value: Any) -> int | float | None:
@@ -269,6 +289,7 @@ def build_broker(params: QueryDict) -> dict[str, Any]:
         "banner": banner_commands(broker),
         "actions": broker_actions(broker),
         "decommission_refusal": decommission.refusal(broker),
+        "events": with_stamps(broker.events.all()[: events.SHOWN], "time"),
         "dump": with_stamps([dump], "finished_at")[0] if dump else None,
         "dump_text": (dump.result or {}).get("dump", "") if dump else "",
         "alarms": with_stamps(broker.alarms.filter(active=True), "raised_at", "acknowledged_at"),
@@ -484,6 +505,7 @@ PAGES: dict[str, Page] = {
             _fragments(
                 "broker_summary",
                 "command_banner",
+                "broker_events",
                 "peer_links",
                 "broker_objects",
                 "broker_commands",
