@@ -14,9 +14,16 @@ console's broker token, a cluster file), then starts and watches:
     beat       Celery beat
 
 Every line a process prints is shown prefixed with its name. Ctrl-C or SIGTERM
-stops everything in reverse order and exits 0; a process that dies on its own is
-reported and everything else is stopped, exit status 1. State lives in DATA_DIR
-(default ``var/``) and is reused by the next run.
+stops everything in reverse order and exits 0. A process that exits on its own
+is restarted with the same arguments and data after a backoff (1 s, 2 s, 4 s...
+at most 10 s), logged with its exit status, while the others keep running; the
+fifth exit of one process within 60 s stops everything, exit status 1
+(quickstart_supervisor.py). That holds for every process, and each can take it:
+a broker recovers its store from its data dir and rejoins the cluster and the
+console; Redis keeps nothing worth saving (no persistence: the channel layer
+and Celery's queues; the brokers' console links drop and reconnect); the
+console, worker and beat keep their state in the database and DATA_DIR. State
+lives in DATA_DIR (default ``var/``) and is reused by the next run.
 
 Environment:
     DATA_DIR                default var/ (relative to the checkout)

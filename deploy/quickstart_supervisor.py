@@ -1,8 +1,20 @@
 """The quickstart's supervision: prefixed output, services started in order and
-watched, probes that tell a service is ready, everything stopped in reverse.
+watched, probes that tell a service is ready, restarts, everything stopped in
+reverse.
 
 Split from ``deploy/quickstart.py`` (which says *what* runs); this says *how*
 processes are run. Nothing here knows Rookery.
+
+A process that exits when nobody asked it to is started again, with the same
+argv and environment, after a backoff (1 s, 2 s, 4 s... at most 10 s; back to
+1 s once a run has lasted 30 s), and the others keep running: stopping a whole
+demo cluster because one broker died would hide what the cluster does about it.
+The restart is logged with the exit status or the killing signal, and the new
+process must pass its readiness check again, in its own task so that nobody
+else waits. Only a crash loop stops everything: the fifth exit within 60 s
+gives up with exit status 1 and the process's last lines (``RestartPolicy``).
+Stopping (Ctrl-C, SIGTERM, a give-up) marks every service as stopping first,
+so nothing is restarted while the others are being stopped.
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ import re
 import signal
 import ssl
 import sys
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +37,11 @@ from typing import TextIO
 HOST = "127.0.0.1"
 #: the checkout: every service runs from it
 REPO = Path(__file__).resolve().parents[1]
-STARTUP_TIMEOUT = 60.0  # seconds a process gets to become ready
+STARTUP_TIMEOUT = 60.0  # seconds a process gets to become ready (at each start)
 STOP_TIMEOUT = 15.0  # seconds between SIGTERM and SIGKILL
+DRAIN_TIMEOUT = 2.0  # seconds to read what a dead process still had in its pipe
+LAST_LINES = 10  # lines of a process kept for the give-up message
+
 
 _COLOURS = itertools.cycle(["36", "32", "33", "35", "34", "96", "92", "93", "95", "94"])
 
@@ -96,33 +112,92 @@ def _die_with_parent() -> None:
 Probe = Callable[[], Awaitable[bool]]
 
 
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When a process that exited on its own is started again, and when to give up.
+
+    The delay doubles so that a process failing at once does not spin; it is reset
+    after a stable run so that a rare crash costs one second, not the last delay.
+    """
+
+    first_delay: float = 1.0
+    max_delay: float = 10.0
+    stable_after: float = 30.0  # a run at least this long resets the delay
+    max_exits: int = 5  # this many exits within ``window`` seconds: give up
+    window: float = 60.0
+
+    def delay(self, attempt: int) -> float:
+        """Seconds before restart ``attempt`` (0: the first since a stable run)."""
+        return min(self.first_delay * 2 ** min(attempt, 32), self.max_delay)
+
+
+def describe_exit(code: int) -> str:
+    """``status 3`` or ``killed by SIGKILL``, from an asyncio return code."""
+    if code >= 0:
+        return f"status {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
 @dataclass
 class Service:
-    """One supervised process: how to start it and how to tell it is ready."""
+    """One supervised process: how to start it, how to tell it is ready, and what its
+    supervision has seen so far."""
 
     name: str
     argv: list[str]
     env: dict[str, str]
     probe: Probe | None = None  # polled until it returns True
     ready_line: re.Pattern[str] | None = None  # or: a line it prints when ready
-    proc: asyncio.subprocess.Process | None = None
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-    stopping: bool = False
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    proc: asyncio.subprocess.Process | None = None  # the current process
+    ready: asyncio.Event = field(default_factory=asyncio.Event)  # the current one is ready
+    stopping: bool = False  # asked to stop: an exit now is no crash
+    restarts: int = 0  # times it was started again
+    backoff: int = 0  # restarts since its last stable run
+    started_at: float = 0.0  # loop time the current process was started
+    exits: deque[float] = field(default_factory=deque)  # loop times of recent crashes
+    recent: deque[str] = field(default_factory=lambda: deque(maxlen=LAST_LINES))
+    #: held while a process is being started or stopped, so the two never overlap
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    relay: asyncio.Task[None] | None = None
+    runner: asyncio.Task[None] | None = None
 
 
 class Supervisor:
-    """Starts services in order, relays their output, stops them in reverse order."""
+    """Starts services in order, relays their output, restarts those that exit on their
+    own, stops them in reverse order."""
 
-    def __init__(self, output: Output) -> None:
+    def __init__(
+        self,
+        output: Output,
+        policy: RestartPolicy | None = None,
+        startup_timeout: float = STARTUP_TIMEOUT,
+    ) -> None:
         self.output = output
+        self.policy = policy or RestartPolicy()
+        self.startup_timeout = startup_timeout
         self.services: list[Service] = []
         self.shutdown = asyncio.Event()
         self.failure: str | None = None
+        self.killing = False  # the second Ctrl-C: SIGKILL, no waiting
 
     async def start(self, service: Service) -> None:
+        """Start ``service`` and return once it is ready or everything is stopping.
+
+        A process that exits before it is ready is restarted like any other, so a
+        service that cannot start at all ends as a crash loop.
+        """
         self.services.append(service)
-        service.proc = await asyncio.create_subprocess_exec(
+        async with service.lock:
+            await self._spawn(service)
+        service.runner = asyncio.create_task(self._run(service))
+        await _either(service.ready, self.shutdown)
+
+    async def _spawn(self, service: Service) -> None:
+        service.ready.clear()
+        proc = await asyncio.create_subprocess_exec(
             *service.argv,
             cwd=REPO,
             env=service.env,
@@ -133,15 +208,77 @@ class Supervisor:
             preexec_fn=_die_with_parent,
             limit=1 << 20,
         )
-        service.tasks = [
-            asyncio.create_task(self._relay(service)),
-            asyncio.create_task(self._watch(service)),
-        ]
-        await self._until_ready(service)
+        service.proc = proc
+        service.started_at = asyncio.get_running_loop().time()
+        service.relay = asyncio.create_task(self._relay(service, proc))
+        if self.killing:  # the second Ctrl-C came while it was being started
+            _kill_session(proc)
 
-    async def _relay(self, service: Service) -> None:
-        assert service.proc is not None and service.proc.stdout is not None
-        stream = service.proc.stdout
+    async def _run(self, service: Service) -> None:
+        """The service's life after its first start: ready, exited, restarted or given up."""
+        while True:
+            proc = service.proc
+            assert proc is not None
+            await self._until_ready(service, proc)
+            code = await proc.wait()
+            await self._drain(service, proc)
+            if service.stopping or self.shutdown.is_set():
+                return
+            delay = self._crashed(service, code)
+            if delay is None:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.shutdown.wait(), delay)
+            async with service.lock:
+                if service.stopping or self.shutdown.is_set():
+                    return
+                await self._spawn(service)
+
+    def _crashed(self, service: Service, code: int) -> float | None:
+        """Account for an exit nobody asked for: the delay before the restart, or None
+        when this is one exit too many (then everything is stopping)."""
+        now = asyncio.get_running_loop().time()
+        policy = self.policy
+        service.exits.append(now)
+        while now - service.exits[0] > policy.window:
+            service.exits.popleft()
+        status = describe_exit(code)
+        if len(service.exits) >= policy.max_exits:
+            self.failure = (
+                f"{service.name} crashed {len(service.exits)} times in {policy.window:g} s: "
+                "giving up"
+            )
+            self.output.say(f"{service.name} exited ({status})")
+            self.output.say(f"{self.failure}; its last lines:")
+            for line in service.recent:
+                self.output.say(f"    {line}")
+            self.output.say("stopping everything")
+            self.shutdown.set()
+            return None
+        if now - service.started_at >= policy.stable_after:
+            service.backoff = 0
+        delay = policy.delay(service.backoff)
+        service.backoff += 1
+        service.restarts += 1
+        self.output.say(
+            f"{service.name} exited ({status}); restarting in {delay:g} s "
+            f"(restart {service.restarts})"
+        )
+        return delay
+
+    async def _drain(self, service: Service, proc: asyncio.subprocess.Process) -> None:
+        """After ``proc`` exited: end what it left in its session (e.g. Celery's pool
+        processes, which would hold its queue and port), and relay its last lines."""
+        _kill_session(proc)
+        relay = service.relay
+        if relay is not None:
+            _, pending = await asyncio.wait({relay}, timeout=DRAIN_TIMEOUT)
+            for task in pending:
+                task.cancel()
+
+    async def _relay(self, service: Service, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
+        stream = proc.stdout
         while True:
             try:
                 raw = await stream.readline()
@@ -151,24 +288,20 @@ class Supervisor:
                 return
             text = raw.decode("utf-8", "replace").rstrip("\r\n")
             self.output.line(service.name, text)
+            service.recent.append(text)
             if service.ready_line is not None and service.ready_line.search(text):
                 service.ready.set()
 
-    async def _watch(self, service: Service) -> None:
-        assert service.proc is not None
-        code = await service.proc.wait()
-        if not service.stopping and self.failure is None and not self.shutdown.is_set():
-            self.failure = f"{service.name} exited unexpectedly (status {code})"
-            self.output.say(self.failure + "; stopping everything")
-            self.shutdown.set()
-
-    async def _until_ready(self, service: Service) -> None:
-        deadline = asyncio.get_running_loop().time() + STARTUP_TIMEOUT
+    async def _until_ready(self, service: Service, proc: asyncio.subprocess.Process) -> None:
+        """Wait until ``proc`` is ready; it exiting first is left to the caller. Not
+        ready in time stops everything: something is wrong that a restart would not fix."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.startup_timeout
         while not service.ready.is_set():
-            if self.shutdown.is_set():
+            if self.shutdown.is_set() or proc.returncode is not None:
                 return
-            if asyncio.get_running_loop().time() > deadline:
-                self.failure = f"{service.name} was not ready after {STARTUP_TIMEOUT:.0f} s"
+            if loop.time() > deadline:
+                self.failure = f"{service.name} was not ready after {self.startup_timeout:g} s"
                 self.output.say(self.failure + "; stopping everything")
                 self.shutdown.set()
                 return
@@ -177,38 +310,64 @@ class Supervisor:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.shutdown.wait(), 0.2)
+        if service.ready.is_set() and service.restarts:
+            self.output.say(f"{service.name} is ready again (restart {service.restarts})")
 
     async def stop_all(self) -> None:
+        self.shutdown.set()
+        for service in self.services:  # none is restarted while the others stop
+            service.stopping = True
         for service in reversed(self.services):
             await self._stop(service)
 
     def kill_all(self) -> None:
+        self.killing = True
         for service in self.services:
             service.stopping = True
             if service.proc is not None and service.proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(service.proc.pid, signal.SIGKILL)
+                _kill_session(service.proc)
 
     async def _stop(self, service: Service) -> None:
-        proc = service.proc
-        if proc is None:
-            return
-        service.stopping = True
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
-            except TimeoutError:
-                self.output.say(f"{service.name} ignored SIGTERM for {STOP_TIMEOUT:.0f} s: killed")
+        async with service.lock:  # not while it is being started again
+            proc = service.proc
+            if proc is None:
+                return
+            service.stopping = True
+            if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-        # Anything it left behind in its session (e.g. Celery pool processes).
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        await asyncio.gather(*service.tasks, return_exceptions=True)
+                    proc.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
+                except TimeoutError:
+                    self.output.say(
+                        f"{service.name} ignored SIGTERM for {STOP_TIMEOUT:.0f} s: killed"
+                    )
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                    await proc.wait()
+            # Anything it left behind in its session (e.g. Celery pool processes).
+            _kill_session(proc)
+        if service.runner is not None:  # it may be probing or waiting to restart
+            service.runner.cancel()
+        tasks = [t for t in (service.runner, service.relay) if t is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
         self.output.say(f"{service.name} stopped (status {proc.returncode})")
+
+
+def _kill_session(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL to every process of ``proc``'s session (its own process group)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def _either(*events: asyncio.Event) -> None:
+    """Return once one of ``events`` is set."""
+    waiters = [asyncio.create_task(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 async def _tcp_open(port: int) -> bool:
