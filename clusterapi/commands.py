@@ -106,8 +106,8 @@ def refusal(broker: Broker, name: str, args: dict[str, Any] | None = None) -> st
     against what the brokers last reported of the queue."""
     if name == Command.CONFIG_APPLY:
         return ""  # pushes come from clusterapi.configs, which skips brokers that are down
-    if broker.state == Broker.STATE_DOWN:
-        return f"{broker.name} is down: it cannot run {name} until it reports again"
+    if broker.state in Broker.NOT_RUNNING_STATES:
+        return f"{broker.name} is {broker.state}: it cannot run {name} until it reports again"
     if name in CLUSTER_COMMANDS:
         if broker.broker_type == Broker.TYPE_SECONDARY:
             return f"{broker.name} is a secondary: {name} goes to a primary"

@@ -167,7 +167,7 @@ def _push_everywhere(
         f"version {version.number}",
         {"number": version.number, "checksum": version.checksum, "comment": comment},
     )
-    for broker in Broker.objects.active().exclude(state=Broker.STATE_DOWN):
+    for broker in Broker.objects.active().exclude(state__in=Broker.NOT_RUNNING_STATES):
         push(broker, version, user)
     transaction.on_commit(lambda: notify_dashboard("config"))
 

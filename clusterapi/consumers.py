@@ -65,6 +65,9 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
 
     link: LinkState | None = None
     group: str | None = None
+    #: the console closed this link (a malformed message, its own error): the broker
+    #: is not known to be down, it reconnects (stale detection decides)
+    closed_by_console: bool = False
 
     async def connect(self) -> None:
         token = bearer_token(self.scope)
@@ -114,16 +117,20 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
                 await self.on_status(msg)
             elif kind == "ack":
                 await self.on_ack(msg)
+            elif kind == "stopping":
+                await self.on_stopping(msg)
             else:
                 log.info("broker %s sent an unknown message type %r", self.link.name, kind)
         except LinkProtocolError as exc:
             name = self.link.name if self.link else self.scope.get("client")
             log.warning("broker link %s: malformed message: %s", name, exc)
+            self.closed_by_console = True
             await self.close(code=CLOSE_MALFORMED, reason=_close_reason(str(exc)))
         except Exception:
             log.exception(
                 "broker link %s: failed on a message", self.link.name if self.link else "?"
             )
+            self.closed_by_console = True
             await self.close(code=CLOSE_INTERNAL, reason="console error")
 
     async def on_hello(self, msg: dict[str, Any]) -> None:
@@ -179,6 +186,14 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
         # the stored row again, whatever this link last saw (acks are rare)
         self.link.running_config = ingest.UNKNOWN_RUNNING
 
+    async def on_stopping(self, msg: dict[str, Any]) -> None:
+        """A planned stop: recorded now, so the link closing next raises nothing."""
+        assert self.link is not None
+        spid, reason = ingest.parse_stopping(msg)
+        if await database_sync_to_async(ingest.record_stopping)(self.link, spid, reason):
+            log.info("broker %s stopping as planned (%s)", self.link.name, reason or "?")
+            await anotify_dashboard("broker", self.link.name)
+
     # -- outgoing -------------------------------------------------------------------
 
     async def broker_command(self, event: dict[str, Any]) -> None:
@@ -197,11 +212,18 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.link is not None:
-            await database_sync_to_async(ingest.mark_disconnected)(
-                self.link.broker_id, self.channel_name
+            outcome = await database_sync_to_async(ingest.link_closed)(
+                self.link, self.channel_name, code, crash=not self.closed_by_console
             )
-            log.info("broker %s disconnected (code %s)", self.link.name, code)
+            log.info(
+                "broker %s disconnected (code %s)%s",
+                self.link.name,
+                code,
+                f": {outcome}" if outcome else "",
+            )
             await anotify_dashboard("broker", self.link.name)
+            if outcome == "down":
+                await anotify_dashboard("alarm", self.link.name)
 
 
 def _after_hello(broker_id: int) -> None:

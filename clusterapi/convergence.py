@@ -84,7 +84,7 @@ def broker_rows(version: ConfigVersion, current: ConfigVersion | None = None) ->
     rows = []
     for broker in Broker.objects.active().order_by("name"):
         error = ""
-        if broker.state == Broker.STATE_DOWN:
+        if broker.state in Broker.NOT_RUNNING_STATES:
             state = DOWN
         elif broker.config_checksum == version.checksum:
             state = RUNNING

@@ -30,9 +30,10 @@ from clusterapi.linkparse import (
     epoch,
     parse_envelope,
     parse_hello,
+    parse_stopping,
     quorum_text,
 )
-from clusterapi.models import Broker, HeartbeatSample
+from clusterapi.models import Broker, BrokerEvent, HeartbeatSample
 
 __all__ = [
     "Hello",
@@ -41,10 +42,13 @@ __all__ = [
     "StatusOutcome",
     "apply_status",
     "epoch",
+    "link_closed",
     "mark_disconnected",
     "parse_envelope",
     "parse_hello",
+    "parse_stopping",
     "quorum_text",
+    "record_stopping",
     "register_hello",
 ]
 
@@ -78,6 +82,8 @@ class LinkState:
     spid: str = ""
     #: (version, checksum) of the configuration it last reported running
     running_config: tuple[int | None, str] = (None, "")
+    #: the broker announced a planned stop: its link closing next is no crash
+    stopping: bool = False
 
 
 @dataclass
@@ -124,7 +130,8 @@ def register_hello(hello: Hello, channel_name: str = "") -> tuple[Broker, bool]:
         broker.save()
         if old_spid and old_spid != hello.spid:
             # one row per name: the new run replaces the old one's spid, the event keeps both
-            events.record_restart(broker, old_spid, old_seen, planned=False)
+            planned = previous == Broker.STATE_STOPPED
+            events.record_restart(broker, old_spid, old_seen, planned=planned)
         came_back = previous != Broker.STATE_UP
         if came_back:
             _mark_up(broker, previous)
@@ -153,6 +160,73 @@ def mark_disconnected(broker_id: int, channel_name: str = "") -> bool:
             connected=False, link_channel="", updated_at=timezone.now()
         )
     )
+
+
+# -- stopping and the link closing ----------------------------------------------------------
+
+
+def record_stopping(link: LinkState, spid: str, reason: str) -> bool:
+    """``stopping``: the broker stops as planned (SIGTERM). It is marked stopped (not
+    up, so counts follow at once; no down alarm, now or when its link closes) with an
+    info event. Returns whether the row changed (not for another run's spid, nor for
+    a name another broker owns now)."""
+    if spid != link.spid:
+        log.warning(
+            "broker %s: stopping for spid %s, but this link's run is %s: ignored",
+            link.name,
+            spid,
+            link.spid,
+        )
+        return False
+    why = reason or "no reason given"
+    with transaction.atomic():
+        if not Broker.objects.filter(pk=link.broker_id, spid=link.spid).update(
+            state=Broker.STATE_STOPPED, ready=False, updated_at=timezone.now()
+        ):
+            return False
+        broker = Broker.objects.get(pk=link.broker_id)
+        events.record(
+            broker,
+            BrokerEvent.KIND_STOPPING,
+            f"stopping as planned ({why}): spid {spid}",
+            BrokerEvent.LEVEL_INFO,
+            {"spid": spid, "reason": reason},
+        )
+        audit.record(None, "broker.stopping", broker.name, {"spid": spid, "reason": reason})
+    link.stopping = True
+    return True
+
+
+def link_closed(link: LinkState, channel_name: str, code: int | None, crash: bool = True) -> str:
+    """The link on ``channel_name`` closed; returns what that made of the broker.
+
+    ``"stopped"``: it announced the stop. ``"down"``: it closed without one (a crash,
+    ``kill -9``, the network), so the broker is down at once, with the ``broker.down``
+    alarm and a warning event, instead of after missed heartbeats. ``""``: nothing
+    changed beyond ``connected`` (it reconnected on another link meanwhile, it was not
+    up, another broker owns the name, or ``crash`` is false: the console closed it).
+    """
+    with transaction.atomic():
+        if not mark_disconnected(link.broker_id, channel_name):
+            return ""
+        if link.stopping:
+            return "stopped"
+        if not crash or not Broker.objects.filter(
+            pk=link.broker_id, spid=link.spid, state=Broker.STATE_UP
+        ).update(state=Broker.STATE_DOWN, ready=False, updated_at=timezone.now()):
+            return ""
+        broker = Broker.objects.get(pk=link.broker_id)
+        why = f"its console link closed without a planned stop (code {code})"
+        alarms.raise_alarm(alarms.BROKER_DOWN, f"{broker.name} is down: {why}", broker)
+        events.record(
+            broker,
+            BrokerEvent.KIND_LINK_LOST,
+            f"link lost without a planned stop (code {code}): spid {link.spid}",
+            BrokerEvent.LEVEL_WARNING,
+            {"spid": link.spid, "code": code},
+        )
+        audit.record(None, "broker.down", broker.name, {"spid": link.spid, "why": why})
+    return "down"
 
 
 # -- status ----------------------------------------------------------------------------
@@ -239,7 +313,8 @@ def apply_status(link: LinkState, msg: dict[str, Any]) -> StatusOutcome:
         if not updated and link.spid and _name_taken_by_another(link):
             outcome.alarms_changed = True
             return outcome
-        if (
+        # (a status after ``stopping`` leaves the broker stopped: it is on its way out)
+        if not link.stopping and (
             Broker.objects.filter(pk=link.broker_id)
             .exclude(state=Broker.STATE_UP)
             .update(state=Broker.STATE_UP)

@@ -295,3 +295,16 @@ def replicas(entry: dict[str, Any], where: str) -> list[dict[str, Any]]:
             )
         out.append({"spid": spid, "in_sync": in_sync, "behind": behind})
     return out
+
+
+def parse_stopping(msg: dict[str, Any]) -> tuple[str, str]:
+    """``stopping``: the broker's spid and why it stops (``SIGTERM``...; may be empty)."""
+    spid = require(msg, "spid", str, "stopping")
+    if not 1 <= len(spid) <= 64:
+        raise LinkProtocolError("stopping.spid must be 1 to 64 characters")
+    reason = msg.get("reason", "")
+    if reason is None:
+        reason = ""
+    if not isinstance(reason, str) or len(reason) > 200:
+        raise LinkProtocolError("stopping.reason must be a string of at most 200 characters")
+    return spid, reason

@@ -46,12 +46,17 @@ class Broker(models.Model):
     STATE_DOWN = "down"
     STATE_UNKNOWN = "unknown"
     STATE_RETIRED = "retired"
+    #: announced a planned stop (``stopping``) before its link closed: no down alarm
+    STATE_STOPPED = "stopped"
     STATE_CHOICES = [
         (STATE_UP, "up"),
         (STATE_DOWN, "down"),
         (STATE_UNKNOWN, "unknown"),
         (STATE_RETIRED, "retired"),
+        (STATE_STOPPED, "stopped"),
     ]
+    #: not running: commands wait, pushes skip it
+    NOT_RUNNING_STATES = (STATE_DOWN, STATE_STOPPED)
 
     name = models.CharField(
         max_length=255, unique=True, help_text="stable name: the broker's callback host:port"
