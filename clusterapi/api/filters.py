@@ -12,6 +12,7 @@ from clusterapi.models import (
     AuditEntry,
     BindingSnapshot,
     Broker,
+    BrokerEvent,
     Command,
     ConfigVersion,
     ExchangeSnapshot,
@@ -191,6 +192,17 @@ class AuditFilter(filters.FilterSet):
     class Meta:
         model = AuditEntry
         fields = ["user", "action", "action_prefix", "target", "since", "until"]
+
+
+class EventFilter(filters.FilterSet):
+    broker = BrokerRefFilter()
+    kind = filters.ChoiceFilter(choices=BrokerEvent.KIND_CHOICES)
+    level = filters.ChoiceFilter(choices=BrokerEvent.LEVEL_CHOICES)
+    since, until = since_until()
+
+    class Meta:
+        model = BrokerEvent
+        fields = ["broker", "kind", "level", "since", "until"]
 
 
 class AlarmFilter(filters.FilterSet):

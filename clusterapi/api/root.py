@@ -26,7 +26,11 @@ ENDPOINTS = (
     ("api-token", "POST a username and password to get an API token"),
     ("api-cluster", "the cluster's state: root, readiness, quorum, brokers up, alarms"),
     ("api-endpoints", "AMQP URLs of the brokers clients can connect to now"),
-    ("broker-list", "brokers; POST .../{id}/root/ and .../{id}/dump/ send commands"),
+    (
+        "broker-list",
+        "brokers; POST .../{id}/root/ and .../{id}/dump/ send commands, "
+        ".../{id}/decommission/ retires one that is gone for good",
+    ),
     (
         "queue-list",
         "queues, a shared one once; POST .../{id}/move/ moves one to another primary, "
@@ -40,6 +44,7 @@ ENDPOINTS = (
     ("config-current", "the current configuration and what each broker runs"),
     ("command-list", "commands sent to brokers and their outcome"),
     ("audit-list", "the audit log"),
+    ("event-list", "broker events: restarts, planned stops, links lost"),
     ("alarm-list", "alarms; POST .../{id}/acknowledge/ acknowledges one"),
     ("report-list", "traffic report runs; POST runs one"),
 )

@@ -21,6 +21,7 @@ from clusterapi.models import (
     Alarm,
     AuditEntry,
     Broker,
+    BrokerEvent,
     Command,
     ConfigVersion,
     HeartbeatSample,
@@ -402,6 +403,13 @@ class AuditEntrySerializer(serializers.ModelSerializer):
     class Meta:
         model = AuditEntry
         fields = ["id", "time", "username", "action", "target", "details"]
+        read_only_fields = fields
+
+
+class BrokerEventSerializer(BrokerRowSerializer):
+    class Meta:
+        model = BrokerEvent
+        fields = ["id", "broker", "broker_id", "time", "kind", "level", "message", "details"]
         read_only_fields = fields
 
 

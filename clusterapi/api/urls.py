@@ -15,6 +15,7 @@ router.register("queue-samples", views.QueueSampleViewSet, basename="queue-sampl
 router.register("configs", config_views.ConfigVersionViewSet, basename="config")
 router.register("commands", views.CommandViewSet, basename="command")
 router.register("audit", views.AuditViewSet, basename="audit")
+router.register("events", views.EventViewSet, basename="event")
 router.register("alarms", views.AlarmViewSet, basename="alarm")
 router.register("reports", reports.ReportRunViewSet, basename="report")
 

@@ -37,6 +37,7 @@ from clusterapi.models import (
     Alarm,
     AuditEntry,
     Broker,
+    BrokerEvent,
     Command,
     HeartbeatSample,
     QueueSample,
@@ -413,6 +414,20 @@ class AuditViewSet(ReadOnlyViewSet):
     queryset = AuditEntry.objects.all()
     serializer_class = serializers.AuditEntrySerializer
     filterset_class = filters.AuditFilter
+
+
+@reads(
+    "broker events",
+    "What happened to brokers, newest first: restarts (`details`: old and new spid, the "
+    "downtime in seconds when known, whether a planned stop came before), planned stops "
+    "(`info`) and links lost without one (`warning`: the broker was marked down at once).",
+    "broker event",
+    "One broker event.",
+)
+class EventViewSet(ReadOnlyViewSet):
+    queryset = BrokerEvent.objects.select_related("broker")
+    serializer_class = serializers.BrokerEventSerializer
+    filterset_class = filters.EventFilter
 
 
 @reads(

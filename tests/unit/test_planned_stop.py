@@ -222,3 +222,19 @@ async def test_the_consumer_closing_a_malformed_link_is_no_crash(
     broker = await database_sync_to_async(Broker.objects.get)(name=NAME)
     assert broker.state == "up" and not broker.connected
     assert await database_sync_to_async(down_alarms)() == []
+
+
+@pytest.mark.django_db
+def test_events_in_the_api(viewer: Any) -> None:
+    from rest_framework.test import APIClient
+
+    link = linked()
+    ingest.record_stopping(link, "spid-1", "SIGTERM")
+    client = APIClient()
+    client.force_authenticate(viewer)
+    body = client.get(f"/api/v1/events/?broker={NAME}&level=info").json()
+    assert [(e["broker"], e["kind"], e["level"]) for e in body["results"]] == [
+        (NAME, "stopping", "info")
+    ]
+    assert client.get("/api/v1/events/?level=warning").json()["count"] == 0
+    assert client.get("/api/v1/events/?level=loud").status_code == 400
