@@ -12,10 +12,11 @@ is raised until it reports the current version again.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from brokerd.configdoc import DOCUMENT_KEYS, HEARTBEAT_DEFAULTS, validate_document
-from clusterapi import alarms
+from clusterapi import alarms, inforce
 from clusterapi.cluster import notify_dashboard
 from clusterapi.models import Broker, Command, ConfigApplication, ConfigVersion
 
@@ -104,6 +105,8 @@ def broker_rows(version: ConfigVersion, current: ConfigVersion | None = None) ->
                 "running": describe_running(broker, numbers),
                 "running_version": numbers.get(broker.config_checksum),
                 "error": error,
+                # the version against what it reports in force, key by key, with sources
+                "in_force": inforce.view(version.document, broker.in_force),
             }
         )
     return rows
@@ -162,12 +165,20 @@ def running_groups(exclude_checksum: str | None = None) -> list[dict[str, Any]]:
         checksum = broker.config_checksum
         if checksum == exclude_checksum:
             continue
+        document = documents.get(checksum) if checksum else None
+        key = checksum
+        if not checksum:
+            # its own files: what it reports in force (one group per distinct document),
+            # not an empty document; unknown from a broker too old to report it
+            reported = (broker.in_force or {}).get("document")
+            document = reported if isinstance(reported, dict) else None
+            key = "files:" + json.dumps(document, sort_keys=True)
         group = groups.setdefault(
-            checksum,
+            key,
             {
                 "checksum": checksum,
                 "label": describe_running(broker, numbers),
-                "document": {} if not checksum else documents.get(checksum),
+                "document": document,
                 "brokers": [],
             },
         )

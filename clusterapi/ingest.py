@@ -118,6 +118,9 @@ def register_hello(hello: Hello, channel_name: str = "") -> tuple[Broker, bool]:
         # a retired broker that links again is in service again: the cluster file
         # evidently still has it (its audit entry says previous_state "retired")
         "retired_at": None,
+        # a new run: what an earlier one ran says nothing (None from an older brokerd)
+        "in_force": hello.in_force,
+        "in_force_at": now if hello.in_force is not None else None,
     }
     with transaction.atomic():
         broker, created = Broker.objects.get_or_create(name=hello.name, defaults=values)
@@ -267,6 +270,7 @@ def apply_status(link: LinkState, msg: dict[str, Any]) -> StatusOutcome:
         linkparse.optional(view, "alarms", list, "status.view", [])
     )
     running = linkparse.running_config(msg)
+    in_force = linkparse.parse_in_force(msg, "status")  # only when it changed
 
     outcome = StatusOutcome()
     if link.last_seq is not None and seq != link.last_seq + 1:
@@ -292,9 +296,12 @@ def apply_status(link: LinkState, msg: dict[str, Any]) -> StatusOutcome:
         owned = Broker.objects.filter(pk=link.broker_id)
         if link.spid:
             owned = owned.filter(spid=link.spid)
-        reported = {}
+        reported: dict[str, Any] = {}
         if running is not None:
             reported = {"config_version": running[0], "config_checksum": running[1]}
+        if in_force is not None:
+            reported.update(in_force=in_force, in_force_at=now)
+            outcome.config_changed = True
         updated = owned.update(
             **reported,
             connected=True,

@@ -98,6 +98,17 @@ class Hello:
     heartbeat_interval: float
     config_version: int | None
     config_checksum: str
+    #: ``{"document", "sources"}``: the configuration it runs (None: not reported)
+    in_force: dict[str, Any] | None = None
+
+
+def parse_in_force(msg: dict[str, Any], where: str) -> dict[str, Any] | None:
+    """``in_force`` of a hello or status, checked (``clusterapi.inforce.parse``)."""
+    if msg.get("in_force") is None:
+        return None
+    from clusterapi import inforce  # it imports this module's error
+
+    return inforce.parse(msg["in_force"], where)
 
 
 def parse_hello(msg: dict[str, Any]) -> Hello:
@@ -126,6 +137,7 @@ def parse_hello(msg: dict[str, Any]) -> Hello:
         heartbeat_interval=interval,
         config_version=config_version,
         config_checksum=text(msg, "config_checksum", "hello", 64),
+        in_force=parse_in_force(msg, "hello"),
     )
 
 

@@ -94,6 +94,13 @@ class Broker(models.Model):
     retired_at = models.DateTimeField(
         null=True, blank=True, help_text="when an operator decommissioned it (null: in service)"
     )
+    in_force = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="the configuration it runs, as it last reported it: {document, sources} "
+        "(null: not reported in this run)",
+    )
+    in_force_at = models.DateTimeField(null=True, blank=True, help_text="when in_force came")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -99,6 +99,8 @@ class BrokerSerializer(serializers.ModelSerializer):
             "config_version",
             "config_checksum",
             "retired_at",
+            "in_force",
+            "in_force_at",
             "queues_held",
             "shared_owned",
             "counts",

@@ -20,7 +20,7 @@ from django.db.models import Q, QuerySet
 from django.http import QueryDict
 from django.utils import timezone
 
-from clusterapi import cluster, commands, decommission, events, objects, owners
+from clusterapi import cluster, commands, configs, decommission, events, inforce, objects, owners
 from clusterapi.api import filters
 from clusterapi.errors import Conflict
 from clusterapi.models import (
@@ -263,6 +263,16 @@ def broker_actions(broker: Broker) -> dict[str, dict[str, str]]:
     }
 
 
+def _in_force(broker: Broker) -> dict[str, Any]:
+    """The current version against what the broker reports in force, key by key."""
+    version = configs.current()
+    return {
+        "in_force_version": version,
+        "in_force_label": f"Version {version.number}" if version is not None else "",
+        "in_force": inforce.view(version.document if version else None, broker.in_force),
+    }
+
+
 def build_broker(params: QueryDict) -> dict[str, Any]:
     broker = Broker.objects.filter(name=params.get("broker", "")).first()
     if broker is None:
@@ -290,6 +300,7 @@ def build_broker(params: QueryDict) -> dict[str, Any]:
         "actions": broker_actions(broker),
         "decommission_refusal": decommission.refusal(broker),
         "events": with_stamps(broker.events.all()[: events.SHOWN], "time"),
+        **_in_force(broker),
         "dump": with_stamps([dump], "finished_at")[0] if dump else None,
         "dump_text": (dump.result or {}).get("dump", "") if dump else "",
         "alarms": with_stamps(broker.alarms.filter(active=True), "raised_at", "acknowledged_at"),
@@ -506,6 +517,7 @@ PAGES: dict[str, Page] = {
                 "broker_summary",
                 "command_banner",
                 "broker_events",
+                "broker_in_force",
                 "peer_links",
                 "broker_objects",
                 "broker_commands",
