@@ -275,6 +275,12 @@ class ConvergenceSerializer(serializers.Serializer):
         allow_null=True, help_text="the version with that checksum (null: none)"
     )
     error = serializers.CharField(allow_blank=True, help_text="why a push was refused")
+    differences = serializers.JSONField(
+        allow_null=True,
+        help_text="the version against the configuration the broker reports in force, per key: "
+        "key, status (added: only on the broker, removed: only in the version, changed), "
+        "version, broker, source (console, file or default); null: not reported",
+    )
 
 
 class UnsetKeySerializer(serializers.Serializer):
@@ -336,7 +342,21 @@ class ConfigVersionDetailSerializer(ConfigVersionSerializer):
 
     @extend_schema_field(ConvergenceSerializer(many=True))
     def get_convergence(self, version: ConfigVersion) -> list[dict[str, Any]]:
-        return self._rows(version)
+        return ConvergenceSerializer(
+            [
+                {
+                    **row,
+                    "differences": [
+                        {k: d[k] for k in ("key", "status", "version", "broker", "source")}
+                        for d in row["in_force"]["differences"]
+                    ]
+                    if row["in_force"]["reported"]
+                    else None,
+                }
+                for row in self._rows(version)
+            ],
+            many=True,
+        ).data
 
     @extend_schema_field(serializers.BooleanField())
     def get_converged(self, version: ConfigVersion) -> bool:

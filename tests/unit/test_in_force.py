@@ -228,3 +228,21 @@ def test_the_api_shows_what_it_reports(drifted: Broker, viewer: User) -> None:
     client.force_authenticate(viewer)
     body = client.get(f"/api/v1/brokers/{NAME}/").json()
     assert body["in_force"]["sources"]["limits.frame_max"] == "file"
+
+
+@pytest.mark.django_db
+def test_the_api_convergence_lists_the_differences(drifted: Broker, viewer: User) -> None:
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.force_authenticate(viewer)
+    [row] = client.get("/api/v1/configs/1/").json()["convergence"]
+    assert row["state"] == "drifted"
+    frame = next(d for d in row["differences"] if d["key"] == "limits.frame_max")
+    assert frame == {
+        "key": "limits.frame_max",
+        "status": "changed",
+        "version": 131072,
+        "broker": 65536,
+        "source": "file",
+    }
