@@ -16,6 +16,9 @@
       if (box) box.textContent = "No data for this chart.";
       return;
     }
+    /* a minute with no samples breaks the lines (never a straight line across an outage) */
+    if (window.RookeryCharts) data = RookeryCharts.withGaps(data, 120);
+    series = series.map(function (s) { s.spanGaps = false; return s; });
     var chart = new uPlot({
       width: width(box),
       height: 240,
