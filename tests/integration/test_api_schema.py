@@ -134,6 +134,23 @@ schema.config.operations.operations.append(
     )
 )
 
+# Likewise a report period is checked against the data (no sample in it, a bound in the
+# future, longer than REPORT_MAX_PERIOD_DAYS), and a decommission against the broker's
+# name typed again: refused with the documented 400, no run recorded, nothing retired.
+for name in ("POST /api/v1/reports/", "POST /api/v1/brokers/{id}/decommission/"):
+    schema.config.operations.operations.append(
+        OperationConfig.from_dict(
+            {
+                "include-name": name,
+                "checks": {
+                    "positive_data_acceptance": {
+                        "expected-statuses": [*POSITIVE_DATA_ACCEPTANCE_EXPECTED_STATUSES, "400"]
+                    }
+                },
+            }
+        )
+    )
+
 
 @schema.parametrize()
 @settings(
