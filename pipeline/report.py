@@ -17,8 +17,17 @@ docs/architecture.md):
 - Root timeline: each interval bucket ``floor(epoch / interval)`` takes the root
   most brokers report in it (spids mapped to broker names); a root failover is a
   change from root X to another root Y (possibly through buckets without a root).
-- Link flap: at least 4 changes of a peer link's ``active``, each within
-  ``flap_window`` seconds of the previous one, seen by one broker.
+- Link: a broker's link to a peer address, whatever spid answers there (a restarted
+  peer is the same link).  Its observed state at a sample is up if any spid listed at
+  that address is active; a sample without the peer listed, or without a heartbeat
+  from the observer, is no observation.
+- Link flap: at least 4 changes between consecutive observed states of one link, each
+  within ``flap_window`` seconds of the previous one.
+- Outage: a link's run of down observations, from the first sample that saw it down to
+  the next that saw it up (``link_outages``).  Toward a broker, its peers' link outages
+  of at least ``gap_intervals`` samples and its own heartbeat gaps are one outage while
+  they overlap (summary ``outages``, and the incidents ``broker_outage``, or
+  ``link_outage`` when the broker kept sending heartbeats).
 - Backlog: a queue whose ready count rose at every sample (at least 5 samples) for
   at least ``backlog_min_seconds`` and by at least ``backlog_min_growth`` messages.
 
@@ -149,7 +158,9 @@ def run_report(opts: ReportOptions, spark: SparkSession | None = None) -> dict[s
     backlogs = series.backlog_episodes(queue, interval, opts).persist()
     gaps = series.heartbeat_gaps(broker, interval, last_t, opts).persist()
     restarts = series.restarts(broker).persist()
-    flaps = series.link_flaps(peer_raw.select(*series.LINK_KEYS, *series.LINK_USED), opts).persist()
+    links = series.link_states(peer_raw.select(*series.LINK_KEYS, *series.LINK_USED)).persist()
+    flaps = series.link_flaps(links, opts).persist()
+    outages = series.link_outages(links).persist()
     segments = roots.root_segments(broker_raw.select("broker", "spid", "root", "t"), interval)
 
     tables = {
@@ -163,6 +174,7 @@ def run_report(opts: ReportOptions, spark: SparkSession | None = None) -> dict[s
         "heartbeat_gaps": _write(gaps, out, "heartbeat_gaps"),
         "restarts": _write(restarts, out, "restarts"),
         "link_flaps": _write(flaps, out, "link_flaps"),
+        "link_outages": _write(outages, out, "link_outages"),
     }
     timeline = roots.root_timeline(segments)
     roots.write_root_timeline(spark, timeline, out / "root_timeline")
@@ -171,13 +183,14 @@ def run_report(opts: ReportOptions, spark: SparkSession | None = None) -> dict[s
     summary = build_summary(
         opts=opts, broker=broker, queue=queue, broker_minute=broker_minute,
         cluster_minute=cluster_minute, trends=trends, backlogs=backlogs, gaps=gaps,
-        restarts=restarts, flaps=flaps, timeline=timeline, peer_raw=peer_raw,
-        queue_raw=queue_raw, first_t=first_t, last_t=last_t, broker_count=broker_count,
-        interval=interval,
+        restarts=restarts, flaps=flaps, outages=series.significant_outages(outages, interval, opts),
+        timeline=timeline, peer_raw=peer_raw, queue_raw=queue_raw, first_t=first_t, last_t=last_t,
+        broker_count=broker_count, interval=interval,
     )  # fmt: skip
     summary["tables"] = {name: str(out / path) for name, path in tables.items()}
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    for df in (broker, queue, broker_minute, trends, backlogs, gaps, restarts, flaps):
+    persisted = (broker, queue, broker_minute, trends, backlogs, gaps, restarts, links, flaps)
+    for df in (*persisted, outages):
         df.unpersist()
     return summary
 

@@ -1,4 +1,4 @@
-"""Per-series stages of the report: rates, minute statistics, trends, backlogs, gaps, flaps.
+"""Per-series stages of the report: rates, minute statistics, trends, backlogs, gaps, links.
 
 Every window here is partitioned by one series: a broker, a queue (broker, vhost, queue)
 or a link (broker, peer address).  A series is small next to the whole history, so the
@@ -273,11 +273,29 @@ def restarts(broker: DataFrame) -> DataFrame:
     )
 
 
-def link_flaps(peer: DataFrame, opts: ReportOptions) -> DataFrame:
-    """Bursts of active/inactive changes on one broker's link to one peer address."""
+def link_states(peer: DataFrame) -> DataFrame:
+    """One observed state per link and sample: up if any spid listed at the address is active.
+
+    A link is the observer's link to an address, whatever spid answers there: a restarted
+    peer is listed twice (its old spid, gone, and its new one) in every sample after it
+    came back.  Two rows of one sample come in any order in a window ordered by time, so
+    reading them as states read a change at every sample (hundreds of "flaps" after one
+    restart).  A sample where the peer is not listed, or the observer sent no heartbeat,
+    has no row: it is no observation, never a change.  Repartitioned by link first, so
+    the windows over the states reuse this shuffle.
+    """
+    return (
+        peer.repartition(*LINK_KEYS)
+        .groupBy(*LINK_KEYS, "ts", "t")
+        .agg(F.max("active").alias("active"))
+    )
+
+
+def link_flaps(states: DataFrame, opts: ReportOptions) -> DataFrame:
+    """Bursts of up/down changes between consecutive observed states of one link."""
     w = by_time(LINK_KEYS)
     changes = (
-        peer.withColumn("prev_active", F.lag("active").over(w))
+        states.withColumn("prev_active", F.lag("active").over(w))
         .where(F.col("prev_active").isNotNull() & (F.col("active") != F.col("prev_active")))
         .select(*LINK_KEYS, "ts", "t", "active")
     )
@@ -296,4 +314,54 @@ def link_flaps(peer: DataFrame, opts: ReportOptions) -> DataFrame:
         )
         .where(F.col("transitions") >= opts.flap_min_transitions)
         .drop("burst")
+    )
+
+
+def link_outages(states: DataFrame) -> DataFrame:
+    """Each run of down observations of a link, as one outage.
+
+    ``start`` is the first sample that saw the link down, ``end`` the next that saw it up
+    (null: still down at the link's last observation), ``last_up`` the last that saw it up
+    before (null: down from its first observation).  Samples missing in between (the
+    observer silent, or the peer not listed) neither end nor split the outage.  Starting at
+    the first down sample rather than after ``last_up`` keeps an observer's own silence
+    out: a restarted observer that lists its peers down for one sample before their
+    statuses arrive shows a one-sample outage, not one as long as its own restart.
+    """
+    w = by_time(LINK_KEYS)
+    before = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    after = w.rowsBetween(Window.currentRow, Window.unboundedFollowing)
+    up_ts = F.when(F.col("active"), F.col("ts"))
+    runs = (
+        states.withColumn("run", F.sum(F.col("active").cast("long")).over(before))
+        .withColumn("last_up", F.last(up_ts, ignorenulls=True).over(before))
+        .withColumn("next_up", F.first(up_ts, ignorenulls=True).over(after))
+        .where(~F.col("active"))
+        .groupBy(*LINK_KEYS, "run")
+        .agg(
+            F.max("last_up").alias("last_up"),
+            F.min("ts").alias("start"),
+            F.max("next_up").alias("end"),
+            F.count(F.lit(1)).alias("down_samples"),
+        )
+    )
+    return runs.select(
+        *LINK_KEYS,
+        "last_up",
+        "start",
+        "end",
+        (F.col("end").cast("double") - F.col("start").cast("double")).alias("seconds"),
+        "down_samples",
+    )
+
+
+def significant_outages(outages: DataFrame, interval: float, opts: ReportOptions) -> DataFrame:
+    """Link outages as long as a heartbeat gap must be: ``gap_intervals`` samples not up.
+
+    A flap's short downs stay in the ``link_outages`` table and out of the incidents.
+    """
+    samples = F.round(F.col("seconds") / F.lit(interval))
+    return outages.where(
+        F.when(F.col("end").isNull(), F.col("down_samples")).otherwise(samples)
+        >= opts.gap_intervals
     )

@@ -1,4 +1,4 @@
-"""summary.json: period, brokers, totals, peaks, capacity, root changes and incidents.
+"""summary.json: period, brokers, totals, peaks, capacity, root changes, incidents, outages.
 
 Built on the driver from aggregated rows only (a few per broker, queue or incident), so
 its size does not grow with the history.
@@ -60,6 +60,70 @@ def _incident(
     }
 
 
+def merge_outages(gaps: list[dict[str, Any]], links: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Outages toward each broker: its heartbeat gaps and its peers' link outages toward
+    its address, joined while they overlap.
+
+    Every source says the broker was not seen up from its ``start`` to its ``end`` (null:
+    not back by the end of the period); one dead broker is silent to the console and down
+    for each of its peers at once, which is one outage, not one per observer.  An outage
+    goes from its earliest start to its latest end: never shorter than any source saw it.
+    """
+    sources: dict[str, list[tuple[datetime, datetime | None, str | None, int | None]]] = {}
+    for row in gaps:
+        sources.setdefault(row["broker"], []).append(
+            (row["start"], row["end"], None, int(row["missed"]))
+        )
+    for row in links:
+        sources.setdefault(row["peer_address"], []).append(
+            (row["start"], row["end"], row["broker"], None)
+        )
+    outages: list[dict[str, Any]] = []
+    for broker, found in sources.items():
+        found.sort(key=lambda source: source[0])
+        current: dict[str, Any] | None = None
+        for start, end, observer, missed in found:
+            if current is None or (current["end"] is not None and start > current["end"]):
+                current = {"broker": broker, "start": start, "end": end, "missed": [], "by": set()}
+                outages.append(current)
+            elif end is None or current["end"] is None:
+                current["end"] = None
+            else:
+                current["end"] = max(current["end"], end)
+            if observer is not None:
+                current["by"].add(observer)
+            if missed is not None:
+                current["missed"].append(missed)
+    return [
+        {
+            "broker": o["broker"],
+            "start": iso(o["start"]),
+            "end": iso(o["end"]),
+            "seconds": None
+            if o["end"] is None
+            else round((o["end"] - o["start"]).total_seconds(), 6),
+            "missed_samples": sum(o["missed"]) if o["missed"] else None,
+            "seen_down_by": sorted(o["by"]),
+        }
+        for o in sorted(outages, key=lambda o: (o["start"], o["broker"]))
+    ]
+
+
+def outage_incident(outage: dict[str, Any]) -> dict[str, Any]:
+    """``broker_outage`` when the broker's own heartbeats stopped, ``link_outage`` when only
+    its peers lost it (it kept reporting to the console)."""
+    details: dict[str, Any] = {"seconds": outage["seconds"], "seen_down_by": outage["seen_down_by"]}
+    if outage["missed_samples"] is not None:
+        details = {"missed_samples": outage["missed_samples"], **details}
+    return {
+        "kind": "broker_outage" if outage["missed_samples"] is not None else "link_outage",
+        "broker": outage["broker"],
+        "start": outage["start"],
+        "end": outage["end"],
+        "details": details,
+    }
+
+
 def build_summary(
     *,
     opts: ReportOptions,
@@ -72,6 +136,7 @@ def build_summary(
     gaps: DataFrame,
     restarts: DataFrame,
     flaps: DataFrame,
+    outages: DataFrame,
     timeline: dict[str, Any],
     peer_raw: DataFrame,
     queue_raw: DataFrame,
@@ -134,10 +199,8 @@ def build_summary(
     }
 
     incidents: list[dict[str, Any]] = list(timeline["failovers"])
-    for row in _rows(gaps):
-        incidents.append(
-            _incident("broker_outage", row, row["start"], row["end"], missed_samples=row["missed"])
-        )
+    merged = merge_outages(_rows(gaps), _rows(outages))
+    incidents.extend(outage_incident(outage) for outage in merged)
     for row in _rows(restarts):
         incidents.append(
             _incident(
@@ -226,15 +289,25 @@ def build_summary(
         },
         "queues_growing": growing,
         "incidents": incidents,
+        "outages": merged,
         "definitions": {
             "rates": "counter difference / time since the previous sample; "
             "after a restart: counter / interval",
             "isr": "messages routed into queues per second (routed_total)",
             "xsr": "messages delivered to clients per second (delivered_total)",
             "heartbeat_gap": f"at least {opts.gap_intervals} consecutive samples missing",
+            "link": "a broker's link to a peer address, up at a sample if any spid "
+            "listed at that address is active; a sample without the peer listed, or "
+            "without the broker's heartbeat, is no observation",
             "link_flap": (
-                f">= {opts.flap_min_transitions} active changes, each <= {opts.flap_window} s "
-                "after the previous one"
+                f">= {opts.flap_min_transitions} changes between consecutive observed "
+                f"states of one link, each <= {opts.flap_window} s after the previous one"
+            ),
+            "outage": (
+                "toward a broker: its heartbeat gaps and its peers' runs of down "
+                f"observations (>= {opts.gap_intervals} samples, from the first sample "
+                "that saw it down to the next that saw it up), one outage while they "
+                "overlap, from the earliest start to the latest end"
             ),
             "backlog": (
                 f"ready count rising at every sample for >= {opts.backlog_min_seconds} s "

@@ -92,3 +92,60 @@ def slope(points: list[tuple[float, float]]) -> float | None:
     if sxx == 0:
         return None
     return sum((x - mx) * (y - my) for x, y in points) / sxx
+
+
+def link_states(peer_rows: list[dict[str, Any]]) -> dict[tuple, list[tuple[float, bool]]]:
+    """Per (broker, peer address): one (t, up) per sample, up if any listed spid is active."""
+    states: dict[tuple, dict[float, bool]] = defaultdict(dict)
+    for row in peer_rows:
+        seen = states[(row["broker"], row["peer_address"])]
+        seen[row["t"]] = seen.get(row["t"], False) or row["active"]
+    return {key: sorted(by_t.items()) for key, by_t in states.items()}
+
+
+def link_flaps(
+    states: dict[tuple, list[tuple[float, bool]]], window: float, min_transitions: int
+) -> list[dict[str, Any]]:
+    """Bursts of changes between consecutive observed states, each <= window apart."""
+    flaps = []
+    for key, seq in states.items():
+        changes = [(t, up) for (_, was), (t, up) in itertools.pairwise(seq) if up != was]
+        bursts: list[list[tuple[float, bool]]] = []
+        for change in changes:
+            if bursts and change[0] - bursts[-1][-1][0] <= window:
+                bursts[-1].append(change)
+            else:
+                bursts.append([change])
+        flaps.extend(
+            {
+                "link": key,
+                "start": burst[0][0],
+                "end": burst[-1][0],
+                "transitions": len(burst),
+                "downs": sum(not up for _, up in burst),
+            }
+            for burst in bursts
+            if len(burst) >= min_transitions
+        )
+    return flaps
+
+
+def link_outages(states: dict[tuple, list[tuple[float, bool]]]) -> list[dict[str, Any]]:
+    """Runs of down observations: last up before, first down, next up after (or None)."""
+    outages = []
+    for key, seq in states.items():
+        last_up: float | None = None
+        run: dict[str, Any] | None = None
+        for t, up in seq:
+            if up:
+                if run is not None:
+                    outages.append(dict(run, end=t))
+                    run = None
+                last_up = t
+            elif run is None:
+                run = {"link": key, "last_up": last_up, "start": t, "down_samples": 1}
+            else:
+                run["down_samples"] += 1
+        if run is not None:
+            outages.append(dict(run, end=None))
+    return outages
