@@ -58,13 +58,16 @@ class BrokerAdmin(PrunableAdmin):
         return super().has_delete_permission(request, obj)
 
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[Any, ...]:
-        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        _listed, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
         in_service = [b.name for b in objs if b.state != models.Broker.STATE_RETIRED]
         if in_service:
             perms_needed = {f"brokers in service (retire them first: {', '.join(in_service)})"}
         else:
             perms_needed = set()
-        return deleted, counts, perms_needed, protected
+        # counts, not every sample (days of 1 Hz heartbeats would be one huge page)
+        summary = [f"Broker: {b.name}" for b in objs]
+        summary += [f"{count} {name}" for name, count in counts.items() if name != "brokers"]
+        return summary, counts, perms_needed, protected
 
     list_display = (
         "name",

@@ -227,6 +227,7 @@ def test_admin_deletes_a_retired_broker_and_refuses_one_in_service(
     url = f"/admin/clusterapi/broker/{brokers['gone'].pk}/delete/"
     page = admin_client.get(url)
     assert page.status_code == 200 and "Yes, I\u2019m sure" in page.content.decode()
+    assert "1 heartbeat samples" in page.content.decode()  # counted, not listed one by one
     assert admin_client.post(url, {"post": "yes"}).status_code == 302
     assert not Broker.objects.filter(name=GONE).exists()
     assert not HeartbeatSample.objects.exists()
