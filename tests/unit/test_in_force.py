@@ -199,7 +199,7 @@ def test_the_config_page_shows_the_drift_key_by_key(drifted: Broker, operator: U
     client = Client()
     client.force_login(operator)
     html = client.get("/config/").content.decode()
-    assert 'class="in-force-row" data-broker="10.0.0.1:5701"' in html
+    assert 'class="in-force-row" data-in-force-for="10.0.0.1:5701"' in html
     assert 'data-key="limits.frame_max" data-status="changed"' in html
     assert 'data-key="users.ops" data-status="added"' in html
     assert "<code>65536</code>" in html and "<code>131072</code>" in html
