@@ -137,7 +137,7 @@ def test_a_restarted_server_replaces_its_old_spid_everywhere(make_cluster: MakeC
         views = cluster.sample(others)
         if len(views) != 3:
             return False
-        for index, view in views.items():
+        for view in views.values():
             spids = [p["spid"] for p in view["peers"]]
             expected = 3  # the other three servers
             if old_spid in spids or new_spid not in active_peers(view):
