@@ -85,6 +85,9 @@ class Node:
     home: Path
     #: the AMQPS port (clusters whose links run over TLS: the known-host address)
     tls_port: int | None = None
+    #: the common name of the certificate the cluster file gives that port (it stays
+    #: with the port when ``start_all`` renumbers the nodes by seniority)
+    tls_name: str | None = None
     process: BrokerProcess | None = None
     spid: str | None = None
     paused: bool = False
@@ -184,7 +187,8 @@ class Cluster:
         )
         for node in self.nodes:
             node.tls_port = free_port()
-            files = pki.issue(f"n{node.index}", "127.0.0.1", common_name=f"n{node.index}")
+            node.tls_name = f"n{node.index}"
+            files = pki.issue(node.tls_name, "127.0.0.1", common_name=node.tls_name)
             table += (
                 f'[tls.servers."127.0.0.1:{node.tls_port}"]\n'
                 f'certfile = "{files.certfile}"\nkeyfile = "{files.keyfile}"\n'

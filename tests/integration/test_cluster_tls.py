@@ -78,7 +78,7 @@ def test_links_run_over_tls_and_carry_messages(make_cluster) -> None:  # type: i
         context.wrap_socket(raw, server_hostname="127.0.0.1") as sock,
     ):
         subject = dict(x[0] for x in sock.getpeercert()["subject"])  # type: ignore[index]
-        assert subject["commonName"] == f"n{a}"
+        assert subject["commonName"] == cluster.nodes[a].tls_name
 
 
 def test_a_primary_with_a_certificate_from_another_ca_is_refused_with_alarms(
