@@ -28,7 +28,7 @@ from brokerd.model.broker import Broker
 from brokerd.model.errors import CONNECTION_FORCED
 from brokerd.model.exchange import Exchange
 from brokerd.protocol import ConnectionState
-from brokerd.server import dump, queueops, statusview
+from brokerd.server import dump, queueops
 from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError, serve_control
 from brokerd.server.listeners import ListenerError, make_listeners
@@ -180,12 +180,50 @@ class Server:
 
     def status(self) -> dict[str, Any]:
         """``brokerd ctl status --json``: identity, cluster view, counts."""
-        return statusview.server_status(self)
-
-    @property
-    def blocks(self) -> dict[str, str]:
-        """Why publishers are blocked, by cause (a copy)."""
-        return dict(self._blocks)
+        counts = {
+            "port": self.port,
+            "tls_port": self.tls_port,
+            "address": self.address,
+            "started": self.started,
+            "rates": self.rates,
+            **self.counts(),  # the broker's totals() and the connection counts
+            "totals": self.broker.counters(),
+            "store": self.store.describe(),
+            "blocked": dict(self._blocks),
+            "resources": self.resources.status(),
+            "loop": self.loopwatch.describe(),
+            "settings": self.settings_in_force(),
+            "console": None
+            if self.console is None
+            else {
+                "url": self.console.url,
+                "connected": self.console.connected,
+                "config_version": self.console.commands.config_version,
+                "config_checksum": self.console.commands.config_checksum,
+            },
+        }
+        if self.cluster is not None:
+            config = self.cluster.config
+            heartbeat = {
+                "interval": config.heartbeat_interval,
+                "timeout": config.heartbeat_timeout,
+                "open_timeout": config.open_timeout,
+            }
+            status = self.cluster.status()
+            alarms = status.get("alarms", []) + self.resources.alarm_list()
+            return {**status, "alarms": alarms, "heartbeat": heartbeat, **counts}
+        return {
+            "alarms": self.resources.alarm_list(),
+            "spid": self.spid,
+            "type": "standalone",
+            "is_root": False,
+            "root": None,
+            "ready": True,
+            "root_enabled": False,
+            "peers": [],
+            "checksum": None,
+            **counts,
+        }
 
     def control(self, request: dict[str, Any]) -> dict[str, Any] | Awaitable[dict[str, Any]]:
         """Answer one control-socket request (see brokerd/ctl.py); a queue move is
