@@ -250,7 +250,6 @@ class Membership:
             return
         peer = self._peer(spid)
         peer.aliases.add(link.address)
-        self._retire_predecessors(spid, {link.address})
         peer.gone = False
         if peer.link is not None and peer.link is not link and peer.link.up:
             log.info(
@@ -301,34 +300,6 @@ class Membership:
             link.address,
         )
         self.evaluate()
-
-    def _retire_predecessors(self, spid: str, addresses: set[str]) -> None:
-        """A server that restarted comes back with a new spid at the same address:
-        its old spid is retired everywhere at once (one row per server, true
-        ``peers=`` counts), not left as an inactive ghost. Only older spids go
-        (spids sort by start time), and two live processes cannot hold one address,
-        so the old one has ended."""
-        for old in list(self.peers.values()):
-            if old.spid == spid or old.spid > spid:
-                continue
-            if old.address not in addresses and not (old.aliases & addresses):
-                continue
-            if self.standing.active(old, self.clock()):
-                self.peer_lost(old.spid, "its address came back with a new process")
-            del self.peers[old.spid]
-            # its connections still closing belong to no one now (their close must
-            # not count as a loss of the new process)
-            for conn_id, owner in list(self.inbound.items()):
-                if owner == old.spid:
-                    del self.inbound[conn_id]
-            for key in [k for k in self._carrier if k[0] == old.spid]:
-                del self._carrier[key]
-            log.warning(
-                "peer retired spid=%s address=%s: restarted as spid=%s",
-                old.spid,
-                old.address or ",".join(sorted(old.aliases)),
-                spid,
-            )
 
     def _peer(self, spid: str) -> Peer:
         peer = self.peers.get(spid)
@@ -396,7 +367,6 @@ class Membership:
         peer.address = callback
         if callback:
             peer.aliases.add(callback)
-            self._retire_predecessors(spid, {callback})
         stale = self.links.get(callback)
         if stale is not None and not stale.up:
             stale.retry_now()  # it was backing off: the peer is evidently back
