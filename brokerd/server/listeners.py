@@ -134,8 +134,9 @@ class Listeners:
             return
         settings = self.tls
         if tls is not None and not self._extra_cas:  # else the cluster file names them
-            settings = replace(self.tls, certfile=tls.certfile, keyfile=tls.keyfile)
-            settings = replace(settings, cafile=tls.cafile)
+            settings = replace(
+                self.tls, certfile=tls.certfile, keyfile=tls.keyfile, cafile=tls.cafile
+            )
         try:
             reload_context(self.context, settings, self._extra_cas)
         except TLSConfigError as exc:
