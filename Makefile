@@ -31,11 +31,16 @@ $(NPM_STAMP): package.json package-lock.json
 # Then the `serial` ones (fault runs, failover timings, floods), SERIAL_WORKERS
 # modules at a time, so their timing sees no browser, Spark or unit test beside
 # it. Both phases run even if the first fails; a phase that PYTEST_ARGS leaves
-# empty (pytest's exit 5) is no failure.
+# empty (pytest's exit 5) is no failure. Each phase's output is kept in var/ and,
+# at the end, the first phase's outcome lines are repeated, so a log that keeps only
+# its tail (CI's) still says what failed in either phase.
 test: setup
-	@rc=0; \
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS) || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
+	@mkdir -p var; rc=0; \
+	{ $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS); echo $$? > var/test-phase1.rc; } 2>&1 | tee var/test-phase1.log; \
+	r=$$(cat var/test-phase1.rc); [ $$r -eq 0 ] || [ $$r -eq 5 ] || rc=$$r; \
 	$(PY) -m pytest -q -n $(SERIAL_WORKERS) --dist loadfile -m serial $(PYTEST_ARGS) || { r=$$?; [ $$r -eq 5 ] || rc=$$r; }; \
+	echo "== first phase (not serial): exit $$(cat var/test-phase1.rc) =="; \
+	grep -aE '^(FAILED|ERROR) |Interrupted|INTERNALERROR|crashed|keyboard-interrupt|[0-9]+ (passed|failed|errors?)([ ,]|$$)' var/test-phase1.log | tail -40; \
 	exit $$rc
 
 # The unit tests alone (nothing that starts a process: the integration marker).

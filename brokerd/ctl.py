@@ -75,7 +75,9 @@ def _print_status(status: dict[str, Any]) -> None:
     print(f"checksum   {status.get('checksum') or '-'}")
     for peer in status.get("peers", []):
         state = "active" if peer.get("active") else "inactive"
-        print(f"peer       {peer.get('spid')} {peer.get('type')} {state}")
+        replaces = peer.get("replaces") or []
+        restarted = f" (restarted; was {', '.join(replaces)})" if replaces else ""
+        print(f"peer       {peer.get('spid')} {peer.get('type')} {state}{restarted}")
     resources = status.get("resources")
     if resources:
         memory, disk = resources["memory"], resources["disk"]

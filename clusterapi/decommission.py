@@ -35,21 +35,39 @@ def refusal(broker: Broker) -> str:
 
 
 def advice(broker: Broker) -> list[str]:
-    """What the operator must still do so the servers forget it, in order."""
-    steps = [
-        f"Remove {broker.name} from known_hosts in the cluster file on every server "
-        "(the cluster file is the authority on membership; the console cannot edit it).",
-        "Then restart the servers one at a time, so that each reads the new list; "
-        "the others keep the cluster running meanwhile.",
-    ]
-    current = ConfigVersion.objects.current()
-    hosts = (current.document or {}).get("known_hosts") if current is not None else None
-    if isinstance(hosts, list) and broker.name in hosts:
-        steps.insert(
-            1,
-            f"The console's configuration version {current.number} also lists "
-            f"{broker.name} in known_hosts: save and push a version without it.",
-        )
+    """What the operator must still do so the servers forget it, in order. A primary
+    is in every server's known_hosts; a secondary is in none (it links to the
+    primaries from its own cluster file), so nothing lists it but its own server;
+    a standalone broker belongs to no cluster."""
+    if broker.broker_type == Broker.TYPE_SECONDARY:
+        steps = [
+            f"{broker.name} is a secondary: no server's known_hosts lists it (it linked "
+            "to the primaries from its own cluster file), so no cluster file needs editing.",
+            f"Make sure brokerd stays stopped on {broker.name}, or remove its cluster "
+            "file there: a secondary that starts again links to the primaries again.",
+            "The primaries keep no list of secondaries: each shows it as an inactive "
+            "peer until that primary next restarts, and then forgets it.",
+        ]
+    elif broker.broker_type == Broker.TYPE_STANDALONE:
+        steps = [
+            f"{broker.name} ran standalone: no cluster file names it. Make sure brokerd "
+            "stays stopped there, or remove its --console setting."
+        ]
+    else:
+        steps = [
+            f"Remove {broker.name} from known_hosts in the cluster file on every server "
+            "(the cluster file is the authority on membership; the console cannot edit it).",
+            "Then restart the servers one at a time, so that each reads the new list; "
+            "the others keep the cluster running meanwhile.",
+        ]
+        current = ConfigVersion.objects.current()
+        hosts = (current.document or {}).get("known_hosts") if current is not None else None
+        if isinstance(hosts, list) and broker.name in hosts:
+            steps.insert(
+                1,
+                f"The console's configuration version {current.number} also lists "
+                f"{broker.name} in known_hosts: save and push a version without it.",
+            )
     steps.append(
         "Do not start a broker with that name again unless it rejoins: if it links to the "
         "console, it shows as an active broker again."

@@ -301,6 +301,18 @@ class Membership:
         )
         self.evaluate()
 
+    def _log_restart(self, peer: Peer, address: str) -> None:
+        """A new spid at an older one's address: that server restarted. The views
+        retire the old spid (``operations.servers``); failover still reads its record."""
+        for old in self.peers.values():
+            if old is not peer and old.start_time < peer.start_time and old.address == address:
+                log.warning(
+                    "peer restarted address=%s spid=%s replaces spid=%s (retired from the views)",
+                    address,
+                    peer.spid,
+                    old.spid,
+                )
+
     def _peer(self, spid: str) -> Peer:
         peer = self.peers.get(spid)
         if peer is None:
@@ -364,6 +376,8 @@ class Membership:
         if isinstance(start_time, int | float) and not isinstance(start_time, bool):
             peer.start_time = float(start_time)
         callback = str(props.get("callback") or "")
+        if callback and peer.address != callback:
+            self._log_restart(peer, callback)
         peer.address = callback
         if callback:
             peer.aliases.add(callback)

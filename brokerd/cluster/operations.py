@@ -19,6 +19,7 @@ from brokerd.cluster.election import PRIMARY
 
 if TYPE_CHECKING:
     from brokerd.cluster.membership import Membership
+    from brokerd.cluster.peers import Peer
 
 log = logging.getLogger("brokerd.cluster")
 
@@ -115,6 +116,7 @@ class OperatorCommands:
         members = self.members
         decision = members.evaluate()
         now = members.clock()
+        current, replaced = servers(members)
         return {
             "spid": members.spid,
             "type": members.type,
@@ -139,6 +141,8 @@ class OperatorCommands:
             "peers": [
                 {
                     "spid": p.spid,
+                    # the spids this server ran under before it restarted (retired)
+                    "replaces": replaced.get(p.spid, []),
                     "type": p.type,
                     "active": members.standing.active(p, now),
                     "address": p.address,
@@ -152,7 +156,7 @@ class OperatorCommands:
                     "rtt_ms": p.rtt_ms,
                     "cut": p.spid in members.cut,
                 }
-                for p in sorted(members.peers.values(), key=lambda p: p.spid)
+                for p in current
             ],
             "links": {addr: link.state for addr, link in members.links.items()},
             "echo_rtt": members.echo_rtt.describe(),
@@ -165,11 +169,37 @@ class OperatorCommands:
     def summary(self) -> dict[str, Any]:
         members = self.members
         now = members.clock()
+        current, _replaced = servers(members)
         return {
             "role": ("root" if members.decision.is_root else members.type),
             "root": members.root(),
-            "peers_active": sum(members.standing.active(p, now) for p in members.peers.values()),
-            "peers_known": len(members.peers),
+            "peers_active": sum(members.standing.active(p, now) for p in current),
+            "peers_known": len(current),
             "checksum": members.checksum,
             "ready": members.ready,
         }
+
+
+def servers(members: Membership) -> tuple[list[Peer], dict[str, list[str]]]:
+    """One peer per server, as operators count them: a server that restarted comes
+    back under a new spid at the same address, and its old spid is retired from
+    every view (status, dumps, ``peers=``, the console) once the new one is seen.
+
+    Membership itself keeps the old record (its address names where a lost owner's
+    durable queues wait, its last status holds its fenced report for a failover),
+    so only the views drop it. Returns the current peers by spid and, per current
+    spid, the spids it replaced (oldest first)."""
+    by_server: dict[str, list[Peer]] = {}
+    for peer in members.peers.values():
+        key = peer.address or min(peer.aliases, default="") or peer.spid
+        by_server.setdefault(key, []).append(peer)
+    current: list[Peer] = []
+    replaced: dict[str, list[str]] = {}
+    for runs in by_server.values():
+        runs.sort(key=lambda p: (p.start_time, p.spid))
+        newest = runs[-1]
+        current.append(newest)
+        if len(runs) > 1:
+            replaced[newest.spid] = [p.spid for p in runs[:-1]]
+    current.sort(key=lambda p: p.spid)
+    return current, replaced

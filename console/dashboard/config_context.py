@@ -53,16 +53,26 @@ def diff(current: Any, proposed: Any, current_label: str, proposed_label: str = 
 
 def running_diffs(document: dict[str, Any], label: str) -> list[dict[str, Any]]:
     """For each configuration the brokers that are up report running, other than
-    ``document``: which brokers, what it is, and the diff from it to ``document``."""
+    ``document``: which brokers, what it is, and the diff from it to ``document``.
+
+    A broker on its own files reports everything in force (heartbeat, known hosts,
+    limits...), but pushing ``document`` changes only the parts it sets: the others
+    keep the broker's own values. So only those parts are diffed, and the rest are
+    named as kept (``kept``), not shown as removed."""
     _, checksum = configs.validate(document)
     out = []
     for group in convergence.running_groups(exclude_checksum=checksum):
-        known = group["document"] is not None
+        running = group["document"]
+        kept: list[str] = []
+        if running is not None and not group["checksum"]:
+            kept = sorted(part for part in running if part not in document)
+            running = {part: value for part, value in running.items() if part in document}
         out.append(
             {
                 **group,
-                "changes": diff(group["document"], document, group["label"], label)
-                if known
+                "kept": kept,
+                "changes": diff(running, document, group["label"], label)
+                if running is not None
                 else None,
             }
         )

@@ -34,7 +34,7 @@ from clusterapi.models import (
 )
 from console.dashboard.charts import latest_message_rates
 from console.dashboard.config_context import build_config
-from console.dashboard.readable import detail_items, stamp
+from console.dashboard.readable import detail_items, iso, stamp
 
 LIVE_PATH = "/ws/dashboard/"
 PAGE_SIZE = 50
@@ -343,10 +343,15 @@ build_bindings = _list_page(
 def with_spread(queues: Iterable[QueueSnapshot]) -> list[QueueSnapshot]:
     """The queues, each with ``spread``: where its consumers are connected, by broker;
     and ``replica_set`` with ``replicas_in_sync``: the servers holding a copy of a
-    shared queue as its master reports them (one query of names for the page)."""
+    shared queue as its master reports them (one query of names for the page), and
+    ``fresh``: when its broker last reported."""
     names = objects.spid_names()
     out = list(queues)
     for queue in out:
+        # its counts are as fresh as its broker's last status (dashboard.js dims them
+        # when that is older than a few heartbeats)
+        seen = queue.broker.last_seen
+        queue.fresh = iso(seen) if seen is not None else ""
         queue.spread = objects.consumer_spread(queue, names)
         queue.replica_set = objects.replica_set(queue, names)
         queue.replicas_in_sync = sum(1 for r in queue.replica_set if r["in_sync"])
@@ -521,6 +526,7 @@ PAGES: dict[str, Page] = {
                 "peer_links",
                 "broker_objects",
                 "broker_commands",
+                "broker_decommission",
             ),
             build_broker,
         ),

@@ -198,6 +198,13 @@ def test_a_silent_broker_is_greyed_with_the_age_of_its_last_update(
         # the others are fresh
         expect(overview.locator("#broker-table tr.stale")).to_have_count(1)
         screenshot(overview, "stale-broker-row")
+        # any value from its statuses, not only its row: its page's peer table too
+        own = open_page(operator, f"/brokers/{victim}/")
+        expect(own.locator("#peer-links .table-wrap")).to_have_class(
+            re.compile(r"\bstale\b"), timeout=LIVE_TIMEOUT
+        )
+        expect(own.locator("#peer-links .stale-note")).to_have_text(re.compile(r"last update"))
+        own.close()
     finally:
         stack.cluster.servers[3].signal(signal.SIGCONT)
     expect(row).not_to_have_class(re.compile(r"\bstale\b"), timeout=LIVE_TIMEOUT)

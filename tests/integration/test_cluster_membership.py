@@ -118,6 +118,45 @@ def test_a_late_secondary_joins_without_restarts(make_cluster: MakeCluster) -> N
     assert all(n.alive() for n in cluster.nodes)
 
 
+def test_a_restarted_server_replaces_its_old_spid_everywhere(make_cluster: MakeCluster) -> None:
+    """kill -9 and a restart at the same address: every other server shows one row
+    for it, the new spid (naming the old one it replaces), no inactive ghost of the
+    old one, and a true ``peers=`` count in its dump line (issue 25)."""
+    cluster = make_cluster(3, 1)
+    cluster.start_all()
+    cluster.wait_until(cluster.settled_root, timeout=8, what="formation")
+    root = cluster.index_of(cluster.settled_root())
+    victim = next(i for i in (0, 1, 2) if i != root)
+    old_spid = cluster.spid(victim)
+    cluster.kill(victim)
+    cluster.start(victim)
+    new_spid = cluster.spid(victim)
+    assert new_spid != old_spid
+    others = [i for i in range(4) if i != victim]
+
+    def one_row_each() -> bool:
+        views = cluster.sample(others)
+        if len(views) != 3:
+            return False
+        for view in views.values():
+            spids = [p["spid"] for p in view["peers"]]
+            if old_spid in spids or new_spid not in active_peers(view):
+                return False
+            if len(spids) != 3 or len(set(spids)) != 3:  # the other three servers
+                return False
+            row = next(p for p in view["peers"] if p["spid"] == new_spid)
+            if row["replaces"] != [old_spid]:
+                return False
+        return True
+
+    cluster.wait_until(one_row_each, timeout=15, what="the old spid retired everywhere")
+    for index in others:
+        dump = cluster.ctl(index, "dump")["dump"]
+        assert "peers=3/3 " in dump, dump
+        log = cluster.servers[index].log_text()
+        assert f"spid={new_spid} replaces spid={old_spid}" in log
+
+
 # -- 7, 8: refused links ---------------------------------------------------------------
 
 

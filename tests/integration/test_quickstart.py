@@ -66,6 +66,9 @@ class Quickstart:
             stderr=subprocess.STDOUT,
             text=True,
             errors="replace",
+            # its own session: whatever it or its children signal as a group cannot
+            # reach this pytest worker (the test signals it by pid)
+            start_new_session=True,
         )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()

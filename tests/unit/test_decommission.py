@@ -31,11 +31,14 @@ def in_memory_layer(settings: Any) -> None:
 @pytest.fixture
 def brokers() -> dict[str, Broker]:
     now = timezone.now()
+    kind = {"broker_type": Broker.TYPE_PRIMARY}
     up = Broker.objects.create(
-        name="10.0.0.1:5701", spid="a", state="up", connected=True, last_seen=now
+        name="10.0.0.1:5701", spid="a", state="up", connected=True, last_seen=now, **kind
     )
-    also_up = Broker.objects.create(name="10.0.0.2:5701", spid="b", state="up", connected=True)
-    gone = Broker.objects.create(name=GONE, spid="c", state="down", address="10.0.0.3:5672")
+    also_up = Broker.objects.create(
+        name="10.0.0.2:5701", spid="b", state="up", connected=True, **kind
+    )
+    gone = Broker.objects.create(name=GONE, spid="c", state="down", address="10.0.0.3:5672", **kind)
     Alarm.objects.create(broker=gone, kind="broker.down", raised_at=now, message="down")
     Alarm.objects.create(broker=up, kind="broker.down", raised_at=now, message="other")
     HeartbeatSample.objects.create(broker=gone, time=now - dt.timedelta(minutes=5), spid="c")
@@ -94,6 +97,18 @@ def test_the_advice_names_a_console_version_that_lists_it(brokers: dict[str, Bro
     steps = decommission.advice(brokers["gone"])
     assert any("configuration version 4 also lists" in step for step in steps)
     assert not any("version" in step for step in decommission.advice(brokers["also_up"]))
+
+
+def test_the_advice_fits_the_broker_s_type() -> None:
+    """Only a primary is in known_hosts: a secondary's advice edits no cluster file."""
+    secondary = Broker.objects.create(
+        name="10.0.0.9:5705", state="down", broker_type=Broker.TYPE_SECONDARY
+    )
+    steps = decommission.advice(secondary)
+    assert "is a secondary: no server's known_hosts lists it" in steps[0]
+    assert not any("Remove" in step and "known_hosts" in step for step in steps)
+    alone = Broker.objects.create(name="10.0.0.8:5672", state="down")
+    assert "ran standalone" in decommission.advice(alone)[0]
 
 
 def test_a_retired_broker_that_links_again_is_active_again(
@@ -206,6 +221,34 @@ def test_dashboard_confirmation_step_then_retire(
     assert "2 of 2" in overview
     history = client_for(viewer).get(f"/brokers/{GONE}/").content.decode()
     assert 'id="broker-retired"' in history
+
+
+def test_the_decommission_offer_is_live_and_a_down_broker_s_peers_are_marked_old(
+    brokers: dict[str, Broker], operator: User
+) -> None:
+    """The offer is a live fragment: an up broker's page that sees it crash gets the
+    button without a reload. A down broker's peer table is what it last said."""
+    from django.http import QueryDict
+
+    from console.dashboard.live import render_fragments
+    from console.dashboard.pages import PAGES
+
+    up = brokers["up"]
+    params = QueryDict(f"broker={up.name}")
+
+    def offer() -> str:
+        [fragment] = [
+            f for f in render_fragments(PAGES["broker"], params, True) if "broker-decommission" in f
+        ]
+        return fragment
+
+    assert 'id="decommission-unavailable"' in offer()
+    Broker.objects.filter(pk=up.pk).update(state="down", connected=False)
+    assert f"/brokers/{up.name}/decommission/" in offer()
+    page = client_for(operator).get(f"/brokers/{up.name}/").content.decode()
+    assert 'id="peer-links-old"' in page and "as-last-reported" in page
+    alive = client_for(operator).get(f"/brokers/{brokers['also_up'].name}/").content.decode()
+    assert 'id="peer-links-old"' not in alive
 
 
 # -- the admin -------------------------------------------------------------------------------

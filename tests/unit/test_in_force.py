@@ -246,3 +246,29 @@ def test_the_api_convergence_lists_the_differences(drifted: Broker, viewer: User
         "broker": 65536,
         "source": "file",
     }
+
+
+@pytest.mark.django_db
+def test_what_the_brokers_run_diffs_only_the_parts_the_version_sets(drifted: Broker) -> None:
+    """known_hosts is the broker's own (the version does not set it): kept, not a
+    removal in the diff; a part both set that differs is a change."""
+    from console.dashboard.config_context import running_diffs
+
+    [group] = running_diffs(VERSION, "version 1")
+    assert group["kept"] == ["known_hosts"]
+    lines = [line for kind, line in group["changes"] if kind in ("add", "del")]
+    assert not any("known_hosts" in line or "10.0.0.2:5701" in line for line in lines)
+    assert any("65536" in line for line in lines) and any("131072" in line for line in lines)
+
+
+@pytest.mark.django_db
+def test_a_broker_page_without_a_version_shows_what_is_in_force_alone(operator: User) -> None:
+    """No version saved: nothing to compare with, so no 'no difference' sentence, just
+    the keys in force and their sources."""
+    ingest.register_hello(ingest.parse_hello(hello(in_force=IN_FORCE)), "c1")
+    client = Client()
+    client.force_login(operator)
+    html = client.get(f"/brokers/{NAME}/").content.decode()
+    assert 'id="in-force-no-version"' in html
+    assert "No difference in the keys the version sets" not in html
+    assert 'data-key="limits.frame_max"' in html and "Against the version" not in html
