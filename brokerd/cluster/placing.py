@@ -333,6 +333,14 @@ class Placer:
         status = peer.status if peer is not None else None
         return status.recovered.get(name) if status is not None else None
 
+    def _holds_state(self, spid: str) -> bool:
+        """Server ``spid`` started from a store that held the cluster's wiring (not a
+        new, empty disk): this server's own flag, a peer's from its last status."""
+        if spid == self.members.spid:
+            return bool(self.members.holds_state)
+        peer = self.members.peers.get(spid)
+        return bool(peer is not None and peer.status is not None and peer.status.holds_state)
+
     def _waited(self, queue: SharedQueue) -> bool:
         """An unowned replicated queue waited long enough for the owner it waits for
         (a whole-cluster restart's: ``recovered``), or waits for none."""
@@ -350,18 +358,30 @@ class Placer:
         each copy holds a prefix of it: the highest holds every message a lower one
         holds, or applied its settlement). A message confirmed by the lost owner is
         on a majority with it, so once a majority of the known primaries other than
-        it has reported, one report holds it; until then the queue waits. ``why``: how
-        its last owner failed it (default: it did not come back in time)."""
+        it has reported, one report holds it; until then the queue waits. Neither the
+        last owner back on a new disk nor any server on a new disk is such a report
+        (their -1 says nothing of what they held), except in a group of one, which
+        has no other copy. ``why``: how its last owner failed it (default: it did
+        not come back in time)."""
         name = queue.name
         if why is None:
             why = f"did not come back within {self.members.config.recovery_wait:.0f}s"
         reports: dict[str, int] = {}  # -1: that server holds no copy of it
         addresses = dict(self.primaries())
+        addresses.setdefault(self.members.spid, self.members.address)
+        alone = queue.group is not None and len(queue.group) <= 1
         for spid in {self.members.spid, *live}:
             if queue.group is not None and addresses.get(spid) not in queue.group:
                 continue  # not of its group: it never kept a copy
+            if addresses.get(spid) == queue.home and not alone:
+                # the last owner back without its copy: the majority that confirmed
+                # counted it, so its empty report must not stand for one of the others
+                # (a group of one has no others: its copy is gone with the disk)
+                continue
             top = self._recovered_copy(spid, name)
-            if top is not None:
+            if top is not None and (top >= 0 or alone or self._holds_state(spid)):
+                # (a server on a new disk recovered nothing: its -1 says nothing of
+                # what it held, so it is no report either)
                 reports[spid] = top
         known = self.members.known_primaries(self.members.clock())
         if queue.group is not None:

@@ -126,8 +126,11 @@ def recovering(
     p.plane = _Plane({} if mine is None else {"q": mine})  # type: ignore[assignment]
     p.members.clock = lambda: 100.0
     p.members.known_primaries = lambda now: known
+    p.members.holds_state = True
     p.members.peers = {
-        spid: SimpleNamespace(status=SimpleNamespace(recovered={} if top is None else {"q": top}))
+        spid: SimpleNamespace(
+            status=SimpleNamespace(recovered={} if top is None else {"q": top}, holds_state=True)
+        )
         for spid, top in peers.items()
     }
     p._short = set()
@@ -183,8 +186,9 @@ def test_a_fenced_server_does_not_take_it() -> None:
         (None, []),  # its status has not said yet: wait
         (0, [("q", "s2", None)]),  # back with its (empty) copy: its queue again
         (120, [("q", "s2", None)]),
-        # back without its copy (a new disk): the most complete copy takes it, not it
-        (-1, [("q", "root", None)]),
+        # back without its copy (a new disk): not it, and its empty report is none of
+        # the two others' reports the choice needs (s3 has not said: wait)
+        (-1, []),
     ],
 )
 def test_a_last_owner_back_at_its_address_gets_its_queue_only_with_its_copy(
@@ -196,6 +200,7 @@ def test_a_last_owner_back_at_its_address_gets_its_queue_only_with_its_copy(
     p, ordered = recovering(50, {"s2": home_report})
     p.members.peers["s2"].status.recovered = {} if home_report is None else {"q": home_report}
     p._homeless = set()
+    p.primaries = lambda: [("root", "h1:5701"), ("s2", "h2:5702")]  # type: ignore[method-assign]
     waiting: Any = SimpleNamespace(
         name="q", home="h2:5702", epoch=4, replicated_kind=True, group=None
     )
@@ -239,3 +244,46 @@ def test_a_queue_of_a_group_goes_to_a_member_once_a_majority_of_its_group_report
     p.members.peers["s3"].status.recovered = {"q": 120}
     p._recover_elsewhere(grouped, ["root", "s2", "s3"])
     assert ordered == [("q", "s3", None)]
+
+
+def test_a_last_owner_on_a_new_disk_waits_for_both_other_copies_and_the_fullest_wins() -> None:
+    """Seed 94's kill-all-wipe: the owner s2 confirmed with s3 (350), the root lagged
+    (50), then every server was killed and s2's disk replaced. Counting s2's empty
+    report as one of the two needed gave the queue to the root: 300 confirmed
+    messages lost. Now the choice waits for s3, and s3's copy wins."""
+    p, ordered = recovering(50, {"s2": -1, "s3": None})
+    p.members.peers["s2"].status.holds_state = False  # a new disk: no wiring either
+    p._homeless = set()
+    p.primaries = lambda: [("root", "h1:5701"), ("s2", "h2:5702"), ("s3", "h3:5703")]  # type: ignore[method-assign]
+    waiting: Any = SimpleNamespace(
+        name="q", home="h2:5702", epoch=4, replicated_kind=True, group=None
+    )
+    p._home_again(waiting, "s2", ["root", "s2", "s3"])
+    assert ordered == []
+    p.members.peers["s3"].status.recovered = {"q": 350}
+    p._home_again(waiting, "s2", ["root", "s2", "s3"])
+    assert ordered == [("q", "s3", None)]
+
+
+def test_a_server_on_a_new_disk_is_no_report_but_one_that_kept_its_state_is() -> None:
+    """Owner h9 never back: s2 on a new disk (-1, no state) does not count towards
+    the two reports needed; once it holds state, its -1 does (it never had a copy)."""
+    p, ordered = recovering(50, {"s2": -1})
+    p.members.peers["s2"].status.holds_state = False
+    p._recover_elsewhere(_waiting(), ["root", "s2"])
+    assert ordered == []
+    p.members.peers["s2"].status.holds_state = True
+    p._recover_elsewhere(_waiting(), ["root", "s2"])
+    assert ordered == [("q", "root", None)]
+
+
+def test_a_group_of_one_back_on_a_new_disk_starts_empty_rather_than_waiting_forever() -> None:
+    p, ordered = recovering(None, {"s2": -1})
+    p.members.peers["s2"].status.holds_state = False
+    p._homeless = set()
+    p.primaries = lambda: [("root", "h1:5701"), ("s2", "h2:5702")]  # type: ignore[method-assign]
+    waiting: Any = SimpleNamespace(
+        name="q", home="h2:5702", epoch=4, replicated_kind=True, group=("h2:5702",)
+    )
+    p._home_again(waiting, "s2", ["root", "s2"])
+    assert ordered == [("q", "s2", None)]
