@@ -368,7 +368,8 @@ def test_a_crashed_broker_is_decommissioned_and_an_up_one_is_refused(
 
     overview = open_page(operator, "/")
     alarms = open_page(operator, "/alarms/")
-    for each in (overview, alarms):
+    own = open_page(operator, f"/brokers/{victim}/")  # open while it is up
+    for each in (overview, alarms, own):
         mark(each)
     expect(overview.locator("#overview-brokers")).to_have_text("4 of 4 up")
     stack.cluster.kill(index)
@@ -376,6 +377,15 @@ def test_a_crashed_broker_is_decommissioned_and_an_up_one_is_refused(
     alarm = f'#active-alarms li[data-kind="broker.down"][data-broker="{victim}"]'
     expect(alarms.locator(alarm)).to_be_visible(timeout=LIVE_TIMEOUT)
     expect(overview.locator("#overview-brokers")).to_have_text("3 of 4 up")
+    # its open page follows without a reload: the offer appears, the refusal goes,
+    # and its peer table says it is what the broker last reported
+    offer = own.get_by_role("link", name=f"Decommission {victim}…")
+    expect(offer).to_be_visible(timeout=LIVE_TIMEOUT)
+    expect(own.locator("#decommission-unavailable")).to_have_count(0)
+    expect(own.locator("#peer-links-old")).to_contain_text("as it last reported them")
+    assert unreloaded(own), "the broker page was reloaded"
+    screenshot(own, "decommission-offered-live")
+    own.close()
 
     # down: its page offers decommissioning; the confirmation page asks for the name
     page = open_page(operator, f"/brokers/{victim}/")
@@ -428,7 +438,8 @@ def test_a_crashed_broker_is_decommissioned_and_an_up_one_is_refused(
     # its page stays, as history, with no decommission offered again
     page.goto(f"/brokers/{victim}/")
     expect(page.locator("#broker-retired")).to_contain_text("decommissioned by an operator")
-    expect(page.locator("#broker-decommission")).to_have_count(0)
+    expect(page.locator("#broker-decommission")).to_be_hidden()
+    expect(page.get_by_role("link", name=re.compile("^Decommission"))).to_have_count(0)
     screenshot(overview, "decommission-overview")
     screenshot(alarms, "decommission-alarms")
     for each in (page, overview, alarms, brokers):
