@@ -349,6 +349,9 @@ class ClusterController(Membership):
     def state_seq(self) -> int:
         return self.wiring.last_seq
 
+    def state_source(self) -> str | None:
+        return self.wiring.synced_root
+
     def lease_renewed(self) -> None:
         self.plane.replicas.resume()
 

@@ -75,6 +75,10 @@ class Member:
     #: it recovered shared wiring from its disk when it started (a server that did
     #: not, a new one or one whose disk was lost, has nothing to seed a log with)
     holds_state: bool = False
+    #: its state log's place: (the root it synced the cluster's wiring from, the
+    #: last entry it applied); the root itself: (itself, its last entry). None:
+    #: never synced since it started
+    state: tuple[str, int] | None = None
 
     @property
     def voter(self) -> bool:
@@ -153,11 +157,28 @@ def copy_rank(member: Member, last_root: str | None) -> int:
     return copy[1]
 
 
+def state_rank(member: Member, last_root: str | None) -> int:
+    """How far along the last root's state log the member is (-1: it follows
+    another root's log, or none: not comparable, ranks last)."""
+    state = member.state
+    if state is None or last_root is None or state[0] != last_root:
+        return -1
+    return state[1]
+
+
 def choose(view: View) -> str | None:
     """The spid this server votes for: the sitting root if still eligible, else the
-    candidate with the best copy (whole, then furthest along), then, among those
-    with no copy of the last root's stream, one that recovered cluster state
-    from its disk, then the eldest.
+    candidate furthest along the last root's state log, then the one with the best
+    copy (whole, then furthest along), then, among those with no copy of the last
+    root's stream, one that recovered cluster state from its disk, then the eldest.
+
+    The state log first: a new root's log becomes every server's (they sync from
+    it), so one that missed entries the last root ordered would undo them. A
+    primary cut off while the root fenced it and failed its queues over, then
+    elected on its better copy when the root died, took back queues that their new
+    owner was already confirming: two owners, confirmed messages lost (seed 94).
+    Of the servers that applied an entry, one is among any majority that elects,
+    so the furthest of them holds it.
 
     After a whole-cluster restart no copy ranks (none follows a live stream):
     the root seeds the cluster's state log from its own disk and the others drop
@@ -173,10 +194,10 @@ def choose(view: View) -> str | None:
                 return member.spid
     last = view.last_root
 
-    def rank(m: Member) -> tuple[bool, int, bool, tuple[float, str]]:
+    def rank(m: Member) -> tuple[int, bool, int, bool, tuple[float, str]]:
         copy = copy_rank(m, last)
         # state from disk counts only where no copy of the last root's stream does
-        return (m.syncing, -copy, copy < 0 and not m.holds_state, m.seniority)
+        return (-state_rank(m, last), m.syncing, -copy, copy < 0 and not m.holds_state, m.seniority)
 
     return min(candidates, key=rank).spid
 

@@ -548,6 +548,10 @@ class Membership:
         """The last wiring entry this server applied (carried in its statuses)."""
         return 0
 
+    def state_source(self) -> str | None:
+        """The root whose state log this server follows (None: not synced)."""
+        return None
+
     # -- posting to links -----------------------------------------------------------
 
     def data_lane(self, spid: str) -> int | None:

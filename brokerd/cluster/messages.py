@@ -45,6 +45,9 @@ class Status:
     load: dict[str, Any] = field(default_factory=dict)
     #: sequence number of the last wiring entry it applied (the root's: the latest)
     state_seq: int = 0
+    #: the root whose state log that is (itself, if root; None: not synced yet): the
+    #: election prefers the server furthest along the last root's log
+    state_source: str | None = None
     sent_at: float = 0.0
     #: per peer spid: (that peer's latest ``sent_at``, seconds we held it) for round trips
     #: and for the root's lease (a follower's echo proves it heard the root then)
@@ -122,6 +125,14 @@ def decode(kind: str, body: bytes) -> Status | Root:
             raise MessageError(f"{kind}: stopping must be a boolean")
         if not isinstance(message.holds_state, bool):
             raise MessageError(f"{kind}: holds_state must be a boolean")
+        if message.state_source is not None and not isinstance(message.state_source, str):
+            raise MessageError(f"{kind}: state_source must be a spid or null")
+        if (
+            not isinstance(message.state_seq, int)
+            or isinstance(message.state_seq, bool)
+            or message.state_seq < 0
+        ):
+            raise MessageError(f"{kind}: state_seq must be a non-negative integer")
         if message.copy_source is not None and not isinstance(message.copy_source, str):
             raise MessageError(f"{kind}: copy_source must be a spid or null")
         if (

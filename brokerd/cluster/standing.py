@@ -82,6 +82,8 @@ class StandingHost(Protocol):
     def link_to(self, spid: str | None) -> Link | None: ...
     def copy_complete(self) -> bool: ...
     def copy_position(self) -> tuple[str, int] | None: ...
+    def state_seq(self) -> int: ...
+    def state_source(self) -> str | None: ...
     def in_sync(self, root: str) -> bool: ...
 
 
@@ -218,10 +220,14 @@ class Standing:
                     if status.copy_source is None
                     else (status.copy_source, status.copy_seq),
                     holds_state=status.holds_state,
+                    state=None
+                    if status.state_source is None
+                    else (status.state_source, status.state_seq),
                 )
             )
         if self.role_root:
             sitting = self.host.spid
+        source = self.host.state_source()
         me = Member(
             spid=self.host.spid,
             type=self.host.type,
@@ -234,6 +240,7 @@ class Standing:
             syncing=not self.host.copy_complete(),
             copy=self.host.copy_position(),
             holds_state=self.host.holds_state,
+            state=None if source is None else (source, self.host.state_seq()),
         )
         return View(me, tuple(members), self.known_primaries(now), sitting, self.last_root)
 

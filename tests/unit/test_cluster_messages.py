@@ -63,3 +63,25 @@ def test_a_malformed_recovered_copy_is_refused(bad: object) -> None:
     data = json.loads(body) | {"recovered": bad}
     with pytest.raises(MessageError, match="recovered"):
         decode(kind, json.dumps(data).encode())
+
+
+def test_the_state_log_place_travels_and_an_older_status_has_none() -> None:
+    """The election prefers the server furthest along the last root's state log."""
+    kind, body = encode(status(state_source="r0", state_seq=10))
+    back = decode(kind, body)
+    assert isinstance(back, Status) and (back.state_source, back.state_seq) == ("r0", 10)
+    data = json.loads(body)
+    del data["state_source"]
+    back = decode(kind, json.dumps(data).encode())
+    assert isinstance(back, Status) and back.state_source is None
+
+
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [("state_source", 5), ("state_source", ["r0"]), ("state_seq", -1), ("state_seq", True)],
+)
+def test_a_malformed_state_log_place_is_refused(field: str, bad: object) -> None:
+    kind, body = encode(status())
+    data = json.loads(body) | {field: bad}
+    with pytest.raises(MessageError, match=field):
+        decode(kind, json.dumps(data).encode())
