@@ -166,6 +166,13 @@ def state_rank(member: Member, last_root: str | None) -> int:
     return state[1]
 
 
+def followed_log(view: View) -> str | None:
+    """The root whose state log the members' furthest log follows (None: no member
+    follows one, as after a whole-cluster restart)."""
+    states = [m.state for m in view.members() if m.state is not None]
+    return max(states, key=lambda state: state[1])[0] if states else None
+
+
 def choose(view: View) -> str | None:
     """The spid this server votes for: the sitting root if still eligible, else the
     candidate furthest along the last root's state log, then the one with the best
@@ -193,11 +200,15 @@ def choose(view: View) -> str | None:
             if member.spid == view.current_root:
                 return member.spid
     last = view.last_root
+    # a server that has followed no root yet (it just restarted) ranks the logs by
+    # the root its peers' logs follow: else it would prefer its own disk's state and
+    # vote against a peer holding the live log, and neither would ever win
+    logs = last or followed_log(view)
 
     def rank(m: Member) -> tuple[int, bool, int, bool, tuple[float, str]]:
         copy = copy_rank(m, last)
         # state from disk counts only where no copy of the last root's stream does
-        return (-state_rank(m, last), m.syncing, -copy, copy < 0 and not m.holds_state, m.seniority)
+        return (-state_rank(m, logs), m.syncing, -copy, copy < 0 and not m.holds_state, m.seniority)
 
     return min(candidates, key=rank).spid
 

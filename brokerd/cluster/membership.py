@@ -249,6 +249,8 @@ class Membership:
             self._retire(link, "self")
             return
         peer = self._peer(spid)
+        if link.address not in peer.aliases:
+            self._log_restart(peer, link.address)
         peer.aliases.add(link.address)
         peer.gone = False
         if peer.link is not None and peer.link is not link and peer.link.up:
@@ -305,7 +307,9 @@ class Membership:
         """A new spid at an older one's address: that server restarted. The views
         retire the old spid (``operations.servers``); failover still reads its record."""
         for old in self.peers.values():
-            if old is not peer and old.start_time < peer.start_time and old.address == address:
+            if old is peer or (old.address != address and address not in old.aliases):
+                continue
+            if old.spid < peer.spid:  # spids sort by start time
                 log.warning(
                     "peer restarted address=%s spid=%s replaces spid=%s (retired from the views)",
                     address,

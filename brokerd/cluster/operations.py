@@ -196,7 +196,7 @@ def servers(members: Membership) -> tuple[list[Peer], dict[str, list[str]]]:
     current: list[Peer] = []
     replaced: dict[str, list[str]] = {}
     for runs in by_server.values():
-        runs.sort(key=lambda p: (p.start_time, p.spid))
+        runs.sort(key=lambda p: p.spid)  # spids sort by start time (known before a status)
         newest = runs[-1]
         current.append(newest)
         if len(runs) > 1:

@@ -111,3 +111,18 @@ def test_a_root_elected_after_the_old_one_died_holds_every_entry_a_majority_held
         votes = {o: (earlier[o] if s["stale"][(w, o)] else latest[o]) for o in s["alive"] if o != w}
         if decide(_view(s, w, votes, early=False)).is_root:
             assert s["final"][w] >= committed, (w, s["final"], committed)
+
+
+def test_a_restarted_server_votes_for_the_peer_holding_the_live_log() -> None:
+    """CI found the split vote: after the root and one primary were killed, the
+    root came back (no root followed yet, its disk's wiring recovered) and voted
+    for itself on ``holds_state``, while the surviving primary voted for itself on
+    its log of the dead root's entries. Neither ever had every vote. The restarted
+    one now ranks logs by the root its peers' logs follow."""
+    back = Member("s0", start_time=5.0, syncing=True, holds_state=True, state=None)
+    survivor = Member("s2", start_time=2.0, syncing=True, holds_state=False, state=(ROOT, 7))
+    assert choose(View(back, (survivor,), 3, last_root=None)) == "s2"
+    assert choose(View(survivor, (back,), 3, last_root=ROOT)) == "s2"
+    # two peers on two roots' logs: the furthest log's root is the one compared
+    other = Member("s3", start_time=1.0, state=("older-root", 3))
+    assert choose(View(back, (survivor, other), 4, last_root=None)) == "s2"
