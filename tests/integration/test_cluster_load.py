@@ -320,11 +320,14 @@ def test_a_restarted_primary_catches_up_a_deep_queue_without_stalling_confirms(
         f"{p95_before * 1000:.1f}/{p99_before * 1000:.1f} ms, during {p95_during * 1000:.1f}/"
         f"{p99_during * 1000:.1f} ms ({len(during)} confirms)"
     )
-    # A snapshot that held the loop would delay most confirms while it runs; another
-    # test process sharing the two cores delays a few here and there, enough to move
-    # the p99 of a short sample by 10 ms or more (seen in CI). So the 95th percentile:
-    # 2x, with a floor for a loaded CI machine's scheduling noise.
-    assert p95_during <= max(2 * p95_before, p95_before + 0.01), (p95_before, p95_during)
+    # A snapshot that held the loop would delay most confirms while it runs, by as
+    # long as it holds it (seconds for 60,000 messages). Another test process sharing
+    # the two cores delays some here and there: enough to move the p99 of a short
+    # sample by 10 ms or more, and the p95 by 10 ms once (12.7 against 2.6 ms, in CI).
+    # So the median, 2x with a floor for scheduling noise, and the p95 within 50 ms.
+    p50_before, p50_during = _percentile(before, 0.5), _percentile(during, 0.5)
+    assert p50_during <= max(2 * p50_before, p50_before + 0.01), (p50_before, p50_during)
+    assert p95_during <= p95_before + 0.05, (p95_before, p95_during)
     with root_log.open() as fh:
         fh.seek(offset)
         log = fh.read()
