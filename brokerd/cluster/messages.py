@@ -125,25 +125,20 @@ def decode(kind: str, body: bytes) -> Status | Root:
             raise MessageError(f"{kind}: stopping must be a boolean")
         if not isinstance(message.holds_state, bool):
             raise MessageError(f"{kind}: holds_state must be a boolean")
-        if message.state_source is not None and not isinstance(message.state_source, str):
-            raise MessageError(f"{kind}: state_source must be a spid or null")
-        if (
-            not isinstance(message.state_seq, int)
-            or isinstance(message.state_seq, bool)
-            or message.state_seq < 0
-        ):
-            raise MessageError(f"{kind}: state_seq must be a non-negative integer")
-        if message.copy_source is not None and not isinstance(message.copy_source, str):
-            raise MessageError(f"{kind}: copy_source must be a spid or null")
-        if (
-            not isinstance(message.copy_seq, int)
-            or isinstance(message.copy_seq, bool)
-            or message.copy_seq < 0
-        ):
-            raise MessageError(f"{kind}: copy_seq must be a non-negative integer")
+        # a place in a root's stream: the state log's, the shared queues' copy's
+        _place(kind, "state", message.state_source, message.state_seq)
+        _place(kind, "copy", message.copy_source, message.copy_seq)
         message.fenced = _fenced(kind, message.fenced)
         message.recovered = _recovered(kind, message.recovered)
     return message
+
+
+def _place(kind: str, name: str, source: Any, seq: Any) -> None:
+    """``<name>_source`` (a spid or null) and ``<name>_seq`` (a count) of a status."""
+    if source is not None and not isinstance(source, str):
+        raise MessageError(f"{kind}: {name}_source must be a spid or null")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise MessageError(f"{kind}: {name}_seq must be a non-negative integer")
 
 
 def _recovered(kind: str, value: Any) -> dict[str, int]:
