@@ -120,6 +120,7 @@ class ClusterController(Membership):
         if vhost is not None:
             vhost.queue_factory = self.make_queue
             vhost.on_queue_deleted.append(self.wiring.private_queue_removed)
+            vhost.on_queue_deleted.append(self.plane.proxy.queue_gone)
 
     def _pausable_lane(self, spid: str) -> int | None:
         """The inbound data lane flow control may pause to slow a peer down: a

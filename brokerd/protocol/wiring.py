@@ -188,6 +188,11 @@ class Wiring:
 
         def counted(counts: Any) -> None:  # the counts of a queue held elsewhere come later
             def act() -> None:
+                if isinstance(counts, AMQPError) and queue.deleted and not created:
+                    # the queue this declare found went before its counts came (its
+                    # owner in a cluster dropped it): declare it anew
+                    self._on_queue_declare(m)
+                    return
                 if isinstance(counts, AMQPError):
                     raise counts
                 if not m.nowait:

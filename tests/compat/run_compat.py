@@ -15,13 +15,16 @@ Without ``--url`` a brokerd from this checkout is started (aio-pika: a free
 port; pika: 127.0.0.1:5672, which its tests hard-code) and stopped after the
 run. ``--cluster primary|secondary`` starts three primaries and a secondary
 instead and runs aio-pika's suite through a primary that is not the root, or
-through the secondary: every queue it uses is then mastered on another
-server. ``--tls`` runs aio-pika's ``tests/test_amqps.py`` instead: the
-brokerd it starts also listens for AMQPS (``--tls-port``, a ``[tls]`` table
-with a CA and a loopback server certificate made by ``tests.support.certs``),
-on 5671 when that is free, where the suite's ``test_default_context`` expects
-default client contexts to be refused. The suite's summary line and a JUnit
-file (``--junit``) tell the counts.
+through the secondary. With the default placement (``client-local``) the
+queues declared through a primary are owned by that primary, and those
+declared through the secondary (which owns none) by a primary; ``--locator
+balanced`` spreads them over the three primaries, so through a primary two
+thirds of them are owned by another server. ``--tls`` runs aio-pika's
+``tests/test_amqps.py`` instead: the brokerd it starts also listens for AMQPS
+(``--tls-port``, a ``[tls]`` table with a CA and a loopback server certificate
+made by ``tests.support.certs``), on 5671 when that is free, where the suite's
+``test_default_context`` expects default client contexts to be refused. The
+suite's summary line and a JUnit file (``--junit``) tell the counts.
 """
 
 from __future__ import annotations
@@ -150,6 +153,13 @@ def main(argv: list[str] | None = None) -> int:
         help="aio-pika through a non-root primary or the secondary of a 3+1 cluster",
     )
     parser.add_argument(
+        "--locator",
+        choices=["client-local", "balanced"],
+        default="client-local",
+        help="with --cluster: the cluster file's queue_leader_locator (balanced: most "
+        "queues the suite declares are owned by another server than the one it talks to)",
+    )
+    parser.add_argument(
         "--tls",
         action="store_true",
         help="aio-pika's tests/test_amqps.py over AMQPS (brokerd: with generated certificates)",
@@ -185,11 +195,16 @@ def main(argv: list[str] | None = None) -> int:
 
         base = Path(tempfile.mkdtemp(prefix="rookery-compat-cluster-"))
         cluster = Cluster(base, 3, 1, interval=0.5, timeout=2.5)
+        locator = f'queue_leader_locator = "{args.locator}"\n'
+        cluster.file.write_text(locator + cluster.file.read_text())
         root = cluster.start_settled()
         through = 3 if args.cluster == "secondary" else cluster.followers(root)[0]
         port = cluster.nodes[through].port
         url = f"amqp://guest:guest@127.0.0.1:{port}//"
-        print(f"run_compat: cluster, through the {args.cluster} on {url}", flush=True)
+        print(
+            f"run_compat: cluster ({args.locator}), through the {args.cluster} on {url}",
+            flush=True,
+        )
     elif url is None:
         data = Path(tempfile.mkdtemp(prefix="rookery-compat-brokerd-"))
         if args.suite == "pika":

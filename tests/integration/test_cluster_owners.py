@@ -10,6 +10,7 @@ return are in ``test_cluster_owner_loss.py``.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -245,3 +246,47 @@ def test_the_cluster_files_leader_locator_places_declares_that_name_none(
         raise
     finally:
         cluster.close()
+
+
+def test_wiring_through_a_server_that_has_not_heard_of_an_auto_delete_yet(
+    servers: Servers,
+) -> None:
+    """Issue 44: an auto-delete queue owned off the root loses its last consumer, and
+    its owner drops it at once; the root's ordered delete reaches the other servers
+    later (here: the root is paused for 0.8 s). Through the secondary, whose proxy of
+    the queue is stale meanwhile, a delete answers delete-ok (as for any missing
+    queue), a passive declare 404, and a declare makes the queue anew, as a single
+    broker would; before the fix the delete and the declare got the owner's 404."""
+    queue, again = uid("ad-delete"), uid("ad-declare")
+    with servers.connect(servers.a) as conn:
+        ch = conn.channel()
+        for name in (queue, again):
+            ch.queue_declare(name, auto_delete=True, arguments=CLASSIC)
+    for name in (queue, again):
+        eventually(lambda n=name: servers.owner(n) == servers.a, 10, f"{name} owned by a")
+    with servers.connect(servers.s) as conn:
+        ch = conn.channel()
+        tags = [ch.basic_consume(name, lambda *args: None) for name in (queue, again)]
+        eventually(lambda: servers.depth(servers.a, again) == (0, 1), 10, "consumer on a")
+        servers.cluster.pause(servers.root)
+        try:
+            for tag in tags:
+                ch.basic_cancel(tag)  # the owner drops both; the root hears nothing yet
+            stale = [
+                q["name"] for q in servers.cluster.ctl(servers.s, "queues")["queues"]
+            ]
+            assert queue in stale and again in stale, "the secondary still proxies them"
+            threading.Timer(0.8, servers.cluster.resume, (servers.root,)).start()
+            ok = ch.queue_declare(again, auto_delete=True, arguments=CLASSIC)
+            assert (ok.method.message_count, ok.method.consumer_count) == (0, 0)
+            assert ch.queue_delete(queue).method.message_count == 0
+        finally:
+            servers.cluster.resume(servers.root)
+        with pytest.raises(ChannelClosedByBroker) as passive:
+            conn.channel().queue_declare(queue, passive=True)
+        assert passive.value.reply_code == 404
+        ch = conn.channel()
+        ch.confirm_delivery()
+        ch.basic_publish("", again, b"still here")  # raises if nacked or unroutable
+        assert ch.queue_declare(again, passive=True).method.message_count == 1
+        ch.queue_delete(again)

@@ -125,6 +125,10 @@ class ProxySide:
         self.requests: dict[int, Request] = {}
         self.by_tag: dict[str, ProxiedConsumer] = {}
         self.waiting: list[Request] = []
+        #: requests whose owner answered 404 for a queue this server still holds: it
+        #: dropped the queue (auto-delete, x-expires) before the root's ordered delete
+        #: reached here, or it has not applied the queue's declare yet (``stale``)
+        self.stale: dict[SharedQueue, list[Request]] = {}
         self._owing: set[ProxiedConsumer] = set()
 
     @property
@@ -205,6 +209,7 @@ class ProxySide:
                 session = self._session_for(state.queue)
                 if session is not None and state.session is None:
                     self._send_consume(session, state)
+        self._ask_stale_again(self.plane.members.clock())
         waiting, self.waiting = self.waiting, []
         for request in waiting:
             session = self._session_for(request.queue) if request.queue is not None else None
@@ -490,7 +495,47 @@ class ProxySide:
                 request.session = None
                 self.waiting.append(request)
                 return
+            if _gone(r) and request.queue is not None and request.consume is None:
+                if self._stale(request):
+                    return
             request.answer(r)
+
+    # -- a queue its owner no longer has -------------------------------------------------
+
+    def _stale(self, request: Request) -> bool:
+        """The owner has no such queue, but this server still does: this server's view
+        is behind the cluster's. Hold the answer until the root's ordered delete
+        removes the queue here (``queue_gone``: the 404 is then this server's view
+        too, and a declare that follows makes the queue anew), or ask again at the
+        next tick (the owner had not applied the declare yet), a few times."""
+        queue = request.queue
+        assert queue is not None
+        if queue.deleted or request.retries >= RETRIES:
+            return False
+        request.retries += 1
+        request.session = None
+        request.created = self.plane.members.clock()
+        self.stale.setdefault(queue, []).append(request)
+        return True
+
+    def queue_gone(self, queue: Any) -> None:
+        """VirtualHost hook: a queue was removed here; what waited for that is answered."""
+        for request in self.stale.pop(queue, ()):
+            request.answer(_missing(queue))
+
+    def _ask_stale_again(self, now: float) -> None:
+        """Stale requests a heartbeat timeout old are asked of the owner again."""
+        limit = self.plane.members.config.heartbeat_timeout
+        for queue, requests in list(self.stale.items()):
+            due = [r for r in requests if now - r.created >= limit]
+            if not due:
+                continue
+            kept = [r for r in requests if now - r.created < limit]
+            if kept:
+                self.stale[queue] = kept
+            else:
+                del self.stale[queue]
+            self.waiting.extend(due)
 
     def _deliver(self, session: Session, r: rec.Deliver) -> None:
         state = self.by_tag.get(r.tag)
@@ -567,6 +612,15 @@ def _error(r: Any) -> AMQPError:
         cls = ConnectionError_ if r.hard else ChannelError
         return cls(r.code, r.text)
     return ConnectionError_(INTERNAL_ERROR, "unexpected answer from the root")
+
+
+def _gone(r: Any) -> bool:
+    """The owner's answer: it has no such queue."""
+    return isinstance(r, rec.Reply) and r.code == NOT_FOUND
+
+
+def _missing(queue: Any) -> AMQPError:
+    return ChannelError(NOT_FOUND, f"no queue '{queue.name}' in vhost '{queue.vhost}'")
 
 
 def _not_mastered(r: Any) -> bool:

@@ -30,6 +30,7 @@ from brokerd.cluster.wiring.recovered import shared_wiring
 from brokerd.cluster.wiring.statelog import Entry, compact, freeze, replay
 from brokerd.model.errors import (
     INTERNAL_ERROR,
+    NOT_FOUND,
     PRECONDITION_FAILED,
     AMQPError,
     ChannelError,
@@ -140,6 +141,11 @@ class WiringReplication:
         name = f"queue '{method.queue}' in vhost '{vhost.name}'"
 
         def counted(counts: Any) -> None:
+            if isinstance(counts, AMQPError) and counts.reply_code == NOT_FOUND:
+                if queue.deleted:  # its owner dropped it and the root ordered that
+                    done(None, [0])  # deleting what is not there succeeds (RabbitMQ)
+                    return
+                counts = (0, 0)  # gone at its owner but still here: the root orders it
             if isinstance(counts, AMQPError):
                 done(counts, None)
                 return
