@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 from typing import Any
@@ -12,7 +13,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from clusterapi import alarms, audit
+from clusterapi import alarms, audit, presence
 from clusterapi.models import Alarm, Broker, ConfigVersion, HeartbeatSample, QueueSample
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,18 @@ def _send(what: str, broker: str | None) -> None:
         async_to_sync(layer.group_send)(DASHBOARD_GROUP, dashboard_event(what, broker))
     except Exception as exc:  # the channel layer (Redis) is down or unreachable
         log.warning("dashboard notification %s failed: %s", what, exc)
+
+
+async def keep_in_group(layer: Any, group: str, channel: str) -> None:
+    """Re-join ``group`` every ``GROUP_REFRESH_SECONDS`` for as long as the consumer
+    lives: memberships expire (``CHANNEL_GROUP_EXPIRY``), so the channels a stopped
+    console process left in a group go, and live ones stay."""
+    while True:
+        await asyncio.sleep(settings.GROUP_REFRESH_SECONDS)
+        try:
+            await layer.group_add(group, channel)
+        except Exception as exc:  # Redis away: try again next time
+            log.warning("could not renew %s in group %s: %s", channel, group, exc)
 
 
 async def anotify_dashboard(what: str, broker: str | None = None) -> None:
@@ -91,15 +104,22 @@ def state() -> dict[str, Any]:
 
 def detect_stale(now: dt.datetime | None = None) -> list[str]:
     """Mark down every up broker silent for ``BROKER_STALE_INTERVALS`` heartbeats
-    (Celery beat, every ``STALE_CHECK_SECONDS``); returns their names.
+    while a console was there to hear it (Celery beat, every ``STALE_CHECK_SECONDS``);
+    returns their names.
 
-    The broker comes back up with its next hello or status, which clears the alarm.
+    A silence counts only while a console process beats (``presence.hearing``): a
+    console restart is not an outage of every broker. A broker last heard before the
+    console (re)started, or before another console process stopped, first gets
+    ``BROKER_RECONNECT_GRACE`` seconds to link again; one that does not (it died while
+    the console was away) is reported then, with the time it was last heard. The
+    broker comes back up with its next hello or status, which clears the alarm.
     """
     now = now or timezone.now()
+    heard = presence.hearing(now)
     down = []
-    for broker in Broker.objects.filter(state=Broker.STATE_UP):
-        allowed = max(settings.BROKER_STALE_INTERVALS * broker.heartbeat_interval, STALE_FLOOR)
-        if broker.last_seen is not None and (now - broker.last_seen).total_seconds() <= allowed:
+    for broker in Broker.objects.filter(state=Broker.STATE_UP) if heard.live else ():
+        silent = _silence(broker, heard, now)
+        if silent is None:
             continue
         with transaction.atomic():
             # conditional on last_seen: a status that just arrived wins; a broker that is
@@ -108,11 +128,6 @@ def detect_stale(now: dt.datetime | None = None) -> list[str]:
                 pk=broker.pk, state=Broker.STATE_UP, last_seen=broker.last_seen
             ).update(state=Broker.STATE_DOWN, ready=False):
                 continue
-            silent = (
-                "never heard"
-                if broker.last_seen is None
-                else (f"no status for {(now - broker.last_seen).total_seconds():.1f} s")
-            )
             alarms.raise_alarm(
                 alarms.BROKER_DOWN,
                 f"{broker.name} is down: {silent} "
@@ -129,6 +144,33 @@ def detect_stale(now: dt.datetime | None = None) -> list[str]:
     ):
         alarms.clear_stale(kind, now - dt.timedelta(seconds=quiet))
     return down
+
+
+def _silence(broker: Broker, heard: presence.Hearing, now: dt.datetime) -> str | None:
+    """Why ``broker`` counts as down now, or None while its silence proves nothing."""
+    allowed = dt.timedelta(
+        seconds=max(settings.BROKER_STALE_INTERVALS * broker.heartbeat_interval, STALE_FLOOR)
+    )
+    heard_from = broker.last_seen
+    since = heard_from
+    note = ""
+    if heard.disturbed is not None and (heard_from is None or heard_from < heard.disturbed):
+        # the link was cut by the console's side: the allowance starts once the broker
+        # had its chance to link again
+        since = heard.disturbed + dt.timedelta(seconds=settings.BROKER_RECONNECT_GRACE)
+        note = (
+            f"; not linked again {settings.BROKER_RECONNECT_GRACE} s after the console's "
+            f"link restarted at {heard.disturbed:%H:%M:%S}"
+        )
+    assert heard.latest_beat is not None
+    if since is not None and heard.latest_beat < since + allowed:
+        return None  # no console was hearing when it became overdue (yet)
+    if heard_from is None:
+        return "never heard" + note
+    return (
+        f"no status since {heard_from:%H:%M:%S} UTC "
+        f"({(now - heard_from).total_seconds():.1f} s){note}"
+    )
 
 
 #: never call a broker down after less than this, whatever its heartbeat interval

@@ -11,6 +11,7 @@ Database work runs in Channels' database thread (``database_sync_to_async``).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -22,7 +23,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
 from clusterapi import alarms, commands, configs, ingest
-from clusterapi.cluster import anotify_dashboard, broker_group
+from clusterapi.cluster import anotify_dashboard, broker_group, keep_in_group
 from clusterapi.ingest import LinkProtocolError, LinkState
 from clusterapi.models import Broker, Command
 
@@ -65,6 +66,8 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
 
     link: LinkState | None = None
     group: str | None = None
+    #: re-joins the broker's group while the link is open (memberships expire)
+    member: asyncio.Task[None] | None = None
     #: the console closed this link (a malformed message, its own error): the broker
     #: is not known to be down, it reconnects (stale detection decides)
     closed_by_console: bool = False
@@ -147,6 +150,9 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
         )
         self.group = broker_group(broker.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)
+        self.member = asyncio.ensure_future(
+            keep_in_group(self.channel_layer, self.group, self.channel_name)
+        )
         version = await database_sync_to_async(configs.current)()
         await self.send_json(
             {"v": 1, "type": "welcome", "config_version": version.number if version else None}
@@ -209,6 +215,8 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
         )
 
     async def disconnect(self, code: int) -> None:
+        if self.member is not None:
+            self.member.cancel()
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.link is not None:

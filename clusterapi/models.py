@@ -139,6 +139,10 @@ class HeartbeatSample(models.Model):
     # added for the lake (restarts and the root timeline); blank in older rows
     spid = models.CharField(max_length=64, blank=True, help_text="the broker's spid at this status")
     root = models.CharField(max_length=64, blank=True, help_text="spid of the root it saw")
+    stopping = models.BooleanField(
+        default=False,
+        help_text="the broker announced a planned stop after this status (its last)",
+    )
 
     class Meta:
         ordering = ["-time"]
@@ -628,3 +632,25 @@ class BrokerEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} of {self.broker} at {self.time:%Y-%m-%d %H:%M:%S}"
+
+
+class ConsoleProcess(models.Model):
+    """A console process that serves the broker link (Daphne), as it beats.
+
+    Stale-broker detection (Celery) reads these: a broker is silent because it is down
+    only if a console was there to hear it. While no console process beats, nobody is
+    judged; after one starts (or one stops, and its brokers move to another), a broker
+    last heard before that gets the time to reconnect first (``clusterapi.cluster``).
+    """
+
+    host = models.CharField(max_length=255, help_text="host name of the process")
+    pid = models.IntegerField()
+    started_at = models.DateTimeField()
+    beat_at = models.DateTimeField(help_text="its last beat")
+
+    class Meta:
+        ordering = ["-started_at"]
+        indexes = [models.Index(fields=["beat_at"], name="console_process_beat")]
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.pid}"

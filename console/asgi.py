@@ -14,6 +14,7 @@ production nginx serves the collected files). Websockets split in two:
 Around it all: with DEBUG on, only loopback clients are served
 (``console.loopback``), and a Content-Type Django cannot parse is a 400
 (``console.bodylimits``), not the 500 its request constructor would cause.
+From its first call on, the process beats (``clusterapi.presence``).
 """
 
 import os
@@ -34,6 +35,7 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 from django.urls import re_path  # noqa: E402
 
 from clusterapi.consumers import BrokerLinkConsumer, refuse_websocket  # noqa: E402
+from clusterapi.presence import start_beating  # noqa: E402
 from console.bodylimits import RefuseUnreadableContentType  # noqa: E402
 from console.dashboard import routing as dashboard_routing  # noqa: E402
 from console.loopback import LoopbackOnlyDebugApp  # noqa: E402
@@ -59,8 +61,16 @@ async def websocket_router(scope: dict[str, Any], receive: Any, send: Any) -> No
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.DEBUG else django_asgi_app
 
-application = LoopbackOnlyDebugApp(
+routed = LoopbackOnlyDebugApp(
     RefuseUnreadableContentType(
         ProtocolTypeRouter({"http": http_app, "websocket": websocket_router})
     )
 )
+
+
+async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The console: its process beats from its first call on (``clusterapi.presence``:
+    stale-broker detection judges brokers only while a console hears them)."""
+    if settings.CONSOLE_BEAT:
+        start_beating()
+    return await routed(scope, receive, send)

@@ -44,6 +44,15 @@ Environment (see ``deploy/README.md`` and ``deploy/console.env.example``):
                        marked down (alarm ``broker.down``); default 3.
 ``STALE_CHECK_SECONDS``  how often Celery beat looks for silent brokers and
                        overdue commands; default 2.
+``BROKER_RECONNECT_GRACE`` seconds a broker last heard before the console (re)started
+                       gets to link again before its silence counts; default 6.
+                       While no console process beats, no broker is judged at all
+                       (``clusterapi/presence.py``).
+``CONSOLE_BEAT``       the console process records its beat for stale detection;
+                       default 1 (0 only for tests that run the ASGI app in-process).
+``CHANNEL_GROUP_EXPIRY`` seconds after which a live page's channel leaves its group
+                       unless it re-joined (every third of it): what a stopped
+                       console process left behind is gone by then; default 180.
 ``HEARTBEAT_RETENTION`` hours of heartbeat and queue samples kept; default 48.
 ``QUEUE_SAMPLE_SECONDS`` at most one per-queue sample per queue in this many
                        seconds (queue snapshots are updated every status anyway);
@@ -175,12 +184,18 @@ REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 # socket timed out and the consumer dies. The timeout is a safety net, not a deadline.
 CHANNEL_LAYER_SOCKET_TIMEOUT = 30
 
+CHANNEL_GROUP_EXPIRY = env_int("CHANNEL_GROUP_EXPIRY", 180)
+GROUP_REFRESH_SECONDS = max(1, CHANNEL_GROUP_EXPIRY // 3)
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
             "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT}],
             "prefix": "rookery:asgi",
+            # a console process that dies leaves its pages' channels in the dashboard
+            # group: they drop out after this, as live consumers re-join every
+            # GROUP_REFRESH_SECONDS (console.dashboard.live, clusterapi.consumers)
+            "group_expiry": CHANNEL_GROUP_EXPIRY,
         },
     }
 }
@@ -198,6 +213,13 @@ COMMAND_TIMEOUT_SECONDS = env_int("COMMAND_TIMEOUT_SECONDS", 60)
 COMMAND_RETRY_SECONDS = env_int("COMMAND_RETRY_SECONDS", 2)
 BROKER_STALE_INTERVALS = env_int("BROKER_STALE_INTERVALS", 3)
 STALE_CHECK_SECONDS = env_int("STALE_CHECK_SECONDS", 2)
+# seconds a broker last heard before the console (re)started gets to link again before
+# its heartbeat allowance starts: brokerd retries a console that is not there at most
+# every 2.5 s (brokerd.consolelink.link), then needs a handshake and a hello
+BROKER_RECONNECT_GRACE = env_int("BROKER_RECONNECT_GRACE", 6)
+# the console process beats (clusterapi.presence); off only in tests that call the
+# ASGI application in-process
+CONSOLE_BEAT = env_bool("CONSOLE_BEAT", True)
 HEARTBEAT_RETENTION = env_int("HEARTBEAT_RETENTION", 48)  # hours
 QUEUE_SAMPLE_SECONDS = env_int("QUEUE_SAMPLE_SECONDS", 5)
 SPARK_MASTER = env_str("SPARK_MASTER", "local[*]")
@@ -347,5 +369,9 @@ LOGGING = {
         "django.server": {"handlers": [], "level": LOG_LEVEL, "propagate": True},
         "django.channels.server": {"handlers": [], "level": LOG_LEVEL, "propagate": True},
         "django.request": {"handlers": [], "level": "ERROR", "propagate": True},
+        # "N of M channels over capacity in group dashboard", at INFO on every send,
+        # for the channels of pages a stopped console process left behind until they
+        # expire (CHANNEL_GROUP_EXPIRY): expected after a restart, not news
+        "channels_redis": {"handlers": [], "level": "WARNING", "propagate": True},
     },
 }

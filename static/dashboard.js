@@ -133,11 +133,42 @@
     /* the banner stays until fresh data arrives (the message the server sends on connect) */
   }
 
-  function closed() {
+  /* -- reconnecting -------------------------------------------------------------------
+     The page is live again within a second or so of the console answering, after an
+     outage of any length: the ws extension's own backoff grows to a minute, so every
+     retry waits 0.4-1 s instead. The extension retries only abnormal closes (1006, 1011,
+     1012, 1013); a console stopping cleanly closes with 1000 or 1001, and then the link
+     element is replaced, which makes htmx connect anew. 4401 (logged out) and 4404 (no
+     such page) need a reload, not a retry. */
+  var RETRIED_BY_EXTENSION = [1006, 1011, 1012, 1013];
+  var NOT_RETRIED = [4401, 4404];
+
+  function retryDelay() {
+    return 400 + Math.random() * 600;
+  }
+
+  if (window.htmx) htmx.config.wsReconnectDelay = retryDelay;
+
+  function reconnect(evt) {
+    var event = evt && evt.detail && evt.detail.event;
+    var code = event && event.code;
+    if (code === undefined || RETRIED_BY_EXTENSION.indexOf(code) >= 0) return;
+    if (NOT_RETRIED.indexOf(code) >= 0) return;
+    setTimeout(function () {
+      var link = document.getElementById("live-link");
+      if (!link || live.open || !window.htmx) return;
+      var fresh = link.cloneNode(false);
+      link.replaceWith(fresh);
+      htmx.process(fresh);
+    }, retryDelay());
+  }
+
+  function closed(evt) {
     if (live.open || live.closedAt === null) live.closedAt = Date.now();
     live.open = false;
     setLiveState("closed", "reconnecting");
     tickStaleness();
+    if (evt && evt.type === "htmx:wsClose") reconnect(evt);
   }
 
   function updated() {

@@ -189,6 +189,7 @@ class ConsoleStack:
             CONSOLE_BROKER_TOKEN=self.broker_token,
             LOG_LEVEL="INFO",
             PYTHONUNBUFFERED="1",
+            CONSOLE_BEAT="1",  # Daphne beats; the Celery worker never calls the ASGI app
             **FAST_BEAT_ENV,
             **(extra_env or {}),
         )

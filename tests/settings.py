@@ -10,6 +10,12 @@ default). The console stack's processes (Daphne, Celery) run with it too.
 
 from __future__ import annotations
 
+from console.environment import env_bool
 from console.settings import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+# The console process's beat (clusterapi.presence) runs in the console stack's Daphne
+# (tests/console_stack.py sets CONSOLE_BEAT=1), not in test processes that call the ASGI
+# application in-process: they have no console to beat for.
+CONSOLE_BEAT = env_bool("CONSOLE_BEAT", False)

@@ -32,7 +32,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("brokerd.console")
 
 BACKOFF_MIN = 0.5
+#: a console that refused this broker (HTTP 401/403, TLS, a bad URL) is asked again at
+#: most this often: retrying does not heal it
 BACKOFF_MAX = 15.0
+#: a console that is not there (connection refused, timed out, closed) is tried again
+#: at most this often (+25 % jitter): it is being restarted or deployed, and once it is
+#: back its stale detection gives the brokers a few seconds to link again
+#: (``BROKER_RECONNECT_GRACE``), not the tail of a long backoff
+ABSENT_MAX = 2.0
 #: a session that lasted this long resets the backoff
 STABLE_AFTER = 5.0
 OPEN_TIMEOUT = 10.0
@@ -93,10 +100,14 @@ class ConsoleLink:
             self._task = None
 
     async def _run(self) -> None:
-        delays = backoff_delays()
+        refused_delays = backoff_delays()
+        absent_delays = backoff_delays(maximum=ABSENT_MAX)
+        #: failures in a row of a console that is not there (logged once, then quietly)
+        absent = 0
         while True:
             opened = None
             tls_failure: str | None = None
+            away = False
             try:
                 # read at every attempt: a console whose certificate was renewed under a
                 # new CA is reached once the bundle is replaced, without a broker restart
@@ -134,17 +145,34 @@ class ConsoleLink:
             except InvalidURI as exc:
                 log.error("console URL %s is not usable: %s", self.url, exc)
             except (OSError, TimeoutError, InvalidHandshake, websockets.ConnectionClosed) as exc:
-                log.warning(
-                    "console link down url=%s: %s", self.url, str(exc) or type(exc).__name__
+                away = True
+                level = logging.WARNING if absent == 0 or opened is not None else logging.DEBUG
+                log.log(
+                    level,
+                    "console link down url=%s: %s%s",
+                    self.url,
+                    str(exc) or type(exc).__name__,
+                    "; retrying every few seconds" if level == logging.WARNING else "",
                 )
             finally:
                 self.connected = False
                 self._ws = None
             self._report_tls(tls_failure)
-            if opened is not None and time.monotonic() - opened >= STABLE_AFTER:
-                delays = backoff_delays()
-            delay = next(delays)
-            log.info("console link retry in %.1fs", delay)
+            if opened is not None:
+                absent = 0
+                if time.monotonic() - opened >= STABLE_AFTER:
+                    refused_delays = backoff_delays()
+                    absent_delays = backoff_delays(maximum=ABSENT_MAX)
+            if away:
+                absent += 1
+                delay = next(absent_delays)
+            else:
+                delay = next(refused_delays)
+            log.log(
+                logging.DEBUG if absent > 1 else logging.INFO,
+                "console link retry in %.1fs",
+                delay,
+            )
             await asyncio.sleep(delay)
 
     def _report_tls(self, failure: str | None) -> None:

@@ -23,7 +23,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.http import QueryDict
 from django.template.loader import render_to_string
 
-from clusterapi.cluster import DASHBOARD_GROUP
+from clusterapi.cluster import DASHBOARD_GROUP, keep_in_group
 from clusterapi.roles import is_operator
 from console.dashboard.pages import PAGES, Page
 
@@ -64,6 +64,8 @@ class DashboardConsumer(AsyncWebsocketConsumer):
     #: again (swapping it would replace the elements a user is about to click)
     shown: list[str] | None = None
     flusher: asyncio.Task[None] | None = None
+    #: re-joins the dashboard group while the page is open (memberships expire)
+    member: asyncio.Task[None] | None = None
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -78,11 +80,16 @@ class DashboardConsumer(AsyncWebsocketConsumer):
         self.page, self.params = page, params
         self.can_operate = await database_sync_to_async(is_operator)(user)
         await self.channel_layer.group_add(DASHBOARD_GROUP, self.channel_name)
+        self.member = asyncio.ensure_future(
+            keep_in_group(self.channel_layer, DASHBOARD_GROUP, self.channel_name)
+        )
         await self.accept()
         # Whatever changed between the page's GET and this connection shows at once.
         self.mark_dirty()
 
     async def disconnect(self, code: int) -> None:
+        if self.member is not None:
+            self.member.cancel()
         if self.page is not None:
             await self.channel_layer.group_discard(DASHBOARD_GROUP, self.channel_name)
         if self.flusher is not None:

@@ -56,3 +56,25 @@ def net():
     net.elect("A")
     net.declare("q")
     return net
+
+
+@pytest.fixture
+def console_hearing(db):
+    """A console process that has beaten for an hour and beats now (stale detection
+    judges brokers only while one does: ``clusterapi.presence``). Returns a function
+    that makes it beat at a given time."""
+    import datetime as dt
+
+    from django.utils import timezone
+
+    from clusterapi.models import ConsoleProcess
+
+    now = timezone.now()
+    row = ConsoleProcess.objects.create(
+        host="test", pid=1, started_at=now - dt.timedelta(hours=1), beat_at=now
+    )
+
+    def beat(at: dt.datetime) -> None:
+        ConsoleProcess.objects.filter(pk=row.pk).update(beat_at=at)
+
+    return beat

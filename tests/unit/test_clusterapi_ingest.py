@@ -390,7 +390,7 @@ def test_two_live_brokers_with_one_name_raise_an_alarm_and_do_not_interleave() -
     # once the second broker has been quiet for a while, the alarm clears
     later = timezone.now() + dt.timedelta(seconds=60)
     Broker.objects.update(last_seen=later)
-    cluster.detect_stale(now=later)
+    cluster.detect_stale(now=later)  # (name conflicts clear whether or not a console beats)
     assert not Alarm.objects.filter(kind="broker.name_conflict", active=True).exists()
 
 

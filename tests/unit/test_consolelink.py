@@ -459,6 +459,16 @@ def test_backoff_doubles_to_15s_with_jitter():
     assert len(set(values[5:])) > 1  # jittered, not in step
 
 
+def test_a_console_that_is_not_there_is_tried_again_within_seconds():
+    """A restarted console is linked again in seconds, whatever the outage's length:
+    its stale detection waits BROKER_RECONNECT_GRACE (6 s) for the brokers."""
+    from brokerd.consolelink.link import ABSENT_MAX
+
+    delays = backoff_delays(maximum=ABSENT_MAX, rng=random.Random(7))
+    values = [next(delays) for _ in range(50)]
+    assert max(values) <= 1.25 * ABSENT_MAX < 6 / 2
+
+
 def test_config_apply_of_limits_and_vhost_limits_reaches_the_broker():
     """The console's limits (sizes included) and vhost limits, through a real server's
     install path: the model's checks and the resource monitor read them at once."""
