@@ -20,6 +20,9 @@ from clusterapi.cluster import notify_dashboard
 from clusterapi.errors import Conflict, InvalidRequest
 from clusterapi.models import Alarm, Broker, ConfigVersion
 
+#: how a ``make run`` user reaches one of its processes (deploy/quickstart.py ctl)
+MAKE_RUN_CTL = ".venv/bin/python deploy/quickstart.py ctl"
+
 
 def refusal(broker: Broker) -> str:
     """Why this broker cannot be retired now ("" when it can): the dashboard hides the
@@ -29,7 +32,9 @@ def refusal(broker: Broker) -> str:
     if broker.connected or broker.state == Broker.STATE_UP:
         return (
             f"{broker.name} is linked to the console and up: stop brokerd on it first "
-            "(a running broker would only come back with its next hello)"
+            "(a running broker would only come back with its next hello; under make run, "
+            f"{MAKE_RUN_CTL} stop NAME stops one and keeps it stopped, {MAKE_RUN_CTL} "
+            "status lists the names)"
         )
     return ""
 
@@ -68,6 +73,12 @@ def advice(broker: Broker) -> list[str]:
                 f"The console's configuration version {current.number} also lists "
                 f"{broker.name} in known_hosts: save and push a version without it.",
             )
+    steps.append(
+        f"Under make run: a broker stopped with SIGTERM, or with {MAKE_RUN_CTL} stop NAME "
+        f"({MAKE_RUN_CTL} status lists the names), stays stopped until {MAKE_RUN_CTL} "
+        "start NAME: leave it stopped. The next make run starts all its brokers again, "
+        "with the cluster file it writes."
+    )
     steps.append(
         "Do not start a broker with that name again unless it rejoins: if it links to the "
         "console, it shows as an active broker again."

@@ -14,16 +14,36 @@ console's broker token, a cluster file), then starts and watches:
     beat       Celery beat
 
 Every line a process prints is shown prefixed with its name. Ctrl-C or SIGTERM
-stops everything in reverse order and exits 0. A process that exits on its own
-is restarted with the same arguments and data after a backoff (1 s, 2 s, 4 s...
-at most 10 s), logged with its exit status, while the others keep running; the
-fifth exit of one process within 60 s stops everything, exit status 1
-(quickstart_supervisor.py). That holds for every process, and each can take it:
-a broker recovers its store from its data dir and rejoins the cluster and the
-console; Redis keeps nothing worth saving (no persistence: the channel layer
-and Celery's queues; the brokers' console links drop and reconnect); the
-console, worker and beat keep their state in the database and DATA_DIR. State
-lives in DATA_DIR (default ``var/``) and is reused by the next run.
+stops everything in reverse order and exits 0. A process that crashes (exits
+with a status other than 0, or is killed by a signal) is restarted with the
+same arguments and data after a backoff (1 s, 2 s, 4 s... at most 10 s), logged
+with its exit status, while the others keep running; the fifth crash of one
+process within 60 s stops everything, exit status 1 (quickstart_supervisor.py).
+Each can take it: a broker recovers its store from its data dir and rejoins the
+cluster and the console; Redis keeps nothing worth saving (no persistence: the
+channel layer and Celery's queues; the brokers' console links drop and
+reconnect); the console, worker and beat keep their state in the database and
+DATA_DIR. State lives in DATA_DIR (default ``var/``) and is reused by the next run.
+
+A broker that exits with status 0 on its own was stopped as planned (brokerd
+exits 0 after a SIGTERM, drained, its queues handed to the other primaries): it
+stays stopped, so that it can be decommissioned in the console, until
+``ctl start``. The other processes are restarted after any exit, status 0
+included, as before: an operator restarts the console, or a Celery process, by
+sending it SIGTERM (as a deploy does), and none of them is something to keep
+down while the rest runs (Redis carries the console's channel layer and
+Celery's queues; the console and Celery are what the operator works with). To
+keep one of those down, ``ctl stop`` it.
+
+One service of a running quickstart, from another shell (``quickstart_control.py``:
+a Unix socket DATA_DIR/quickstart.sock, mode 0600)::
+
+    .venv/bin/python deploy/quickstart.py ctl status
+    .venv/bin/python deploy/quickstart.py ctl stop|start|restart NAME
+
+``stop`` sends SIGTERM and keeps it stopped; ``start`` starts a stopped one and
+returns once it is ready; ``restart`` is both. Planned stops and stops on
+request count as no crash. Give ctl the same DATA_DIR as ``make run``.
 
 Environment:
     DATA_DIR                default var/ (relative to the checkout)
@@ -52,6 +72,7 @@ import asyncio
 import contextlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -69,8 +90,17 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its supervisor, loaded by a test too
 
 
-from quickstart_supervisor import (  # noqa: E402  (deploy/, next to this file)
+from quickstart_control import (  # noqa: E402  (deploy/, next to this file)
+    COMMANDS,
+    USAGE,
+    ControlServer,
+    ControlUnavailable,
+    check_free,
+    request,
+)
+from quickstart_supervisor import (  # noqa: E402
     HOST,
+    ControlError,
     Output,
     Service,
     Supervisor,
@@ -186,6 +216,20 @@ class QuickstartConfig:
     @property
     def cluster_file(self) -> Path:
         return self.data_dir / "cluster.toml"
+
+    @property
+    def control_socket(self) -> Path:
+        """Where ``ctl`` reaches the running quickstart (``quickstart_control``)."""
+        return self.data_dir / "quickstart.sock"
+
+    def ctl_command(self) -> str:
+        """The command line an operator runs, from the checkout, to reach this run."""
+        python = Path(sys.executable)
+        shown = os.path.relpath(python, REPO) if python.is_relative_to(REPO) else str(python)
+        command = f"{shlex.quote(shown)} deploy/quickstart.py ctl"
+        if self.data_dir != (REPO / "var").resolve():
+            command = f"DATA_DIR={shlex.quote(str(self.data_dir))} {command}"
+        return command
 
 
 # -- state kept in DATA_DIR -----------------------------------------------------------------
@@ -431,7 +475,8 @@ def build_services(config: QuickstartConfig, base_env: dict[str, str]) -> list[S
             console=link,
             log_level="info",
         )
-        services.append(Service(name, broker_argv, broker_env, tcp_probe(port)))
+        # exit status 0: a planned stop (SIGTERM, drained), left stopped until ``ctl start``
+        services.append(Service(name, broker_argv, broker_env, tcp_probe(port), keep_stopped=True))
     # The banners are printed at any log level; at INFO beat and the worker log
     # every periodic task (several lines a second), hence WARNING by default.
     celery = [py, "-m", "celery", "--app", "console"]
@@ -497,6 +542,8 @@ def summary(config: QuickstartConfig, password_where: str) -> str:
             *broker_lines(config, brokers),
             f"  redis    {redis}",
             "  celery   worker and beat",
+            f"One service: {config.ctl_command()} status | stop NAME | start NAME | restart NAME",
+            "  (a broker stopped with SIGTERM stays stopped until `ctl start NAME`)",
             "Ctrl-C stops everything.",
         ]
     )
@@ -505,7 +552,13 @@ def summary(config: QuickstartConfig, password_where: str) -> str:
 async def supervise(
     config: QuickstartConfig, env: dict[str, str], output: Output, password_where: str
 ) -> int:
-    supervisor = Supervisor(output)
+    supervisor = Supervisor(output, ctl=config.ctl_command())
+    control: ControlServer | None = ControlServer(supervisor, config.control_socket)
+    try:
+        await control.open()
+    except (OSError, ControlError) as exc:
+        output.say(f"no control channel, `ctl` will not reach this run: {exc}")
+        control = None
     loop = asyncio.get_running_loop()
     stop_requested = False
 
@@ -531,6 +584,8 @@ async def supervise(
         await supervisor.shutdown.wait()
     finally:
         await supervisor.stop_all()
+        if control is not None:
+            await control.close()
     if supervisor.failure is not None:
         output.say(f"stopped: {supervisor.failure}")
         return 1
@@ -544,6 +599,10 @@ def main() -> int:
         config = QuickstartConfig.from_env(os.environ)
         config.data_dir.mkdir(parents=True, exist_ok=True)
         check_ports_free(config)
+        try:
+            check_free(config.control_socket)
+        except ControlError as exc:
+            raise QuickstartError(str(exc)) from None
         token = config.broker_token
         if token is None:
             token, _ = read_or_create_secret(config.token_file, lambda: new_token(32))
@@ -562,5 +621,31 @@ def main() -> int:
     return asyncio.run(supervise(config, env, output, password_where))
 
 
+def ctl(args: list[str]) -> int:
+    """``quickstart.py ctl ...``: one request to the running quickstart of DATA_DIR.
+    Exit status 0: done; 1: refused (the reason on stderr); 2: no quickstart answers,
+    or a bad request."""
+    if not args or args[0] not in COMMANDS or len(args) != 1 + COMMANDS[args[0]]:
+        print(f"usage: {Path(sys.argv[0]).name} ctl {USAGE}", file=sys.stderr)
+        return 2
+    try:
+        config = QuickstartConfig.from_env(os.environ)
+    except QuickstartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        ok, lines = request(config.control_socket, " ".join(args))
+    except ControlUnavailable as exc:
+        print(f"no running `make run` with DATA_DIR={config.data_dir}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        print("\n".join(lines), file=sys.stdout if ok else sys.stderr, flush=True)
+    except BrokenPipeError:  # `ctl status | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0 if ok else 1
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["ctl"]:
+        sys.exit(ctl(sys.argv[2:]))
     sys.exit(main())

@@ -11,10 +11,20 @@ argv and environment, after a backoff (1 s, 2 s, 4 s... at most 10 s; back to
 demo cluster because one broker died would hide what the cluster does about it.
 The restart is logged with the exit status or the killing signal, and the new
 process must pass its readiness check again, in its own task so that nobody
-else waits. Only a crash loop stops everything: the fifth exit within 60 s
+else waits. Only a crash loop stops everything: the fifth crash within 60 s
 gives up with exit status 1 and the process's last lines (``RestartPolicy``).
 Stopping (Ctrl-C, SIGTERM, a give-up) marks every service as stopping first,
 so nothing is restarted while the others are being stopped.
+
+A service marked ``keep_stopped`` that exits on its own with status 0 stopped as
+planned (someone sent it SIGTERM: a drained broker that an operator means to
+decommission); it is left stopped, logged as such, and counts as no crash. Any
+other exit of such a service (a status other than 0, a signal: kill -9) is a
+crash as above. The operator also stops, starts and restarts one service of the
+running supervisor (``stop_service``, ``start_service``, ``restart_service``;
+``quickstart_control`` carries them over a Unix socket): a service stopped that
+way stays stopped, a start waits for its readiness check as at startup, and
+neither counts towards the crash loop.
 """
 
 from __future__ import annotations
@@ -41,6 +51,19 @@ STARTUP_TIMEOUT = 60.0  # seconds a process gets to become ready (at each start)
 STOP_TIMEOUT = 15.0  # seconds between SIGTERM and SIGKILL
 DRAIN_TIMEOUT = 2.0  # seconds to read what a dead process still had in its pipe
 LAST_LINES = 10  # lines of a process kept for the give-up message
+
+# What ``Service.state`` says, as ``status`` shows it.
+STARTING = "starting"  # started (at startup or on request), not ready yet
+RUNNING = "running"  # ready
+RESTARTING = "restarting"  # exited on its own: waiting out the backoff, or not ready yet
+STOPPING = "stopping"  # SIGTERM sent, not exited yet
+STOPPED = "stopped"  # exited and left so: a planned stop, a request, the end of the run
+FAILED = "failed"  # crashed once too often: everything is stopping
+
+
+class ControlError(Exception):
+    """A request the supervisor refuses (unknown service, everything stopping...);
+    the message says why."""
 
 
 _COLOURS = itertools.cycle(["36", "32", "33", "35", "34", "96", "92", "93", "95", "94"])
@@ -151,9 +174,15 @@ class Service:
     env: dict[str, str]
     probe: Probe | None = None  # polled until it returns True
     ready_line: re.Pattern[str] | None = None  # or: a line it prints when ready
+    #: an exit of its own with status 0 is a planned stop: left stopped, no crash
+    keep_stopped: bool = False
     proc: asyncio.subprocess.Process | None = None  # the current process
     ready: asyncio.Event = field(default_factory=asyncio.Event)  # the current one is ready
+    state: str = STARTING
+    last_exit: int | None = None  # the return code of its last process that exited
     stopping: bool = False  # asked to stop: an exit now is no crash
+    #: said once the current process is ready ("... is ready again (restart 2)")
+    announce: str | None = None
     restarts: int = 0  # times it was started again
     backoff: int = 0  # restarts since its last stable run
     started_at: float = 0.0  # loop time the current process was started
@@ -174,28 +203,37 @@ class Supervisor:
         output: Output,
         policy: RestartPolicy | None = None,
         startup_timeout: float = STARTUP_TIMEOUT,
+        ctl: str = "",
     ) -> None:
         self.output = output
         self.policy = policy or RestartPolicy()
         self.startup_timeout = startup_timeout
+        #: the command that reaches this supervisor (``ctl start NAME`` follows it), for
+        #: the hint logged when a service stays stopped
+        self.ctl = ctl
         self.services: list[Service] = []
         self.shutdown = asyncio.Event()
         self.failure: str | None = None
         self.killing = False  # the second Ctrl-C: SIGKILL, no waiting
 
     async def start(self, service: Service) -> None:
-        """Start ``service`` and return once it is ready or everything is stopping.
+        """Start ``service`` and return once it is ready, stopped as planned, or
+        everything is stopping.
 
         A process that exits before it is ready is restarted like any other, so a
         service that cannot start at all ends as a crash loop.
         """
         self.services.append(service)
         async with service.lock:
-            await self._spawn(service)
+            await self._spawn(service, STARTING)
         service.runner = asyncio.create_task(self._run(service))
-        await _either(service.ready, self.shutdown)
+        await _either(service.ready, self.shutdown, done=service.runner)
 
-    async def _spawn(self, service: Service) -> None:
+    def _start_hint(self, service: Service) -> str:
+        return f"start it again with: {self.ctl} start {service.name}" if self.ctl else ""
+
+    async def _spawn(self, service: Service, state: str) -> None:
+        service.state = state
         service.ready.clear()
         proc = await asyncio.create_subprocess_exec(
             *service.argv,
@@ -224,6 +262,14 @@ class Supervisor:
             await self._drain(service, proc)
             if service.stopping or self.shutdown.is_set():
                 return
+            service.last_exit = code
+            if code == 0 and service.keep_stopped:
+                service.state = STOPPED
+                hint = self._start_hint(service)
+                self.output.say(
+                    f"{service.name} stopped as planned (status 0)" + (f"; {hint}" if hint else "")
+                )
+                return
             delay = self._crashed(service, code)
             if delay is None:
                 return
@@ -232,7 +278,7 @@ class Supervisor:
             async with service.lock:
                 if service.stopping or self.shutdown.is_set():
                     return
-                await self._spawn(service)
+                await self._spawn(service, RESTARTING)
 
     def _crashed(self, service: Service, code: int) -> float | None:
         """Account for an exit nobody asked for: the delay before the restart, or None
@@ -253,6 +299,7 @@ class Supervisor:
             for line in service.recent:
                 self.output.say(f"    {line}")
             self.output.say("stopping everything")
+            service.state = FAILED
             self.shutdown.set()
             return None
         if now - service.started_at >= policy.stable_after:
@@ -260,6 +307,8 @@ class Supervisor:
         delay = policy.delay(service.backoff)
         service.backoff += 1
         service.restarts += 1
+        service.state = RESTARTING
+        service.announce = f"{service.name} is ready again (restart {service.restarts})"
         self.output.say(
             f"{service.name} exited ({status}); restarting in {delay:g} s "
             f"(restart {service.restarts})"
@@ -290,7 +339,7 @@ class Supervisor:
             self.output.line(service.name, text)
             service.recent.append(text)
             if service.ready_line is not None and service.ready_line.search(text):
-                service.ready.set()
+                self._ready(service)
 
     async def _until_ready(self, service: Service, proc: asyncio.subprocess.Process) -> None:
         """Wait until ``proc`` is ready; it exiting first is left to the caller. Not
@@ -306,12 +355,21 @@ class Supervisor:
                 self.shutdown.set()
                 return
             if service.probe is not None and await service.probe():
-                service.ready.set()
+                self._ready(service)
                 break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.shutdown.wait(), 0.2)
-        if service.ready.is_set() and service.restarts:
-            self.output.say(f"{service.name} is ready again (restart {service.restarts})")
+            with contextlib.suppress(TimeoutError):  # a ready line ends the wait at once
+                await asyncio.wait_for(_either(self.shutdown, service.ready), 0.2)
+
+    def _ready(self, service: Service) -> None:
+        """The current process passed its readiness check."""
+        if service.ready.is_set():
+            return
+        service.ready.set()
+        if service.state in (STARTING, RESTARTING):
+            service.state = RUNNING
+        if service.announce is not None:
+            self.output.say(service.announce)
+            service.announce = None
 
     async def stop_all(self) -> None:
         self.shutdown.set()
@@ -320,6 +378,77 @@ class Supervisor:
         for service in reversed(self.services):
             await self._stop(service)
 
+    # -- one service, on an operator's request (``quickstart_control``) ---------------------
+
+    def find(self, name: str) -> Service:
+        for service in self.services:
+            if service.name == name:
+                return service
+        known = ", ".join(s.name for s in self.services) or "none started yet"
+        raise ControlError(f"no service {name!r} (services: {known})")
+
+    def status_lines(self) -> list[str]:
+        """One line per service: name, state, pid, restarts and last exit."""
+        width = max((len(s.name) for s in self.services), default=0)
+        lines = []
+        for service in self.services:
+            proc = service.proc
+            alive = proc is not None and proc.returncode is None
+            pid = f"pid {proc.pid}" if alive and proc is not None else "-"
+            detail = [f"restarts {service.restarts}"] if service.restarts else []
+            if service.last_exit is not None:
+                detail.append(f"last exit: {describe_exit(service.last_exit)}")
+            line = f"{service.name:<{width}}  {service.state:<10}  {pid:<10}  {', '.join(detail)}"
+            lines.append(line.rstrip())
+        return lines
+
+    def _refuse_while_stopping(self) -> None:
+        if self.shutdown.is_set():
+            raise ControlError("everything is stopping")
+
+    async def stop_service(self, name: str) -> str:
+        """SIGTERM to the service, which then stays stopped until ``start_service``."""
+        self._refuse_while_stopping()
+        service = self.find(name)
+        if service.state == STOPPED:
+            return f"{name} is stopped already"
+        if service.state == STOPPING:
+            raise ControlError(f"{name} is being stopped already")
+        code = await self._stop(service, "on request")
+        hint = self._start_hint(service)
+        return f"{name} stopped ({describe_exit(code)})" + (f"; {hint}" if hint else "")
+
+    async def start_service(self, name: str) -> str:
+        """Start a stopped service; returns once it passed its readiness check (a
+        process exiting before that is restarted, as at startup)."""
+        self._refuse_while_stopping()
+        service = self.find(name)
+        async with service.lock:
+            if service.state != STOPPED:
+                raise ControlError(f"{name} is {service.state}, not stopped")
+            self._refuse_while_stopping()
+            service.stopping = False
+            service.backoff = 0  # an operator's start, not a restart after a crash
+            service.announce = f"{name} is ready (started on request)"
+            await self._spawn(service, STARTING)
+        service.runner = asyncio.create_task(self._run(service))
+        self.output.say(f"{name} started on request (pid {_pid(service)})")
+        await _either(service.ready, self.shutdown, done=service.runner)
+        if self.shutdown.is_set():
+            raise ControlError(f"{name} not started: {self.failure or 'everything is stopping'}")
+        if service.ready.is_set():
+            return f"{name} started (pid {_pid(service)}) and ready"
+        if service.stopping:  # a stop request came first
+            raise ControlError(f"{name} was stopped before it was ready")
+        code = service.last_exit if service.last_exit is not None else 0
+        raise ControlError(f"{name} exited before it was ready ({describe_exit(code)}): stopped")
+
+    async def restart_service(self, name: str) -> str:
+        """``stop_service`` (unless stopped already), then ``start_service``."""
+        stopped = await self.stop_service(name)
+        started = await self.start_service(name)
+        return f"{stopped}\n{started}"
+
     def kill_all(self) -> None:
         self.killing = True
         for service in self.services:
@@ -327,12 +456,19 @@ class Supervisor:
             if service.proc is not None and service.proc.returncode is None:
                 _kill_session(service.proc)
 
-    async def _stop(self, service: Service) -> None:
+    async def _stop(self, service: Service, why: str = "") -> int | None:
+        """SIGTERM (SIGKILL after ``STOP_TIMEOUT``), and wait; the return code. A
+        service stopped already (reported when it stopped) is left alone."""
+        service.stopping = True  # first: its runner must not start it again meanwhile
+        if service.state == STOPPED:
+            await _settle(service)
+            return service.last_exit
+        service.state = STOPPING
         async with service.lock:  # not while it is being started again
             proc = service.proc
             if proc is None:
-                return
-            service.stopping = True
+                service.state = STOPPED
+                return None
             if proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signal.SIGTERM)
@@ -347,11 +483,27 @@ class Supervisor:
                     await proc.wait()
             # Anything it left behind in its session (e.g. Celery pool processes).
             _kill_session(proc)
-        if service.runner is not None:  # it may be probing or waiting to restart
-            service.runner.cancel()
-        tasks = [t for t in (service.runner, service.relay) if t is not None]
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self.output.say(f"{service.name} stopped (status {proc.returncode})")
+        await _settle(service)
+        service.state = STOPPED
+        service.last_exit = proc.returncode
+        self.output.say(
+            f"{service.name} stopped{' ' + why if why else ''} (status {proc.returncode})"
+        )
+        return proc.returncode
+
+
+async def _settle(service: Service) -> None:
+    """End the service's runner (it may be probing or waiting to restart) and let its
+    relay finish."""
+    if service.runner is not None and service.runner is not asyncio.current_task():
+        service.runner.cancel()
+    tasks = [t for t in (service.runner, service.relay) if t is not None]
+    tasks = [t for t in tasks if t is not asyncio.current_task()]
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _pid(service: Service) -> int | None:
+    return service.proc.pid if service.proc is not None else None
 
 
 def _kill_session(proc: asyncio.subprocess.Process) -> None:
@@ -360,11 +512,14 @@ def _kill_session(proc: asyncio.subprocess.Process) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-async def _either(*events: asyncio.Event) -> None:
-    """Return once one of ``events`` is set."""
+async def _either(*events: asyncio.Event, done: asyncio.Task[None] | None = None) -> None:
+    """Return once one of ``events`` is set, or the task ``done`` is over."""
     waiters = [asyncio.create_task(event.wait()) for event in events]
+    watched: set[asyncio.Future[object]] = set(waiters)
+    if done is not None:
+        watched.add(done)
     try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for waiter in waiters:
             waiter.cancel()

@@ -148,9 +148,15 @@ class ClusterController(Membership):
         """A planned stop (after ``hand_over``, while this server still listens): its
         replicated queues move to the other primaries and are not failed over once
         it is gone. Waits, at most ``limit``, until each has moved, been refused or
-        been called off; with no root but this server, none can move."""
-        root = self.standing.current_root
-        if root is None or root == self.spid:
+        been called off, or no move can end any more (``why_queues_stay``): the
+        last primaries of a cluster being stopped would otherwise wait out the
+        whole limit for moves no root can order."""
+        owned = len(self.plane.owned_replicated())
+        if not owned:
+            return
+        why = self.why_queues_stay()
+        if why is not None:
+            log.warning("stopping: %s, %s", why, _staying(owned))
             return
         refused: set[str] = set()
         moves = self.moves.evacuate(refused.add)
@@ -170,6 +176,8 @@ class ClusterController(Membership):
         while pending and self.clock() - started < limit:
             await asyncio.sleep(0.005)
             pending = [name for name in pending if under_way(name)]
+            if pending and (why := self.why_queues_stay()) is not None:
+                break  # the root or its quorum went meanwhile: nothing more will move
         moved = sum(
             1 for name in epochs if (q := self.plane.shared_queue(name)) is None or not q.local
         )
@@ -180,6 +188,40 @@ class ClusterController(Membership):
             (self.clock() - started) * 1000,
             f"; still under way: {', '.join(pending)}" if pending else "",
         )
+        if pending and why is not None:
+            log.warning("stopping: %s, %s", why, _staying(len(pending)))
+
+    def why_queues_stay(self) -> str | None:
+        """Why no queue of this stopping server can move now (None: they can).
+
+        A move is ordered by a root, which needs a quorum of voting primaries; this
+        server abstains once stopping (``hand_over``), so only the other primaries
+        that are active, vote and are not stopping themselves can keep the root's
+        quorum. A move also needs another live primary to take the queue. Judged on
+        this server's view, as the move itself would be; a queue that cannot move
+        stays here, kept by its copies on the other servers or by its journal."""
+        root = self.standing.current_root
+        if root is None:
+            return "no root"
+        if root == self.spid:
+            return "no other primary can be root"
+        now = self.clock()
+        known = self.standing.known_primaries(now)
+        backers = [
+            peer
+            for peer in self.peers.values()
+            if (status := peer.status) is not None
+            and status.type == PRIMARY
+            and status.listed
+            and status.vote is not None
+            and not status.stopping
+            and self.standing.active(peer, now)
+        ]
+        if 2 * len(backers) <= known:
+            return f"no quorum ({len(backers)} of {known} known primaries stay)"
+        if not self.placer.mover.targets():
+            return "no other live primary to take them"
+        return None
 
     def make_queue(self, name: str, vhost: str, **kwargs: Any) -> Queue:
         """The clustered vhost's queue types: exclusive ones are private (local),
@@ -452,3 +494,10 @@ class ClusterController(Membership):
                 "replica_lag": None if replica is None else seq - replica.acked,
             }
         return out
+
+
+def _staying(count: int) -> str:
+    """What a planned stop leaves here, for its log line."""
+    if count == 1:
+        return "1 queue stays here (its copies elsewhere, or its journal, keep it)"
+    return f"{count} queues stay here (their copies elsewhere, or their journals, keep them)"

@@ -1,12 +1,19 @@
-"""A planned stop versus a crash, on the console side (issue 25).
+"""A planned stop versus a crash, on the console side (issue 25), and the stopping
+broker's queue hand-over (issue 45).
 
 ``stopping`` (sent by brokerd on SIGTERM before it closes the link) marks the broker
 stopped with an info event, and its link closing then raises nothing; a link that
 closes without it marks the broker down at once, with the ``broker.down`` alarm.
+
+A stopping primary hands its replicated queues to the other primaries only while a
+root can order the moves: with no root, no quorum once it abstains, or no other
+primary to take them, it does not wait for moves that cannot happen (the last
+primaries of a cluster being stopped waited ~6 s each).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -15,9 +22,12 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.db import connections
 
+from brokerd.cluster.controller import ClusterController
 from clusterapi import cluster, consumers, ingest
 from clusterapi.ingest import LinkProtocolError, LinkState
 from clusterapi.models import Alarm, AuditEntry, Broker, BrokerEvent
+from tests.unit.test_cluster_controller import CONFIG, link_from, make
+from tests.unit.test_cluster_controller import status as peer_status
 
 NAME = "10.0.0.1:5701"
 TOKEN = "s3cret-broker-token"
@@ -238,3 +248,104 @@ def test_events_in_the_api(viewer: Any) -> None:
     ]
     assert client.get("/api/v1/events/?level=warning").json()["count"] == 0
     assert client.get("/api/v1/events/?level=loud").status_code == 400
+
+
+# -- the stopping broker's hand-over (brokerd) ---------------------------------------------
+
+
+def stopping_follower(*, s3: dict[str, Any] | None = None) -> ClusterController:
+    """s2 of three known primaries, following root s1 with s3 (``s3``: its status,
+    None: never heard), and stepping down as a planned stop does first."""
+    ctl, _clock = make("s2", 2.0)
+    link_from(ctl, 11, "s1", 1.0)
+    peer_status(ctl, 11, "s1", 1.0, vote="s1", is_root=True)
+    if s3 is not None:
+        link_from(ctl, 13, "s3", 3.0)
+        peer_status(ctl, 13, "s3", 3.0, **{"vote": "s1", **s3})
+    ctl.step_down()
+    return ctl
+
+
+def owning(ctl: ClusterController, monkeypatch: pytest.MonkeyPatch, *names: str) -> list[str]:
+    """``ctl`` owns replicated queues ``names``; returns the list the moves asked for
+    get appended to (none are ordered: no root answers in these tests)."""
+    asked: list[str] = []
+    queues = [type("Q", (), {"name": n, "local": True, "moving": None}) for n in names]
+    monkeypatch.setattr(ctl.plane, "owned_replicated", lambda: queues)
+
+    def evacuate(_refused: Any) -> list[dict[str, str]]:
+        asked.extend(names)
+        return []
+
+    monkeypatch.setattr(ctl.moves, "evacuate", evacuate)
+    return asked
+
+
+def test_a_healthy_cluster_hands_the_queues_over() -> None:
+    ctl = stopping_follower(s3={})
+    assert ctl.current_root == "s1" and ctl.stopping
+    assert ctl.why_queues_stay() is None  # s1 and s3 keep a quorum of 3
+
+
+@pytest.mark.parametrize(
+    ("s3", "why"),
+    [
+        (None, "no quorum (1 of 3 known primaries stay)"),  # gone before: Ctrl-C's order
+        ({"stopping": True, "vote": None}, "no quorum (1 of 3 known primaries stay)"),
+    ],
+)
+def test_no_quorum_once_this_server_abstains(s3: dict[str, Any] | None, why: str) -> None:
+    # the root still says it is root (its last status), but it cannot order anything
+    ctl = stopping_follower(s3=s3)
+    assert ctl.current_root == "s1"
+    assert ctl.why_queues_stay() == why
+
+
+def test_no_root_and_no_taker() -> None:
+    ctl, _ = make("s2", 2.0)
+    ctl.step_down()
+    assert ctl.why_queues_stay() == "no root"
+    # a quorum and a root, but every other primary is fenced: nowhere to go
+    ctl = stopping_follower(s3={})
+    ctl.plane.is_fenced = lambda spid: True  # type: ignore[method-assign]
+    assert ctl.why_queues_stay() == "no other live primary to take them"
+
+
+async def test_without_quorum_the_stop_does_not_wait(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    ctl = stopping_follower(s3=None)
+    asked = owning(ctl, monkeypatch, "orders")
+    with caplog.at_level("WARNING", "brokerd.cluster"):
+        await asyncio.wait_for(ctl.move_queues_away(), 1)
+    assert asked == []  # no move asked of a root that cannot order it
+    assert (
+        "stopping: no quorum (1 of 3 known primaries stay), 1 queue stays here "
+        "(its copies elsewhere, or its journal, keep it)"
+    ) in caplog.text
+    assert "moved to other primaries" not in caplog.text
+
+    healthy = stopping_follower(s3={})
+    asked = owning(healthy, monkeypatch, "orders", "invoices")
+    await asyncio.wait_for(healthy.move_queues_away(), 1)
+    assert asked == ["orders", "invoices"]  # the planned hand-over, as before
+
+
+async def test_a_hand_over_under_way_ends_once_quorum_goes(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    ctl = stopping_follower(s3={})
+    owning(ctl, monkeypatch, "orders")
+    queue = type("Q", (), {"name": "orders", "local": True, "moving": "s3", "epoch": 4})()
+    monkeypatch.setattr(ctl.moves, "evacuate", lambda _refused: [{"queue": "orders"}])
+    monkeypatch.setattr(ctl.plane, "shared_queue", lambda name: queue)
+    with caplog.at_level("WARNING", "brokerd.cluster"):
+        # the fake clock stands still: only the lost quorum can end the wait
+        stop = asyncio.create_task(ctl.move_queues_away(limit=CONFIG.heartbeat_timeout))
+        await asyncio.sleep(0.05)
+        assert not stop.done()  # waiting for the move, as in a healthy cluster
+        peer_status(ctl, 13, "s3", 3.0, vote=None, stopping=True)  # s3 stops too
+        await asyncio.wait_for(stop, 1)
+    assert "stopping: 0 of 1 queues moved to other primaries" in caplog.text
+    assert "still under way: orders" in caplog.text
+    assert "stopping: no quorum (1 of 3 known primaries stay), 1 queue stays here" in caplog.text

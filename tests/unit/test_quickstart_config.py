@@ -186,3 +186,43 @@ def test_rookery_tls_rewrites_the_cluster_file_with_tls_links(tmp_path: Path) ->
     # back to plain: the [tls] table goes
     qs.ensure_cluster_file(plain, out)
     assert "tls" not in tomllib.loads(plain.cluster_file.read_text())
+
+
+def test_only_the_brokers_stay_stopped_after_a_clean_exit(tmp_path: Path) -> None:
+    """Brokers exit 0 after SIGTERM (a planned stop, to decommission); the console,
+    Celery and Redis are restarted after any exit (operators restart them that way)."""
+    c = config(tmp_path, REDIS_URL="redis://127.0.0.1:1/0")
+    services = qs.build_services(c, {"CONSOLE_BROKER_TOKEN": "t"})
+    kept = {s.name: s.keep_stopped for s in services}
+    assert kept == {
+        "console": False,
+        "primary1": True,
+        "primary2": True,
+        "primary3": True,
+        "secondary": True,
+        "worker": False,
+        "beat": False,
+    }
+
+
+def test_the_ctl_command_reaches_this_runs_data_dir(tmp_path: Path) -> None:
+    c = config(tmp_path)
+    assert c.control_socket == tmp_path / "quickstart.sock"
+    command = c.ctl_command()
+    assert command.startswith(f"DATA_DIR={tmp_path} ") and command.endswith(
+        " deploy/quickstart.py ctl"
+    )
+    default = qs.QuickstartConfig.from_env({})
+    assert default.ctl_command().endswith(" deploy/quickstart.py ctl")
+    assert not default.ctl_command().startswith("DATA_DIR=")
+    assert f"One service: {command} status | stop NAME" in qs.summary(c, "in a file")
+
+
+def test_ctl_without_a_running_quickstart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("DATA_DIR", str(tmp_path))
+    assert qs.ctl(["status"]) == 2
+    assert f"no running `make run` with DATA_DIR={tmp_path}" in capsys.readouterr().err
+    assert qs.ctl(["stop"]) == 2 and qs.ctl(["halt", "primary1"]) == 2
+    assert "ctl status | stop NAME | start NAME | restart NAME" in capsys.readouterr().err
