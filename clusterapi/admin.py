@@ -8,12 +8,13 @@ and deliver. Alarms can be browsed; they clear themselves.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
 
-from clusterapi import models
+from clusterapi import models, passwords
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -198,6 +199,12 @@ class ConfigVersionAdmin(ReadOnlyAdmin):
     list_display = ("number", "checksum", "comment", "created_by", "created_at")
     search_fields = ("comment", "checksum")
     inlines = (ConfigApplicationInline,)
+    exclude = ("document",)
+    readonly_fields = ("shown_document",)
+
+    @admin.display(description="document (users' password hashes are write-only)")
+    def shown_document(self, version: models.ConfigVersion) -> str:
+        return json.dumps(passwords.hidden(version.document), indent=2, sort_keys=True)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -226,6 +233,12 @@ class CommandAdmin(SampleAdmin):
     search_fields = ("id", "error")
     date_hierarchy = "created_at"
     list_select_related = ("broker", "created_by")
+    exclude = ("args",)
+    readonly_fields = ("shown_args",)
+
+    @admin.display(description="args (a configuration's password hashes are write-only)")
+    def shown_args(self, command: models.Command) -> str:
+        return json.dumps(passwords.hidden_args(command.name, command.args), indent=2)
 
 
 @admin.register(models.AuditEntry)

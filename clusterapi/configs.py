@@ -29,7 +29,7 @@ from brokerd.configdoc import (
     document_checksum,
     validate_document,
 )
-from clusterapi import alarms, audit, commands, convergence
+from clusterapi import alarms, audit, commands, convergence, passwords
 from clusterapi.cluster import notify_dashboard
 from clusterapi.errors import Conflict, InvalidDocument, InvalidRequest
 from clusterapi.models import Broker, Command, ConfigApplication, ConfigVersion
@@ -53,7 +53,12 @@ class Saved:
 
 
 def validate(document: Any) -> tuple[dict[str, Any], str]:
-    """The normalised document and its checksum, or InvalidDocument naming the bad key."""
+    """The normalised document and its checksum, or InvalidDocument naming the bad key.
+
+    A user given without a password hash keeps the current version's for that name:
+    hashes are write-only (``clusterapi.passwords``), so documents come back without."""
+    latest = current()
+    document = passwords.kept(document, latest.document if latest is not None else None)
     try:
         normalised = validate_document(document)
     except ConfigDocumentError as exc:

@@ -13,7 +13,9 @@ production nginx serves the collected files). Websockets split in two:
 
 Around it all: with DEBUG on, only loopback clients are served
 (``console.loopback``), and a Content-Type Django cannot parse is a 400
-(``console.bodylimits``), not the 500 its request constructor would cause.
+(``console.bodylimits``), not the 500 its request constructor would cause, and a
+query string over the limits is a 400 before anything parses it
+(``console.querylimits``; Daphne's own line limits: ``console.daphnelimits``).
 From its first call on, the process beats (``clusterapi.presence``).
 """
 
@@ -36,9 +38,11 @@ from django.urls import re_path  # noqa: E402
 
 from clusterapi.consumers import BrokerLinkConsumer, refuse_websocket  # noqa: E402
 from clusterapi.presence import start_beating  # noqa: E402
+from console import daphnelimits  # noqa: E402
 from console.bodylimits import RefuseUnreadableContentType  # noqa: E402
 from console.dashboard import routing as dashboard_routing  # noqa: E402
 from console.loopback import LoopbackOnlyDebugApp  # noqa: E402
+from console.querylimits import RefuseHostileQuery  # noqa: E402
 
 BROKER_LINK_PATHS = frozenset({"/ws/brokers/", "/ws/brokers"})
 
@@ -61,9 +65,13 @@ async def websocket_router(scope: dict[str, Any], receive: Any, send: Any) -> No
 
 http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.DEBUG else django_asgi_app
 
+daphnelimits.install()  # an over-long request line or header is answered (414/431)
+
 routed = LoopbackOnlyDebugApp(
-    RefuseUnreadableContentType(
-        ProtocolTypeRouter({"http": http_app, "websocket": websocket_router})
+    RefuseHostileQuery(
+        RefuseUnreadableContentType(
+            ProtocolTypeRouter({"http": http_app, "websocket": websocket_router})
+        )
     )
 )
 

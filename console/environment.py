@@ -145,14 +145,20 @@ def _sqlite(url: str, netloc: str, path: str, base_dir: Path) -> dict[str, Any]:
 
 
 def ensure_sqlite_directory(database: Mapping[str, Any]) -> None:
-    """Create the directory of a SQLite database file (a fresh checkout has no ``var/``).
+    """Create the directory of a SQLite database file (a fresh checkout has no ``var/``),
+    0700, and the file itself, 0600, before SQLite does.
 
-    SQLite creates the file but not its directory. Failure is left for the
-    database layer to report with its own message.
+    The database holds the console's password hashes, API tokens and configuration
+    documents: SQLite would create it with the process's umask (0644 by default),
+    and its ``-wal`` and ``-shm`` files take the database file's mode, so creating
+    it private keeps all three private from the first write. A file that exists is
+    left as it is. Failure is left for the database layer to report.
     """
     if database["ENGINE"].endswith("sqlite3") and str(database["NAME"]) != ":memory:":
+        path = Path(database["NAME"])
         with contextlib.suppress(OSError):
-            Path(database["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 def _postgres(url: str, parts: Any) -> dict[str, Any]:

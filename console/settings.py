@@ -18,6 +18,10 @@ Environment (see ``deploy/README.md`` and ``deploy/console.env.example``):
 ``MAX_REQUEST_BODY_BYTES`` the largest request body accepted, forms and JSON alike
                        (also Django's ``DATA_UPLOAD_MAX_MEMORY_SIZE``); larger is
                        refused with a 400 before it is read. Default 1048576 (1 MiB).
+``MAX_QUERY_STRING_BYTES`` the longest query string accepted; longer, or with more
+                       than 1000 fields, is a 400 before it is parsed. Default 8192.
+                       (Daphne answers a request line or header over 16 KB with
+                       414/431, all headers over 16 KB with 400.)
 ``MAX_JSON_DEPTH``     how deeply a JSON body (API) or document (configuration
                        editor) may nest arrays and objects; deeper is refused with a
                        400 before parsing. Default 32 (a configuration request
@@ -285,6 +289,10 @@ if MAX_REQUEST_BODY_BYTES < 1 or MAX_JSON_DEPTH < 1:
     raise SettingError("MAX_REQUEST_BODY_BYTES and MAX_JSON_DEPTH must be at least 1")
 # Django's own check when a form body is read, and for bodies without a length
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BODY_BYTES
+# a query string is refused (400) past this many bytes, or past
+# DATA_UPLOAD_MAX_NUMBER_FIELDS (Django's 1000) fields, before it is parsed
+# (console/querylimits.py); the dashboard's filters need a few hundred bytes
+MAX_QUERY_STRING_BYTES = env_int("MAX_QUERY_STRING_BYTES", 8192)
 
 # -- REST API -----------------------------------------------------------------------------
 

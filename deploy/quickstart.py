@@ -77,6 +77,7 @@ import shutil
 import signal
 import socket
 import ssl
+import stat
 import sys
 import tomllib
 from collections.abc import Callable
@@ -593,11 +594,29 @@ async def supervise(
     return 0
 
 
+def make_private(data_dir: Path) -> None:
+    """DATA_DIR holds the console's database (password hashes, API tokens), its secret
+    key, the broker-link token, the cluster secret, TLS keys and the brokers' stores:
+    from now on every file is created 0600 and every directory 0700 (the umask, which
+    every process started from here inherits), and what an older run left readable
+    by others is made private too."""
+    os.umask(0o077)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for root, dirs, files in os.walk(data_dir):
+        for name, private in [(d, 0o700) for d in dirs] + [(f, 0o600) for f in files]:
+            path = Path(root, name)
+            with contextlib.suppress(OSError):
+                mode = path.lstat().st_mode
+                if not stat.S_ISLNK(mode) and mode & 0o077:
+                    path.chmod(stat.S_IMODE(mode) & private)
+    data_dir.chmod(0o700)
+
+
 def main() -> int:
     output = Output(sys.stdout, PROCESS_NAMES)
     try:
         config = QuickstartConfig.from_env(os.environ)
-        config.data_dir.mkdir(parents=True, exist_ok=True)
+        make_private(config.data_dir)
         check_ports_free(config)
         try:
             check_free(config.control_socket)

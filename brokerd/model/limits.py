@@ -15,11 +15,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from brokerd.model.errors import NOT_ALLOWED, ConnectionError_, precondition_failed
+from brokerd.model.errors import (
+    NOT_ALLOWED,
+    ConnectionError_,
+    access_refused,
+    precondition_failed,
+)
 
 if TYPE_CHECKING:
     from brokerd.model.broker import Broker
     from brokerd.model.vhost import VirtualHost
+
+#: names of the broker's own exchanges and queues (the cluster exchange): no client may
+#: declare, bind (either way), publish to, consume from, purge or delete them
+INTERNAL_PREFIX = "amq.rookery."
+
+
+def check_not_internal(resource_type: str, name: str) -> None:
+    """403 for a client naming one of the broker's internal exchanges or queues."""
+    if name.startswith(INTERNAL_PREFIX):
+        raise access_refused(
+            f"{resource_type} '{name}' is internal to the broker ('{INTERNAL_PREFIX}*'): "
+            "clients may not use it"
+        )
+
 
 #: exchanges the broker makes itself (not counted against max_exchanges); the last one
 #: is the cluster's exchange (brokerd.cluster.messages.CLUSTER_EXCHANGE)

@@ -33,6 +33,7 @@ from brokerd.model.errors import (
     ConnectionError_,
     precondition_failed,
 )
+from brokerd.model.limits import check_not_internal
 from brokerd.model.message import LARGE_BODY, Body, body_buffer
 from brokerd.protocol.consuming import Consumer, Consuming
 from brokerd.protocol.publishing import Publishing
@@ -248,6 +249,11 @@ class Channel(Publishing, Consuming, Wiring):
     # -- permissions ----------------------------------------------------------------
 
     def _permit(self, kind: str, resource_type: str, name: str) -> None:
+        """Every exchange or queue a method names passes here (``Wiring``, ``Publishing``,
+        ``Consuming``): the broker's internal ones are refused to every client, whatever
+        its permissions (a cluster link's records never get here), then the user's
+        permissions are checked."""
+        check_not_internal(resource_type, name)
         conn = self.connection
         conn.broker.users.check(conn.user, conn.vhost.name, kind, resource_type, name)
 

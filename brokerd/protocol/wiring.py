@@ -21,6 +21,7 @@ from pamqp import commands
 from pamqp.base import Frame as Method
 
 from brokerd.model.errors import NOT_ALLOWED, AMQPError, ConnectionError_
+from brokerd.model.limits import check_not_internal
 from brokerd.wire import codec
 
 if TYPE_CHECKING:
@@ -97,6 +98,7 @@ class Wiring:
 
     def _on_exchange_declare(self, m: commands.Exchange.Declare) -> None:
         vhost = self.connection.vhost
+        check_not_internal("exchange", m.exchange)  # a passive declare checks no permission
         if not m.passive:
             self._permit("configure", "exchange", m.exchange)
             if m.exchange not in vhost.exchanges and not _reserved(m.exchange):
@@ -154,6 +156,7 @@ class Wiring:
         conn = self.connection
         vhost = conn.vhost
         if m.passive:
+            check_not_internal("queue", m.queue)  # a passive declare checks no permission
             queue, _ = vhost.declare_queue(m.queue, connection_id=conn.id, passive=True)
             self.last_queue = queue.name
 

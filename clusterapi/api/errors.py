@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import SuspiciousOperation
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -60,6 +61,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = exceptions.ValidationError({"detail": exc.message})
     elif isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError({"detail": "; ".join(exc.messages)})
+    elif isinstance(exc, SuspiciousOperation):
+        # too many fields, a malformed multipart body...: Django's answer is a 400 too
+        exc = exceptions.ParseError(str(exc) or "bad request")
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

@@ -9,7 +9,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.authtoken.serializers import AuthTokenSerializer
 
-from clusterapi import configs, convergence
+from clusterapi import configs, convergence, passwords
 from clusterapi.api.schema import ErrorSerializer
 from clusterapi.api.strict import (
     StrictBooleanField,
@@ -190,6 +190,12 @@ class UsernameField(serializers.SlugRelatedField):
 class CommandSerializer(BrokerRowSerializer):
     created_by = UsernameField(allow_null=True)
 
+    def to_representation(self, instance: Command) -> dict[str, Any]:
+        """A ``config.apply``'s document without password hashes (``passwords``)."""
+        data = super().to_representation(instance)
+        data["args"] = passwords.hidden_args(instance.name, data.get("args"))
+        return data
+
     class Meta:
         model = Command
         fields = [
@@ -288,8 +294,21 @@ class UnsetKeySerializer(serializers.Serializer):
     default = serializers.CharField(help_text="what the key's absence means on the brokers")
 
 
+class DocumentField(serializers.JSONField):
+    """A configuration document as readers get it: users without password hashes, which
+    are write-only (a user sent back without one keeps it: ``clusterapi.passwords``)."""
+
+    def to_representation(self, value: Any) -> Any:
+        return super().to_representation(passwords.hidden(value))
+
+
 class ConfigVersionSerializer(serializers.ModelSerializer):
     created_by = UsernameField(allow_null=True)
+    document = DocumentField(
+        read_only=True,
+        help_text="the complete document (docs/protocol.md); users' password hashes are "
+        "write-only and left out",
+    )
     current = serializers.SerializerMethodField(help_text="the version brokers should run")
     unset = serializers.SerializerMethodField(
         help_text="keys the document leaves out, each with the default that then applies"

@@ -272,9 +272,7 @@ def test_wiring_through_a_server_that_has_not_heard_of_an_auto_delete_yet(
         try:
             for tag in tags:
                 ch.basic_cancel(tag)  # the owner drops both; the root hears nothing yet
-            stale = [
-                q["name"] for q in servers.cluster.ctl(servers.s, "queues")["queues"]
-            ]
+            stale = [q["name"] for q in servers.cluster.ctl(servers.s, "queues")["queues"]]
             assert queue in stale and again in stale, "the secondary still proxies them"
             threading.Timer(0.8, servers.cluster.resume, (servers.root,)).start()
             ok = ch.queue_declare(again, auto_delete=True, arguments=CLASSIC)
@@ -290,3 +288,59 @@ def test_wiring_through_a_server_that_has_not_heard_of_an_auto_delete_yet(
         ch.basic_publish("", again, b"still here")  # raises if nacked or unroutable
         assert ch.queue_declare(again, passive=True).method.message_count == 1
         ch.queue_delete(again)
+
+
+def test_no_client_may_use_the_clusters_internal_names(servers: Servers) -> None:
+    """Issue 46: ``exchange.bind(destination="amq.rookery.cluster", source=X)`` was
+    accepted and replicated, and every publish to X then closed its channel with 403.
+    Every method that names an exchange or queue refuses ``amq.rookery.*`` with 403,
+    binds in either direction included, through any server, and X stays usable."""
+    source = uid("x-src")
+    cluster = "amq.rookery.cluster"
+    queue = uid("q-plain")
+    internal_queue = "amq.rookery.q"
+    with servers.connect(servers.a) as conn:
+        ch = conn.channel()
+        ch.exchange_declare(source, "fanout")
+        ch.queue_declare(queue)
+        ch.queue_bind(queue, source)
+    attempts: dict[str, Any] = {
+        "exchange.declare": lambda ch: ch.exchange_declare(cluster, "fanout"),
+        "exchange.declare (another name)": lambda ch: ch.exchange_declare(
+            "amq.rookery.mine", "fanout"
+        ),
+        "exchange.declare passive": lambda ch: ch.exchange_declare(cluster, passive=True),
+        "exchange.delete": lambda ch: ch.exchange_delete(cluster),
+        "exchange.bind into it": lambda ch: ch.exchange_bind(cluster, source, "k"),
+        "exchange.bind out of it": lambda ch: ch.exchange_bind(source, cluster, "k"),
+        "exchange.unbind into it": lambda ch: ch.exchange_unbind(cluster, source, "k"),
+        "exchange.unbind out of it": lambda ch: ch.exchange_unbind(source, cluster, "k"),
+        "queue.bind to it": lambda ch: ch.queue_bind(queue, cluster, "k"),
+        "queue.unbind from it": lambda ch: ch.queue_unbind(queue, cluster, "k"),
+        "queue.declare": lambda ch: ch.queue_declare(internal_queue),
+        "queue.declare passive": lambda ch: ch.queue_declare(internal_queue, passive=True),
+        "queue.bind": lambda ch: ch.queue_bind(internal_queue, source),
+        "queue.purge": lambda ch: ch.queue_purge(internal_queue),
+        "queue.delete": lambda ch: ch.queue_delete(internal_queue),
+        "basic.get": lambda ch: ch.basic_get(internal_queue),
+        "basic.consume": lambda ch: ch.basic_consume(internal_queue, lambda *a: None),
+        "basic.publish": lambda ch: (ch.confirm_delivery(), ch.basic_publish(cluster, "k", b"x")),
+    }
+    answers = {}
+    for index in (servers.a, servers.s):  # a primary and the secondary
+        with servers.connect(index) as conn:
+            for what, attempt in attempts.items():
+                ch = conn.channel()
+                try:
+                    attempt(ch)
+                    answers[(index, what)] = "accepted"
+                except ChannelClosedByBroker as exc:
+                    answers[(index, what)] = exc.reply_code
+                    assert "internal to the broker" in exc.reply_text, (what, exc.reply_text)
+    assert {k: v for k, v in answers.items() if v != 403} == {}
+    for index in (servers.root, servers.a, servers.b, servers.s):
+        with servers.connect(index) as conn:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            ch.basic_publish(source, "", b"still fine")  # raises if its channel is closed
+    eventually(lambda: servers.depth(servers.a, queue) == (4, 0), 10, "4 in the queue")

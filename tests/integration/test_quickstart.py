@@ -13,6 +13,7 @@ import contextlib
 import json
 import signal
 import ssl
+import stat
 import subprocess
 import sys
 import threading
@@ -227,6 +228,21 @@ def amqp_answers(port: int) -> None:
 
 
 @pytest.mark.timeout(300)
+def readable_by_others(data_dir: Path) -> list[str]:
+    """Files and directories under DATA_DIR that anyone but their owner may read,
+    write or enter (issue 46: the database, its journal files, tokens, keys and
+    certificates are 0600 in 0700 directories; make run creates everything so)."""
+    found = []
+    for path in [data_dir, *data_dir.rglob("*")]:
+        try:
+            mode = path.lstat().st_mode
+        except FileNotFoundError:
+            continue  # a temporary file gone meanwhile
+        if not stat.S_ISLNK(mode) and not stat.S_ISSOCK(mode) and mode & 0o077:
+            found.append(f"{path.relative_to(data_dir.parent)} {stat.S_IMODE(mode):o}")
+    return found
+
+
 def test_quickstart_runs_everything_and_stops_cleanly(tmp_path: Path) -> None:
     data_dir = tmp_path / "var"
     console_port = free_port()
@@ -241,6 +257,9 @@ def test_quickstart_runs_everything_and_stops_cleanly(tmp_path: Path) -> None:
         assert password_file.stat().st_mode & 0o777 == 0o600
         assert password in qs.output  # printed once, at this first run
         assert (data_dir / "console-broker-token").stat().st_mode & 0o777 == 0o600
+        for secret in ("console.sqlite3", "console.sqlite3-wal", "secret_key", "cluster.toml"):
+            assert (data_dir / secret).stat().st_mode & 0o777 == 0o600, secret
+        assert readable_by_others(data_dir) == []
 
         status, body = qs.http("/healthz")
         assert (status, json.loads(body)) == (200, {"status": "ok"})
@@ -352,6 +371,7 @@ def test_quickstart_over_tls(tmp_path: Path) -> None:
         qs.wait_running()
         tls_dir = data_dir / "tls"
         assert (tls_dir / "server.key").stat().st_mode & 0o777 == 0o600
+        assert readable_by_others(data_dir) == []
         assert f"trust {tls_dir / 'ca.pem'}" in qs.output
         status, body = qs.http("/healthz")
         assert (status, json.loads(body)) == (200, {"status": "ok"})
