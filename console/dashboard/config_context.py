@@ -17,13 +17,15 @@ from typing import Any
 
 from django.http import QueryDict
 
-from clusterapi import configs, convergence
+from clusterapi import configs, convergence, passwords
 from clusterapi.models import Broker, ConfigVersion
 
 
 def pretty(document: Any) -> str:
-    """A document as the editor shows it and diffs compare it (sorted keys, 2 spaces)."""
-    return json.dumps(document, indent=2, sort_keys=True)
+    """A document as the editor shows it and diffs compare it (sorted keys, 2 spaces),
+    without users' password hashes: they are write-only (``clusterapi.passwords``; a
+    user saved back without one keeps it)."""
+    return json.dumps(passwords.hidden(document), indent=2, sort_keys=True)
 
 
 def diff(current: Any, proposed: Any, current_label: str, proposed_label: str = "edited"):

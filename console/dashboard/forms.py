@@ -24,7 +24,9 @@ class ConfigForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 18, "spellcheck": "false", "class": "code"}),
         help_text="The complete cluster configuration document (JSON). A key left out "
         "means each broker's own setting (listed below with its default), not what an "
-        "earlier version set.",
+        "earlier version set. Users' password hashes are not shown: a user without "
+        "'password_hash' keeps the one it has; give one (brokerd hash-password) to set "
+        "or change it.",
         strip=False,
     )
     comment = forms.CharField(max_length=COMMENT_MAX, required=False)

@@ -18,50 +18,16 @@ import re
 import socket
 import time
 from collections import Counter
-from collections.abc import Iterator
 
 import pytest
 import requests
-from django.urls import URLPattern, URLResolver, get_resolver
 
 from tests.console_stack import OPERATOR, ConsoleStack, console_stack  # noqa: F401
+from tests.support.urls import every_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 ANSWER_WITHIN = 1.0
-#: sample values for the URL patterns' arguments
-SAMPLES = {"int": "1", "str": "x", "path": "1", "slug": "x", "uuid": "0" * 32}
-#: ``(?P<name>regex)`` groups: a value their regex accepts
-GROUP_SAMPLES = [
-    (re.compile(r"\(\?P<\w+>auth\|[^)]*\)"), "auth"),
-    (re.compile(r"\(\?P<\w+>\[0-9a-fA-F-\]\{32,36\}\)"), "0" * 32),
-    (re.compile(r"\(\?P<\w+>(\\d\+|\[0-9\]\+)\)"), "1"),
-    (re.compile(r"\(\?P<\w+>[^)]*\)"), "x"),
-]
-
-
-def _walk(patterns: list, prefix: str = "") -> Iterator[str]:
-    for pattern in patterns:
-        if isinstance(pattern, URLResolver):
-            yield from _walk(pattern.url_patterns, prefix + str(pattern.pattern))
-        elif isinstance(pattern, URLPattern):
-            yield prefix + str(pattern.pattern)
-
-
-def concrete(pattern: str) -> str:
-    """A path one pattern matches, with sample arguments."""
-    path = pattern
-    for group, value in GROUP_SAMPLES:
-        path = group.sub(value, path)
-    path = re.sub(r"<(?:(\w+):)?\w+>", lambda m: SAMPLES.get(m.group(1) or "str", "x"), path)
-    path = path.replace("^", "").replace("$", "").replace("\\.", ".")
-    return "/" + path
-
-
-def every_path() -> list[str]:
-    paths = sorted({concrete(p) for p in _walk(get_resolver().url_patterns)})
-    assert not [p for p in paths if "(" in p or "<" in p], paths  # every pattern filled in
-    return [*paths, "/ws/dashboard/", "/ws/brokers/"]
 
 
 class Visitor:
@@ -148,7 +114,7 @@ def test_no_hostile_request_gets_a_5xx_a_silent_close_or_a_hang(
     console_stack: ConsoleStack,  # noqa: F811
     visitors: dict[str, Visitor],
 ) -> None:
-    paths = every_path()
+    paths = [*every_path(), "/ws/dashboard/", "/ws/brokers/"]
     assert "/api/v1/schema/" in paths and "/accounts/login/" in paths and len(paths) > 100
     bad: list[str] = []
     for who, visitor in visitors.items():
