@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,8 +60,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _addresses(status: dict[str, Any]) -> dict[str, str]:
+    """``host:port`` by spid: this server's and its peers' (as the status names them)."""
+    known = {
+        str(p["spid"]): str(p["address"])
+        for p in status.get("peers") or []
+        if p.get("spid") and p.get("address")
+    }
+    if status.get("spid") and status.get("address"):
+        known[str(status["spid"])] = str(status["address"])
+    return known
+
+
+def _named(spid: Any, addresses: dict[str, str]) -> str:
+    """A server as operators name it: its spid and, when known, where it listens."""
+    return _with_address(spid, addresses.get(str(spid))) or "-"
+
+
+def _candidacy(status: dict[str, Any]) -> str:
+    """``root_enabled`` in words: whether this server may be elected root."""
+    if status.get("type") == "standalone":
+        return "- (not clustered)"
+    if status.get("type") == "secondary":
+        return "never root (a secondary)"
+    if status.get("root_enabled"):
+        return "root candidacy enabled"
+    return "root candidacy disabled: never elected root ('brokerd ctl root enable' allows it)"
+
+
+def _link_rows(status: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The per-peer link rows, one per server: a peer that restarted keeps one row,
+    under its new spid (its old spids, ``replaces`` of its peer row, have none)."""
+    retired = {
+        str(spid) for peer in status.get("peers") or [] for spid in peer.get("replaces") or []
+    }
+    lanes = status.get("lanes") or {}
+    return [(spid, lane) for spid, lane in sorted(lanes.items()) if spid not in retired]
+
+
 def _print_status(status: dict[str, Any]) -> None:
-    print(f"spid       {status.get('spid')}")
+    addresses = _addresses(status)
+    print(f"spid       {_named(status.get('spid'), addresses)}")
     print(f"type       {status.get('type')}")
     if status.get("is_root"):
         mine = " (this server)"
@@ -67,17 +108,23 @@ def _print_status(status: dict[str, Any]) -> None:
         mine = " (this server, suspended: waiting for its followers' echoes)"
     else:
         mine = ""
-    print(f"root       {status.get('root') or '-'}{mine}")
+    print(f"root       {_named(status.get('root'), addresses)}{mine}")
     print(f"ready      {status.get('ready')}")
     if status.get("detached"):
-        print(f"detached   cannot reach root {status['detached']}: clients sent elsewhere")
-    print(f"root ok    {status.get('root_enabled')}")
+        print(
+            f"detached   cannot reach root {_named(status['detached'], addresses)}: "
+            "clients sent elsewhere"
+        )
+    print(f"candidacy  {_candidacy(status)}")
     print(f"checksum   {status.get('checksum') or '-'}")
     for peer in status.get("peers", []):
         state = "active" if peer.get("active") else "inactive"
         replaces = peer.get("replaces") or []
         restarted = f" (restarted; was {', '.join(replaces)})" if replaces else ""
-        print(f"peer       {peer.get('spid')} {peer.get('type')} {state}{restarted}")
+        print(
+            f"peer       {_named(peer.get('spid'), addresses)} {peer.get('type')} "
+            f"{state}{restarted}"
+        )
     resources = status.get("resources")
     if resources:
         memory, disk = resources["memory"], resources["disk"]
@@ -117,10 +164,11 @@ def _print_status(status: dict[str, Any]) -> None:
     flow = (status.get("flow") or {}).get("causes") or {}
     for cause, held in flow.items():
         print(f"flow       {cause}: {held.get('paused')} connections paused ({held.get('reason')})")
-    for spid, lane in sorted((status.get("lanes") or {}).items()):
+    for spid, lane in _link_rows(status):
         lag_text = "" if lane.get("replica_lag") is None else f", replica lag {lane['replica_lag']}"
         print(
-            f"link       {spid} {lane.get('state')}: {lane.get('backlog', 0)} bytes queued, "
+            f"link       {_named(spid, addresses)} {lane.get('state')}: "
+            f"{lane.get('backlog', 0)} bytes queued, "
             f"{lane.get('unsettled', 0)} unsettled{lag_text}"
         )
     for alarm in status.get("alarms", []):
@@ -143,21 +191,29 @@ def _print_queues(result: dict[str, Any]) -> None:
     quorum queue kept by some primaries only names them (``group``, addresses)."""
     me = result.get("spid")
     print(
-        f"{'vhost':<10} {'queue':<32} {'type':<10} {'role':<6} {'owner':<28} ready consumers "
+        f"{'vhost':<10} {'queue':<32} {'type':<10} {'role':<6} {'owner':<42} ready consumers "
         "replicas"
     )
     for q in result.get("queues", []):
-        owner = q.get("owner") or "- (away)"
-        if owner == me:
+        owner = _with_address(q.get("owner"), q.get("owner_address")) or "- (away)"
+        if q.get("owner") and q.get("owner") == me:
             owner += " (here)"
         if q.get("moving"):
-            owner += f" -> {q['moving']}"
+            owner += f" -> {_with_address(q['moving'], q.get('moving_address'))}"
         ready = "-" if q.get("messages") is None else str(q["messages"])
         print(
-            f"{q['vhost']:<10} {q['name']:<32} {q['type']:<10} {q['role']:<6} {owner:<28} "
+            f"{q['vhost']:<10} {q['name']:<32} {q['type']:<10} {q['role']:<6} {owner:<42} "
             f"{ready:>5} {q['consumers']:>9} {_replica_text(q.get('replicas'))}"
             + (f" group {', '.join(q['group'])}" if q.get("group") else "")
         )
+
+
+def _with_address(spid: Any, address: Any) -> str:
+    """``spid (host:port)``, or the spid alone where the broker does not know where it
+    listens (a standalone broker's own queues); "" for no server."""
+    if not spid:
+        return ""
+    return f"{spid} ({address})" if address else str(spid)
 
 
 def _replica_text(replicas: list[dict[str, Any]] | None) -> str:
@@ -171,6 +227,27 @@ def _replica_text(replicas: list[dict[str, Any]] | None) -> str:
 
 
 def main(argv: list[str]) -> int:
+    """Run one ctl command. A reader that goes away early (``brokerd ctl status | head``)
+    ends it quietly, as it ends other Unix tools: no traceback, exit status 141 (as a
+    shell reports a tool killed by SIGPIPE)."""
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()  # inside the try: the last block may be what finds the pipe shut
+    except BrokenPipeError:
+        # Python would flush stdout again at exit and complain: point it at /dev/null
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+#: the exit status of a ``brokerd ctl`` whose output nobody reads any more (128 + SIGPIPE)
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
+
+
+def _run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     extra: list[str] = []
     timeout = 10.0

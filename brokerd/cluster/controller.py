@@ -35,7 +35,7 @@ from brokerd.cluster.election import PRIMARY
 from brokerd.cluster.membership import Membership
 from brokerd.cluster.messages import CLUSTER_EXCHANGE
 from brokerd.cluster.moving import MOVE_TIMEOUT, QueueMoves
-from brokerd.cluster.operations import OperatorCommands
+from brokerd.cluster.operations import OperatorCommands, servers
 from brokerd.cluster.placing import Placer
 from brokerd.cluster.plane.forwarding import DATA, MessagePlane
 from brokerd.cluster.plane.pacing import OVERRUN
@@ -480,11 +480,12 @@ class ClusterController(Membership):
 
     def lanes_status(self) -> dict[str, dict[str, Any]]:
         """Per peer: its link's lanes (backlog bytes), unsettled forwards to it and,
-        on the root, how far behind it is as a replica."""
+        on the root, how far behind it is as a replica. One row per server, as the
+        other views (``operations.servers``): a restarted peer's old spid has none."""
         replicas = self.plane.replicas.replicas
         seq = self.plane.replicas.seq
         out: dict[str, dict[str, Any]] = {}
-        for peer in self.peers.values():
+        for peer in servers(self)[0]:
             link = self.link_to(peer.spid)
             outbound = self.plane.outbound.get(peer.spid)
             replica = replicas.get(peer.spid)

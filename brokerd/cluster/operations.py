@@ -203,3 +203,22 @@ def servers(members: Membership) -> tuple[list[Peer], dict[str, list[str]]]:
             replaced[newest.spid] = [p.spid for p in runs[:-1]]
     current.sort(key=lambda p: p.spid)
     return current, replaced
+
+
+def retired_spids(members: Membership) -> set[str]:
+    """The spids :func:`servers` retires (earlier runs of servers seen again under a new
+    spid at the same address): views that list something per peer (the link rows of
+    ``ctl status`` and of the dump) leave them out, as the peer rows do."""
+    _current, replaced = servers(members)
+    return {spid for runs in replaced.values() for spid in runs}
+
+
+def address_of(members: Membership, spid: str) -> str | None:
+    """Where the server ``spid`` listens (``host:port``): this server, a peer, or an
+    earlier run of one (where it was); None for a spid this server never linked to."""
+    if spid == members.spid:
+        return members.address or None
+    peer = members.peers.get(spid)
+    if peer is None:
+        return None
+    return peer.address or min(peer.aliases, default="") or None

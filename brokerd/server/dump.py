@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from brokerd.cluster.operations import address_of, retired_spids
 from brokerd.model.queuetypes import reported_type
 from brokerd.server.host import ServerState
 from brokerd.server.resources import format_bytes
@@ -94,7 +95,10 @@ def full(server: DumpHost) -> str:
                 or "off"
             )
         )
+        retired = retired_spids(cluster)  # a restarted peer's old spid: no row of its own
         for spid, lane in sorted(cluster.lanes_status().items()):
+            if spid in retired:
+                continue
             lines.append(
                 f"  link {spid} state={lane['state']} backlog={lane.get('backlog', 0)} "
                 f"control_backlog={lane.get('control_backlog', 0)} "
@@ -195,28 +199,39 @@ def queue_table(server: ServerState) -> list[dict[str, Any]]:
     on a shared master, the servers holding a copy, each in sync or not ([] for a
     classic queue); null elsewhere (a proxy does not know, a local queue has none).
     ``moving``: the primary a move is handing the queue to (null: none under way).
+    ``owner_address``, ``moving_address``: where those servers listen (``host:port``;
+    null when this server does not know, as on a standalone broker).
     ``group``: the addresses of the primaries keeping a quorum queue's copies, when
     its ``x-quorum-initial-group-size`` leaves some out (null: every primary, or
     none for a classic queue)."""
     rows = []
+    cluster = getattr(server, "cluster", None)  # (a test's stand-in may have none)
+
+    def where(spid: str | None) -> str | None:
+        return None if cluster is None or spid is None else address_of(cluster, spid)
+
     for vhost in server.broker.vhosts.values():
         for q in vhost.queues.values():
             owner_spid = getattr(q, "owner_spid", None)
             local = bool(getattr(q, "local", True))
+            owner = owner_spid() if owner_spid is not None else server.spid
+            moving = getattr(q, "moving", None)
             rows.append(
                 {
                     "vhost": vhost.name,
                     "name": q.name,
                     "type": reported_type(q),
                     "shared": owner_spid is not None,
-                    "owner": owner_spid() if owner_spid is not None else server.spid,
+                    "owner": owner,
+                    "owner_address": where(owner),
                     "role": "local" if owner_spid is None else ("master" if local else "proxy"),
                     "durable": q.durable,
                     "exclusive": q.exclusive,
                     "messages": q.message_count if local else None,
                     "consumers": q.consumer_count if local else len(q.consumers),
                     "replicas": replica_states(q),
-                    "moving": getattr(q, "moving", None),
+                    "moving": moving,
+                    "moving_address": where(moving),
                     "group": list(group) if (group := getattr(q, "group", None)) else None,
                 }
             )

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
+from django.db import models
 from django.db.models import Q, QuerySet
 from django_filters import rest_framework as filters
+from django_filters.rest_framework.filterset import FILTER_FOR_DBFIELD_DEFAULTS
+from django_filters.widgets import BooleanWidget
 
 from clusterapi import objects
 from clusterapi.models import (
@@ -23,6 +28,49 @@ from clusterapi.models import (
 from clusterapi.objects import broker_pk
 
 __all__ = ["broker_pk"]  # re-exported: the views look brokers up by id or name with it
+
+
+#: the empty choice of a select filter: it filters nothing, so it means "any", not
+#: django-filter's "Unknown" (yes/no filters) or "---------" (choices)
+ANY = "Any"
+
+
+class AnyBooleanWidget(BooleanWidget):
+    """A yes/no filter's select with "Any" for its empty choice (values as before:
+    ``true``/``false``, ``1``/``0``)."""
+
+    def __init__(self, attrs: dict[str, Any] | None = None) -> None:
+        super().__init__(attrs)
+        self.choices = [("", ANY), ("true", "Yes"), ("false", "No")]
+
+
+class AnyBooleanFilter(filters.BooleanFilter):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("widget", AnyBooleanWidget)
+        super().__init__(*args, **kwargs)
+
+
+class AnyChoiceFilter(filters.ChoiceFilter):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("empty_label", ANY)
+        super().__init__(*args, **kwargs)
+
+
+class FilterSet(filters.FilterSet):
+    """The API's filter sets (and the dashboard's filter forms): a select's empty choice
+    says "Any"."""
+
+    FILTER_DEFAULTS = {
+        **FILTER_FOR_DBFIELD_DEFAULTS,
+        models.BooleanField: {"filter_class": AnyBooleanFilter},
+    }
+
+    @classmethod
+    def filter_for_lookup(cls, field: models.Field, lookup_type: str) -> tuple[type, dict]:
+        filter_class, params = super().filter_for_lookup(field, lookup_type)
+        if filter_class is not None and issubclass(filter_class, filters.ChoiceFilter):
+            params.setdefault("empty_label", ANY)
+        return filter_class, params
 
 
 class BrokerRefFilter(filters.CharFilter):
@@ -59,9 +107,9 @@ def since_until(field: str = "time") -> tuple[filters.IsoDateTimeFilter, filters
     )
 
 
-class BrokerFilter(filters.FilterSet):
-    type = filters.ChoiceFilter(field_name="broker_type", choices=Broker.TYPE_CHOICES)
-    state = filters.ChoiceFilter(choices=Broker.STATE_CHOICES)
+class BrokerFilter(FilterSet):
+    type = AnyChoiceFilter(field_name="broker_type", choices=Broker.TYPE_CHOICES)
+    state = AnyChoiceFilter(choices=Broker.STATE_CHOICES)
     name_contains = filters.CharFilter(field_name="name", lookup_expr="icontains")
 
     class Meta:
@@ -84,7 +132,7 @@ class ConsumersOnFilter(BrokerRefFilter):
         return qs if value in (None, "") else objects.consumers_on(qs, value)
 
 
-class QueueFilter(filters.FilterSet):
+class QueueFilter(FilterSet):
     broker = BrokerRefFilter(
         label="Held by",
         help_text="broker id or name (host:port) holding the queue's messages: a shared "
@@ -114,7 +162,7 @@ class QueueFilter(filters.FilterSet):
         ]
 
 
-class ExchangeFilter(filters.FilterSet):
+class ExchangeFilter(FilterSet):
     broker = ReportedByFilter(
         label="On broker",
         help_text="broker id or name (host:port) that has the exchange: its own, and every "
@@ -127,7 +175,7 @@ class ExchangeFilter(filters.FilterSet):
         fields = ["broker", "vhost", "name", "type", "durable", "internal", "shared"]
 
 
-class BindingFilter(filters.FilterSet):
+class BindingFilter(FilterSet):
     broker = ReportedByFilter(
         label="On broker",
         help_text="broker id or name (host:port) that has the binding: its private queues' "
@@ -147,7 +195,7 @@ class BindingFilter(filters.FilterSet):
         ]
 
 
-class HeartbeatFilter(filters.FilterSet):
+class HeartbeatFilter(FilterSet):
     broker = BrokerRefFilter()
     since, until = since_until()
 
@@ -156,7 +204,7 @@ class HeartbeatFilter(filters.FilterSet):
         fields = ["broker", "since", "until", "is_root", "ready"]
 
 
-class QueueSampleFilter(filters.FilterSet):
+class QueueSampleFilter(FilterSet):
     broker = BrokerRefFilter()
     since, until = since_until()
 
@@ -165,7 +213,7 @@ class QueueSampleFilter(filters.FilterSet):
         fields = ["broker", "vhost", "queue", "since", "until"]
 
 
-class ConfigVersionFilter(filters.FilterSet):
+class ConfigVersionFilter(FilterSet):
     since, until = since_until("created_at")
 
     class Meta:
@@ -173,10 +221,10 @@ class ConfigVersionFilter(filters.FilterSet):
         fields = ["since", "until"]
 
 
-class CommandFilter(filters.FilterSet):
+class CommandFilter(FilterSet):
     broker = BrokerRefFilter()
-    state = filters.ChoiceFilter(choices=Command.STATE_CHOICES)
-    name = filters.ChoiceFilter(choices=Command.NAME_CHOICES)
+    state = AnyChoiceFilter(choices=Command.STATE_CHOICES)
+    name = AnyChoiceFilter(choices=Command.NAME_CHOICES)
     since, until = since_until("created_at")
 
     class Meta:
@@ -184,7 +232,7 @@ class CommandFilter(filters.FilterSet):
         fields = ["broker", "state", "name", "since", "until"]
 
 
-class AuditFilter(filters.FilterSet):
+class AuditFilter(FilterSet):
     user = filters.CharFilter(field_name="username", help_text="user name")
     action_prefix = filters.CharFilter(field_name="action", lookup_expr="startswith")
     since, until = since_until()
@@ -194,10 +242,10 @@ class AuditFilter(filters.FilterSet):
         fields = ["user", "action", "action_prefix", "target", "since", "until"]
 
 
-class EventFilter(filters.FilterSet):
+class EventFilter(FilterSet):
     broker = BrokerRefFilter()
-    kind = filters.ChoiceFilter(choices=BrokerEvent.KIND_CHOICES)
-    level = filters.ChoiceFilter(choices=BrokerEvent.LEVEL_CHOICES)
+    kind = AnyChoiceFilter(choices=BrokerEvent.KIND_CHOICES)
+    level = AnyChoiceFilter(choices=BrokerEvent.LEVEL_CHOICES)
     since, until = since_until()
 
     class Meta:
@@ -205,9 +253,9 @@ class EventFilter(filters.FilterSet):
         fields = ["broker", "kind", "level", "since", "until"]
 
 
-class AlarmFilter(filters.FilterSet):
+class AlarmFilter(FilterSet):
     broker = BrokerRefFilter()
-    source = filters.ChoiceFilter(choices=Alarm.SOURCE_CHOICES)
+    source = AnyChoiceFilter(choices=Alarm.SOURCE_CHOICES)
     since, until = since_until("raised_at")
 
     class Meta:

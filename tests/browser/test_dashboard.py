@@ -12,11 +12,11 @@ import contextlib
 import re
 import signal
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pika
 import pytest
-from playwright.sync_api import Browser, BrowserContext, expect
+from playwright.sync_api import Browser, BrowserContext, Dialog, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from tests.browser.support import (
@@ -166,6 +166,82 @@ def test_a_shared_queue_is_listed_once_with_its_depth_and_where_its_consumers_ar
         for connection in (publisher, consumer):
             with contextlib.suppress(Exception):
                 connection.close()
+    page.close()
+
+
+def test_a_queue_move_starts_on_no_primary_asks_first_and_keeps_the_counters(
+    operator: BrowserContext, stack: ConsoleStack
+) -> None:
+    """Issue 45: the target select starts empty (required), the move is confirmed
+    before anything is sent, and the queue's Enqueued/Delivered go on counting under
+    the new owner instead of restarting at 0."""
+    name = f"moved-{uuid.uuid4().hex[:8]}"
+    connection = amqp(stack, 0)  # a primary: the queue's first owner (client-local)
+    page = open_page(operator, f"/queues/?name_contains={name}")
+    try:
+        channel = connection.channel()
+        channel.queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
+        channel.confirm_delivery()
+        for body in (b"one", b"two", b"three"):
+            channel.basic_publish("", name, body)
+        link = page.get_by_role("link", name=name)
+        expect(link).to_have_count(1, timeout=LIVE_TIMEOUT)
+        link.click()
+        live(page)
+        mark(page)
+        enqueued = page.locator("#object-detail dt:text-is('Enqueued') + dd")
+        expect(enqueued).to_have_text("3", timeout=LIVE_TIMEOUT)
+        owner = page.locator("#queue-owner a").inner_text()
+        select = page.locator("#move-to")
+        expect(select).to_have_value("")
+        expect(select.locator("option").first).to_have_text("choose a primary")
+        moves: list[str] = []
+        page.on("request", lambda r: moves.append(r.url) if r.method == "POST" else None)
+        dialogs: list[str] = []
+
+        def answer(accept: bool) -> Callable[[Dialog], None]:
+            def handle(dialog: Dialog) -> None:
+                dialogs.append(dialog.message)
+                if accept:
+                    dialog.accept()
+                else:
+                    dialog.dismiss()
+
+            return handle
+
+        # nothing chosen: the browser refuses the form, nothing asked and nothing sent
+        page.get_by_role("button", name="Move owner").click()
+        assert select.evaluate("el => el.validity.valueMissing") is True
+        assert (dialogs, moves) == ([], [])
+        # a primary chosen: asked first; "Cancel" sends nothing
+        target = select.locator("option").nth(1)
+        target_name = target.inner_text()
+        assert target_name != owner
+        select.select_option(target.get_attribute("value"))
+        page.once("dialog", answer(False))
+        page.get_by_role("button", name="Move owner").click()
+        assert len(dialogs) == 1 and f"queue {name}" in dialogs[0], dialogs
+        assert moves == []
+        expect(page.locator("#queue-move-result")).not_to_contain_text("queue.move")
+        screenshot(page, "queue-move-confirm")
+        # "OK": sent, and followed in place to the new owner
+        page.once("dialog", answer(True))
+        page.get_by_role("button", name="Move owner").click()
+        expect(page.locator("#queue-move-result")).to_contain_text(f"to {target_name}")
+        assert len(dialogs) == 2 and len(moves) == 1 and moves[0].endswith("/move/")
+        expect(page.locator("#queue-owner a")).to_have_text(target_name, timeout=LIVE_TIMEOUT)
+        expect(page.locator("#queue-master")).to_have_text(target_name, timeout=LIVE_TIMEOUT)
+        # the new owner reports its own counters; the page goes on from 3
+        expect(enqueued).to_have_text("3")
+        for body in (b"four", b"five"):
+            channel.basic_publish("", name, body)
+        expect(enqueued).to_have_text("5", timeout=LIVE_TIMEOUT)
+        assert unreloaded(page)
+        screenshot(page, "queue-moved-counters")
+        channel.queue_delete(name)
+    finally:
+        with contextlib.suppress(Exception):
+            connection.close()
     page.close()
 
 

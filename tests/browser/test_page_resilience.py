@@ -2,9 +2,11 @@
 against the real stack (Daphne, Redis, Celery, four brokers).
 
 The skip link, the rate chart's gaps, no sideways scrolling at 390 and 1366 px on every
-page (screenshots of each under var/screenshots/), a silent broker's row greyed with
-its age, and the whole page saying it is stale while Daphne is stopped, until it is
-back. The Daphne test runs last: it restarts the console process.
+page (no table sticking out of its card; on the overview and the brokers page at 1366
+px none wider than its card, and the root's host:port on one line; screenshots of each
+under var/screenshots/), a silent broker's row greyed with its age, and the whole page
+saying it is stale while Daphne is stopped, until it is back. The Daphne test runs
+last: it restarts the console process.
 """
 
 from __future__ import annotations
@@ -124,6 +126,63 @@ def fits(page: Page, what: str) -> None:
         raise AssertionError(f"{what}: {excess}px wider than the window; {culprits}")
 
 
+#: per table in the main content: how far its visible box (the table, or the box it
+#: scrolls in) sticks out of its card's content box, and how much wider than that
+#: content box the table itself is (0 or less: it fits without scrolling)
+TABLES_IN_CARDS = """() => [...document.querySelectorAll("main table")].map(table => {
+    const card = table.closest(".card, .tile, section") || table.parentElement;
+    const style = getComputedStyle(card), rect = card.getBoundingClientRect();
+    const left = rect.left + parseFloat(style.paddingLeft) + parseFloat(style.borderLeftWidth);
+    const right = rect.right - parseFloat(style.paddingRight)
+        - parseFloat(style.borderRightWidth);
+    const scrolls = el => ["auto", "scroll"].includes(getComputedStyle(el).overflowX);
+    let shown = table;
+    while (shown !== card && !scrolls(shown)) shown = shown.parentElement;
+    if (shown === card) shown = table;
+    const caption = table.querySelector("caption, th");
+    return {
+        table: table.closest("[id]")?.id || (caption ? caption.textContent.trim() : "?"),
+        sticksOut: Math.round(shown.getBoundingClientRect().right - right),
+        wider: Math.round(table.getBoundingClientRect().width - (right - left)),
+    };
+})"""
+
+
+def tables_fit(page: Page, what: str, scroll_allowed: bool) -> None:
+    """No table sticks out of its card; where ``scroll_allowed`` is false (a wide screen)
+    none is wider than its card either, so nothing needs scrolling sideways."""
+    for table in page.evaluate(TABLES_IN_CARDS):
+        assert table["sticksOut"] <= 1, f"{what}: {table}"
+        if not scroll_allowed:
+            assert table["wider"] <= 1, f"{what}: {table}"
+
+
+def test_the_overview_and_brokers_fit_at_390_and_1366_pixels(operator: BrowserContext) -> None:
+    """The issue's proof: the overview (and the brokers page) at 1366 and 390 px, with
+    no sideways scrolling, no table wider than its card at 1366 px (at 390 px a table
+    scrolls inside its card), and the root's host:port on one line, whole."""
+    page = operator.new_page()
+    for width in (1366, 390):
+        page.set_viewport_size({"width": width, "height": 900})
+        for name, path in (("overview", "/"), ("brokers", "/brokers/")):
+            page.goto(path)
+            live(page)
+            expect(page.locator("#broker-table tbody tr[data-broker]")).to_have_count(4)
+            fits(page, f"{name} at {width}px")
+            tables_fit(page, f"{name} at {width}px", scroll_allowed=width < 700)
+            if name == "overview":
+                root = page.locator("#overview-root")
+                expect(root).to_have_text(re.compile(r"^127\.0\.0\.1:\d+$"))
+                lines = root.evaluate("el => el.getClientRects().length")
+                cut = root.evaluate(
+                    "el => el.parentElement.scrollWidth - el.parentElement.clientWidth"
+                )
+                assert (lines, cut) == (1, 0), f"root at {width}px: {lines} lines, {cut}px cut"
+                expect(root.locator("xpath=..")).to_have_attribute("title", root.inner_text())
+            screenshot(page, f"{name}-{width}")
+    page.close()
+
+
 def test_no_page_scrolls_sideways_at_390_or_1366_pixels(
     operator: BrowserContext, stack: ConsoleStack
 ) -> None:
@@ -174,6 +233,7 @@ def test_no_page_scrolls_sideways_at_390_or_1366_pixels(
                 page.get_by_role("button", name="Dump state").click()
                 expect(page.locator("#dump-text")).to_contain_text("{", timeout=30_000)
             fits(page, f"{name} at {width}px")
+            tables_fit(page, f"{name} at {width}px", scroll_allowed=True)
             screenshot(page, f"fit-{width}-{name}")
     page.close()
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import subprocess
 import sys
 
@@ -85,6 +87,40 @@ def test_dump_and_plain_status(broker: BrokerProcess) -> None:
         r"^memory +[\d.]+ [KMG]iB of the [\d.]+ [MGT]iB watermark \(\d+%\)$", plain.stdout, re.M
     )
     assert re.search(r"^disk free +[\d.]+ \w+ \(limit 47\.7 MiB\) on ", plain.stdout, re.M)
+    # a standalone broker: its address beside its spid, candidacy in words (no "root ok")
+    assert re.search(r"^spid +\S+ \(127\.0\.0\.1:\d+\)$", plain.stdout, re.M)
+    assert re.search(r"^candidacy +- \(not clustered\)$", plain.stdout, re.M)
+    assert "root ok" not in plain.stdout
+
+
+def test_piped_into_head_ends_quietly(broker: BrokerProcess) -> None:
+    """``brokerd ctl status | head -1`` and the like: no BrokenPipeError traceback."""
+    for args in (["status"], ["status", "--json"], ["dump"], ["queues"]):
+        command = shlex.join(
+            [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(broker.data_dir), *args]
+        )
+        piped = subprocess.run(
+            ["bash", "-c", f"{command} | head -1"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 1, piped
+        assert piped.stderr == "", piped.stderr
+        # and a reader gone before the first write: every write fails with EPIPE
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            cut = subprocess.run(
+                [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(broker.data_dir), *args],
+                stdout=write_end,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=30,
+            )
+        finally:
+            os.close(write_end)
+        assert cut.returncode == 141 and cut.stderr == "", cut.stderr
 
 
 def test_refusals_are_clear(broker: BrokerProcess, tmp_path) -> None:

@@ -10,6 +10,7 @@ import datetime as dt
 import json
 
 import pytest
+from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.test import Client
 from django.utils import timezone
@@ -397,3 +398,74 @@ def test_broker_page_shows_flow_control_link_backlogs_and_echo_latency(
     # a broker with nothing reported shows no load line and dashes in the link columns
     html = operator.get("/brokers/127.0.0.1:5802/").content.decode()
     assert "status echo p99" not in html
+
+
+def test_filter_selects_say_any_for_their_empty_choice(
+    operator: Client, brokers: list[Broker]
+) -> None:
+    """The empty choice filters nothing: "Any", not django-filter's "Unknown" (yes/no)
+    or "---------" (choices)."""
+    for url in ("/queues/", "/exchanges/", "/bindings/", "/commands/", "/alarms/"):
+        html = operator.get(url).content.decode()
+        assert "Unknown" not in html and "---------" not in html, url
+        assert '<option value="" selected>Any</option>' in html, url
+    html = operator.get("/queues/?shared=true").content.decode()
+    assert '<option value="true" selected>Yes</option>' in html
+
+
+def shared_queue(brokers: list[Broker], **over: object) -> QueueSnapshot:
+    values = {
+        "broker": brokers[0],
+        "vhost": "/",
+        "name": "orders",
+        "shared": True,
+        "master": True,
+        "queue_type": "quorum",
+        "updated_at": timezone.now(),
+    }
+    values.update(over)
+    return QueueSnapshot.objects.create(**values)
+
+
+def test_the_move_form_starts_on_no_primary_and_asks_before_moving(
+    operator: Client, brokers: list[Broker]
+) -> None:
+    queue = shared_queue(brokers)
+    html = operator.get(f"/queues/{queue.pk}/").content.decode()
+    start = html.rindex("<form", 0, html.index('id="move-form"'))
+    form = html[start : html.index("</form>", start)]
+    assert 'name="csrfmiddlewaretoken"' in form and f'hx-post="/queues/{queue.pk}/move/"' in form
+    assert 'hx-confirm="Move the owner of queue orders to the primary chosen above?' in form
+    select = form[form.index("<select") : form.index("</select>")]
+    assert "required" in select.split(">", 1)[0]
+    options = select.split("<option")[1:]
+    assert options[0].startswith(' value="" selected>choose a primary<')
+    assert [o.split('"')[1] for o in options[1:]] == ["spid-2", "spid-3"]  # not the owner
+    assert all("selected" not in o for o in options[1:])
+    # nothing chosen (a browser without htmx sends the empty choice): refused, nothing sent
+    empty = operator.post(f"/queues/{queue.pk}/move/", {"to": ""}, HTTP_HX_REQUEST="true")
+    assert empty.status_code == 400 and Command.objects.count() == 0
+
+
+def test_the_root_tile_keeps_its_host_and_port_on_one_line(
+    operator: Client, brokers: list[Broker]
+) -> None:
+    html = operator.get("/").content.decode()
+    tile = html[html.index('class="tile tile-root"') :]
+    tile = tile[: tile.index("</div>")]
+    assert 'class="big host-name" title="127.0.0.1:5801"' in tile
+    assert 'id="overview-root"' in tile and ">127.0.0.1:5801</a>" in tile
+    css = (settings.BASE_DIR / "static" / "console.css").read_text()
+    rule = css[css.index(".host-name {") :].split("}", 1)[0]
+    assert "white-space: nowrap" in rule and "text-overflow: ellipsis" in rule
+
+
+def test_the_queue_page_counts_on_across_an_owner_move(
+    operator: Client, brokers: list[Broker]
+) -> None:
+    """What the queue page shows is the stored count (clusterapi.snapshots keeps it
+    cumulative): after a move the new owner's row carries it on."""
+    old = shared_queue(brokers, master=False, enqueued=500, delivered=480)
+    shared_queue(brokers, broker=brokers[1], enqueued=512, delivered=490)
+    html = operator.get(f"/queues/{old.pk}/").content.decode()
+    assert "<dt>Enqueued</dt><dd>512</dd>" in html and "<dt>Delivered</dt><dd>490</dd>" in html

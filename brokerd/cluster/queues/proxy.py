@@ -495,9 +495,9 @@ class ProxySide:
                 request.session = None
                 self.waiting.append(request)
                 return
-            if _gone(r) and request.queue is not None and request.consume is None:
-                if self._stale(request):
-                    return
+            gone = _gone(r) and request.queue is not None and request.consume is None
+            if gone and self._stale(request):
+                return
             request.answer(r)
 
     # -- a queue its owner no longer has -------------------------------------------------
