@@ -16,7 +16,12 @@ rows were deleted and ids are not reused), so its files never collide with
 earlier ones.
 
 Heartbeat samples become ``broker_samples`` rows and, one per entry of their
-``peers``, ``peer_samples`` rows; queue samples become ``queue_samples`` rows.
+``peers``, ``peer_samples`` rows; queue samples become ``queue_samples`` rows. A
+sample's fields that the lake has under the same name are copied as they are
+(``BROKER_COPIED``), ``stopping`` among them: the mark ``ingest.record_stopping``
+puts on a run's last sample when the broker announces a planned stop, which the
+traffic report tells from a crash by. Files archived before that column existed
+lack it; ``pipeline.lake.read_table`` and the report read them as false.
 """
 
 from __future__ import annotations

@@ -171,8 +171,10 @@ def mark_disconnected(broker_id: int, channel_name: str = "") -> bool:
 def record_stopping(link: LinkState, spid: str, reason: str) -> bool:
     """``stopping``: the broker stops as planned (SIGTERM). It is marked stopped (not
     up, so counts follow at once; no down alarm, now or when its link closes) with an
-    info event. Returns whether the row changed (not for another run's spid, nor for
-    a name another broker owns now)."""
+    info event, and its latest heartbeat sample of this run gets ``stopping`` (no
+    sample is made up: the traffic report reads the mark from the lake, and tells the
+    gap after it from a crash). Returns whether the row changed (not for another run's
+    spid, nor for a name another broker owns now)."""
     if spid != link.spid:
         log.warning(
             "broker %s: stopping for spid %s, but this link's run is %s: ignored",
@@ -187,6 +189,12 @@ def record_stopping(link: LinkState, spid: str, reason: str) -> bool:
             state=Broker.STATE_STOPPED, ready=False, updated_at=timezone.now()
         ):
             return False
+        latest = (
+            HeartbeatSample.objects.filter(broker_id=link.broker_id, spid=spid)
+            .order_by("-time", "-id")
+            .values_list("id", flat=True)[:1]
+        )
+        HeartbeatSample.objects.filter(pk__in=list(latest)).update(stopping=True)
         broker = Broker.objects.get(pk=link.broker_id)
         events.record(
             broker,

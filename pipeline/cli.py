@@ -9,6 +9,7 @@ import time
 from collections.abc import Sequence
 
 from pipeline.generate import GenerateError, generate, parse_time
+from pipeline.options import RECONNECT_ALLOWANCE
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +47,14 @@ def add_report_arguments(parser: argparse.ArgumentParser) -> None:
         "--gap-intervals", type=int, default=3, help="missed samples that make a heartbeat gap"
     )
     parser.add_argument(
+        "--reconnect-allowance",
+        type=float,
+        default=RECONNECT_ALLOWANCE,
+        metavar="SECONDS",
+        help="after a console gap (no broker recorded at all), a broker back within this "
+        "many seconds of the others was waiting to reconnect, not down (default: %(default)s)",
+    )
+    parser.add_argument(
         "--message-bytes", type=int, default=1000, help="message size for the XSR estimate"
     )
     parser.add_argument(
@@ -65,6 +74,7 @@ def report_options(args: argparse.Namespace):  # -> ReportOptions (Spark importe
         master=args.master,
         interval=args.interval,
         gap_intervals=args.gap_intervals,
+        reconnect_allowance=args.reconnect_allowance,
         message_bytes=args.message_bytes,
         link_gbps=args.link_gbps,
         driver_memory=args.driver_memory,

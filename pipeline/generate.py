@@ -13,10 +13,14 @@ The model, per broker ``b`` and queue ``q``, one sample every ``interval`` secon
 Injected incidents (recorded in ``<lake>/_incidents.json``) are placed at fixed
 fractions of the period, so they never overlap: a root failover (the root dies,
 no root for ~3.3 s worth of samples, another primary becomes root, the dead one
-returns with a new spid), a quick restart, a broker outage, a growing backlog on
-one queue, and a flapping link seen by one broker.  Everything derives from the
-seed; the history is produced in chunks of about a million rows, so any size fits
-in memory.
+returns with a new spid: a ``no_root`` stretch, a ``broker_outage`` and a
+``crash_restart``), a console gap (nothing recorded for a minute while every broker
+runs on; their links come back up to two intervals apart, within the report's
+reconnect allowance), a quick crash restart, a broker outage (a crash), a growing
+backlog on one queue, a flapping link seen by one broker, and a planned stop (the
+console marks a sample ``stopping``, one more status follows, the broker is away,
+then back under a new spid).  Everything derives from the seed; the history is
+produced in chunks of about a million rows, so any size fits in memory.
 """
 
 from __future__ import annotations
@@ -24,15 +28,15 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from pipeline import lake
+from pipeline.generate_rows import LakeRows, Plan
+from pipeline.options import RECONNECT_ALLOWANCE
 
 ROWS_PER_CHUNK = 1_000_000
 MIN_TICKS = 200
@@ -43,39 +47,6 @@ FLAP_CYCLES = 4  # down 2 samples, up 3 samples, FLAP_CYCLES times
 
 class GenerateError(ValueError):
     """Arguments that cannot produce a history with every incident."""
-
-
-@dataclass
-class Plan:
-    """Who does what when; ticks are sample indexes."""
-
-    names: list[str]
-    types: list[str]
-    phase_us: np.ndarray
-    start_us: int
-    interval_us: int
-    ticks: int
-    failover_tick: int
-    election_ticks: int
-    failover_down: int
-    restart_broker: int
-    restart_tick: int
-    outage_broker: int
-    outage_tick: int
-    outage_down: int
-    backlog_broker: int
-    backlog_queue: int
-    backlog_tick: int
-    backlog_ticks: int
-    flap_observer: int
-    flap_peer: int
-    flap_tick: int
-    incidents: list[dict[str, Any]] = field(default_factory=list)
-
-    def ts_us(self, tick: int, broker: int | None = None) -> int:
-        """The sample time of ``broker`` at ``tick`` (the bare tick time without a broker)."""
-        phase = 0 if broker is None else int(self.phase_us[broker])
-        return self.start_us + tick * self.interval_us + phase
 
 
 def broker_name(index: int) -> str:
@@ -148,13 +119,22 @@ def make_plan(
         flap_observer=1,
         flap_peer=2,
         flap_tick=int(0.8 * ticks),
+        console_tick=int(0.3 * ticks),
+        console_down=max(4, round(min(60.0, 0.01 * period) / interval)),
+        # the later links back within the reconnect allowance (a sample's phase included)
+        console_stagger=max(0, min(2, math.floor((RECONNECT_ALLOWANCE - interval / 2) / interval))),
+        stop_broker=0,  # the first root, back as a non-root after the failover
+        stop_tick=int(0.92 * ticks),
+        stop_down=max(6, round(min(120.0, 0.01 * period) / interval)),
     )
     windows = [
         (plan.failover_tick, plan.failover_tick + plan.failover_down),
+        (plan.console_tick - 1, plan.heard_again(1) + 1),
         (plan.restart_tick, plan.restart_tick + 1),
         (plan.outage_tick, plan.outage_tick + plan.outage_down + 1),
         (plan.backlog_tick - 1, plan.backlog_tick + plan.backlog_ticks + 1),
         (plan.flap_tick, plan.flap_tick + 5 * FLAP_CYCLES + 1),
+        (plan.stop_tick - 2, plan.stop_tick + plan.stop_down + 1),
     ]
     for (_, end), (next_start, _) in zip(windows, [*windows[1:], (ticks, 0)], strict=True):
         if end >= next_start:
@@ -216,7 +196,7 @@ def generate(
     return document
 
 
-class Simulation:
+class Simulation(LakeRows):
     """The per-tick state of every broker, queue and link, advanced chunk by chunk."""
 
     def __init__(self, plan: Plan, queues: int, rng: np.random.Generator) -> None:
@@ -261,13 +241,26 @@ class Simulation:
         alive[f, 0] = False
         o = (tick >= p.outage_tick) & (tick < p.outage_tick + p.outage_down)
         alive[o, p.outage_broker] = False
+        s = (tick >= p.stop_tick) & (tick < p.stop_tick + p.stop_down)
+        alive[s, p.stop_broker] = False
         return alive
 
-    def _record(self, kind: str, broker: int, start_us: int, end_us: int, **details: Any) -> None:
+    def _heard(self, tick: np.ndarray) -> np.ndarray:
+        """(T, B) mask of samples the console records: none while it is away."""
+        p = self.plan
+        heard = np.ones((tick.size, len(p.names)), dtype=bool)
+        for broker in range(len(p.names)):
+            away = (tick >= p.console_tick) & (tick < p.heard_again(broker))
+            heard[away, broker] = False
+        return heard
+
+    def _record(
+        self, kind: str, broker: int | None, start_us: int, end_us: int, **details: Any
+    ) -> None:
         self.plan.incidents.append(
             {
                 "kind": kind,
-                "broker": self.plan.names[broker],
+                "broker": None if broker is None else self.plan.names[broker],
                 "start": _iso(start_us),
                 "end": _iso(end_us),
                 "details": details,
@@ -365,13 +358,19 @@ class Simulation:
         flapping = (offset >= 0) & (offset < 5 * FLAP_CYCLES) & (offset % 5 < 2)
         active[flapping, p.flap_observer, p.flap_peer] = False
         rtt = self.rtt[None] * rtt_noise
+        peers_active = active.sum(axis=2) - alive  # a broker is not its own peer
+        # the console marks the status it has when "stopping" arrives; one more follows
+        stopping = np.zeros((nt, nb), dtype=bool)
+        stopping[ticks == p.stop_tick - 2, p.stop_broker] = True
+        heard = alive & self._heard(ticks)  # what the console records: the written rows
 
         self._write_brokers(
-            root, batch_id, ts, alive, spid, root_of, is_root, ready, active, unacked,
-            messages, pub_tot, routed_tot, deliv_tot, published_n, routed_n, delivered_n,
+            root, batch_id, ts, heard, spid, root_of, is_root, ready, peers_active, stopping,
+            unacked, messages, pub_tot, routed_tot, deliv_tot, published_n, routed_n,
+            delivered_n,
         )  # fmt: skip
-        self._write_queues(root, batch_id, ts, alive, messages, unacked, enq, deq, n_in, n_out)
-        self._write_peers(root, batch_id, ts, alive, spid, active, rtt)
+        self._write_queues(root, batch_id, ts, heard, messages, unacked, enq, deq, n_in, n_out)
+        self._write_peers(root, batch_id, ts, heard, spid, active, rtt)
 
     def _events(self, tick: int, restarted: np.ndarray) -> None:
         """Apply this tick's state changes (root moves, restarts) and record incidents."""
@@ -389,6 +388,15 @@ class Simulation:
                 new_spid=self.spids[self.current[1]],
                 no_root_seconds=p.election_ticks * p.interval_us / 1e6,
             )
+            self._record(
+                "no_root",
+                0,
+                p.ts_us(tick),
+                p.ts_us(tick + p.election_ticks),
+                root_before=p.names[0],
+                root_after=p.names[1],
+                seconds=p.election_ticks * p.interval_us / 1e6,
+            )
         for broker, down_at, down in (
             (0, p.failover_tick, p.failover_down),
             (p.outage_broker, p.outage_tick, p.outage_down),
@@ -399,6 +407,29 @@ class Simulation:
                     "broker_outage", broker, p.ts_us(down_at, broker), back, missed_samples=down
                 )
                 self._restart(broker, tick, restarted)
+        if tick == p.console_tick:
+            brokers = range(len(p.names))
+            last = max(p.ts_us(tick - 1, b) for b in brokers)
+            first = min(p.ts_us(p.heard_again(b), b) for b in brokers)
+            self._record(
+                "console_gap",
+                None,
+                last,
+                first,
+                brokers=sorted(p.names),
+                missed_intervals=p.console_down,
+            )
+        if tick == p.stop_tick + p.stop_down:
+            b = p.stop_broker
+            self._record(
+                "planned_stop",
+                b,
+                p.ts_us(p.stop_tick - 1, b),
+                p.ts_us(tick, b),
+                spid=self.spids[self.current[b]],
+                missed_samples=p.stop_down,
+            )
+            self._restart(b, tick, restarted, planned=True)
         if tick == p.restart_tick:
             self._restart(p.restart_broker, tick, restarted)
         if tick == p.backlog_tick + p.backlog_ticks - 1:
@@ -421,113 +452,12 @@ class Simulation:
                 transitions=2 * FLAP_CYCLES,
             )
 
-    def _restart(self, broker: int, tick: int, restarted: np.ndarray) -> None:
+    def _restart(
+        self, broker: int, tick: int, restarted: np.ndarray, planned: bool = False
+    ) -> None:
         at = self.plan.ts_us(tick, broker)
+        old = self.spids[self.current[broker]]
         self.current[broker] = self._new_spid(at)
         restarted[broker] = True
-        self._record("restart", broker, at, at, spid=self.spids[self.current[broker]])
-
-    def _strings(self, index: np.ndarray, values: list[str]) -> pa.Array:
-        """Decode integer indexes into a string column (-1 = null)."""
-        idx = pa.array(index.astype(np.int32), mask=index < 0)
-        return pa.DictionaryArray.from_arrays(idx, pa.array(values)).dictionary_decode()
-
-    def _write_brokers(
-        self, root: Path, batch_id: str, ts: np.ndarray, alive: np.ndarray, *cols: np.ndarray
-    ) -> None:
-        p = self.plan
-        (spid, root_of, is_root, ready, active, unacked, messages, pub_tot, routed_tot,
-         deliv_tot, published_n, routed_n, delivered_n) = cols  # fmt: skip
-        nt, nb = alive.shape
-        interval = p.interval_us / 1e6
-        broker_idx = np.broadcast_to(np.arange(nb)[None], (nt, nb))
-        peers_active = active.sum(axis=2) - alive  # a broker is not its own peer
-        consumers = np.broadcast_to(self.consumers.sum(axis=1)[None], (nt, nb))
-        m = alive
-        data = pa.table(
-            {
-                "ts": pa.array(ts[m], type=lake.TS),
-                "broker": self._strings(broker_idx[m], p.names),
-                "spid": self._strings(spid[m], self.spids),
-                "broker_type": self._strings(broker_idx[m], p.types),
-                "is_root": pa.array(is_root[m]),
-                "root": self._strings(root_of[m], self.spids),
-                "ready": pa.array(ready[m]),
-                "peers_active": pa.array(peers_active[m].astype(np.int32)),
-                "peers_known": pa.array(np.full(m.sum(), nb - 1, dtype=np.int32)),
-                "connections": pa.array((consumers + self.publishers[None])[m].astype(np.int32)),
-                "consumers": pa.array(consumers[m].astype(np.int32)),
-                "queues": pa.array(np.full(m.sum(), len(self.queues), dtype=np.int32)),
-                "messages_ready": pa.array(messages.sum(axis=2)[m]),
-                "messages_unacked": pa.array(unacked.sum(axis=2)[m]),
-                "published_total": pa.array(pub_tot[m]),
-                "routed_total": pa.array(routed_tot[m]),
-                "delivered_total": pa.array(deliv_tot[m]),
-                "rate_published": pa.array(published_n[m] / interval),
-                "rate_routed": pa.array(routed_n[m] / interval),
-                "rate_delivered": pa.array(delivered_n[m] / interval),
-            },
-            schema=lake.BROKER_SAMPLES,
-        )
-        lake.write_table(root, "broker_samples", data, batch_id)
-
-    def _write_queues(
-        self, root: Path, batch_id: str, ts: np.ndarray, alive: np.ndarray, *cols: np.ndarray
-    ) -> None:
-        messages, unacked, enq, deq, n_in, n_out = cols
-        nt, nb = alive.shape
-        nq = len(self.queues)
-        interval = self.plan.interval_us / 1e6
-        m = np.broadcast_to(alive[:, :, None], (nt, nb, nq))
-        broker_idx = np.broadcast_to(np.arange(nb)[None, :, None], (nt, nb, nq))
-        queue_idx = np.broadcast_to(np.arange(nq)[None, None, :], (nt, nb, nq))
-        ts3 = np.broadcast_to(ts[:, :, None], (nt, nb, nq))
-        consumers = np.broadcast_to(self.consumers[None], (nt, nb, nq))
-        rows = int(m.sum())
-        data = pa.table(
-            {
-                "ts": pa.array(ts3[m], type=lake.TS),
-                "broker": self._strings(broker_idx[m], self.plan.names),
-                "vhost": self._strings(np.zeros(rows, dtype=np.int32), ["/"]),
-                "queue": self._strings(queue_idx[m], self.queues),
-                "messages": pa.array(messages[m]),
-                "unacked": pa.array(unacked[m]),
-                "consumers": pa.array(consumers[m].astype(np.int32)),
-                "enqueued_total": pa.array(enq[m]),
-                "delivered_total": pa.array(deq[m]),
-                "rate_in": pa.array(n_in[m] / interval),
-                "rate_out": pa.array(n_out[m] / interval),
-            },
-            schema=lake.QUEUE_SAMPLES,
-        )
-        lake.write_table(root, "queue_samples", data, batch_id)
-
-    def _write_peers(
-        self,
-        root: Path,
-        batch_id: str,
-        ts: np.ndarray,
-        alive: np.ndarray,
-        spid: np.ndarray,
-        active: np.ndarray,
-        rtt: np.ndarray,
-    ) -> None:
-        nt, nb = alive.shape
-        observer = np.broadcast_to(np.arange(nb)[None, :, None], (nt, nb, nb))
-        peer = np.broadcast_to(np.arange(nb)[None, None, :], (nt, nb, nb))
-        m = np.broadcast_to(alive[:, :, None], (nt, nb, nb)) & (observer != peer)
-        ts3 = np.broadcast_to(ts[:, :, None], (nt, nb, nb))
-        peer_spid = np.broadcast_to(spid[:, None, :], (nt, nb, nb))
-        act = active[m]
-        data = pa.table(
-            {
-                "ts": pa.array(ts3[m], type=lake.TS),
-                "broker": self._strings(observer[m], self.plan.names),
-                "peer": self._strings(peer_spid[m], self.spids),
-                "peer_address": self._strings(peer[m], self.plan.names),
-                "active": pa.array(act),
-                "rtt_ms": pa.array(np.round(rtt[m], 3), mask=~act),
-            },
-            schema=lake.PEER_SAMPLES,
-        )
-        lake.write_table(root, "peer_samples", data, batch_id)
+        kind = "planned_restart" if planned else "crash_restart"
+        self._record(kind, broker, at, at, spid=self.spids[self.current[broker]], old_spid=old)

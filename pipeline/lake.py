@@ -54,6 +54,7 @@ BROKER_SAMPLES = pa.schema(
         ("rate_published", pa.float64()),
         ("rate_routed", pa.float64()),
         ("rate_delivered", pa.float64()),
+        ("stopping", pa.bool_()),
     ]
 )
 
@@ -97,6 +98,15 @@ NULLABLE: dict[str, frozenset[str]] = {
     "peer_samples": frozenset({"rtt_ms"}),
 }
 
+# Columns added after lakes were first written: a row may leave one out, and files
+# written before lack it; both read as this value (``read_table``, the report's reader).
+# ``stopping``: the broker announced a planned stop at or before this sample (issue 45).
+ADDED: dict[str, dict[str, Any]] = {
+    "broker_samples": {"stopping": False},
+    "queue_samples": {},
+    "peer_samples": {},
+}
+
 _BATCH_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 
@@ -131,12 +141,15 @@ def rows_to_table(table: str, rows: Iterable[Mapping[str, Any]]) -> pa.Table:
     """Validate dict rows and build an Arrow table with the table's schema."""
     schema = table_schema(table)
     nullable = NULLABLE[table]
+    added = ADDED[table]
     columns: dict[str, list[Any]] = {name: [] for name in schema.names}
     for index, row in enumerate(rows):
         if not isinstance(row, Mapping):
             raise LakeError(f"{table} row {index}: expected a mapping, got {type(row).__name__}")
         for name in schema.names:
             value = row.get(name)
+            if value is None and name in added:
+                value = added[name]
             if value is None and name not in nullable:
                 raise LakeError(f"{table} row {index}: missing required field {name!r}")
             if name == "ts":
@@ -198,19 +211,27 @@ def write_rows(
 
 
 def read_table(root: str | os.PathLike[str], table: str) -> pa.Table:
-    """Read a whole table back (``broker`` decoded from the path, ``date`` dropped)."""
+    """Read a whole table back (``broker`` decoded from the path, ``date`` dropped).
+
+    The dataset's schema is given, not inferred from one file: files written before a
+    column was ``ADDED`` lack it, and read as its default.
+    """
     schema = table_schema(table)
     base = Path(root) / table
     if not base.is_dir():
         return schema.empty_table()
-    partitioning = ds.partitioning(
-        pa.schema([("date", pa.string()), ("broker", pa.string())]), flavor="hive"
-    )
+    keys = pa.schema([("date", pa.string()), ("broker", pa.string())])
     dataset = ds.dataset(
         base,
+        schema=pa.unify_schemas([file_schema(table), keys]),
         format="parquet",
-        partitioning=partitioning,
+        partitioning=ds.partitioning(keys, flavor="hive"),
         exclude_invalid_files=False,
         ignore_prefixes=[".", "_"],
     )
-    return dataset.to_table(columns=schema.names).cast(schema)
+    data = dataset.to_table(columns=schema.names)
+    for name, default in ADDED[table].items():
+        index = data.schema.get_field_index(name)
+        filled = pc.fill_null(data.column(name), pa.scalar(default, schema.field(name).type))
+        data = data.set_column(index, name, filled)
+    return data.cast(schema)

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+#: seconds a broker's link may take to come back after a console gap (its reconnect backoff
+#: plus a heartbeat) before its own silence counts as an outage
+RECONNECT_ALLOWANCE = 15.0
+
 
 class ReportError(ValueError):
     """The lake or the arguments cannot give a report (missing tables, empty period)."""
@@ -27,3 +31,4 @@ class ReportOptions:
     backlog_min_seconds: float = 300.0
     backlog_min_growth: int = 100
     trend_window_seconds: float = 900.0
+    reconnect_allowance: float = RECONNECT_ALLOWANCE

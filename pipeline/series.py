@@ -20,7 +20,7 @@ BROKER_COUNTERS = {"published_total": "in", "routed_total": "isr", "delivered_to
 QUEUE_COUNTERS = {"enqueued_total": "in", "delivered_total": "out"}
 # What the stages read of each table besides keys and counters: the rest never goes
 # through a shuffle or into the cache.
-BROKER_USED = ["ts", "t", "spid", "root"]
+BROKER_USED = ["ts", "t", "spid", "root", "stopping"]
 QUEUE_USED = ["ts", "t", "messages"]
 LINK_USED = ["ts", "t", "active"]
 
@@ -65,6 +65,29 @@ def counter_rates(
             ),
         )
     return df.drop(*(f"prev_{counter}" for counter in counters))
+
+
+def stop_flags(broker: DataFrame) -> DataFrame:
+    """``stop_t``: when the broker's current run announced its planned stop (the time of
+    the sample the console marked ``stopping``), null if it did not; ``prev_stop_t``: the
+    same at the previous sample.
+
+    The console marks the last sample it has when the ``stopping`` message arrives, and a
+    broker handing its queues over may send a status or two more: every later sample of
+    that run (same spid) is still on its way out.  Needs ``prev_spid`` (``counter_rates``);
+    the windows are ``counter_rates``' own (by broker, in time order), so no new shuffle.
+    """
+    w = by_time(BROKER_KEYS)
+    upto = w.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    new_run = F.col("prev_spid").isNull() | (F.col("spid") != F.col("prev_spid"))
+    run_t = F.last(F.when(new_run, F.col("t")), ignorenulls=True).over(upto)
+    marked_t = F.last(F.when(F.col("stopping"), F.col("t")), ignorenulls=True).over(upto)
+    return (
+        broker.select("*", run_t.alias("run_t"), marked_t.alias("marked_t"))
+        .withColumn("stop_t", F.when(F.col("marked_t") >= F.col("run_t"), F.col("marked_t")))
+        .withColumn("prev_stop_t", F.lag("stop_t").over(w))
+        .drop("run_t", "marked_t")
+    )
 
 
 def infer_interval(broker: DataFrame) -> float:
@@ -240,7 +263,11 @@ def backlog_episodes(queue: DataFrame, interval: float, opts: ReportOptions) -> 
 def heartbeat_gaps(
     broker: DataFrame, interval: float, last_t: float, opts: ReportOptions
 ) -> DataFrame:
-    """Missing samples: between two samples, and at the end of the period."""
+    """Missing samples: between two samples, and at the end of the period.
+
+    ``last_spid`` is the run the broker was in before the gap, ``stop_announced`` when
+    that run announced a planned stop (null: it did not; ``stop_flags``).
+    """
     missed = F.round((F.col("t") - F.col("prev_t")) / F.lit(interval)).cast("long") - 1
     inside = broker.where(F.col("prev_t").isNotNull()).where(missed >= opts.gap_intervals)
     inside = inside.select(
@@ -249,11 +276,17 @@ def heartbeat_gaps(
         F.timestamp_seconds(F.col("prev_t") + F.lit(interval)).alias("start"),
         F.col("ts").alias("end"),
         missed.alias("missed"),
+        F.col("prev_spid").alias("last_spid"),
+        F.timestamp_seconds(F.col("prev_stop_t")).alias("stop_announced"),
     )
     tail_missed = F.floor((F.lit(last_t) - F.col("last_t")) / F.lit(interval)).cast("long")
     tail = (
         broker.groupBy(*BROKER_KEYS)
-        .agg(F.max("t").alias("last_t"))
+        .agg(
+            F.max("t").alias("last_t"),
+            F.max_by("spid", "t").alias("last_spid"),
+            F.max_by("stop_t", "t").alias("stop_t"),
+        )
         .where(tail_missed >= opts.gap_intervals)
         .select(
             "broker",
@@ -261,15 +294,22 @@ def heartbeat_gaps(
             F.timestamp_seconds(F.col("last_t") + F.lit(interval)).alias("start"),
             F.lit(None).cast("timestamp").alias("end"),
             tail_missed.alias("missed"),
+            "last_spid",
+            F.timestamp_seconds(F.col("stop_t")).alias("stop_announced"),
         )
     )
     return inside.unionByName(tail)
 
 
 def restarts(broker: DataFrame) -> DataFrame:
-    """Samples where a broker came back with a new spid or reset counters."""
+    """Samples where a broker came back with a new spid or reset counters; ``planned``
+    when the run before had announced a planned stop (``stop_flags``)."""
     return broker.where(F.col("restart")).select(
-        "broker", "ts", F.col("prev_spid").alias("old_spid"), F.col("spid").alias("new_spid")
+        "broker",
+        "ts",
+        F.col("prev_spid").alias("old_spid"),
+        F.col("spid").alias("new_spid"),
+        F.col("prev_stop_t").isNotNull().alias("planned"),
     )
 
 

@@ -6,13 +6,17 @@ its size does not grow with the history.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from pipeline.collection import summary_gaps
+from pipeline.incidents import build_incidents, merge_outages, outage_incident
+from pipeline.isotime import epoch_iso, iso
 from pipeline.options import ReportOptions
+
+__all__ = ["build_summary", "epoch_iso", "iso", "merge_outages", "outage_incident"]
 
 CAPACITY_FORMULA = (
     "Seed 000: a broker switching each message into Q queues has an internal switching rate "
@@ -25,19 +29,6 @@ CAPACITY_FORMULA = (
 )
 
 
-def iso(value: datetime | None) -> str | None:
-    """ISO 8601 in UTC with a ``Z``; a naive time is UTC."""
-    if value is None:
-        return None
-    if value.tzinfo is None:
-        value = value.replace(tzinfo=UTC)
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def epoch_iso(seconds: float | None) -> str | None:
-    return None if seconds is None else iso(datetime.fromtimestamp(seconds, tz=UTC))
-
-
 def _rows(df: DataFrame) -> list[dict[str, Any]]:
     return [row.asDict() for row in df.collect()]
 
@@ -45,83 +36,6 @@ def _rows(df: DataFrame) -> list[dict[str, Any]]:
 def _first(df: DataFrame, order: Any) -> dict[str, Any] | None:
     row = df.orderBy(order).first()
     return None if row is None else row.asDict()
-
-
-def _incident(
-    kind: str, row: dict[str, Any], start: datetime | None, end: datetime | None, **details: Any
-) -> dict[str, Any]:
-    """One entry of summary.json's ``incidents`` from a row of a report table."""
-    return {
-        "kind": kind,
-        "broker": row["broker"],
-        "start": iso(start),
-        "end": iso(end),
-        "details": details,
-    }
-
-
-def merge_outages(gaps: list[dict[str, Any]], links: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Outages toward each broker: its heartbeat gaps and its peers' link outages toward
-    its address, joined while they overlap.
-
-    Every source says the broker was not seen up from its ``start`` to its ``end`` (null:
-    not back by the end of the period); one dead broker is silent to the console and down
-    for each of its peers at once, which is one outage, not one per observer.  An outage
-    goes from its earliest start to its latest end: never shorter than any source saw it.
-    """
-    sources: dict[str, list[tuple[datetime, datetime | None, str | None, int | None]]] = {}
-    for row in gaps:
-        sources.setdefault(row["broker"], []).append(
-            (row["start"], row["end"], None, int(row["missed"]))
-        )
-    for row in links:
-        sources.setdefault(row["peer_address"], []).append(
-            (row["start"], row["end"], row["broker"], None)
-        )
-    outages: list[dict[str, Any]] = []
-    for broker, found in sources.items():
-        found.sort(key=lambda source: source[0])
-        current: dict[str, Any] | None = None
-        for start, end, observer, missed in found:
-            if current is None or (current["end"] is not None and start > current["end"]):
-                current = {"broker": broker, "start": start, "end": end, "missed": [], "by": set()}
-                outages.append(current)
-            elif end is None or current["end"] is None:
-                current["end"] = None
-            else:
-                current["end"] = max(current["end"], end)
-            if observer is not None:
-                current["by"].add(observer)
-            if missed is not None:
-                current["missed"].append(missed)
-    return [
-        {
-            "broker": o["broker"],
-            "start": iso(o["start"]),
-            "end": iso(o["end"]),
-            "seconds": None
-            if o["end"] is None
-            else round((o["end"] - o["start"]).total_seconds(), 6),
-            "missed_samples": sum(o["missed"]) if o["missed"] else None,
-            "seen_down_by": sorted(o["by"]),
-        }
-        for o in sorted(outages, key=lambda o: (o["start"], o["broker"]))
-    ]
-
-
-def outage_incident(outage: dict[str, Any]) -> dict[str, Any]:
-    """``broker_outage`` when the broker's own heartbeats stopped, ``link_outage`` when only
-    its peers lost it (it kept reporting to the console)."""
-    details: dict[str, Any] = {"seconds": outage["seconds"], "seen_down_by": outage["seen_down_by"]}
-    if outage["missed_samples"] is not None:
-        details = {"missed_samples": outage["missed_samples"], **details}
-    return {
-        "kind": "broker_outage" if outage["missed_samples"] is not None else "link_outage",
-        "broker": outage["broker"],
-        "start": outage["start"],
-        "end": outage["end"],
-        "details": details,
-    }
 
 
 def build_summary(
@@ -138,6 +52,7 @@ def build_summary(
     flaps: DataFrame,
     outages: DataFrame,
     timeline: dict[str, Any],
+    collection: list[dict[str, Any]],
     peer_raw: DataFrame,
     queue_raw: DataFrame,
     first_t: float,
@@ -145,7 +60,11 @@ def build_summary(
     broker_count: int,
     interval: float,
 ) -> dict[str, Any]:
-    """summary.json: period, brokers, totals, peaks, capacity, incidents."""
+    """summary.json: period, brokers, totals, peaks, capacity, incidents.
+
+    ``gaps`` are the heartbeat gaps with their cause (``collection.explain_gaps``),
+    ``collection`` the collection gaps (``collection.collection_gaps``).
+    """
     counted = ("published", "routed", "delivered")
     per_broker = {
         r["broker"]: {k: int(r[k] or 0) for k in counted}
@@ -198,40 +117,17 @@ def build_summary(
         "xsr_utilisation": (xsr_peak["xsr"] / xsr_est) if xsr_peak and xsr_est else None,
     }
 
-    incidents: list[dict[str, Any]] = list(timeline["failovers"])
-    merged = merge_outages(_rows(gaps), _rows(outages))
-    incidents.extend(outage_incident(outage) for outage in merged)
-    for row in _rows(restarts):
-        incidents.append(
-            _incident(
-                "restart", row, row["ts"], row["ts"], spid=row["new_spid"], old_spid=row["old_spid"]
-            )
-        )
-    for row in _rows(backlogs):
-        incidents.append(
-            _incident(
-                "backlog",
-                row,
-                row["start"],
-                row["end"],
-                vhost=row["vhost"],
-                queue=row["queue"],
-                growth=int(row["growth"]),
-                growth_per_s=row["growth_per_s"],
-            )
-        )
-    for row in _rows(flaps):
-        incidents.append(
-            _incident(
-                "link_flap",
-                row,
-                row["start"],
-                row["end"],
-                peer_address=row["peer_address"],
-                transitions=row["transitions"],
-            )
-        )
-    incidents.sort(key=lambda i: (i["start"] or "", i["kind"], i["broker"]))
+    incidents, merged = build_incidents(
+        timeline=timeline,
+        collection=collection,
+        gaps=_rows(gaps),
+        link_outages=_rows(outages),
+        restarts=_rows(restarts),
+        backlogs=_rows(backlogs),
+        flaps=_rows(flaps),
+        interval=interval,
+        allowance=opts.reconnect_allowance,
+    )
 
     growing = [
         {k: r[k] for k in ("broker", "vhost", "queue", "messages_last", "recent_slope_per_s")}
@@ -287,6 +183,7 @@ def build_summary(
             "no_root": timeline["no_root"],
             "no_root_seconds": timeline["no_root_seconds"],
         },
+        "console_gaps": summary_gaps(collection),
         "queues_growing": growing,
         "incidents": incidents,
         "outages": merged,
@@ -307,7 +204,27 @@ def build_summary(
                 "toward a broker: its heartbeat gaps and its peers' runs of down "
                 f"observations (>= {opts.gap_intervals} samples, from the first sample "
                 "that saw it down to the next that saw it up), one outage while they "
-                "overlap, from the earliest start to the latest end"
+                "overlap, from the earliest start to the latest end; a heartbeat gap "
+                "explained by a console gap or a planned stop is none"
+            ),
+            "console_gap": (
+                f">= {opts.gap_intervals} intervals without a sample of any broker (the "
+                "console was away), from the last sample before to the first after; it "
+                "explains a broker's heartbeat gap that starts no earlier than one interval "
+                f"before it and ends within {opts.reconnect_allowance} s (the reconnect "
+                "allowance) of its end"
+            ),
+            "planned_stop": (
+                "a heartbeat gap after the broker announced a planned stop (a sample marked "
+                "stopping in the same run), from its last sample to its return"
+            ),
+            "restart": (
+                "a new spid or counters that went down: planned_restart after a planned "
+                "stop, crash_restart after anything else"
+            ),
+            "no_root": (
+                "interval buckets where most brokers reporting saw no root; console gaps "
+                "are no such time"
             ),
             "backlog": (
                 f"ready count rising at every sample for >= {opts.backlog_min_seconds} s "

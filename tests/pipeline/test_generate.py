@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import lake
-from pipeline.generate import GenerateError, generate
+from pipeline.generate import GenerateError, generate, parse_time
+from pipeline.isotime import iso
 from tests.pipeline import reference as ref
 
 SMALL = {"brokers": 3, "queues": 2, "hours": 1.0, "interval": 10.0}
@@ -39,12 +40,16 @@ def test_same_seed_same_history_other_seed_differs(tmp_path: Path) -> None:
 
 def test_counters_follow_rates_and_reset_on_restart(lake_dir: Path) -> None:
     rows = ref.load(lake_dir, "queue_samples")
-    resets = 0
+    resets = across_console_gap = 0
     for group in ref.series(rows, ("broker", "vhost", "queue")).values():
         for prev, row in itertools.pairwise(group):
             if row["enqueued_total"] < prev["enqueued_total"]:
                 resets += 1
                 assert row["enqueued_total"] == row["rate_in"] * 5.0
+            elif row["t"] - prev["t"] > 7.5:
+                # the console was away: the broker counted on, nobody recorded it
+                across_console_gap += 1
+                assert row["enqueued_total"] - prev["enqueued_total"] >= row["rate_in"] * 5.0
             else:
                 assert row["t"] - prev["t"] == pytest.approx(5.0)
                 assert row["enqueued_total"] - prev["enqueued_total"] == row["rate_in"] * 5.0
@@ -52,7 +57,8 @@ def test_counters_follow_rates_and_reset_on_restart(lake_dir: Path) -> None:
                 # ready = previous + in - out
                 delta = (row["rate_in"] - row["rate_out"]) * 5.0
                 assert row["messages"] == pytest.approx(prev["messages"] + delta)
-    assert resets == 3 * 3  # three broker restarts, three queues each
+    assert resets == 4 * 3  # three crashes and a planned stop, three queues each
+    assert across_console_gap == 4 * 3  # every broker, every queue
 
 
 def test_broker_rows_are_the_sum_of_their_queues(lake_dir: Path) -> None:
@@ -75,6 +81,25 @@ def test_diurnal_traffic_peaks_in_the_afternoon(tmp_path: Path) -> None:
     for row in ref.load(tmp_path, "broker_samples"):
         by_hour[row["ts"].hour] = by_hour.get(row["ts"].hour, 0.0) + row["rate_routed"]
     assert by_hour[15] > 1.8 * by_hour[3]
+
+
+def test_a_planned_stop_is_marked_and_the_console_gap_leaves_no_sample(lake_dir: Path) -> None:
+    doc = json.loads((lake_dir / "_incidents.json").read_text())
+    [stop] = [i for i in doc["incidents"] if i["kind"] == "planned_stop"]
+    [gap] = [i for i in doc["incidents"] if i["kind"] == "console_gap"]
+    rows = ref.load(lake_dir, "broker_samples")
+    marked = [r for r in rows if r["stopping"]]
+    assert [r["broker"] for r in marked] == [stop["broker"]]
+    [mine] = ref.series([r for r in rows if r["broker"] == stop["broker"]], ("broker",)).values()
+    at = mine.index(marked[0])
+    # one more status after the marked one: the stop's start, then nothing until its end
+    last, back = mine[at + 1], mine[at + 2]
+    assert last["t"] - marked[0]["t"] == 5.0 and iso(last["ts"]) == stop["start"]
+    assert iso(back["ts"]) == stop["end"] and back["spid"] != last["spid"]
+    start, end = (parse_time(gap[k]).timestamp() for k in ("start", "end"))
+    for table in lake.SCHEMAS:
+        assert not [r for r in ref.load(lake_dir, table) if start < r["t"] < end]
+    assert gap["details"]["brokers"] == doc["brokers"]
 
 
 def test_outage_peers_see_the_broker_inactive(lake_dir: Path) -> None:

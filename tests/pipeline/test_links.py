@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.summary import merge_outages
+from pipeline.incidents import merge_outages
 from tests.pipeline import reference as ref
 from tests.pipeline.walkthrough import INTERVAL, NAMES, START, History, write_history
 
@@ -74,9 +74,9 @@ def test_one_restart_is_one_outage_of_78_s_not_hundreds_of_flaps(
     assert epoch(outage["end"]) == pytest.approx(START + KILL_AT + DOWN, abs=INTERVAL)
     assert outage["missed_samples"] == DOWN / INTERVAL
     assert outage["seen_down_by"] == others
-    # The incidents: that outage and the restart, nothing else.
+    # The incidents: that outage and the restart (a crash: no stop announced), nothing else.
     incidents = [(i["kind"], i["broker"]) for i in summary["incidents"]]
-    assert incidents == [("broker_outage", killed), ("restart", killed)]
+    assert incidents == [("broker_outage", killed), ("crash_restart", killed)]
     assert summary["incidents"][0]["details"]["seconds"] == outage["seconds"]
     assert table(walkthrough, "link_flaps") == []
 

@@ -68,14 +68,17 @@ def test_sample_counts_and_period(report: dict[str, Any], broker_rows: list, lak
 
 
 def test_rates_from_counters_agree_with_reported_rates(broker_rated: list) -> None:
-    """The generator's counters and rate fields are consistent, restarts included."""
+    """The generator's counters and rate fields are consistent, restarts included (after
+    a console gap a counter difference covers the whole gap, a rate field one interval)."""
     restarts = 0
     for s in broker_rated:
         restarts += s["restart"]
+        if not s["restart"] and s["n_in"] != s["rate_published"] * INTERVAL:
+            continue
         assert s["r_in"] == pytest.approx(s["rate_published"])
         assert s["r_isr"] == pytest.approx(s["rate_routed"])
         assert s["r_out"] == pytest.approx(s["rate_delivered"])
-    assert restarts == 3
+    assert restarts == 4
 
 
 def same_keys(got: dict[Any, Any], expected: dict[Any, Any]) -> None:
@@ -176,9 +179,14 @@ def test_queue_trends(report: dict[str, Any], lake_dir: Path) -> None:
 def test_root_timeline(report: dict[str, Any], lake_dir: Path) -> None:
     injected = json.loads((lake_dir / "_incidents.json").read_text())
     failover = next(i for i in injected["incidents"] if i["kind"] == "root_failover")
+    gap = next(i for i in injected["incidents"] if i["kind"] == "console_gap")
     root = report["summary"]["root"]
     roots = [s["root"] for s in root["timeline"]]
-    assert roots == [failover["broker"], None, failover["details"]["new_root"]]
+    new_root = failover["details"]["new_root"]
+    # the console gap is a hole in the new root's time: nobody recorded who was root
+    assert roots == [failover["broker"], None, new_root, new_root]
+    hole = (epoch(root["timeline"][2]["end"]), epoch(root["timeline"][3]["start"]))
+    assert hole[0] <= epoch(gap["start"]) + INTERVAL and hole[1] >= epoch(gap["end"]) - INTERVAL
     assert root["changes"] == [
         {"at": failover["end"], "from": failover["broker"], "to": failover["details"]["new_root"]}
     ]
@@ -193,7 +201,10 @@ def test_every_injected_incident_is_detected_at_the_right_time(
     injected = json.loads((lake_dir / "_incidents.json").read_text())["incidents"]
     detected = report["summary"]["incidents"]
     kinds = {i["kind"] for i in injected}
-    assert kinds == {"root_failover", "broker_outage", "restart", "backlog", "link_flap"}
+    assert kinds == {
+        "root_failover", "no_root", "console_gap", "broker_outage", "crash_restart",
+        "planned_stop", "planned_restart", "backlog", "link_flap",
+    }  # fmt: skip
     assert len(detected) == len(injected), detected
     unmatched = list(detected)
     for want in injected:
@@ -212,22 +223,41 @@ def test_every_injected_incident_is_detected_at_the_right_time(
         if want["kind"] == "link_flap":
             assert match[0]["details"]["peer_address"] == want["details"]["peer_address"]
             assert match[0]["details"]["transitions"] == want["details"]["transitions"]
+        if want["kind"] in ("console_gap", "no_root", "root_failover"):
+            for key, value in want["details"].items():
+                if key not in ("old_spid", "new_spid"):  # the report names roots, not runs
+                    assert match[0]["details"][key] == value, (key, want)
+        if want["kind"] in ("planned_stop", "planned_restart", "crash_restart"):
+            assert match[0]["details"]["spid"] == want["details"]["spid"]
     assert unmatched == []
+    # the root figures and the incidents say the same
+    no_root = [d["details"]["seconds"] for d in detected if d["kind"] == "no_root"]
+    assert sum(no_root) == pytest.approx(report["summary"]["root"]["no_root_seconds"])
 
 
-def test_heartbeat_gaps_table(report: dict[str, Any], broker_rows: list) -> None:
+def test_heartbeat_gaps_table(report: dict[str, Any], broker_rows: list, lake_dir: Path) -> None:
+    injected = json.loads((lake_dir / "_incidents.json").read_text())["incidents"]
+    [gap] = [epoch(i["start"]) for i in injected if i["kind"] == "console_gap"]
+    [stop] = [i["broker"] for i in injected if i["kind"] == "planned_stop"]
     expected = []
     for (broker,), group in ref.series(broker_rows, ("broker",)).items():
+        marked = False  # this run announced its stop
         for prev, row in itertools.pairwise(group):
+            marked = marked or prev["stopping"]
             missed = round((row["t"] - prev["t"]) / INTERVAL) - 1
             if missed >= 3:
-                expected.append((broker, round(prev["t"] + INTERVAL, 3), round(row["t"], 3)))
+                cause = "planned_stop" if marked else None
+                cause = "console_gap" if abs(prev["t"] - gap) < INTERVAL else cause
+                expected.append((broker, round(prev["t"] + INTERVAL, 3), round(row["t"], 3), cause))
+            marked = marked and row["spid"] == prev["spid"]
     got = [
-        (r["broker"], round(epoch(r["start"]), 3), round(epoch(r["end"]), 3))
+        (r["broker"], round(epoch(r["start"]), 3), round(epoch(r["end"]), 3), r["cause"])
         for r in output(report, "heartbeat_gaps")
     ]
-    assert sorted(got) == sorted(expected)
-    assert len(expected) == 2
+    assert sorted(got, key=str) == sorted(expected, key=str)
+    # two crashes, one planned stop, every broker once during the console gap
+    assert len(expected) == 3 + LAKE_ARGS["brokers"]
+    assert [g[0] for g in expected if g[3] == "planned_stop"] == [stop]
 
 
 def test_time_window(spark: Any, lake_dir: Path, tmp_path: Path, broker_rows: list) -> None:

@@ -8,6 +8,12 @@ and stays listed; once it is back under a new spid at the same address, every st
 lists the address twice, the old spid inactive and the new one active.  A restarted
 broker links to its peers before their statuses reach it, so its first status lists
 them inactive.
+
+Issue 45 adds what the console sees of its own absence and of planned stops: while the
+console is away nothing is recorded (the brokers run on, and their links come back at
+their own pace after it returns), and a broker that stops as planned has a sample marked
+``stopping`` (the one the console had when the message came) and one more status after
+it, as ``ingest.record_stopping`` leaves them.
 """
 
 from __future__ import annotations
@@ -36,28 +42,68 @@ class History:
     """What happens, in seconds after ``START``.
 
     ``kill``: broker index, when it was killed, seconds until it is back (new spid, same
-    address).  ``unseen``: (observer, peer, from, to): the observer's link to that peer
-    is down in [from, to) while both keep running.
+    address; None: never back).  ``stop``: the same for a planned stop.  ``unseen``:
+    (observer, peer, from, to): the observer's link to that peer is down in [from, to)
+    while both keep running.  ``console_away``: (from, to) without any sample recorded;
+    broker ``b`` is recorded again ``reconnect[b]`` seconds after ``to``.  ``roots``:
+    (from, broker index or None) changes of the root every broker reports.
     """
 
     seconds: int = 600
-    kill: tuple[int, float, float] | None = None
+    kill: tuple[int, float, float | None] | None = None
     unseen: list[tuple[int, int, float, float]] = field(default_factory=list)
+    stop: tuple[int, float, float | None] | None = None
+    console_away: list[tuple[float, float]] = field(default_factory=list)
+    reconnect: tuple[float, ...] = (0.0, 0.0, 0.0, 0.0)
+    roots: list[tuple[float, int | None]] = field(default_factory=lambda: [(0.0, 0)])
+
+    def down_of(self, broker: int) -> tuple[float, float | None] | None:
+        """When ``broker`` went down (killed or stopped), and for how long (None: for good)."""
+        for event in (self.kill, self.stop):
+            if event is not None and event[0] == broker:
+                return event[1], event[2]
+        return None
+
+    def back_at(self, broker: int) -> float | None:
+        """When ``broker`` is back under a new spid (seconds after START), if ever."""
+        down = self.down_of(broker)
+        if down is None or down[1] is None:
+            return None
+        return down[0] + down[1]
 
     def alive(self, broker: int, t: float) -> bool:
-        if self.kill is None or self.kill[0] != broker:
+        down = self.down_of(broker)
+        if down is None:
             return True
-        _, at, down = self.kill
-        return not at <= t - START < at + down
+        at, length = down
+        return not (at <= t - START and (length is None or t - START < at + length))
+
+    def heard(self, broker: int, t: float) -> bool:
+        """Whether the console records this broker's status at ``t``."""
+        rel = t - START
+        away = any(a <= rel < b + self.reconnect[broker] for a, b in self.console_away)
+        return self.alive(broker, t) and not away
 
     def restarted(self, broker: int, t: float) -> bool:
-        return self.kill is not None and self.kill[0] == broker and t - START >= sum(self.kill[1:])
+        back = self.back_at(broker)
+        return back is not None and t - START >= back
+
+    def stopping(self, broker: int, t: float) -> bool:
+        """The console marked this sample: the one before the last of a planned stop."""
+        if self.stop is None or self.stop[0] != broker or self.restarted(broker, t):
+            return False
+        return self.stop[1] - 2 * INTERVAL <= t - START < self.stop[1] - INTERVAL
 
     def spid_of(self, broker: int, t: float) -> str:
         if self.restarted(broker, t):
-            assert self.kill is not None
-            return spid(START + self.kill[1] + self.kill[2], 40000 + broker)
+            back = self.back_at(broker)
+            assert back is not None
+            return spid(START + back, 40000 + broker)
         return spid(START - 86_400 + broker, 1000 + broker)
+
+    def root_of(self, t: float) -> int | None:
+        """The broker every status names as root at ``t``."""
+        return [who for at, who in self.roots if at <= t - START][-1]
 
 
 def peer_entries(h: History, observer: int, t: float) -> list[dict[str, Any]]:
@@ -69,18 +115,15 @@ def peer_entries(h: History, observer: int, t: float) -> list[dict[str, Any]]:
         rel = t - START
         cut = any(o == observer and p == peer and a <= rel < b for o, p, a, b in h.unseen)
         old = h.spid_of(peer, START)
-        if h.kill is not None and h.kill[0] == peer:
-            _, at, down = h.kill
-            entries.append({"spid": old, "address": address, "active": rel < at and not cut})
-            if rel >= at + down:
+        down = h.down_of(peer)
+        if down is not None:
+            entries.append({"spid": old, "address": address, "active": rel < down[0] and not cut})
+            if h.restarted(peer, t):
                 entries.append({"spid": h.spid_of(peer, t), "address": address, "active": not cut})
         else:
             # a restarted observer's first status: linked, no status of its peers yet
-            fresh = (
-                h.kill is not None
-                and h.kill[0] == observer
-                and 0 <= rel - (h.kill[1] + h.kill[2]) < INTERVAL
-            )
+            back = h.back_at(observer)
+            fresh = back is not None and 0 <= rel - back < INTERVAL
             entries.append({"spid": old, "address": address, "active": not (cut or fresh)})
     return sorted(entries, key=lambda e: e["spid"])
 
@@ -88,7 +131,6 @@ def peer_entries(h: History, observer: int, t: float) -> list[dict[str, Any]]:
 def write_history(root: Path, h: History) -> dict[str, list[dict[str, Any]]]:
     """Write the history into a lake at ``root``; returns the rows per table."""
     rows: dict[str, list[dict[str, Any]]] = {t: [] for t in lake.SCHEMAS}
-    root_spid = h.spid_of(0, START)
     for broker, name in enumerate(NAMES):
         count = 0
         for tick in range(h.seconds):
@@ -97,16 +139,19 @@ def write_history(root: Path, h: History) -> dict[str, list[dict[str, Any]]]:
                 continue
             if h.restarted(broker, t) and count > 0 and not h.restarted(broker, t - INTERVAL):
                 count = 0  # counters restart with the process
-            count += 10
+            count += 10  # while the console is away too: the broker runs on
+            if not h.heard(broker, t):
+                continue
             peers = peer_entries(h, broker, t)
+            leader = h.root_of(t)
             rows["broker_samples"].append(
                 {
                     "ts": t,
                     "broker": name,
                     "spid": h.spid_of(broker, t),
                     "broker_type": TYPES[broker],
-                    "is_root": broker == 0,
-                    "root": root_spid,
+                    "is_root": broker == leader,
+                    "root": None if leader is None else h.spid_of(leader, t),
                     "ready": True,
                     "peers_active": sum(p["active"] for p in peers),
                     "peers_known": len(peers),
@@ -118,6 +163,7 @@ def write_history(root: Path, h: History) -> dict[str, list[dict[str, Any]]]:
                     "published_total": count,
                     "routed_total": count,
                     "delivered_total": count,
+                    "stopping": h.stopping(broker, t),
                 }
             )
             rows["queue_samples"].append(

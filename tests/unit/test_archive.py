@@ -235,6 +235,47 @@ def test_ingested_statuses_reach_the_lake_with_spid_root_and_peers(lake_dir: Pat
     assert not HeartbeatSample.objects.exists()
 
 
+def test_a_planned_stop_reaches_the_lake_and_older_files_read_as_no_stop(
+    lake_dir: Path, tmp_path: Path
+) -> None:
+    """The ``stopping`` mark goes into the lake's ``stopping`` column (issue 45); files
+    archived before the column existed lack it and read as false, next to new ones."""
+    import pyarrow.parquet as pq
+
+    from clusterapi import ingest
+    from tests.unit.test_clusterapi_ingest import hello, status
+
+    broker, _ = ingest.register_hello(ingest.parse_hello(hello(spid="spid-7")), "chan")
+    link = ingest.LinkState(broker.pk, broker.name, broker.broker_type, spid=broker.spid)
+    now = timezone.now().timestamp()
+    ingest.apply_status(link, status(0, True, [], t=now - 2))
+    ingest.apply_status(link, status(1, True, [], t=now - 1))
+    assert ingest.record_stopping(link, "spid-7", "SIGTERM")
+    ingest.apply_status(link, status(2, True, [], t=now))  # on its way out
+    # a file archived by an older console: no stopping column
+    old = lake.rows_to_table("broker_samples", [archive.broker_row(
+        {**HeartbeatSample.objects.values().first(), "time": NOW - dt.timedelta(days=1)},
+        "127.0.0.1:5709", "spid-9", "primary",
+    )]).drop_columns(["broker", "stopping"])  # fmt: skip
+    directory = lake.partition_dir(lake_dir, "broker_samples", "2026-03-01", "127.0.0.1:5709")
+    directory.mkdir(parents=True)
+    pq.write_table(old, directory / "part-old.parquet")
+
+    archive.archive_samples(timezone.now() + dt.timedelta(seconds=1))
+    rows = lake.read_table(lake_dir, "broker_samples").sort_by([("ts", "ascending")]).to_pylist()
+    assert [(r["broker"], r["stopping"]) for r in rows] == [
+        ("127.0.0.1:5709", False),
+        ("127.0.0.1:5701", False),
+        ("127.0.0.1:5701", True),
+        ("127.0.0.1:5701", False),
+    ]
+    # a report's own lake: the archive's files (old and new) linked, read alike
+    view = archive.report_lake(tmp_path / "run-lake", None, None)
+    assert view.broker_samples == 4
+    linked = lake.read_table(view.root, "broker_samples").column("stopping").to_pylist()
+    assert sorted(linked) == [False, False, False, True]
+
+
 def test_archive_passes_take_turns(tmp_path: Path) -> None:
     """A second pass waits for the first (flock on the lake's _archive.lock)."""
     import threading

@@ -540,3 +540,25 @@ def test_a_brokers_memory_and_disk_alarms_become_console_alarms(
     )
     assert ingest.apply_status(link, again).alarms_changed
     assert set(Alarm.objects.filter(active=True).values_list("kind", flat=True)) == {"disk"}
+
+
+def test_a_planned_stop_marks_the_last_sample_of_its_run() -> None:
+    """The traffic report tells a planned stop from a crash by this mark (issue 45)."""
+    broker, _ = ingest.register_hello(ingest.parse_hello(hello()), "chan-1")
+    link = LinkState(broker.pk, broker.name, broker.broker_type, spid="spid-1")
+    assert not ingest.record_stopping(link, "spid-0", "SIGTERM")  # another run: no mark
+    assert ingest.record_stopping(link, "spid-1", "SIGTERM")  # no sample yet: none made up
+    assert not HeartbeatSample.objects.exists()
+
+    now = time.time()
+    for seq in range(3):
+        ingest.apply_status(link, status(seq, True, [], t=now - 3 + seq))
+    assert ingest.record_stopping(link, "spid-1", "SIGTERM")
+    samples = list(HeartbeatSample.objects.order_by("time"))
+    assert [s.stopping for s in samples] == [False, False, True]
+    assert {s.spid for s in samples} == {"spid-1"}
+    # one more status on its way out is stored as it comes (the report reads the mark
+    # for the rest of the run)
+    ingest.apply_status(link, status(3, True, [], t=now + 1))
+    assert HeartbeatSample.objects.filter(stopping=True).count() == 1
+    assert HeartbeatSample.objects.count() == 4

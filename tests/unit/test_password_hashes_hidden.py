@@ -99,8 +99,9 @@ def test_a_document_saved_back_without_hashes_keeps_them(
     assert MARK not in str(shown)
     again = configs.save({**shown, "vhosts": ["/", "other"]}, operator, "a vhost more")
     assert again.outcome == configs.CREATED
-    assert again.version.document["users"][0]["password_hash"] == (
-        DOCUMENT["users"][0]["password_hash"]
+    assert (
+        again.version.document["users"][0]["password_hash"]
+        == (DOCUMENT["users"][0]["password_hash"])
     )
     # the same document without hashes is the current version: nothing to save
     assert configs.save(passwords.hidden(again.version.document), operator).outcome == (

@@ -82,9 +82,16 @@ summary = {
     "totals": {"published": 10, "routed": 20, "delivered": 30, "per_broker": {}},
     "peaks": {"cluster_isr": {"value": 2.5, "minute": "x"}, "cluster_xsr": None},
     "root": {"timeline": [{"root": names[0], "start": "a", "end": "b"}], "changes": [],
-             "no_root": [], "no_root_seconds": 0.0},
-    "incidents": [{"kind": "restart", "broker": names[0], "start": "s", "end": "e",
-                   "details": {"spid": "new"}}],
+             "no_root": [{"start": "n", "end": "r", "seconds": 4.0, "root_before": names[0],
+                          "root_after": names[0]}], "no_root_seconds": 4.0},
+    "console_gaps": [{"start": "s", "end": "e", "seconds": 40.0, "missed_intervals": 40}],
+    "incidents": [{"kind": "console_gap", "broker": None, "start": "s", "end": "e",
+                   "details": {"seconds": 40.0, "brokers": names}},
+                  {"kind": "no_root", "broker": names[0], "start": "n", "end": "r",
+                   "details": {"seconds": 4.0, "root_before": names[0],
+                               "root_after": names[0]}},
+                  {"kind": "crash_restart", "broker": names[0], "start": "s", "end": "e",
+                   "details": {"spid": "new", "old_spid": "old"}}],
     "tables": {"broker_minute": str(out / "broker_minute"),
                "isr_xsr_minute": str(out / "isr_xsr_minute"),
                "../../etc": "/etc", "restarts": str(out / "restarts")},
@@ -309,7 +316,7 @@ def test_api_lists_and_shows_runs_with_their_summary(done: ReportRun, viewer: Us
         "manual",
     )
     assert item["headline"]["brokers"] == done.summary["brokers"]
-    assert item["headline"]["incidents"] == 1 and "summary" not in item
+    assert item["headline"]["incidents"] == 3 and "summary" not in item
     detail = api.get(f"/api/v1/reports/{done.pk}/").json()
     assert detail["summary"] == done.summary and detail["requested_by"] == "op"
     assert detail["downloads"]["summary"].endswith(f"/api/v1/reports/{done.pk}/summary.json")
@@ -426,7 +433,15 @@ def test_report_page_shows_charts_incidents_and_downloads(done: ReportRun, viewe
     series = page.context["charts"]
     assert series == reports.chart_series(done)
     assert 'id="report-series"' in html
-    assert "<td>restart</td>" in html and "10.0.0.1:5701" in html
+    assert 'title="crash_restart">Crash restart<' in html and "10.0.0.1:5701" in html
+    # issue 45: readable kinds, and the root tile says what the incidents say
+    assert 'title="console_gap">Console gap (no outage)<' in html
+    assert '<span class="muted">console</span>' in html  # a console gap has no broker
+    assert 'title="no_root">No root<' in html
+    tile = html[html.index('id="report-root-tile"') :]
+    tile = tile[: tile.index("</div>")]
+    assert "no root for 4.0 s" in tile and "in 1 stretch," in tile
+    assert 'id="report-console-tile"' in html
     assert f"/api/v1/reports/{done.pk}/summary.json" in html
     assert f"/api/v1/reports/{done.pk}/tables/isr_xsr_minute.parquet" in html
     assert client_for(viewer).get("/reports/999/").status_code == 404
