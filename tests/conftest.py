@@ -91,10 +91,19 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return PipelineTogether(config, log)
 
 
+#: fixtures of unit directories whose process is shared by the tests of the session
+#: (``tests/pipeline``'s Spark; those of ``PROCESS_DIRS`` are marked anyway): a test that
+#: uses one needs the ``integration`` marker even when an earlier test already started
+#: the process (``make test``), or it fails alone (``make test-fast``)
+PROCESS_FIXTURES = frozenset({"spark"})
+
+
 @pytest.fixture(autouse=True)
 def _unit_tests_start_no_process(request: pytest.FixtureRequest) -> Iterator[None]:
-    """A test without the ``integration`` marker that starts a process fails,
-    so ``make test-fast`` stays a loop of unit tests."""
+    """A test without the ``integration`` marker that starts a process fails, and so
+    does one that uses a fixture sharing a process (``PROCESS_FIXTURES``, also when
+    it asks for it by name at run time): ``make test-fast`` stays a loop of unit
+    tests, and ``make test`` (where the shared process is up already) says so too."""
     if request.node.get_closest_marker("integration") is not None:
         yield
         return
@@ -107,6 +116,12 @@ def _unit_tests_start_no_process(request: pytest.FixtureRequest) -> Iterator[Non
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(subprocess.Popen, "_execute_child", refuse)
         yield
+    used = PROCESS_FIXTURES.intersection(request.fixturenames)
+    if used:
+        pytest.fail(
+            f"{request.node.nodeid} uses {', '.join(sorted(used))} (a shared process):"
+            " mark it integration"
+        )
 
 
 @pytest.fixture(scope="module")

@@ -136,6 +136,7 @@ def secs(value: float | datetime | None) -> float | None:
     return round(value if isinstance(value, float) else epoch(value), 3)
 
 
+@pytest.mark.integration  # its histories' reports need the session's Spark
 @pytest.mark.parametrize("fixture", ["walkthrough", "flapping", "report"])
 def test_link_tables_agree_with_the_reference(fixture: str, request: pytest.FixtureRequest) -> None:
     """Spark's flaps and outages equal the plain-Python ones, on both histories and on the
