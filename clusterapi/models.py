@@ -158,6 +158,19 @@ class HeartbeatSample(models.Model):
 class QueueSample(models.Model):
     """One queue's counters at one status (per-queue rates for the pipeline)."""
 
+    #: what each status reports of a queue, after its broker and time (the API's columns)
+    REPORTED = (
+        "vhost",
+        "queue",
+        "messages",
+        "unacked",
+        "consumers",
+        "enqueued_total",
+        "delivered_total",
+        "rate_in",
+        "rate_out",
+    )
+
     broker = models.ForeignKey(Broker, on_delete=models.CASCADE, related_name="queue_samples")
     time = models.DateTimeField()
     vhost = models.CharField(max_length=255)
@@ -183,6 +196,28 @@ class QueueSample(models.Model):
 
 class QueueSnapshot(models.Model):
     """A queue as its broker last reported it."""
+
+    #: what each status reports of a queue (the API's columns; ``queue_type`` is its
+    #: ``type`` there)
+    REPORTED = (
+        "vhost",
+        "name",
+        "durable",
+        "exclusive",
+        "auto_delete",
+        "shared",
+        "master",
+        "messages",
+        "unacked",
+        "consumers",
+        "local_consumers",
+        "consumer_servers",
+        "replicas",
+        "enqueued",
+        "delivered",
+        "arguments",
+        "queue_type",
+    )
 
     broker = models.ForeignKey(Broker, on_delete=models.CASCADE, related_name="queues")
     vhost = models.CharField(max_length=255)

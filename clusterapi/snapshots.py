@@ -38,40 +38,9 @@ DELETE_CHUNK = 200
 QueueKey = tuple[str, str]
 
 
-QUEUE_SNAPSHOT_COLUMNS = (
-    "broker",
-    "vhost",
-    "name",
-    "durable",
-    "exclusive",
-    "auto_delete",
-    "shared",
-    "master",
-    "messages",
-    "unacked",
-    "consumers",
-    "local_consumers",
-    "consumer_servers",
-    "replicas",
-    "enqueued",
-    "delivered",
-    "arguments",
-    "queue_type",
-    "updated_at",
-)
-QUEUE_SAMPLE_COLUMNS = (
-    "broker",
-    "time",
-    "vhost",
-    "queue",
-    "messages",
-    "unacked",
-    "consumers",
-    "enqueued_total",
-    "delivered_total",
-    "rate_in",
-    "rate_out",
-)
+#: the columns a status fills (the API shows the same: ``clusterapi.api``)
+QUEUE_SNAPSHOT_COLUMNS = ("broker", *QueueSnapshot.REPORTED, "updated_at")
+QUEUE_SAMPLE_COLUMNS = ("broker", "time", *QueueSample.REPORTED)
 
 
 def apply_queues(link: LinkState, section: Section, full: bool, now: dt.datetime, t: float) -> None:

@@ -61,7 +61,7 @@ def consumer_servers(queue: Queue, spid: str) -> dict[str, int]:
 
 def queue_entry(queue: Queue, shared: bool, spid: str = "") -> Entry:
     """A queue as the console sees it. ``master``: this server holds its messages (every
-    local queue; a shared queue only on the root, a proxy elsewhere: its ``messages``
+    local queue; a shared queue only on its owner, a proxy elsewhere: its ``messages``
     are not here and its ``consumers`` are this server's own). A shared master also says
     where its consumers are (``consumer_servers``) and which servers hold a copy, each
     in sync or not (``replicas``: [] for a classic queue); other entries leave them

@@ -64,23 +64,7 @@ class QueueSerializer(BrokerRowSerializer):
         model = QueueSnapshot
         fields = [
             *BrokerRowSerializer.FIELDS,
-            "vhost",
-            "name",
-            "durable",
-            "exclusive",
-            "auto_delete",
-            "shared",
-            "type",
-            "master",
-            "messages",
-            "unacked",
-            "consumers",
-            "local_consumers",
-            "consumer_servers",
-            "replicas",
-            "enqueued",
-            "delivered",
-            "arguments",
+            *("type" if name == "queue_type" else name for name in QueueSnapshot.REPORTED),
             "updated_at",
         ]
         read_only_fields = fields

@@ -165,19 +165,7 @@ class HeartbeatSerializer(BrokerRowSerializer):
 class QueueSampleSerializer(BrokerRowSerializer):
     class Meta:
         model = QueueSample
-        fields = [
-            *BrokerRowSerializer.FIELDS,
-            "time",
-            "vhost",
-            "queue",
-            "messages",
-            "unacked",
-            "consumers",
-            "enqueued_total",
-            "delivered_total",
-            "rate_in",
-            "rate_out",
-        ]
+        fields = [*BrokerRowSerializer.FIELDS, "time", *QueueSample.REPORTED]
         read_only_fields = fields
 
 

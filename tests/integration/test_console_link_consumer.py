@@ -13,6 +13,7 @@ from django.db import connections
 
 from clusterapi import commands, configs, consumers, convergence
 from clusterapi.models import Alarm, Broker, Command, QueueSnapshot
+from tests.support.linkmessages import hello as link_hello
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 
@@ -60,23 +61,9 @@ def communicator(token: str | None = TOKEN, path: str = "/ws/brokers/") -> Webso
 
 
 def hello(**over: Any) -> dict[str, Any]:
-    msg = {
-        "v": 1,
-        "type": "hello",
-        "spid": "spid-a",
-        "name": NAME,
-        "address": "127.0.0.1:5672",
-        "broker_type": "primary",
-        "version": "0.1.0",
-        "start_time": time.time(),
-        "cluster": "test",
-        "checksum": None,
-        "heartbeat_interval": 1.0,
-        "config_version": None,
-        "config_checksum": None,
-    }
-    msg.update(over)
-    return msg
+    return link_hello(
+        NAME, **{"spid": "spid-a", "address": "127.0.0.1:5672", "checksum": None, **over}
+    )
 
 
 def status(seq: int, full: bool, queues: Any) -> dict[str, Any]:

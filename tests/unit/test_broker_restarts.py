@@ -15,6 +15,7 @@ from django.utils import timezone
 from clusterapi import ingest
 from clusterapi.models import Broker, BrokerEvent
 from console.dashboard.pages import peer_links
+from tests.support.linkmessages import hello as link_hello
 
 pytestmark = pytest.mark.django_db
 
@@ -27,23 +28,8 @@ def in_memory_layer(settings: Any) -> None:
 
 
 def hello(spid: str, start: float | None = None, name: str = NAME) -> ingest.Hello:
-    return ingest.parse_hello(
-        {
-            "v": 1,
-            "type": "hello",
-            "spid": spid,
-            "name": name,
-            "address": "10.0.0.1:5672",
-            "broker_type": "primary",
-            "version": "0.1.0",
-            "start_time": start if start is not None else time.time(),
-            "cluster": "test",
-            "checksum": "abcd",
-            "heartbeat_interval": 1.0,
-            "config_version": None,
-            "config_checksum": None,
-        }
-    )
+    extra = {} if start is None else {"start_time": start}
+    return ingest.parse_hello(link_hello(name, spid, **extra))
 
 
 def test_a_new_spid_is_a_restart_of_the_same_broker() -> None:

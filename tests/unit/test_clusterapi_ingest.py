@@ -21,28 +21,13 @@ from clusterapi.models import (
     QueueSample,
     QueueSnapshot,
 )
+from tests.support.linkmessages import hello as link_hello
 
 pytestmark = pytest.mark.django_db
 
 
 def hello(name: str = "127.0.0.1:5701", **over: Any) -> dict[str, Any]:
-    msg = {
-        "v": 1,
-        "type": "hello",
-        "spid": "spid-1",
-        "name": name,
-        "address": "127.0.0.1:5672",
-        "broker_type": "primary",
-        "version": "0.1.0",
-        "start_time": time.time() - 10,
-        "cluster": "test",
-        "checksum": "abcd",
-        "heartbeat_interval": 1.0,
-        "config_version": None,
-        "config_checksum": None,
-    }
-    msg.update(over)
-    return msg
+    return link_hello(name, **{"address": "127.0.0.1:5672", "start_time": time.time() - 10, **over})
 
 
 def queue(name: str, vhost: str = "/", **over: Any) -> dict[str, Any]:

@@ -4,7 +4,6 @@ dashboard's confirmation step, a broker that links again, and the admin's delete
 from __future__ import annotations
 
 import datetime as dt
-import time
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from rest_framework.test import APIClient
 from clusterapi import cluster, decommission, ingest, objects
 from clusterapi.errors import Conflict, InvalidRequest
 from clusterapi.models import Alarm, AuditEntry, Broker, ConfigVersion, HeartbeatSample
+from tests.support.linkmessages import hello as link_hello
 
 pytestmark = pytest.mark.django_db
 
@@ -115,21 +115,7 @@ def test_a_retired_broker_that_links_again_is_active_again(
     brokers: dict[str, Broker], operator: User
 ) -> None:
     decommission.retire(brokers["gone"], operator, GONE)
-    hello = {
-        "v": 1,
-        "type": "hello",
-        "spid": "c2",
-        "name": GONE,
-        "address": "10.0.0.3:5672",
-        "broker_type": "primary",
-        "version": "0.1.0",
-        "start_time": time.time(),
-        "cluster": "test",
-        "checksum": "abcd",
-        "heartbeat_interval": 1.0,
-        "config_version": None,
-        "config_checksum": None,
-    }
+    hello = link_hello(GONE, "c2", address="10.0.0.3:5672")
     broker, came_back = ingest.register_hello(ingest.parse_hello(hello), "chan")
     assert came_back and broker.pk == brokers["gone"].pk
     assert broker.state == "up" and broker.retired_at is None

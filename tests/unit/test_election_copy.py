@@ -15,84 +15,23 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from brokerd.cluster.election import Member, View, choose, decide
+from tests.support.elections import ROOT, Survivors, elected, majority_floor, survivors
 from tests.support.examples import examples
 
-ROOT = "r0"
+
+def _copies(who: str, place: int | None, own: bool) -> dict:
+    """A member's copy of the dead root's stream at ``place`` (None: never seen)."""
+    return {"copy": None if place is None else (ROOT, place)}
 
 
-def _floor(positions: list[int], known: int) -> int:
-    """The quorum floor: the highest event the master and ``known // 2`` replicas
-    hold (as ``ReplicaSet._quorum_floor``)."""
-    need = min(known // 2, len(positions))
-    if need == 0:
-        return max(positions, default=0)
-    return sorted(positions, reverse=True)[need - 1]
-
-
-@st.composite
-def scenarios(draw: st.DrawFn) -> dict:
-    known = draw(st.integers(min_value=2, max_value=6))
-    events = draw(st.integers(min_value=0, max_value=50))
-    replicas = [f"s{i}" for i in range(1, known)]
-    final = {spid: draw(st.integers(min_value=0, max_value=events)) for spid in replicas}
-    alive = [spid for spid in replicas if draw(st.booleans())]
-    # every survivor saw each other's copy at some earlier place (or not at all)
-    seen = {
-        (v, o): draw(st.one_of(st.none(), st.integers(min_value=0, max_value=final[o])))
-        for v in alive
-        for o in alive
-        if v != o
-    }
-    start = {spid: draw(st.floats(min_value=0, max_value=10)) for spid in replicas}
-    # the vote a server holds of another may come from that one's earlier view
-    stale_votes = {(v, o): draw(st.booleans()) for v in alive for o in alive if v != o}
-    return {
-        "known": known,
-        "final": final,
-        "alive": alive,
-        "seen": seen,
-        "start": start,
-        "stale": stale_votes,
-    }
-
-
-def _view(s: dict, viewer: str, votes: dict[str, str | None], *, early: bool) -> View:
-    """``viewer``'s view: its own copy exactly; the others' as last seen (``early``:
-    an earlier view, where nothing of the others had been seen yet)."""
-    me = Member(
-        viewer,
-        start_time=s["start"][viewer],
-        vote=votes.get(viewer),
-        copy=(ROOT, s["final"][viewer]),
-    )
-    peers = []
-    for other in s["alive"]:
-        if other == viewer:
-            continue
-        place = None if early else s["seen"][(viewer, other)]
-        peers.append(
-            Member(
-                other,
-                start_time=s["start"][other],
-                vote=votes.get(other),
-                copy=None if place is None else (ROOT, place),
-            )
-        )
-    return View(me, tuple(peers), s["known"], current_root=None, last_root=ROOT)
-
-
-@given(scenarios())
+@given(survivors(places=50))
 @settings(max_examples=examples(3000), deadline=None)
-def test_a_root_elected_after_the_old_one_died_holds_every_confirmed_event(s: dict) -> None:
-    confirmed = _floor(list(s["final"].values()), s["known"])
-    # each survivor's vote, from its latest view and from an earlier one
-    latest = {v: choose(_view(s, v, {}, early=False)) for v in s["alive"]}
-    earlier = {v: choose(_view(s, v, {}, early=True)) for v in s["alive"]}
-    for w in s["alive"]:
-        held = {o: (earlier[o] if s["stale"][(w, o)] else latest[o]) for o in s["alive"] if o != w}
-        view = _view(s, w, held, early=False)
-        if decide(view).is_root:
-            assert s["final"][w] >= confirmed, (w, s["final"], confirmed)
+def test_a_root_elected_after_the_old_one_died_holds_every_confirmed_event(
+    s: Survivors,
+) -> None:
+    confirmed = majority_floor(list(s.final.values()), s.known)
+    for w in elected(s, _copies):
+        assert s.final[w] >= confirmed, (w, s.final, confirmed)
 
 
 def test_the_furthest_copy_of_the_last_roots_stream_wins_over_seniority() -> None:

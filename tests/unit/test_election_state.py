@@ -14,10 +14,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from brokerd.cluster.election import Member, View, choose, decide, state_rank
+from brokerd.cluster.election import Member, View, choose, state_rank
+from tests.support.elections import ROOT, Survivors, elected, majority_floor, survivors
 from tests.support.examples import examples
-
-ROOT = "r0"
 
 
 def test_the_seed_94_cut_primary_does_not_win_on_its_copy() -> None:
@@ -41,76 +40,32 @@ def test_only_the_last_roots_log_compares() -> None:
 
 
 @st.composite
-def scenarios(draw: st.DrawFn) -> dict:
-    """The root ordered ``entries``; each follower applied a prefix (``final``), and
-    an entry counts as the cluster's once a majority of the known primaries holds
-    it (the root among them). Survivors saw each other's place at some earlier
-    time, or not at all, and the votes they hold may come from earlier views."""
-    known = draw(st.integers(min_value=2, max_value=6))
-    entries = draw(st.integers(min_value=0, max_value=30))
-    followers = [f"s{i}" for i in range(1, known)]
-    final = {spid: draw(st.integers(min_value=0, max_value=entries)) for spid in followers}
-    alive = [spid for spid in followers if draw(st.booleans())]
-    seen = {
-        (v, o): draw(st.one_of(st.none(), st.integers(min_value=0, max_value=final[o])))
-        for v in alive
-        for o in alive
-        if v != o
-    }
-    copies = {spid: draw(st.integers(min_value=0, max_value=100)) for spid in followers}
-    start = {spid: draw(st.floats(min_value=0, max_value=10)) for spid in followers}
-    stale = {(v, o): draw(st.booleans()) for v in alive for o in alive if v != o}
-    return {
-        "known": known,
-        "final": final,
-        "alive": alive,
-        "seen": seen,
-        "copies": copies,
-        "start": start,
-        "stale": stale,
-    }
-
-
-def _view(s: dict, viewer: str, votes: dict[str, str | None], *, early: bool) -> View:
-    me = Member(
-        viewer,
-        start_time=s["start"][viewer],
-        vote=votes.get(viewer),
-        copy=(ROOT, s["copies"][viewer]),
-        state=(ROOT, s["final"][viewer]),
-    )
-    peers = []
-    for other in s["alive"]:
-        if other == viewer:
-            continue
-        place = None if early else s["seen"][(viewer, other)]
-        peers.append(
-            Member(
-                other,
-                start_time=s["start"][other],
-                vote=votes.get(other),
-                # its copy of the data stream is as good as anything: it must not matter
-                copy=(ROOT, s["copies"][other]),
-                state=None if place is None else (ROOT, place),
-            )
-        )
-    return View(me, tuple(peers), s["known"], current_root=None, last_root=ROOT)
+def scenarios(draw: st.DrawFn) -> tuple[Survivors, dict[str, int]]:
+    """The root ordered up to 30 entries; each follower applied a prefix, and an entry
+    counts as the cluster's once a majority of the known primaries holds it (the root
+    among them). Each follower's copy of the data stream is anywhere: it must not
+    matter."""
+    s = draw(survivors(places=30))
+    copies = {spid: draw(st.integers(min_value=0, max_value=100)) for spid in s.final}
+    return s, copies
 
 
 @given(scenarios())
 @settings(max_examples=examples(3000), deadline=None)
 def test_a_root_elected_after_the_old_one_died_holds_every_entry_a_majority_held(
-    s: dict,
+    scenario: tuple[Survivors, dict[str, int]],
 ) -> None:
-    need = s["known"] // 2  # followers that, with the root, make a majority
-    held = sorted(s["final"].values(), reverse=True)
-    committed = held[need - 1] if need and len(held) >= need else 0
-    latest = {v: choose(_view(s, v, {}, early=False)) for v in s["alive"]}
-    earlier = {v: choose(_view(s, v, {}, early=True)) for v in s["alive"]}
-    for w in s["alive"]:
-        votes = {o: (earlier[o] if s["stale"][(w, o)] else latest[o]) for o in s["alive"] if o != w}
-        if decide(_view(s, w, votes, early=False)).is_root:
-            assert s["final"][w] >= committed, (w, s["final"], committed)
+    s, copies = scenario
+
+    def logs(who: str, place: int | None, own: bool) -> dict:
+        return {
+            "copy": (ROOT, copies[who]),
+            "state": None if place is None else (ROOT, place),
+        }
+
+    committed = majority_floor(list(s.final.values()), s.known)
+    for w in elected(s, logs):
+        assert s.final[w] >= committed, (w, s.final, committed)
 
 
 def test_a_restarted_server_votes_for_the_peer_holding_the_live_log() -> None:

@@ -14,6 +14,7 @@ from django.test import Client
 from clusterapi import configs, convergence, inforce, ingest
 from clusterapi.ingest import LinkProtocolError, LinkState
 from clusterapi.models import Broker
+from tests.support.linkmessages import hello as link_hello
 
 NAME = "10.0.0.1:5701"
 #: brokerd hash-password x (a real one: the console validates documents with brokerd's rules)
@@ -121,23 +122,7 @@ def test_a_password_hash_is_never_kept() -> None:
 
 
 def hello(spid: str = "spid-1", **over: Any) -> dict[str, Any]:
-    msg = {
-        "v": 1,
-        "type": "hello",
-        "spid": spid,
-        "name": NAME,
-        "address": "10.0.0.1:5672",
-        "broker_type": "primary",
-        "version": "0.1.0",
-        "start_time": time.time(),
-        "cluster": "test",
-        "checksum": None,
-        "heartbeat_interval": 1.0,
-        "config_version": None,
-        "config_checksum": None,
-    }
-    msg.update(over)
-    return msg
+    return link_hello(NAME, spid, checksum=None, **over)
 
 
 def status(seq: int, **over: Any) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import pytest
 from clusterapi import ingest, objects, snapshots
 from clusterapi.ingest import LinkState
 from clusterapi.models import QueueSample, QueueSnapshot
+from tests.support.linkmessages import hello as link_hello
 
 pytestmark = pytest.mark.django_db
 
@@ -18,21 +19,7 @@ A, B = "127.0.0.1:5701", "127.0.0.1:5702"
 
 
 def hello(name: str, spid: str, started: float) -> dict[str, Any]:
-    return {
-        "v": 1,
-        "type": "hello",
-        "spid": spid,
-        "name": name,
-        "address": name,
-        "broker_type": "primary",
-        "version": "0.1.0",
-        "start_time": started,
-        "cluster": "test",
-        "checksum": "abcd",
-        "heartbeat_interval": 1.0,
-        "config_version": None,
-        "config_checksum": None,
-    }
+    return link_hello(name, spid, address=name, start_time=started)
 
 
 class Broker:

@@ -26,6 +26,7 @@ from brokerd.cluster.controller import ClusterController
 from clusterapi import cluster, consumers, ingest
 from clusterapi.ingest import LinkProtocolError, LinkState
 from clusterapi.models import Alarm, AuditEntry, Broker, BrokerEvent
+from tests.support.linkmessages import hello as link_hello
 from tests.unit.test_cluster_controller import CONFIG, link_from, make
 from tests.unit.test_cluster_controller import status as peer_status
 
@@ -40,21 +41,7 @@ def in_memory_layer(settings: Any) -> None:
 
 
 def hello(spid: str = "spid-1") -> dict[str, Any]:
-    return {
-        "v": 1,
-        "type": "hello",
-        "spid": spid,
-        "name": NAME,
-        "address": "10.0.0.1:5672",
-        "broker_type": "primary",
-        "version": "0.1.0",
-        "start_time": time.time(),
-        "cluster": "test",
-        "checksum": None,
-        "heartbeat_interval": 1.0,
-        "config_version": None,
-        "config_checksum": None,
-    }
+    return link_hello(NAME, spid, checksum=None)
 
 
 def status(seq: int) -> dict[str, Any]:

@@ -305,25 +305,19 @@ class MessagePlane:
         self._flush_scheduled = False
         self.replicas.sent()
         for out in list(self.outbound.values()):
-            if out.acks:
-                self._post_acks(out)
-            if out.repl:
-                self._post_repl(out)
-            if out.fwd_message is not None:
-                self.finish_forward(out)
-            if out.settle_run is not None:
-                out.batch.settle(*out.settle_run)
-                out.settle_run = None
-            self.proxy.pay_credit(out)
-            if out.batch or out.held:
-                self._post(out)
+            self._send(out, credit=True)
         self.pacing.check()
 
     def flush_peer(self, spid: str) -> None:
         """Send what is gathered for ``spid`` now (a control message follows it)."""
         out = self.outbound.get(spid)
-        if out is None:
-            return
+        if out is not None:
+            self._send(out, credit=False)
+
+    def _send(self, out: Outbound, *, credit: bool) -> None:
+        """Everything gathered for ``out``'s server, in order: the stream's acks, the
+        stream, the forward being gathered, settlements, proxied consumers' credit
+        (``credit``), then the batch as far as its gates allow."""
         if out.acks:
             self._post_acks(out)
         if out.repl:
@@ -333,6 +327,8 @@ class MessagePlane:
         if out.settle_run is not None:
             out.batch.settle(*out.settle_run)
             out.settle_run = None
+        if credit:
+            self.proxy.pay_credit(out)
         if out.batch or out.held:
             self._post(out)
 

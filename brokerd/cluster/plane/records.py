@@ -3,7 +3,7 @@
 Everything that moves messages between servers travels as records packed
 into one link message (``cluster.data``) per flush: forwarded publishes and
 their settlements, the operations of proxied consumers and gets, and the
-root's deliveries. Records keep their order within a link, so an ack never
+owners' deliveries. Records keep their order within a link, so an ack never
 overtakes the delivery it settles. docs/protocol.md documents each record.
 
 Layout: ``RKD1`` then records; each record is one type byte and its fields.
@@ -41,7 +41,7 @@ REPLICATED = 16
 VOID = 17
 DRAINED = 18
 
-#: replication operations (``Replicate.op``), root -> every other primary
+#: replication operations (``Replicate.op``), a queue's owner -> its replicas
 R_ENQUEUE = 1
 R_ACQUIRE = 2
 R_SETTLE = 3
@@ -107,7 +107,7 @@ class Settle:
 
 @dataclass(slots=True)
 class Consume:
-    """Attach a proxied consumer to a shared queue on the root."""
+    """Attach a proxied consumer to a shared queue at its owner."""
 
     req: int
     tag: str

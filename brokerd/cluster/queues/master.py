@@ -1,14 +1,14 @@
 """An owner's side of the shared queues: consumers and gets from other servers.
 
-The owner of a shared queue is the root, or the server a classic queue's
-placement names. A consumer connected to another server attaches to the
-master queue as a ``RemoteConsumer``, a ``ConsumerSink`` like any local
-consumer, so the queue's round robin, prefetch and exclusivity rules span
-the cluster. Its
-deliveries travel as ``Deliver`` records; the owner remembers each one it
-must see settled (``deliveries``), so that the consumer's server can ack,
-reject or requeue it, and so that everything a server held is requeued
-(redelivered) when its session ends or the server goes away.
+The owner of a shared queue is the primary its placement names (the root orders
+placements and owns only the queues placed on it). A consumer connected to
+another server attaches to the master queue as a ``RemoteConsumer``, a
+``ConsumerSink`` like any local consumer, so the queue's round robin, prefetch
+and exclusivity rules span the cluster. Its deliveries travel as ``Deliver``
+records; the owner remembers each one it must see settled (``deliveries``), so
+that the consumer's server can ack, reject or requeue it, and so that
+everything a server held is requeued (redelivered) when its session ends or the
+server goes away.
 
 Credit: a consumer with a prefetch window (in ack mode) holds at most that
 many unacked deliveries, counted here: prefetch holds end to end. Others

@@ -1,20 +1,18 @@
 """A server's side of the shared queues it does not own: proxied consumers and gets.
 
-A shared queue is owned (mastered) by one server: the root, for a queue that
-follows it (replicated and quorum queues, today), or the owner its placement
-names (a classic queue, issue 23). Everywhere else it is a proxy
-(``SharedQueue`` in its proxy role), and this module does the proxy's
-talking to the owner, within one *session* per owner (``records.Session``
-opens one; the owner then releases everything of the previous one). A local
-consumer is attached at its queue's owner under its cluster tag
-``spid/connection/tag``; the owner's deliveries wait in the consumer's
-``pending`` until it is ready (prefetch, flow, socket) and carry the session
-and the owner's delivery id in ``Message.ref``, so the channel's acks,
-rejects and requeues go back as ``Ack`` / ``Reject`` records. When a session
-ends (the root changed, a link dropped) every consumer attached under it is
-attached again under a new one; settlements of deliveries from an old
-session are dropped: the owner has already requeued those messages.
-"""
+A shared queue is owned (mastered) by one server, the primary its placement in
+the state log names (whoever is root). Everywhere else it is a proxy
+(``SharedQueue`` in its proxy role), and this module does the proxy's talking
+to the owner, within one *session* per owner (``records.Session`` opens one;
+the owner then releases everything of the previous one). A local consumer is
+attached at its queue's owner under its cluster tag ``spid/connection/tag``;
+the owner's deliveries wait in the consumer's ``pending`` until it is ready
+(prefetch, flow, socket) and carry the session and the owner's delivery id in
+``Message.ref``, so the channel's acks, rejects and requeues go back as ``Ack``
+/ ``Reject`` records. When a session ends (a link with the owner dropped, the
+owner went away) every consumer attached under it is attached again under a new
+one; settlements of deliveries from an old session are dropped: the owner has
+already requeued those messages. """
 
 from __future__ import annotations
 
@@ -611,7 +609,7 @@ def _error(r: Any) -> AMQPError:
     if isinstance(r, rec.Reply):
         cls = ConnectionError_ if r.hard else ChannelError
         return cls(r.code, r.text)
-    return ConnectionError_(INTERNAL_ERROR, "unexpected answer from the root")
+    return ConnectionError_(INTERNAL_ERROR, "unexpected answer from the queue's owner")
 
 
 def _gone(r: Any) -> bool:

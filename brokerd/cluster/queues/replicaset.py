@@ -82,7 +82,7 @@ SYNC_CHUNK = 500
 SYNC_TURN = 0.0002
 #: while live events flow, a snapshot rests this many times as long as its last
 #: step took (it then takes about a ninth of the loop, and the sending and the
-#: replica's applying that follow it); on an idle root it goes on at once
+#: replica's applying that follow it); on an idle owner it goes on at once
 SYNC_REST = 8
 #: a snapshot waits while its replica's link has this many bytes queued: the live
 #: stream to that replica never queues behind more (and memory stays bounded)
@@ -624,7 +624,7 @@ class ReplicaSet:
                     pass
 
     def _sync_step(self) -> None:
-        """One step of the snapshots, then the next: at once on an idle root, after a
+        """One step of the snapshots, then the next: at once on an idle owner, after a
         rest while the live stream flows (seed 001's live updates: the sync yields
         to the traffic), later while every snapshot waits for its link."""
         self._syncing = False

@@ -90,24 +90,26 @@ class ReplicatedQueueStore:
                     hold(gate)
 
     def dequeued(self, messages: Iterable[Message]) -> None:
-        messages = list(messages)
-        if self.local is not None:
-            self.local.dequeued(messages)
-        for message in messages:
-            mid = self.mids.pop(id(message), None)
-            if mid is not None:
-                self.entries.pop(mid, None)
-                self.replicas.emit(rec.R_SETTLE, self.name, mid)
+        for mid in self._forget(messages):
+            self.replicas.emit(rec.R_SETTLE, self.name, mid)
 
     def purged(self, messages: Iterable[Message]) -> None:
+        self._forget(messages)
+        self.replicas.emit(rec.R_PURGE, self.name, 0)  # one event for the whole purge
+
+    def _forget(self, messages: Iterable[Message]) -> list[int]:
+        """Messages gone from the queue: gone from the journal and from the numbering;
+        their mids, for the replicas."""
         messages = list(messages)
         if self.local is not None:
             self.local.dequeued(messages)
+        gone = []
         for message in messages:
             mid = self.mids.pop(id(message), None)
             if mid is not None:
                 self.entries.pop(mid, None)
-        self.replicas.emit(rec.R_PURGE, self.name, 0)
+                gone.append(mid)
+        return gone
 
     def requeued(self, messages: Iterable[Message]) -> None:
         for message in messages:

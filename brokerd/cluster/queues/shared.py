@@ -53,7 +53,7 @@ MAX_DEFERRED = 10_000
 
 
 class SharedQueue(Queue):
-    """One cluster-wide queue: the master on the root, a proxy elsewhere."""
+    """One cluster-wide queue: the master on its owner, a proxy elsewhere."""
 
     def __init__(self, name: str, vhost: str, *, plane: MessagePlane, **kwargs: Any) -> None:
         #: this server's journal of the queue (the vhost's store sets it)
@@ -83,7 +83,7 @@ class SharedQueue(Queue):
         #: the state-log entry that placed it: an owner fenced by a later entry
         #: holds it from before its fence (its failover moves it)
         self.placed_seq = 0
-        #: this server's consumers as attached at the root (proxy role)
+        #: this server's consumers as attached at the owner (proxy role)
         self.proxied: dict[ConsumerSink, ProxiedConsumer] = {}
         #: the primary the queue is being handed to (``handover``): its owner delivers
         #: nothing meanwhile, every other server keeps its publishes for it
