@@ -289,6 +289,9 @@ class ClusterController(Membership):
     def replicate(self, conn: Connection, method: Method) -> None:
         self.wiring.replicate(conn, method)
 
+    def catch_up(self, conn: Connection, resume: Callable[[], None]) -> bool:
+        return self.wiring.catch_up(conn, resume)
+
     def known_hosts(self) -> str:
         """The servers a client may reconnect to: the known hosts and every active
         peer's address (connection.open-ok's known-hosts, at most 255 bytes)."""

@@ -25,6 +25,7 @@ from pamqp.base import Frame as Method
 from brokerd.model.errors import (
     CHANNEL_ERROR,
     COMMAND_INVALID,
+    NOT_FOUND,
     NOT_IMPLEMENTED,
     SYNTAX_ERROR,
     UNEXPECTED_FRAME,
@@ -47,6 +48,19 @@ if TYPE_CHECKING:
 log = logging.getLogger("brokerd.channel")
 
 _PUBLISH_ID = bytes((0, 60, 0, 40))
+#: methods whose 404 comes from looking a name up, before anything changed: tried once
+#: more after the cluster caught up (``Channel._catch_up``)
+_LOOKUPS = frozenset(
+    {
+        commands.Queue.Declare,  # passive
+        commands.Exchange.Declare,  # passive
+        commands.Queue.Bind,
+        commands.Queue.Purge,
+        commands.Exchange.Bind,
+        commands.Basic.Consume,
+        commands.Basic.Get,
+    }
+)
 
 
 class Channel(Publishing, Consuming, Wiring):
@@ -113,8 +127,28 @@ class Channel(Publishing, Consuming, Wiring):
         try:
             handler(self, method)
         except ChannelError as exc:
+            if exc.reply_code == NOT_FOUND and self._catch_up(handler, method):
+                return
             exc.method_id = (method.index >> 16, method.index & 0xFFFF)  # type: ignore[attr-defined]
             raise
+
+    def _catch_up(self, handler: Callable[[Any, Method], None], method: Method) -> bool:
+        """A name this server lacks (404) may be one the cluster ordered an instant ago
+        and this server has not applied yet: the cluster catches up (``hooks``), and
+        the method runs once more, holding later frames meanwhile. Only methods that
+        look a name up before they change anything are tried again."""
+        hooks = self.connection.hooks
+        if hooks is None or type(method) not in _LOOKUPS:
+            return False
+        if isinstance(method, commands.Queue.Declare | commands.Exchange.Declare) and not (
+            method.passive
+        ):
+            return False
+        self._suspend(method)
+        if hooks.catch_up(self.connection, lambda: self.resume(lambda: handler(self, method))):
+            return True
+        self._unsuspend()
+        return False
 
     def _decode(self, payload: bytes) -> Method:
         try:

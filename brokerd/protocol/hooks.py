@@ -56,6 +56,11 @@ class ConnectionHooks(Protocol):
     def replicate(self, conn: Connection, method: Method) -> None:
         """A wiring method changed local state: order it, or tell the others."""
 
+    def catch_up(self, conn: Connection, resume: Callable[[], None]) -> bool:
+        """A method found no such exchange or queue here: True if this server may
+        not have applied everything ordered yet; ``resume`` runs once it has (the
+        method is then tried once more)."""
+
     def link_records(self, conn: Connection, kind: str, body: bytes) -> None:
         """What an admitted cluster link published to ``link_exchange``: the
         cluster's own messages, taken as they are (never routed, never counted as

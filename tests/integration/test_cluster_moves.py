@@ -18,38 +18,19 @@ import pytest
 from pika.adapters.blocking_connection import BlockingConnection
 
 from brokerd.server.control import request
-from tests.cluster_harness import Cluster
 from tests.conftest import uid
 from tests.support.eventually import eventually
+from tests.support.roles import Roles, settled
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(180)]
 
 DURABLE = {"durable": True}
 
 
-class Servers:
-    def __init__(self, cluster: Cluster, root: int) -> None:
-        self.cluster = cluster
-        self.root = root
-        self.a, self.b = cluster.followers(root)
-        self.s = 3
-        self.primaries = [root, self.a, self.b]
-
-    def connect(self, index: int) -> BlockingConnection:
-        return BlockingConnection(pika.ConnectionParameters("127.0.0.1", self.cluster.ports[index]))
-
+class Servers(Roles):
     def ctl(self, index: int, command: str, *args: str) -> dict[str, Any]:
         """The control socket's reply, refused or not (a move waits for its end)."""
         return request(self.cluster.nodes[index].data_dir, command, list(args), timeout=30)
-
-    def owner(self, queue: str) -> int | None:
-        owners = [
-            i
-            for i in self.primaries
-            if queue in self.cluster.ctl(i, "status").get("owned_queues", [])
-        ]
-        assert len(owners) <= 1, f"{queue} owned by {owners}"
-        return owners[0] if owners else None
 
     def declare(self, index: int, queue: str, **arguments: Any) -> None:
         with self.connect(index) as conn:
@@ -58,16 +39,8 @@ class Servers:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
-    cluster = Cluster(
-        tmp_path_factory.mktemp("moves"), primaries=3, secondaries=1, interval=0.5, timeout=2.5
-    )
-    try:
-        yield Servers(cluster, cluster.start_settled())
-    except BaseException:
-        print(cluster.describe())
-        raise
-    finally:
-        cluster.close()
+    with settled(tmp_path_factory.mktemp("moves")) as roles:
+        yield Servers(**vars(roles))
 
 
 def publish(conn: BlockingConnection, queue: str, bodies: list[bytes]) -> None:

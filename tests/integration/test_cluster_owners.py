@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingConnection
 from pika.exceptions import ChannelClosedByBroker
@@ -23,55 +22,24 @@ from pika.exceptions import ChannelClosedByBroker
 from tests.cluster_harness import Cluster
 from tests.conftest import uid
 from tests.support.eventually import eventually
+from tests.support.roles import Roles, settled
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 
 CLASSIC = {"x-queue-type": "classic"}
 
 
-class Servers:
-    def __init__(self, cluster: Cluster, root: int) -> None:
-        self.cluster = cluster
-        self.root = root
-        self.a, self.b = cluster.followers(root)
-        self.s = 3
-        self.primaries = [root, self.a, self.b]
-
-    def connect(self, index: int) -> BlockingConnection:
-        return BlockingConnection(pika.ConnectionParameters("127.0.0.1", self.cluster.ports[index]))
-
-    def status(self, index: int) -> dict[str, Any]:
-        return self.cluster.ctl(index, "status")
-
-    def owner(self, queue: str) -> int | None:
-        """The server whose status lists ``queue`` as owned (None: none does)."""
-        owners = [i for i in self.primaries if queue in self.status(i).get("owned_queues", [])]
-        assert len(owners) <= 1, f"{queue} owned by {owners}"
-        return owners[0] if owners else None
-
+class Servers(Roles):
     def sent(self, index: int, to: int) -> int:
         """Bytes server ``index`` sent on its data lane to server ``to``."""
         lanes = self.status(index)["lanes"]
         return int(lanes[self.cluster.spid(to)].get("sent", 0))
 
-    def depth(self, index: int, queue: str) -> tuple[int, int]:
-        with self.connect(index) as conn:
-            ok = conn.channel().queue_declare(queue, passive=True)
-            return ok.method.message_count, ok.method.consumer_count
-
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
-    cluster = Cluster(
-        tmp_path_factory.mktemp("owners"), primaries=3, secondaries=1, interval=0.5, timeout=2.5
-    )
-    try:
-        yield Servers(cluster, cluster.start_settled())
-    except BaseException:
-        print(cluster.describe())
-        raise
-    finally:
-        cluster.close()
+    with settled(tmp_path_factory.mktemp("owners")) as roles:
+        yield Servers(**vars(roles))
 
 
 def consume(conn: BlockingConnection, queue: str, count: int, timeout: float = 15.0) -> list[bytes]:
@@ -226,7 +194,7 @@ def test_the_cluster_files_leader_locator_places_declares_that_name_none(
     cluster.file.write_text('queue_leader_locator = "balanced"\n' + cluster.file.read_text())
     try:
         root = cluster.start_settled()
-        servers = Servers(cluster, root)
+        servers = Servers.of(cluster, root)
         names = [uid("balanced") for _ in range(3)]
         with servers.connect(servers.a) as conn:
             ch = conn.channel()

@@ -12,7 +12,7 @@ the owner's deliveries wait in the consumer's ``pending`` until it is ready
 / ``Reject`` records. When a session ends (a link with the owner dropped, the
 owner went away) every consumer attached under it is attached again under a new
 one; settlements of deliveries from an old session are dropped: the owner has
-already requeued those messages. """
+already requeued those messages."""
 
 from __future__ import annotations
 

@@ -368,6 +368,8 @@ def entry_from_header(header: dict[str, Any], frame: bytes) -> Entry:
     op = header.get("op")
     if op == sl.SERVER_GONE:
         return Entry(int(header["seq"]), op, spid=str(header.get("spid", "")))
+    if op == sl.BARRIER:
+        return Entry(0, op, str(header.get("vhost", "/")), origin=str(header.get("origin", "")))
     if op == sl.SERVER_FENCE:
         props = header.get("props") or {}
         generation = props.get("generation", 1) if isinstance(props, dict) else None

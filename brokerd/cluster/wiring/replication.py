@@ -164,6 +164,26 @@ class WiringReplication:
             queue.stat(counted)
         return True
 
+    def catch_up(self, conn: Connection, resume: Callable[[], None]) -> bool:
+        """A method named an exchange or queue of the cluster vhost that this server
+        does not have: it may be one the root ordered and this server has not applied
+        yet (declared through another server an instant ago; RabbitMQ's nodes would
+        all know it). True: the root is asked where its state stands (a barrier), and
+        ``resume`` runs once this server applied everything ordered before, or once
+        the question failed; the caller then tries the method once more. False: this
+        server is the root, or follows none: what it has is all there is."""
+        vhost = conn.vhost
+        if vhost is None or vhost.name != self.members.config.vhost:
+            return False
+        if self.members.root_now():
+            return False
+        root = self.members.root()
+        if root is None or not self.in_sync(root):
+            return False
+        barrier = Entry(0, sl.BARRIER, vhost.name, origin=self.spid)
+        self._request(barrier, lambda _error, _result: resume())
+        return True
+
     def replicate(self, conn: Connection, method: Method) -> None:
         """A wiring change was applied here: the root orders it; any other server
         only tells the root of a private queue's bindings (meta-bindings)."""
@@ -283,6 +303,8 @@ class WiringReplication:
         """Root only: validate by applying (unless already applied here), give the
         next sequence number, broadcast. Returns the error, or whether it was
         ordered and the result for the requester's -Ok."""
+        if entry.op == sl.BARRIER:
+            return False, None  # answered at once, after everything ordered before it
         result = None
         if self.placer is not None:
             placed = self.placer(entry)

@@ -31,6 +31,10 @@ SERVER_FENCE = "server.fence"
 #: a shared queue's owner changes (``spid``; "" while it is unavailable); a declare
 #: carries its first owner in ``spid`` too
 QUEUE_PLACE = "queue.place"
+#: not a change: a server asks the root where the state stands, and has applied
+#: everything ordered before it once the answer comes (on the same ordered link as
+#: the state); never ordered, never in the log
+BARRIER = "barrier"
 
 OPS = (
     EXCHANGE_DECLARE,
