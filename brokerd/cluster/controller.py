@@ -6,20 +6,22 @@ which has the election loop (``standing``, a ``standing.Standing``), and it
 owns the objects built on it:
 
 - ``wiring`` (``wiring.replication.WiringReplication``): the ordered cluster state;
-- ``plane`` (``plane.forwarding.MessagePlane``): forwarded publishes, proxied
-  consumers and gets, the root's deliveries;
+- ``queues`` (``queues.service.QueueService``): the shared queues' service on
+  this server, the message plane's transport (``plane.transport``) and every side
+  of the queues: forwarded publishes, proxied consumers and gets, owners'
+  deliveries, replication, moves;
 - ``operations`` (``operations.OperatorCommands``): root enable/disable,
   reconfiguration, fault injection and the status; the controller's methods
   of the same names delegate to it.
 
 It implements the events membership and its standing announce
 (``standing.StandingEvents``: root taken or changed, a peer lost, a sync
-wanted, the lease renewed) by handing them to the planes.
+wanted, the lease renewed) by handing them to the queue service.
 
 It installs the cluster's queue types into the clustered vhost (shared
 queues are ``queues.shared.SharedQueue``; other servers' private queues are reached
 through ``queues.shared.MetaQueue``) and routes what arrives on the cluster
-exchange to the plane it belongs to. The broker model and the channel know
+exchange to the part it belongs to. The broker model and the channel know
 none of this: they see queues.
 """
 
@@ -37,8 +39,9 @@ from brokerd.cluster.messages import CLUSTER_EXCHANGE
 from brokerd.cluster.moving import MOVE_TIMEOUT, QueueMoves
 from brokerd.cluster.operations import OperatorCommands, servers
 from brokerd.cluster.placing import Placer
-from brokerd.cluster.plane.forwarding import DATA, MessagePlane
 from brokerd.cluster.plane.pacing import OVERRUN
+from brokerd.cluster.plane.transport import DATA
+from brokerd.cluster.queues.service import QueueService
 from brokerd.cluster.queues.shared import RemoteQueues, SharedQueue
 from brokerd.cluster.wiring import replication as wiring
 from brokerd.model.broker import Broker
@@ -98,29 +101,29 @@ class ClusterController(Membership):
     ) -> None:
         super().__init__(config, broker=broker, **kwargs)
         self.operations = OperatorCommands(self)
-        self.plane = MessagePlane(self, broker, config.vhost, on_block)
+        self.queues = QueueService(self, broker, config.vhost, on_block)
         #: flow control: the server pauses and resumes reading connections with ``on_flow``
-        self.flow = self.plane.flow
+        self.flow = self.queues.flow
         self.flow.pause = on_flow
         self.flow.data_lane = self._pausable_lane
         self._flow_since: float | None = None
-        self.remote = RemoteQueues(self.plane)
+        self.remote = RemoteQueues(self.queues)
         self.wiring = wiring.WiringReplication(self, broker, self.remote)
         #: the root's placement of classic shared queues
-        self.placer = Placer(self, self.plane, self.wiring)
+        self.placer = Placer(self, self.queues, self.wiring)
         self.wiring.placer = self.placer.place
         self.wiring.seed_placer = self.placer.recovered
         #: operators' queue moves and rebalances (``moving``)
         self.moves = QueueMoves(self.placer)
-        self.plane.handovers.on_handed = self.moves.handed
+        self.queues.handovers.on_handed = self.moves.handed
         self.wiring.on_fence = self._fence
-        self.wiring.is_fenced = self.plane.is_fenced
-        self.wiring.fences = self.plane.replica.fences_of
+        self.wiring.is_fenced = self.queues.is_fenced
+        self.wiring.fences = self.queues.replica.fences_of
         vhost = broker.vhosts.get(config.vhost) if broker is not None else None
         if vhost is not None:
             vhost.queue_factory = self.make_queue
             vhost.on_queue_deleted.append(self.wiring.private_queue_removed)
-            vhost.on_queue_deleted.append(self.plane.proxy.queue_gone)
+            vhost.on_queue_deleted.append(self.queues.proxy.queue_gone)
 
     def _pausable_lane(self, spid: str) -> int | None:
         """The inbound data lane flow control may pause to slow a peer down: a
@@ -138,7 +141,7 @@ class ClusterController(Membership):
         """A fence applied: the root waits for this server's copies of the fenced
         owner's queues (``placing``), so a follower reports them at once rather
         than at its next heartbeat."""
-        self.plane.fence(spid, generation, seq)
+        self.queues.fence(spid, generation, seq)
         if not self.decision.is_root:
             link = self.link_to(self.current_root)
             if link is not None:
@@ -151,7 +154,7 @@ class ClusterController(Membership):
         been called off, or no move can end any more (``why_queues_stay``): the
         last primaries of a cluster being stopped would otherwise wait out the
         whole limit for moves no root can order."""
-        owned = len(self.plane.owned_replicated())
+        owned = len(self.queues.owned_replicated())
         if not owned:
             return
         why = self.why_queues_stay()
@@ -163,10 +166,10 @@ class ClusterController(Membership):
         if not moves:
             return
         started = self.clock()
-        epochs = {m["queue"]: q.epoch for m in moves if (q := self.plane.shared_queue(m["queue"]))}
+        epochs = {m["queue"]: q.epoch for m in moves if (q := self.queues.shared_queue(m["queue"]))}
 
         def under_way(name: str) -> bool:
-            queue = self.plane.shared_queue(name)
+            queue = self.queues.shared_queue(name)
             if queue is None or not queue.local or name in refused:
                 return False
             # the move's placement and the one calling it off: each one epoch on
@@ -179,7 +182,7 @@ class ClusterController(Membership):
             if pending and (why := self.why_queues_stay()) is not None:
                 break  # the root or its quorum went meanwhile: nothing more will move
         moved = sum(
-            1 for name in epochs if (q := self.plane.shared_queue(name)) is None or not q.local
+            1 for name in epochs if (q := self.queues.shared_queue(name)) is None or not q.local
         )
         log.warning(
             "stopping: %d of %d queues moved to other primaries in %.0f ms%s",
@@ -228,7 +231,7 @@ class ClusterController(Membership):
         the others shared (master on their owner, proxy elsewhere)."""
         if kwargs.get("exclusive_owner") is not None:
             return Queue(name, vhost, **kwargs)
-        queue = SharedQueue(name, vhost, plane=self.plane, **kwargs)
+        queue = SharedQueue(name, vhost, services=self.queues, **kwargs)
         queue.on_unused = self._shared_unused
         return queue
 
@@ -243,7 +246,7 @@ class ClusterController(Membership):
             # gone here at once, as on a single broker (a declare that follows sees a
             # 404); the other servers drop it when the root orders the delete
             self.wiring.request_delete(queue)
-            vhost = self.plane.vhost()
+            vhost = self.queues.vhost()
             if vhost is not None:
                 vhost.remove_queue(queue)
 
@@ -312,7 +315,7 @@ class ClusterController(Membership):
 
     def receive_plane(self, spid: str, kind: str, body: bytes) -> None:
         if kind == DATA:
-            self.plane.receive(spid, body)
+            self.queues.receive(spid, body)
         elif kind in wiring.KINDS:
             self.wiring.receive(spid, kind, body)
         else:
@@ -322,7 +325,7 @@ class ClusterController(Membership):
         self.wiring.became_root()
 
     def synced(self, root: str) -> None:
-        self.plane.proxy.session_check()
+        self.queues.proxy.session_check()
 
     def in_sync(self, root: str) -> bool:
         return self.wiring.in_sync(root)
@@ -331,12 +334,12 @@ class ClusterController(Membership):
         self.wiring.want_sync(root)
 
     def root_changed(self, old: str | None, new: str | None) -> None:
-        self.plane.root_changed(old, new)
+        self.queues.root_changed(old, new)
         self.placer.root_changed(new == self.spid)
         self.placer.check()  # owners known lost already fail over at once
 
     def peer_lost(self, spid: str, why: str) -> None:
-        self.plane.peer_lost(spid, why)
+        self.queues.peer_lost(spid, why)
         if why == "inactive" and self.decision.is_root:
             self.wiring.server_gone(spid)
             self.placer.check(lost=spid)
@@ -350,7 +353,7 @@ class ClusterController(Membership):
             flow.hold(
                 "event-loop",
                 f"the event loop runs {lag * 1000:.0f} ms late",
-                self.plane.pacing.loop_feeders(overrun=lag > OVERRUN * LOOP_LAG_HIGH),
+                self.queues.pacing.loop_feeders(overrun=lag > OVERRUN * LOOP_LAG_HIGH),
             )
         elif lag < LOOP_LAG_LOW and "event-loop" in flow.causes:
             flow.release("event-loop")
@@ -362,7 +365,7 @@ class ClusterController(Membership):
     def status_received(self, spid: str, status: Any) -> None:
         self.wiring.root_status(spid, status.state_seq)
         if status.type == PRIMARY:
-            self.plane.primary_seen(spid)
+            self.queues.primary_seen(spid)
             if status.fenced and self.decision.is_root and self.root_now():
                 self.placer.check()  # copies reported under a fence: fail over now
 
@@ -399,32 +402,32 @@ class ClusterController(Membership):
         return self.wiring.synced_root
 
     def lease_renewed(self) -> None:
-        self.plane.replicas.resume()
+        self.queues.replicas.resume()
 
     def copy_complete(self) -> bool:
-        return self.plane.replica.complete  # a root's own copies are whole
+        return self.queues.replica.complete  # a root's own copies are whole
 
     def copy_position(self) -> tuple[str, int] | None:
-        if self.plane.is_root:
-            return (self.spid, self.plane.replicas.seq)
-        replica = self.plane.replica
+        if self.queues.is_root:
+            return (self.spid, self.queues.replicas.seq)
+        replica = self.queues.replica
         return None if replica.source is None else (replica.source, replica.applied)
 
     def fenced_copies(self) -> dict[str, dict[str, list[Any]]]:
-        return self.plane.replica.fenced_report()
+        return self.queues.replica.fenced_report()
 
     def recovered_copies(self) -> dict[str, int]:
-        return self.plane.recovered_report()
+        return self.queues.recovered_report()
 
     def before_send(self, spid: str) -> None:
-        self.plane.flush_peer(spid)
+        self.queues.transport.flush_peer(spid)
 
     def link_ready(self, spid: str) -> None:
-        self.plane.link_ready(spid)
+        self.queues.link_ready(spid)
 
     def tick(self) -> None:
         self.wiring.tick()
-        self.plane.tick()
+        self.queues.tick()
         # the election runs again first: a root back from a freeze (SIGSTOP) has lost
         # its lease, and must not fence the peers it heard nothing from meanwhile
         if self.decision.is_root and self.root_now():
@@ -449,7 +452,7 @@ class ClusterController(Membership):
     def status(self) -> dict[str, Any]:
         """Membership's status (``operations.status``) with the planes' added."""
         out = self.operations.status()
-        proxy = self.plane.proxy
+        proxy = self.queues.proxy
         out.update(
             {
                 "state_seq": self.wiring.last_seq,
@@ -460,15 +463,15 @@ class ClusterController(Membership):
                 if proxy.session is None
                 else {"root": proxy.session.peer, "epoch": proxy.session.epoch},
                 "sessions": {spid: s.epoch for spid, s in sorted(proxy.sessions.items())},
-                "owned_queues": sorted(q.name for q in self.plane.shared_queues() if q.local),
+                "owned_queues": sorted(q.name for q in self.queues.shared_queues() if q.local),
                 "proxied_consumers": len(proxy.by_tag),
-                "remote_consumers": sum(len(c) for c in self.plane.master.consumers.values()),
-                "replication": self.plane.replicas.describe(),
-                "handovers": self.plane.handovers.describe(),
-                "copies": self.plane.replica.describe(),
+                "remote_consumers": sum(len(c) for c in self.queues.master.consumers.values()),
+                "replication": self.queues.replicas.describe(),
+                "handovers": self.queues.handovers.describe(),
+                "copies": self.queues.replica.describe(),
                 "unsettled_forwards": {
                     spid: len(out.unsettled)
-                    for spid, out in self.plane.outbound.items()
+                    for spid, out in self.queues.transport.outbound.items()
                     if out.unsettled
                 },
                 "flow": {
@@ -485,12 +488,12 @@ class ClusterController(Membership):
         """Per peer: its link's lanes (backlog bytes), unsettled forwards to it and,
         on the root, how far behind it is as a replica. One row per server, as the
         other views (``operations.servers``): a restarted peer's old spid has none."""
-        replicas = self.plane.replicas.replicas
-        seq = self.plane.replicas.seq
+        replicas = self.queues.replicas.replicas
+        seq = self.queues.replicas.seq
         out: dict[str, dict[str, Any]] = {}
         for peer in servers(self)[0]:
             link = self.link_to(peer.spid)
-            outbound = self.plane.outbound.get(peer.spid)
+            outbound = self.queues.transport.outbound.get(peer.spid)
             replica = replicas.get(peer.spid)
             out[peer.spid] = {
                 **(link.describe() if link is not None else {"state": "down"}),

@@ -159,8 +159,8 @@ class Mover:
         self.placer = placer
 
     def live(self) -> list[str]:
-        plane = self.placer.plane
-        return [spid for spid, _a in self.placer.primaries() if not plane.is_fenced(spid)]
+        queues = self.placer.queues
+        return [spid for spid, _a in self.placer.primaries() if not queues.is_fenced(spid)]
 
     def stopping(self) -> set[str]:
         """The primaries on their way out (a planned stop, their statuses say): they
@@ -178,9 +178,9 @@ class Mover:
 
     def request(self, entry: Entry) -> Entry | AMQPError:
         """A move request about to be ordered: the placement it leads to, or why not."""
-        plane = self.placer.plane
+        queues = self.placer.queues
         props = dict(entry.props)
-        queue = plane.shared_queue(entry.name)
+        queue = queues.shared_queue(entry.name)
         if props.get("request") == rep.MOVED:
             if (
                 queue is None
@@ -212,7 +212,7 @@ class Mover:
         placer = self.placer
         live = self.live()
         now = placer.members.clock()
-        for queue in placer.plane.placed_queues():
+        for queue in placer.queues.placed_queues():
             target = queue.moving
             if target is None or queue.owner not in live:
                 continue  # a lost owner's queue fails over instead (``placing``)
@@ -248,11 +248,11 @@ class QueueMoves:
         Refused at once (``MoveRefused``) on what this server knows; the root checks
         again and ``done`` gets its refusal or its go-ahead."""
         placer = self.placer
-        plane = placer.plane
+        queues = placer.queues
         target = self.resolve(to)
         mover = placer.mover
         queue = check_move(
-            plane.shared_queue(name),
+            queues.shared_queue(name),
             name,
             target,
             mover.live(),
@@ -270,7 +270,7 @@ class QueueMoves:
         """Ask for the moves that spread the queues' owners evenly over the live
         primaries (``plan_rebalance``); queues moving already stay out of it."""
         placer = self.placer
-        queues = [q for q in placer.plane.placed_queues() if q.owner is not None]
+        queues = [q for q in placer.queues.placed_queues() if q.owner is not None]
         owners = {q.name: q.owner for q in queues if q.owner is not None}
         movable = {q.name for q in queues if q.replicated_kind and q.moving is None}
         moves = []
@@ -289,13 +289,13 @@ class QueueMoves:
         is gone (redeliveries, and the outage until the failover). ``done(name)``:
         the root refused that move (the queue then fails over as before)."""
         placer = self.placer
-        plane = placer.plane
+        queues = placer.queues
         own = placer.members.spid
-        mine = [q.name for q in plane.owned_replicated() if q.moving is None]
-        owners = {q.name: q.owner for q in plane.placed_queues() if q.owner is not None}
+        mine = [q.name for q in queues.owned_replicated() if q.moving is None]
+        owners = {q.name: q.owner for q in queues.placed_queues() if q.owner is not None}
         targets = [spid for spid in placer.mover.targets() if spid != own]
         moves = []
-        within = self.groups(plane.owned_replicated())
+        within = self.groups(queues.owned_replicated())
         for name, to in plan_evacuation(mine, owners, targets, within):
 
             def refused(error: AMQPError | None, _result: object, name: str = name) -> None:

@@ -52,7 +52,7 @@ from brokerd.cluster.wiring import statelog as sl
 
 if TYPE_CHECKING:
     from brokerd.cluster.membership import Membership
-    from brokerd.cluster.plane.forwarding import MessagePlane
+    from brokerd.cluster.queues.service import QueueService
     from brokerd.cluster.queues.shared import SharedQueue
     from brokerd.cluster.wiring.replication import WiringReplication
     from brokerd.cluster.wiring.statelog import Entry
@@ -64,9 +64,11 @@ log = logging.getLogger("brokerd.cluster.placing")
 class Placer:
     """Places shared queues, as root."""
 
-    def __init__(self, members: Membership, plane: MessagePlane, wiring: WiringReplication) -> None:
+    def __init__(
+        self, members: Membership, queues: QueueService, wiring: WiringReplication
+    ) -> None:
         self.members = members
-        self.plane = plane
+        self.queues = queues
         self.wiring = wiring
         #: when this server last became root (None: it is not)
         self.root_since: float | None = None
@@ -138,7 +140,7 @@ class Placer:
         props = dict(entry.props)
         arguments = dict(props.get("arguments") or ())
         durable = bool(props.get("durable"))
-        return kind_of(durable, arguments, self.plane.default_queue_type), arguments
+        return kind_of(durable, arguments, self.queues.default_queue_type), arguments
 
     def place_declare(self, entry: Entry) -> Entry:
         """A shared queue's declare, about to be ordered: it gets its owner. One placed
@@ -146,17 +148,17 @@ class Placer:
         declare that names one (recovered wiring)."""
         if entry.op != sl.QUEUE_DECLARE or rep.placed_by(entry):
             return entry
-        vhost = self.plane.vhost()
+        vhost = self.queues.vhost()
         if getattr(vhost.queues.get(entry.name) if vhost is not None else None, "epoch", 0):
             return entry
         kind, arguments = self._kind(entry)
         live = self.primaries()
         if kind != CLASSIC:
-            live = [(spid, a) for spid, a in live if not self.plane.is_fenced(spid)]
+            live = [(spid, a) for spid, a in live if not self.queues.is_fenced(spid)]
         spids = [spid for spid, _address in live]
         if not spids:
             return entry  # no primary is live: the declare is refused by the root's checks
-        placed = self.plane.placed_queues()
+        placed = self.queues.placed_queues()
         owned = Counter(q.owner for q in placed if q.owner is not None)
         locator = locator_of(arguments, self.members.config.queue_leader_locator)
         owner = choose_owner(locator, entry.origin, spids, owned)
@@ -184,7 +186,7 @@ class Placer:
         membership just found inactive."""
         if self.root_since is None or not self.members.decision.is_root:
             return
-        self.plane.placements_changed()  # a fenced owner's queues deleted meanwhile
+        self.queues.placements_changed()  # a fenced owner's queues deleted meanwhile
         settled = self.members.clock() - self.root_since >= self.members.config.heartbeat_timeout
         live = self.primaries()
         live_spids = [spid for spid, _a in live]
@@ -198,7 +200,7 @@ class Placer:
         }
         by_address = self.by_address(live)
         failing: dict[str, list[SharedQueue]] = {}
-        for queue in self.plane.placed_queues():
+        for queue in self.queues.placed_queues():
             owner = queue.owner
             gone = owner is not None and (
                 owner == lost or owner in silent or (settled and owner not in live_spids)
@@ -206,7 +208,7 @@ class Placer:
             if owner is None and queue.home in by_address:  # the owner it waits for is back
                 self._home_again(queue, by_address[queue.home], live_spids)
             elif queue.replicated_kind:
-                if owner is not None and (gone or self.plane.is_fenced(owner)):
+                if owner is not None and (gone or self.queues.is_fenced(owner)):
                     failing.setdefault(owner, []).append(queue)
                 elif owner is None and self._waited(queue):
                     if queue.home:
@@ -231,7 +233,7 @@ class Placer:
         queues = [q for q in queues if q not in alone]
         if not queues:
             return
-        if not self.plane.is_fenced(owner):
+        if not self.queues.is_fenced(owner):
             log.warning("owner %s of %d replicated queues lost: fencing it", owner, len(queues))
             self.wiring.fence(owner)
             return
@@ -261,7 +263,7 @@ class Placer:
         """The live primaries (this root among them) that applied the fence of
         ``owner``: their copies of its queues, by spid."""
         reports: dict[str, dict[str, list]] = {}
-        mine = self.plane.replica.fenced_report({owner})
+        mine = self.queues.replica.fenced_report({owner})
         if owner in mine:
             reports[self.members.spid] = mine[owner]
         for spid in live:
@@ -286,13 +288,13 @@ class Placer:
         ]
         if candidates:
             best = max(candidates)
-            if self.plane.is_fenced(best[3]):
+            if self.queues.is_fenced(best[3]):
                 log.info(
                     "queue=%s waits for the failover of %s, which holds its copy", name, best[3]
                 )
                 return None
             return best[3]
-        heirs = [spid for spid in live if spid in reports and not self.plane.is_fenced(spid)]
+        heirs = [spid for spid in live if spid in reports and not self.queues.is_fenced(spid)]
         if heirs:
             log.error("queue=%s: no copy of it survived its owner: it starts empty", name)
             return heirs[0]
@@ -328,7 +330,7 @@ class Placer:
         server's from its plane, a peer's from its last status): the highest message
         id, -1 for none, None while it has not said."""
         if spid == self.members.spid:
-            return self.plane.recovered_report().get(name)
+            return self.queues.recovered_report().get(name)
         peer = self.members.peers.get(spid)
         status = peer.status if peer is not None else None
         return status.recovered.get(name) if status is not None else None
@@ -390,7 +392,7 @@ class Placer:
         heirs = [
             (top, -order.get(spid, len(order)), spid)
             for spid, top in reports.items()
-            if not self.plane.is_fenced(spid)
+            if not self.queues.is_fenced(spid)
         ]
         if len(reports) < known - known // 2 or not heirs:
             if name not in self._short:
@@ -422,7 +424,7 @@ class Placer:
     def _place_anywhere(self, queue: SharedQueue, live: list[str]) -> None:
         """A replicated queue with no owner (none was live at its declare): the earliest
         live primary that is not fenced takes it."""
-        heirs = [spid for spid in live if not self.plane.is_fenced(spid)]
+        heirs = [spid for spid in live if not self.queues.is_fenced(spid)]
         if heirs:
             self.order_place(queue.name, heirs[0], queue.epoch + 1, None)
 

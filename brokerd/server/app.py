@@ -351,7 +351,7 @@ class Server:
             self.cluster.placer.recovered_groups = self.store.wiring.groups(shared)
             vhost = self.broker.vhosts.get(shared)
             self.cluster.holds_state = vhost is not None and bool(shared_wiring(vhost))
-            self.cluster.plane.on_owner = functools.partial(self.store.wiring.put_owner, shared)
+            self.cluster.queues.on_owner = functools.partial(self.store.wiring.put_owner, shared)
         self.resources.start()
         self.loopwatch.start()
         # before the port listens: a client (or a test) that saw it listening may

@@ -77,11 +77,11 @@ async def move_and_wait(
     error = await asyncio.wait_for(answered, 3 * cluster.config.open_timeout)
     if error is not None:
         raise QueueOpError(error.text)
-    queue = cluster.plane.shared_queue(name)
+    queue = cluster.queues.shared_queue(name)
     deadline = started + MOVE_TIMEOUT + 2 * cluster.config.heartbeat_interval
     while queue is not None and queue.moving is not None and time.monotonic() < deadline:
         await asyncio.sleep(POLL)
-        queue = cluster.plane.shared_queue(name)
+        queue = cluster.queues.shared_queue(name)
     owner = queue.owner if queue is not None else None
     if owner != asked["to"]:
         raise QueueOpError(

@@ -7,7 +7,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from brokerd.cluster.plane.forwarding import DATA, MessagePlane
+from brokerd.cluster.plane.transport import DATA
+from brokerd.cluster.queues.service import QueueService
 from brokerd.cluster.queues.shared import SharedQueue
 from brokerd.config import default_config
 from brokerd.model.broker import Broker
@@ -107,7 +108,7 @@ class Server:
     spid: str
     broker: Broker
     members: Members
-    plane: MessagePlane
+    queues: QueueService
 
 
 @dataclass
@@ -127,16 +128,16 @@ class Net:
         config = _CONFIG
         broker = Broker(_USERS, config.vhosts, config.limits)
         members = Members(self, spid)
-        plane = MessagePlane(members, broker, "/")  # type: ignore[arg-type]
+        queues = QueueService(members, broker, "/")  # type: ignore[arg-type]
         vhost = broker.vhosts["/"]
 
         def make(name: str, vhost_name: str, **kwargs: Any) -> Queue:
             if kwargs.get("exclusive_owner") is not None:
                 return Queue(name, vhost_name, **kwargs)
-            return SharedQueue(name, vhost_name, plane=plane, **kwargs)
+            return SharedQueue(name, vhost_name, services=queues, **kwargs)
 
         vhost.queue_factory = make
-        server = self.servers[spid] = Server(spid, broker, members, plane)
+        server = self.servers[spid] = Server(spid, broker, members, queues)
         return server
 
     def join(self, spid: str, queue: str = "q") -> Server:
@@ -145,12 +146,12 @@ class Net:
         their snapshots)."""
         server = self.add(spid)
         server.broker.vhosts["/"].declare_queue(queue, connection_id=0)
-        server.plane.root_changed(None, self.root)
+        server.queues.root_changed(None, self.root)
         placed = self.queue(self.root, queue)  # type: ignore[arg-type]
         self.queue(spid, queue).place(placed.owner, placed.epoch, None, placed.placed_seq)
         for other in self.servers:
             if other != spid:
-                self.servers[other].plane.link_ready(spid)
+                self.servers[other].queues.link_ready(spid)
         return server
 
     def declare(
@@ -178,19 +179,19 @@ class Net:
         (synced first, then the earliest spid), as ``placing.Placer`` chooses: of the
         queue's group, if it has one."""
         servers = self.servers.values()
-        under_way = [s for s in servers if s.spid != dead and s.plane.is_fenced(dead)]
+        under_way = [s for s in servers if s.spid != dead and s.queues.is_fenced(dead)]
         if under_way:  # the root orders no second fence while one is under way
-            replica = under_way[0].plane.replica
+            replica = under_way[0].queues.replica
             generation, seq = replica.fences_of(dead), replica.fence_seq[dead]
         else:
-            generation = 1 + max(s.plane.replica.fences_of(dead) for s in servers)
+            generation = 1 + max(s.queues.replica.fences_of(dead) for s in servers)
             self.log_seq += 1
             seq = self.log_seq
         for server in servers:
-            server.plane.fence(dead, generation, seq)  # applied once per server
+            server.queues.fence(dead, generation, seq)  # applied once per server
         owners = {dead}
         reports = {
-            spid: s.plane.replica.fenced_report(owners).get(dead, {})
+            spid: s.queues.replica.fenced_report(owners).get(dead, {})
             for spid, s in self.servers.items()
         }
         names = {
@@ -216,7 +217,7 @@ class Net:
     def elect(self, root: str) -> None:
         old, self.root = self.root, root
         for server in self.servers.values():
-            server.plane.root_changed(old, root)
+            server.queues.root_changed(old, root)
         self.seen()
         self.pump()
 
@@ -226,11 +227,11 @@ class Net:
         for spid, server in self.servers.items():
             for other in self.servers:
                 if other != spid:
-                    server.plane.primary_seen(other)
+                    server.queues.primary_seen(other)
 
     def flush(self) -> None:
         for server in self.servers.values():
-            server.plane.flush()
+            server.queues.flush()
 
     def pump(self, limit: int = 10_000) -> int:
         """Flush every plane and deliver what is in flight until the network is quiet."""
@@ -243,7 +244,7 @@ class Net:
             if (src, dst) in self.cut or dst not in self.servers:
                 continue
             if kind == DATA:
-                self.servers[dst].plane.receive(src, body)
+                self.servers[dst].queues.receive(src, body)
             moved += 1
         raise AssertionError("the network did not go quiet")
 
@@ -255,7 +256,7 @@ class Net:
                 return
             src, dst, kind, body = self.wire.popleft()
             if (src, dst) not in self.cut and dst in self.servers and kind == DATA:
-                self.servers[dst].plane.receive(src, body)
+                self.servers[dst].queues.receive(src, body)
 
     def kill(self, spid: str) -> None:
         """kill -9: the server and what is in flight from it vanish; the others see it
@@ -263,7 +264,7 @@ class Net:
         del self.servers[spid]
         self.wire = deque(m for m in self.wire if m[0] != spid)
         for server in self.servers.values():
-            server.plane.peer_lost(spid, "inactive")
+            server.queues.peer_lost(spid, "inactive")
         if self.root == spid:
             self.elect(min(self.servers))
         self.fail_over(spid)
@@ -273,21 +274,21 @@ class Net:
         """Both links between a and b drop: what was on them is lost, sessions end."""
         self.wire = deque(m for m in self.wire if {m[0], m[1]} != {a, b})
         for x, y in ((a, b), (b, a)):
-            self.servers[x].plane.peer_lost(y, "link down")
+            self.servers[x].queues.peer_lost(y, "link down")
 
     def lose(self, a: str, b: str) -> None:
         """What is in flight between a and b vanishes and only a sees the session end
         (a link cut one way, b seen inactive by a alone); b goes on as if nothing
         happened, and the links stay up."""
         self.wire = deque(m for m in self.wire if {m[0], m[1]} != {a, b})
-        self.servers[a].plane.peer_lost(b, "link cut")
-        self.servers[a].plane.link_ready(b)
+        self.servers[a].queues.peer_lost(b, "link cut")
+        self.servers[a].queues.link_ready(b)
 
     def tick(self, seconds: float = 1.0) -> None:
         """Time passes; every plane's heartbeat tick runs, then the network settles."""
         for server in self.servers.values():
             server.members.now += seconds
-            server.plane.tick()
+            server.queues.tick()
         self.pump()
 
 

@@ -80,7 +80,7 @@ def test_wiring_is_shared_except_bindings_of_private_queues_and_stand_ins(net: N
     vhost.bind(exchange, net.queue("B", "q"), "to-shared")
     vhost.bind(exchange, own, "to-private")
     # A's private queue as B binds it (a meta-binding): A reports that binding, not B
-    vhost.bind(exchange, RemoteQueues(net.servers["B"].plane).get("A", "theirs"), "to-theirs")
+    vhost.bind(exchange, RemoteQueues(net.servers["B"].queues).get("A", "theirs"), "to-theirs")
 
     snap = collect(broker, "/", "B")
     assert snap["exchanges"][("/", "x")]["shared"] is True
@@ -132,7 +132,7 @@ def test_deltas_carry_a_master_whose_replica_fell_out_of_sync(net: Net) -> None:
     net.queue("A", "q").push(message(b"m"))
     net.pump()
     net.servers["A"].members.now += 10
-    net.servers["A"].plane.tick()  # C stalled: the replication alarm
+    net.servers["A"].queues.tick()  # C stalled: the replication alarm
     _, body = tracker.next(collect(net.servers["A"].broker, "/", "A"))
     [changed] = body["queues"]["upsert"]
     replicas = {r["spid"]: r for r in changed["replicas"]}
@@ -145,7 +145,7 @@ def test_ctl_queues_and_the_dump_show_the_replicas_in_sync(net: Net) -> None:
     net.queue("A", "q").push(message(b"m"))
     net.pump()
     net.servers["A"].members.now += 10
-    net.servers["A"].plane.tick()
+    net.servers["A"].queues.tick()
 
     class Server:  # what queue_table reads of the server
         spid = "A"

@@ -28,7 +28,7 @@ class Log:
         self.applied = dict.fromkeys(servers, 1)
         self.live = list(servers)
         for spid in servers:
-            net.servers[spid].plane.handovers.on_handed = self.handed
+            net.servers[spid].queues.handovers.on_handed = self.handed
 
     def order(self, owner: str, moving: str | None) -> None:
         epoch = self.entries[-1][1] + 1
@@ -215,7 +215,7 @@ class GroupedHandovers(Handovers):
     @invariant()
     def the_outsider_keeps_no_copy(self) -> None:
         if "D" in self.net.servers:
-            copy = self.net.servers["D"].plane.replica.queues.get("q")
+            copy = self.net.servers["D"].queues.replica.queues.get("q")
             assert copy is None or not copy.entries
 
 
@@ -233,7 +233,7 @@ def test_a_move_waits_for_every_server_to_drain_then_for_the_target(net: Net) ->
     net.pump()
     log.order("A", "B")
     log.apply_next("A")
-    handover = net.servers["A"].plane.handovers.out["q"]
+    handover = net.servers["A"].queues.handovers.out["q"]
     assert handover.waiting == {"B", "C"} and not owner.frozen
     log.apply_next("B")
     net.pump()
@@ -321,7 +321,7 @@ def test_a_target_still_taking_another_queues_snapshot_holds_this_one(net: Net) 
     snapshots to it: one of another queue still under way does not hold it up."""
     from collections import deque
 
-    replicas = net.servers["A"].plane.replicas
+    replicas = net.servers["A"].queues.replicas
     net.queue("A", "q").push(message(b"m"))
     net.pump()
     link = replicas.replicas["B"]

@@ -9,10 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from brokerd.cluster.plane.flow import Feeders
-from brokerd.cluster.plane.forwarding import FLUSH_BYTES
-from brokerd.cluster.plane.pacing import BACKLOG_HIGH, OVERRUN
+from brokerd.cluster.plane.pacing import BACKLOG_HIGH, LAG_HIGH, OVERRUN
+from brokerd.cluster.plane.transport import FLUSH_BYTES
 from brokerd.cluster.queues.master import _GetFor
-from brokerd.cluster.queues.replicaset import LAG_HIGH
 from brokerd.model.message import Message
 from tests.support.examples import examples
 from tests.unit.cluster_net import Net, Sink, Waiter, message
@@ -64,7 +63,7 @@ def test_proxied_consumer_with_prefetch_and_acks(net: Net) -> None:
     del sink.unacked[:2]
     net.pump()
     assert sink.bodies() == [b"%d" % i for i in range(5)]
-    assert net.servers["A"].plane.master.deliveries["C"].keys() == {3, 4, 5}
+    assert net.servers["A"].queues.master.deliveries["C"].keys() == {3, 4, 5}
 
 
 def test_requeue_goes_back_to_the_root_flagged_redelivered(net: Net) -> None:
@@ -89,7 +88,7 @@ def test_a_dropped_link_ends_the_session_the_root_requeues_and_consumers_reattac
     assert sink.bodies() == [b"0", b"1"]
     held = list(sink.unacked)
     net.drop_link("A", "B")
-    net.servers["B"].plane.proxy.session_check()  # the link is back: a new session
+    net.servers["B"].queues.proxy.session_check()  # the link is back: a new session
     net.pump()
     assert sink.bodies() == [b"0", b"1"]  # still holding the old ones: prefetch full
     # the client acks what it holds: the old session's acks are dropped (the root
@@ -98,7 +97,7 @@ def test_a_dropped_link_ends_the_session_the_root_requeues_and_consumers_reattac
     net.queue("B", "q").ack(held)
     net.pump()
     assert [(m.body, r) for m, r in sink.got[2:]] == [(b"0", True), (b"1", True)]
-    assert set(net.servers["A"].plane.master.deliveries["B"]) == {3, 4}  # new ids
+    assert set(net.servers["A"].queues.master.deliveries["B"]) == {3, 4}  # new ids
 
 
 def test_a_session_the_root_ended_alone_is_voided_and_the_proxy_reattaches(net: Net) -> None:
@@ -108,7 +107,7 @@ def test_a_session_the_root_ended_alone_is_voided_and_the_proxy_reattaches(net: 
     net.queue("B", "q").push(message(b"4"), waiter)
     net.flush()  # the forward is in flight ...
     net.lose("A", "B")  # ... and dropped; A ended the session, B does not know
-    root = net.servers["A"].plane.master
+    root = net.servers["A"].queues.master
     assert not root.deliveries.get("B")  # what B held is requeued at once
     assert net.queue("A", "q").message_count == 4
     held, sink.unacked = sink.unacked, []
@@ -129,14 +128,14 @@ def test_a_session_the_root_ended_alone_is_voided_and_the_proxy_reattaches(net: 
 def test_a_proxy_that_opens_a_new_session_by_itself_is_not_voided_twice(net: Net) -> None:
     consuming_on_b(net, 1, prefetch=1)
     net.drop_link("A", "B")  # both sides see it
-    net.servers["B"].plane.link_ready("A")  # B's link is back: a new session at once
-    net.servers["A"].plane.link_ready("B")
+    net.servers["B"].queues.link_ready("A")  # B's link is back: a new session at once
+    net.servers["A"].queues.link_ready("B")
     net.pump()
-    assert "B" not in net.servers["A"].plane.master.voided
-    sessions = net.servers["B"].plane.proxy.session.epoch  # type: ignore[union-attr]
+    assert "B" not in net.servers["A"].queues.master.voided
+    sessions = net.servers["B"].queues.proxy.session.epoch  # type: ignore[union-attr]
     net.tick(1.0)
-    assert net.servers["B"].plane.proxy.session.epoch == sessions  # type: ignore[union-attr]
-    root = net.servers["A"].plane.master
+    assert net.servers["B"].queues.proxy.session.epoch == sessions  # type: ignore[union-attr]
+    root = net.servers["A"].queues.master
     assert list(root.consumers["B"]) == ["B/1/c"] and len(root.deliveries["B"]) == 1
 
 
@@ -163,8 +162,8 @@ def test_forwards_kept_for_a_root_that_never_comes_are_nacked(net: Net) -> None:
     net.queue("B", "q").push(message(b"m"), waiter)
     net.flush()
     net.wire.clear()
-    plane = net.servers["B"].plane
-    out = plane.outbound["A"]
+    plane = net.servers["B"].queues
+    out = plane.transport.outbound["A"]
     plane.orphans.keep(out, maybe_taken=True)
     assert len(plane.orphans.kept) == 1 and waiter.answers == []
     net.servers["B"].members.now += 60
@@ -234,15 +233,15 @@ def test_nothing_is_lost_or_duplicated_without_a_redelivered_flag(actions: list[
             m = held.pop(0)
             if action == "ack":
                 net.queue("C", "q").ack([m])
-                current = m.ref is not None and m.ref[0] is net.servers["C"].plane.proxy.session
-                if current and "C" not in net.servers["A"].plane.master.voided:
+                current = m.ref is not None and m.ref[0] is net.servers["C"].queues.proxy.session
+                if current and "C" not in net.servers["A"].queues.master.voided:
                     acked.append(m.body)
             else:
                 net.queue("C", "q").requeue([m])
             net.pump()
         elif action == "drop":
             net.drop_link("A", "C")
-            net.servers["C"].plane.proxy.session_check()
+            net.servers["C"].queues.proxy.session_check()
             held.clear()  # what C held was released with the session
             net.pump()
         elif action in ("loseA", "loseC"):
@@ -258,7 +257,7 @@ def test_nothing_is_lost_or_duplicated_without_a_redelivered_flag(actions: list[
         m.body
         for m, _q in (
             (entry[1], entry[0])
-            for entry in net.servers["A"].plane.master.deliveries.get("C", {}).values()
+            for entry in net.servers["A"].queues.master.deliveries.get("C", {}).values()
         )
     ]
     for body in confirmed:
@@ -273,17 +272,17 @@ def test_a_publish_while_the_root_link_is_down_waits_for_it_instead_of_a_nack(ne
     assert net.queue("B", "q").push(message(b"read meanwhile"), waiter)
     assert waiter.answers == []
     net.cut.discard(("B", "A"))
-    net.servers["B"].plane.link_ready("A")
-    net.servers["A"].plane.link_ready("B")
+    net.servers["B"].queues.link_ready("A")
+    net.servers["A"].queues.link_ready("B")
     net.pump()
     assert waiter.answers == [(True, 1)]
     assert [(m.body, r) for m, r in net.queue("A", "q").ready()] == [(b"read meanwhile", False)]
 
 
 def test_flow_control_for_a_link_ends_when_its_peer_is_gone(net: Net) -> None:
-    plane = net.servers["B"].plane
+    plane = net.servers["B"].queues
     plane.flow.hold("link:A", "behind", [7])
-    plane.outbound.pop("A", None)
+    plane.transport.outbound.pop("A", None)
     plane.pacing.check()
     assert not plane.flow.active and plane.flow.held_by(7) == set()
 
@@ -298,7 +297,7 @@ def test_a_backlog_pauses_the_publishers_of_the_hot_queue_not_a_trickle_to_anoth
     for _ in range(50):
         net.queue("B", "q").push(message(b"h" * 1000, publisher=1))
     net.queue("B", "q2").push(message(b"cool", publisher=2))
-    plane = net.servers["B"].plane
+    plane = net.servers["B"].queues
     net.backlog[("B", "A")] = BACKLOG_HIGH + 1
     plane.pacing.check()
     assert plane.flow.held_by(1) == {"link:A"} and plane.flow.held_by(2) == set()
@@ -316,7 +315,7 @@ def test_replication_lag_pauses_the_hot_queues_publishers_on_the_root(net: Net) 
     for _ in range(LAG_HIGH + 10):
         net.queue("A", "q").push(message(b"h", publisher=1))
     net.queue("A", "q2").push(message(b"c", publisher=2))
-    plane = net.servers["A"].plane
+    plane = net.servers["A"].queues
     plane.pacing.check()  # nothing pumped: the replicas are all those events behind
     assert plane.flow.held_by(1) == {"replication"} and plane.flow.held_by(2) == set()
     net.pump()
@@ -326,8 +325,8 @@ def test_replication_lag_pauses_the_hot_queues_publishers_on_the_root(net: Net) 
 
 def test_the_roots_recipients_describe_themselves(net: Net) -> None:
     """Reprs show up in logs and debuggers: they must not raise."""
-    plane = net.servers["A"].plane
-    assert repr(_GetFor(plane, plane.out("B"))) == "<GetFor B>"
+    plane = net.servers["A"].queues
+    assert repr(_GetFor(plane.transport, plane.transport.out("B"))) == "<GetFor B>"
     sink = Sink("c", prefetch=3)
     net.queue("B", "q").add_consumer(sink, lambda error: None)
     net.pump()
@@ -361,10 +360,10 @@ def test_a_fenced_owner_passes_on_unconfirmed_publishes_no_quorum_held(
     net.drop_link("A", "C")
     net.fail_over("A")  # the others fenced A and placed q on B; A applies it later
     assert not net.queue("A", "q").local
-    assert len(net.servers["A"].plane.orphans.kept) == 1
+    assert len(net.servers["A"].queues.orphans.kept) == 1
     net.cut.clear()
     for a, b in (("A", "B"), ("B", "A"), ("A", "C"), ("C", "A")):
-        net.servers[a].plane.link_ready(b)
+        net.servers[a].queues.link_ready(b)
     net.pump()
     assert [(m.body, r) for m, r in net.queue("B", "q").ready()] == [(b"only on A", True)]
 
@@ -374,7 +373,7 @@ def test_a_root_change_moves_no_queue(net: Net) -> None:
     net.pump()
     net.servers["A"].members.stopping = True
     net.elect("B")  # the root only orders placements: q stays on A
-    assert not net.servers["A"].plane.orphans.kept
+    assert not net.servers["A"].queues.orphans.kept
     assert net.queue("A", "q").local and not net.queue("B", "q").local
     assert [m.body for m, _r in net.queue("A", "q").ready()] == [b"m"]
 
@@ -394,7 +393,7 @@ def test_a_publish_behind_kept_ones_for_its_queue_waits_behind_them(net: Net) ->
     """Publishes kept for a replicated queue's next owner (its owner A unreachable,
     then fenced) are not overtaken by later ones of the same connection: those join
     the keep, and all go to the next owner in order."""
-    plane = net.servers["B"].plane
+    plane = net.servers["B"].queues
     net.cut.add(("B", "A"))
     plane.peer_lost("A", "link down")
     assert net.queue("B", "q").push(message(b"1"), Waiter())  # kept: A unreachable

@@ -258,7 +258,7 @@ def owning(ctl: ClusterController, monkeypatch: pytest.MonkeyPatch, *names: str)
     get appended to (none are ordered: no root answers in these tests)."""
     asked: list[str] = []
     queues = [type("Q", (), {"name": n, "local": True, "moving": None}) for n in names]
-    monkeypatch.setattr(ctl.plane, "owned_replicated", lambda: queues)
+    monkeypatch.setattr(ctl.queues, "owned_replicated", lambda: queues)
 
     def evacuate(_refused: Any) -> list[dict[str, str]]:
         asked.extend(names)
@@ -294,7 +294,7 @@ def test_no_root_and_no_taker() -> None:
     assert ctl.why_queues_stay() == "no root"
     # a quorum and a root, but every other primary is fenced: nowhere to go
     ctl = stopping_follower(s3={})
-    ctl.plane.is_fenced = lambda spid: True  # type: ignore[method-assign]
+    ctl.queues.is_fenced = lambda spid: True  # type: ignore[method-assign]
     assert ctl.why_queues_stay() == "no other live primary to take them"
 
 
@@ -325,7 +325,7 @@ async def test_a_hand_over_under_way_ends_once_quorum_goes(
     owning(ctl, monkeypatch, "orders")
     queue = type("Q", (), {"name": "orders", "local": True, "moving": "s3", "epoch": 4})()
     monkeypatch.setattr(ctl.moves, "evacuate", lambda _refused: [{"queue": "orders"}])
-    monkeypatch.setattr(ctl.plane, "shared_queue", lambda name: queue)
+    monkeypatch.setattr(ctl.queues, "shared_queue", lambda name: queue)
     with caplog.at_level("WARNING", "brokerd.cluster"):
         # the fake clock stands still: only the lost quorum can end the wait
         stop = asyncio.create_task(ctl.move_queues_away(limit=CONFIG.heartbeat_timeout))

@@ -36,7 +36,7 @@ def cluster() -> Net:
 
 
 def replica_bodies(net: Net, spid: str, name: str) -> list[bytes]:
-    replica = net.servers[spid].plane.replica.queues[name]
+    replica = net.servers[spid].queues.replica.queues[name]
     return [e.message.body for e in replica.entries.values()]
 
 

@@ -32,7 +32,7 @@ def declare_grouped(net: Net, name: str, group: tuple[str, ...], owner: str = "A
 
 
 def copy_of(net: Net, spid: str, name: str) -> list[bytes]:
-    replica = net.servers[spid].plane.replica.queues.get(name)
+    replica = net.servers[spid].queues.replica.queues.get(name)
     return [] if replica is None else [e.message.body for e in replica.entries.values()]
 
 
@@ -60,7 +60,7 @@ def test_a_group_waits_for_its_member_whatever_the_others_ack(net4: Net) -> None
     net4.pump()
     assert waiter.answers == []  # C and D acked its number, but they are not of its group
     net4.cut.discard(("B", "A"))
-    net4.servers["B"].plane.replica.ack()
+    net4.servers["B"].queues.replica.ack()
     net4.pump()
     assert waiter.confirmed()
 
@@ -75,14 +75,14 @@ def test_a_delivery_waits_for_its_groups_floor(net4: Net) -> None:
     net4.pump()
     assert sink.bodies() == []  # held at its gate: C's and D's acks do not count
     net4.cut.discard(("B", "A"))
-    net4.servers["B"].plane.replica.ack()
+    net4.servers["B"].queues.replica.ack()
     net4.pump()
     assert sink.bodies() == [b"g1"]
 
 
 def test_a_group_of_one_numbers_nothing_and_confirms_at_once(net4: Net) -> None:
     declare_grouped(net4, "g", ("A",))
-    plane = net4.servers["A"].plane
+    plane = net4.servers["A"].queues
     seq = plane.replicas.seq
     waiter = Waiter()
     net4.queue("A", "g").push(message(b"alone"), waiter)

@@ -62,7 +62,7 @@ def placer(recorded: dict[str, str], live: list[tuple[str, str]]) -> Placer:
     )
     p = Placer.__new__(Placer)
     p.members = members
-    p.plane = SimpleNamespace(default_queue_type=None)  # type: ignore[assignment]
+    p.queues = SimpleNamespace(default_queue_type=None)  # type: ignore[assignment]
     p.recovered_owners = recorded
     p.recovered_groups = {}
     p.primaries = lambda: live  # type: ignore[method-assign]
@@ -123,7 +123,7 @@ def recovering(
     """A root whose wait for q's last owner (h9, never back) is over: its copy's
     highest id ``mine``, and each live peer's report (None: no status with one)."""
     p = placer({}, [])
-    p.plane = _Plane({} if mine is None else {"q": mine})  # type: ignore[assignment]
+    p.queues = _Plane({} if mine is None else {"q": mine})  # type: ignore[assignment]
     p.members.clock = lambda: 100.0
     p.members.known_primaries = lambda now: known
     p.members.holds_state = True
@@ -175,7 +175,7 @@ def test_it_waits_until_a_majority_of_the_known_primaries_reported() -> None:
 
 def test_a_fenced_server_does_not_take_it() -> None:
     p, ordered = recovering(50, {"s2": 350, "s3": 10}, known=5)
-    p.plane.fenced = {"s2"}  # type: ignore[attr-defined]
+    p.queues.fenced = {"s2"}  # type: ignore[attr-defined]
     p._recover_elsewhere(_waiting(), ["root", "s2", "s3"])
     assert ordered == [("q", "root", None)]
 

@@ -1,5 +1,5 @@
 """What a server sends to one peer and waits to hear back, and the waiters that
-turn queue outcomes into settlements (``forwarding`` uses them)."""
+turn queue outcomes into settlements (``transport`` uses them)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from brokerd.model.completion import Completion, Done
 from brokerd.model.message import Message
 
 if TYPE_CHECKING:
-    from brokerd.cluster.plane.forwarding import MessagePlane
-    from brokerd.cluster.queues.replicaset import Gate
+    from brokerd.cluster.plane.links import Gate
+    from brokerd.cluster.plane.transport import Transport
 
 #: an unsettled forward: the message, its targets, the publishers' callbacks, and
 #: whether it went flagged redelivered
@@ -54,7 +54,7 @@ class Outbound:
         self.fwd_redelivered = False
         self.next_seq = 1
         #: forwards sent and not yet settled: seq -> what to send again if the peer
-        #: fails before settling (see ``MessagePlane.orphan``)
+        #: fails before settling (``queues.orphans``)
         self.unsettled: dict[int, Unsettled] = {}
         #: the bodies' bytes held in ``unsettled`` (flow control bounds it)
         self.unsettled_bytes = 0
@@ -81,16 +81,16 @@ class SettleWaiter(Completion):
     """A forward received from a peer, settled once every queue it reached took it
     (some may defer: a relay to another server)."""
 
-    __slots__ = ("out", "plane", "seq")
+    __slots__ = ("out", "seq", "transport")
 
-    def __init__(self, plane: MessagePlane, out: Outbound, seq: int) -> None:
+    def __init__(self, transport: Transport, out: Outbound, seq: int) -> None:
         super().__init__()
-        self.plane = plane
+        self.transport = transport
         self.out = out
         self.seq = seq
 
     def complete(self) -> None:
-        self.plane.settle(self.out, self.seq, self.ok, self.routed)
+        self.transport.settle(self.out, self.seq, self.ok, self.routed)
 
 
 class Callbacks(Completion):

@@ -5,8 +5,9 @@ again every ``FLOW_RECHECK`` while a cause holds.
 Causes: a link's data lane backlog (``BACKLOG_HIGH``; ``REPLICA_BACKLOG_HIGH``
 for the root's link to a replica, whose lag the quorum bounds instead),
 unsettled forwards to a peer (count and bytes), and the replicas confirms
-wait for (``replicated.LAG_HIGH`` events behind). Every bound is named in
-docs/architecture.md ("Flow control").
+wait for (``LAG_HIGH`` events behind). Every bound is named in
+docs/architecture.md ("Flow control"). What pacing needs of replication is
+the ``Replication`` protocol: the plane knows nothing of queues.
 
 A cause pauses the feeders that sent at least their share of the path's
 bytes lately (``Feeders.past_share``): the publishers of a hot queue wait, a
@@ -18,15 +19,13 @@ many light feeders there are.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
-from brokerd.cluster.plane.flow import Feeder, Feeders
+from brokerd.cluster.plane.flow import Feeder, Feeders, FlowControl
+from brokerd.cluster.plane.links import Links
 from brokerd.cluster.plane.outbound import UNSETTLED_BYTES_HIGH
-from brokerd.cluster.queues.replicaset import LAG_HIGH, LAG_LOW
-
-if TYPE_CHECKING:
-    from brokerd.cluster.plane.forwarding import MessagePlane
+from brokerd.cluster.plane.transport import Transport
 
 #: bytes waiting on a link's data lane above which the connections feeding it are
 #: paused (flow control). Statuses no longer wait behind it (they take the control
@@ -48,25 +47,61 @@ FEEDER_WINDOW = 1.0
 #: past this multiple of its high mark a path pauses all its feeders, not only
 #: those past their share
 OVERRUN = 2
+#: events the replicas confirms wait for may be behind before the publishers feeding
+#: the owned queues are paused (flow control), and where they resume
+LAG_HIGH = 20_000
+LAG_LOW = 5_000
+
+
+class Replication(Protocol):
+    """This server's replication stream, as pacing weighs it (``ReplicaSet``)."""
+
+    #: queues this server owns and streams (any: links to its replicas carry them)
+    @property
+    def owned(self) -> Mapping[str, Any]: ...
+
+    #: its replicas, by spid
+    @property
+    def replicas(self) -> Mapping[str, Any]: ...
+
+    #: who fed the owned queues lately
+    @property
+    def feeders(self) -> Feeders: ...
+
+    def quorum_lag(self) -> int:
+        """Events the replicas confirms wait for are behind."""
+
+    def reset_feeders(self) -> None: ...
 
 
 class Pacing:
     """The plane's flow-control checks (see the module docstring)."""
 
-    def __init__(self, plane: MessagePlane) -> None:
-        self.plane = plane
+    def __init__(
+        self,
+        transport: Transport,
+        flow: FlowControl,
+        links: Links,
+        clock: Callable[[], float],
+        replication: Replication,
+    ) -> None:
+        self.transport = transport
+        self.flow = flow
+        self.links = links
+        self.clock = clock
+        self.replication = replication
         self._flow_watch = False
         self._feeders_reset = 0.0
 
     def check(self) -> None:
         """Pace the publishers feeding what fell behind (seed 001 flow control, see
         ``flow``): a link's data lane, unsettled forwards to a peer, the replicas."""
-        plane = self.plane
-        flow = plane.flow
-        now = plane.members.clock()
-        replicas = plane.replicas
-        for out in plane.outbound.values():
-            link = plane.members.link_to(out.spid)
+        flow = self.flow
+        now = self.clock()
+        replicas = self.replication
+        outbound = self.transport.outbound
+        for out in outbound.values():
+            link = self.links.link_to(out.spid)
             backlog = link.backlog if link is not None else 0
             unsettled = len(out.unsettled)
             if out.unsettled_bytes > UNSETTLED_BYTES_HIGH:
@@ -83,8 +118,8 @@ class Pacing:
                 flow.release(cause)
             elif held or backlog > high or unsettled > UNSETTLED_HIGH:
                 feeders = out.feeders
-                if to_replica:  # everything feeding the master queues fills it too
-                    feeders = Feeders.merged(feeders, plane.replicas.feeders)
+                if to_replica:  # everything feeding the owned queues fills it too
+                    feeders = Feeders.merged(feeders, replicas.feeders)
                 overrun = backlog > OVERRUN * high or unsettled > OVERRUN * UNSETTLED_HIGH
                 reason = flow.causes.get(cause) or (
                     f"link to {out.spid} is behind: {backlog} bytes queued, "
@@ -92,7 +127,7 @@ class Pacing:
                 )
                 flow.hold(cause, reason, self._paced(feeders, overrun))
         for cause in [c for c in flow.causes if c.startswith("link:")]:
-            if cause[5:] not in plane.outbound:
+            if cause[5:] not in outbound:
                 flow.release(cause)  # the peer is gone: what it held back is not behind it
         if replicas is not None:
             lag = replicas.quorum_lag()
@@ -116,9 +151,9 @@ class Pacing:
             flow.release("replication")
         if now - self._feeders_reset >= FEEDER_WINDOW and not flow.active:
             self._feeders_reset = now
-            for out in plane.outbound.values():
+            for out in outbound.values():
                 out.feeders.clear()
-            plane.replicas.reset_feeders()
+            replicas.reset_feeders()
         if flow.active and not self._flow_watch:
             self._flow_watch = True
             try:
@@ -139,6 +174,6 @@ class Pacing:
         """Whom the event loop's own lag pauses: of every connection and peer that fed
         the cluster lately, those past their share, or all of them once overrun."""
         feeders = Feeders.merged(
-            self.plane.replicas.feeders, *(out.feeders for out in self.plane.outbound.values())
+            self.replication.feeders, *(out.feeders for out in self.transport.outbound.values())
         )
         return self._paced(feeders, overrun)

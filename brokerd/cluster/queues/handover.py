@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from brokerd.cluster.plane.forwarding import MessagePlane
+    from brokerd.cluster.plane.transport import Transport
+    from brokerd.cluster.queues.replicaset import ReplicaSet
     from brokerd.cluster.queues.shared import SharedQueue
 
 log = logging.getLogger("brokerd.cluster.queues.handover")
@@ -64,8 +65,17 @@ class Handover:
 class Handovers:
     """The hand-overs under way on this server, as owner and as any other server."""
 
-    def __init__(self, plane: MessagePlane) -> None:
-        self.plane = plane
+    def __init__(
+        self,
+        transport: Transport,
+        shared_queue: Callable[[str], SharedQueue | None],
+        replicas: ReplicaSet,
+        clock: Callable[[], float],
+    ) -> None:
+        self.transport = transport
+        self.shared_queue = shared_queue
+        self.replicas = replicas
+        self.clock = clock
         self.out: dict[str, Handover] = {}
         #: ``Drained`` records that came before the placement starting their move here
         #: (it reaches each server on its own lane): (queue, epoch) -> senders
@@ -77,18 +87,16 @@ class Handovers:
         """A placement says ``queue`` is moving (``queue.moving``): the owner locks it
         and waits for the others' ``Drained``; any other server keeps its publishes
         for it (``Proxy.push``) and drains its link to the owner."""
-        plane = self.plane
+        transport = self.transport
         target = queue.moving
         assert target is not None
         if queue.local:
             if queue.name in self.out:
                 return  # a sync replayed the placement
-            waiting = {spid for spid, out in plane.outbound.items() if out.up}
-            waiting -= self.early.pop((queue.name, queue.epoch), set()) | {plane.spid}
+            waiting = {spid for spid, out in transport.outbound.items() if out.up}
+            waiting -= self.early.pop((queue.name, queue.epoch), set()) | {transport.spid}
             self.early = {k: v for k, v in self.early.items() if k[0] != queue.name}
-            self.out[queue.name] = Handover(
-                queue, target, queue.epoch, plane.members.clock(), waiting
-            )
+            self.out[queue.name] = Handover(queue, target, queue.epoch, self.clock(), waiting)
             log.info(
                 "queue=%s moving to %s: waiting for %d servers to drain",
                 queue.name,
@@ -98,10 +106,10 @@ class Handovers:
             self.check()
             return
         owner = queue.owner
-        if owner is not None and owner != plane.spid:
-            out = plane.outbound.get(owner)
+        if owner is not None and owner != transport.spid:
+            out = transport.outbound.get(owner)
             if out is not None and out.up:
-                plane.batch(out).drained(queue.name, queue.epoch)
+                transport.batch(out).drained(queue.name, queue.epoch)
 
     def drained(self, spid: str, name: str, epoch: int) -> None:
         handover = self.out.get(name)
@@ -111,7 +119,7 @@ class Handovers:
             return
         # the placement that starts the move has not reached this server yet (it may
         # not even own the queue yet: the placement before it is on its way too)
-        queue = self.plane.shared_queue(name)
+        queue = self.shared_queue(name)
         if queue is not None and epoch > queue.epoch and len(self.early) < MAX_EARLY:
             self.early.setdefault((name, epoch), set()).add(spid)
 
@@ -124,7 +132,7 @@ class Handovers:
                 k: v for k, v in self.early.items() if k[0] != queue.name or k[1] > queue.epoch
             }
         if handover is not None:
-            elapsed = (self.plane.members.clock() - handover.started) * 1000
+            elapsed = (self.clock() - handover.started) * 1000
             log.info(
                 "queue=%s hand-over to %s over after %.0f ms: owner %s",
                 queue.name,
@@ -137,8 +145,8 @@ class Handovers:
         """Freeze what has drained; ask for the placement of what the target holds."""
         if not self.out:
             return
-        plane = self.plane
-        replicas = plane.replicas
+        outbound = self.transport.outbound
+        replicas = self.replicas
         # a placement ordered here (this server is root) ends its hand-over at once
         for handover in list(self.out.values()):
             if handover.asked:
@@ -148,7 +156,7 @@ class Handovers:
                 handover.waiting = {
                     spid
                     for spid in handover.waiting
-                    if (out := plane.outbound.get(spid)) is not None and out.up
+                    if (out := outbound.get(spid)) is not None and out.up
                 }
                 if handover.waiting:
                     continue

@@ -19,7 +19,8 @@ their server hands credit back as it writes them to its client.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.cluster.plane import records as rec
 from brokerd.model.errors import INTERNAL_ERROR, NOT_ALLOWED, NOT_FOUND, AMQPError
@@ -27,8 +28,10 @@ from brokerd.model.message import Message
 from brokerd.model.queue import Queue
 
 if TYPE_CHECKING:
-    from brokerd.cluster.plane.forwarding import MessagePlane, Outbound
+    from brokerd.cluster.plane.outbound import Outbound
+    from brokerd.cluster.plane.transport import Transport
     from brokerd.model.storage import Gate
+    from brokerd.model.vhost import VirtualHost
 
 log = logging.getLogger("brokerd.cluster.queues.master")
 
@@ -38,6 +41,16 @@ DEFAULT_WINDOW = 8192
 #: a delivery the owner waits to see settled: its queue, the message, the consumer
 #: (None for basic.get)
 Held = tuple[Queue, Message, "RemoteConsumer | None"]
+
+
+class Peers(Protocol):
+    """What the owner side asks of membership."""
+
+    config: Any
+
+    def clock(self) -> float: ...
+
+    def link_to(self, spid: str | None) -> Any: ...
 
 
 class RemoteConsumer:
@@ -85,7 +98,7 @@ class RemoteConsumer:
 
     def hold(self, gate: Gate) -> None:
         """Its delivery waits for the replicas (a ``Recipient``): so does its server's batch."""
-        self.side.plane.hold(self.out, gate)
+        self.side.transport.hold(self.out, gate)
 
     def __repr__(self) -> str:
         return f"<RemoteConsumer {self.tag} on {self.queue.name} {self.inflight}/{self.window}>"
@@ -107,14 +120,14 @@ class Voided:
 class _GetFor:
     """The server a basic.get answers (a ``Recipient``: its batch waits for the gate)."""
 
-    __slots__ = ("out", "plane")
+    __slots__ = ("out", "transport")
 
-    def __init__(self, plane: MessagePlane, out: Outbound) -> None:
-        self.plane = plane
+    def __init__(self, transport: Transport, out: Outbound) -> None:
+        self.transport = transport
         self.out = out
 
     def hold(self, gate: Gate) -> None:
-        self.plane.hold(self.out, gate)
+        self.transport.hold(self.out, gate)
 
     def __repr__(self) -> str:
         return f"<GetFor {self.out.spid}>"
@@ -123,8 +136,17 @@ class _GetFor:
 class MasterSide:
     """Everything an owner holds for consumers and gets of other servers."""
 
-    def __init__(self, plane: MessagePlane) -> None:
-        self.plane = plane
+    def __init__(
+        self,
+        transport: Transport,
+        vhost: Callable[[], VirtualHost | None],
+        vhost_name: str,
+        peers: Peers,
+    ) -> None:
+        self.transport = transport
+        self.vhost = vhost
+        self.vhost_name = vhost_name
+        self.peers = peers
         self._delivery = 0
         #: per server: its consumers by cluster tag
         self.consumers: dict[str, dict[str, RemoteConsumer]] = {}
@@ -191,7 +213,7 @@ class MasterSide:
         """Send the ``Void`` once per link, after a grace: a server that saw the
         session end too opens a new one as its link comes back, and its ``Session``
         clears the void without a second round of requeues."""
-        members = self.plane.members
+        members = self.peers
         if voided.told or members.link_to(out.spid) is None:
             return
         now = members.clock()
@@ -200,13 +222,12 @@ class MasterSide:
         if now - voided.link_at < members.config.heartbeat_interval / 2:
             return  # asked again at the next tick
         voided.told = True
-        self.plane.batch(out).void(self.epochs.get(out.spid, 0))
+        self.transport.batch(out).void(self.epochs.get(out.spid, 0))
 
     def tick(self) -> None:
-        links = self.plane.members
         for spid, voided in list(self.voided.items()):
-            if not voided.told and links.link_to(spid) is not None:  # not a gone server's
-                self._tell_void(self.plane.out(spid), voided)
+            if not voided.told and self.peers.link_to(spid) is not None:  # not a gone server's
+                self._tell_void(self.transport.out(spid), voided)
 
     def after_batch(self, out: Outbound) -> None:
         """A batch is read: a queue a session reset left without consumers, and that
@@ -220,16 +241,18 @@ class MasterSide:
     def _master_queue(self, name: str, taking: bool = False) -> Queue | AMQPError:
         """The queue mastered here; ``taking``: for a get or a purge, which a queue being
         handed over refuses as not mastered (the proxy asks its next owner)."""
-        vhost = self.plane.vhost()
+        vhost = self.vhost()
         queue = vhost.queues.get(name) if vhost is not None else None
         if queue is None or queue.exclusive:
-            return AMQPError(NOT_FOUND, f"no queue '{name}' in vhost '{self.plane.vhost_name}'")
+            return AMQPError(NOT_FOUND, f"no queue '{name}' in vhost '{self.vhost_name}'")
         if not queue.local or (taking and getattr(queue, "moving", None) is not None):
             return AMQPError(INTERNAL_ERROR, f"queue '{name}' is not mastered on this server")
         return queue
 
     def _refuse(self, out: Outbound, req: int, error: AMQPError) -> None:
-        self.plane.batch(out).reply(req, error.reply_code, error.text, hard=error.reply_code >= 500)
+        self.transport.batch(out).reply(
+            req, error.reply_code, error.text, hard=error.reply_code >= 500
+        )
 
     def _consume(self, out: Outbound, r: rec.Consume) -> None:
         queue = self._master_queue(r.queue)
@@ -247,7 +270,7 @@ class MasterSide:
                 self._refuse(out, r.req, error)
                 return
             mine[r.tag] = consumer
-            self.plane.batch(out).reply(r.req, 0)  # before its first delivery
+            self.transport.batch(out).reply(r.req, 0)  # before its first delivery
 
         queue.add_consumer(consumer, answered)
 
@@ -261,8 +284,8 @@ class MasterSide:
         if isinstance(queue, AMQPError):
             self._refuse(out, r.req, queue)
             return
-        got = queue.take(r.no_ack, _GetFor(self.plane, out))
-        batch = self.plane.batch(out)
+        got = queue.take(r.no_ack, _GetFor(self.transport, out))
+        batch = self.transport.batch(out)
         if got is None:
             batch.reply(r.req, 0)  # get-empty
             return
@@ -289,7 +312,7 @@ class MasterSide:
             self._refuse(out, req, queue)
             return
         a, b = answer(queue)  # type: ignore[operator]
-        self.plane.batch(out).reply(req, 0, "", a, b)
+        self.transport.batch(out).reply(req, 0, "", a, b)
 
     # -- deliveries --------------------------------------------------------------------
 
@@ -310,7 +333,7 @@ class MasterSide:
         out = rc.out
         delivery = 0 if rc.no_ack else self._hold(out, queue, message, rc)
         rc.inflight += 1
-        self.plane.batch(out).deliver(
+        self.transport.batch(out).deliver(
             rc.tag,
             delivery,
             redelivered,
@@ -396,7 +419,7 @@ class MasterSide:
     def link_ready(self, out: Outbound) -> None:
         voided = self.voided.get(out.spid)
         if voided is not None:  # a new link: told (again) after the grace
-            voided.link_at = self.plane.members.clock()
+            voided.link_at = self.peers.clock()
             voided.told = False
         for consumer in list(self.consumers.get(out.spid, {}).values()):
             consumer.queue.dispatch()

@@ -20,7 +20,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.cluster.plane import records as rec
 from brokerd.model.errors import (
@@ -35,10 +35,23 @@ from brokerd.model.message import Message
 from brokerd.model.queue import Queue
 
 if TYPE_CHECKING:
-    from brokerd.cluster.plane.forwarding import MessagePlane, Outbound
+    from brokerd.cluster.plane.outbound import Outbound
+    from brokerd.cluster.plane.transport import Transport
     from brokerd.cluster.queues.shared import SharedQueue
 
 log = logging.getLogger("brokerd.cluster.queues.proxy")
+
+
+class Members(Protocol):
+    """What the proxy side asks of membership."""
+
+    config: Any
+    not_ready_reason: str
+
+    def clock(self) -> float: ...
+
+    def in_sync(self, root: str) -> bool: ...
+
 
 #: requests (gets, purges, counts) that may wait for an owner at once; more are refused
 MAX_WAITING = 10_000
@@ -114,8 +127,12 @@ class Request:
 class ProxySide:
     """This server's proxied consumers and requests, and its sessions with the owners."""
 
-    def __init__(self, plane: MessagePlane) -> None:
-        self.plane = plane
+    def __init__(
+        self, transport: Transport, members: Members, root_spid: Callable[[], str | None]
+    ) -> None:
+        self.transport = transport
+        self.members = members
+        self.root_spid = root_spid
         #: by owner spid
         self.sessions: dict[str, Session] = {}
         self._epoch = 0
@@ -132,7 +149,7 @@ class ProxySide:
     @property
     def session(self) -> Session | None:
         """The session with the root (the status shows it)."""
-        root = self.plane.root_spid()
+        root = self.root_spid()
         return self.sessions.get(root) if root is not None else None
 
     # -- sessions ------------------------------------------------------------------
@@ -140,14 +157,13 @@ class ProxySide:
     def _owners(self) -> set[str]:
         """The servers this one needs a session with: the root, and the owners of the
         classic queues it proxies."""
-        plane = self.plane
         wanted = {state.queue.owner_spid() for state in self.by_tag.values()}
         wanted |= {r.queue.owner_spid() for r in self.waiting if r.queue is not None}
-        root = plane.root_spid()
+        root = self.root_spid()
         if root is not None:
             wanted.add(root)
         wanted.discard(None)
-        wanted.discard(plane.spid)
+        wanted.discard(self.transport.spid)
         return wanted  # type: ignore[return-value]
 
     def session_check(self) -> None:
@@ -159,13 +175,12 @@ class ProxySide:
                 self._open(peer)
 
     def _open(self, peer: str) -> Session | None:
-        plane = self.plane
-        out = plane.out(peer)
+        out = self.transport.out(peer)
         if not out.up:
             return None
         self._epoch += 1
         session = self.sessions[peer] = Session(peer, self._epoch, out)
-        plane.batch(out).session(self._epoch)
+        self.transport.batch(out).session(self._epoch)
         log.info("session opened with=%s epoch=%d", peer, self._epoch)
         for state in list(self.by_tag.values()):
             if state.session is None and state.queue.owner_spid() == peer:
@@ -207,7 +222,7 @@ class ProxySide:
                 session = self._session_for(state.queue)
                 if session is not None and state.session is None:
                     self._send_consume(session, state)
-        self._ask_stale_again(self.plane.members.clock())
+        self._ask_stale_again(self.members.clock())
         waiting, self.waiting = self.waiting, []
         for request in waiting:
             session = self._session_for(request.queue) if request.queue is not None else None
@@ -215,7 +230,7 @@ class ProxySide:
                 self._send(session, request)
             else:
                 self.waiting.append(request)
-        members = self.plane.members
+        members = self.members
         now = members.clock()
         limit = members.config.open_timeout
         expired = [r for r in self.waiting if now - r.created > limit]
@@ -243,7 +258,7 @@ class ProxySide:
 
     def _session_for(self, queue: SharedQueue) -> Session | None:
         owner = queue.owner_spid()
-        if owner is None or owner == self.plane.spid:
+        if owner is None or owner == self.transport.spid:
             return None
         session = self.sessions.get(owner)
         if session is None and self._synced():
@@ -253,8 +268,8 @@ class ProxySide:
     def _synced(self) -> bool:
         """This server's wiring is the root's: sessions may open (the queues they name
         exist at their owners)."""
-        root = self.plane.root_spid()
-        return root is not None and (root == self.plane.spid or self.plane.members.in_sync(root))
+        root = self.root_spid()
+        return root is not None and (root == self.transport.spid or self.members.in_sync(root))
 
     def _ask(
         self,
@@ -264,23 +279,23 @@ class ProxySide:
         here: Callable[[], None] | None = None,
     ) -> None:
         if _unavailable(queue):
-            answer(_not_ready(self.plane.members, queue))
+            answer(_not_ready(self.members, queue))
             return
-        request = Request(queue, issue, answer, self.plane.members.clock(), here=here)
+        request = Request(queue, issue, answer, self.members.clock(), here=here)
         session = self._session_for(queue)
         if session is not None:
             self._send(session, request)
         elif len(self.waiting) < MAX_WAITING:
             self.waiting.append(request)
         else:
-            answer(_not_ready(self.plane.members, queue))
+            answer(_not_ready(self.members, queue))
 
     def get(self, queue: SharedQueue, no_ack: bool, reply: Reply) -> None:
         asked: list[Session] = []
 
         def issue(session: Session, req: int) -> None:
             asked.append(session)
-            self.plane.batch(session.out).get(req, queue.name, no_ack)
+            self.transport.batch(session.out).get(req, queue.name, no_ack)
 
         def answer(r: Any) -> None:
             if isinstance(r, rec.Got):
@@ -296,7 +311,7 @@ class ProxySide:
 
     def purge(self, queue: SharedQueue, reply: Reply) -> None:
         def issue(session: Session, req: int) -> None:
-            self.plane.batch(session.out).purge(req, queue.name)
+            self.transport.batch(session.out).purge(req, queue.name)
 
         self._ask(
             queue, issue, lambda r: reply(r.a if _ok(r) else _error(r)), lambda: queue.purge(reply)
@@ -304,7 +319,7 @@ class ProxySide:
 
     def stat(self, queue: SharedQueue, reply: Reply) -> None:
         def issue(session: Session, req: int) -> None:
-            self.plane.batch(session.out).stat(req, queue.name)
+            self.transport.batch(session.out).stat(req, queue.name)
 
         self._ask(
             queue,
@@ -316,7 +331,7 @@ class ProxySide:
     # -- consumers ---------------------------------------------------------------------
 
     def _tag(self, consumer: ConsumerSink) -> str:
-        base = f"{self.plane.spid}/{consumer.connection_id}/{consumer.tag}"
+        base = f"{self.transport.spid}/{consumer.connection_id}/{consumer.tag}"
         tag, n = base, 1
         while tag in self.by_tag:  # one tag on two channels of a connection
             n += 1
@@ -327,11 +342,9 @@ class ProxySide:
         """basic.consume on a proxied queue: its owner decides (exclusivity counts
         consumers everywhere); ``reply`` answers when it has."""
         if _unavailable(queue) and reply is not None:
-            reply(_not_ready(self.plane.members, queue))
+            reply(_not_ready(self.members, queue))
             return
-        state = ProxiedConsumer(
-            queue, consumer, self._tag(consumer), reply, self.plane.members.clock()
-        )
+        state = ProxiedConsumer(queue, consumer, self._tag(consumer), reply, self.members.clock())
         queue.proxied[consumer] = state
         self.by_tag[state.tag] = state
         session = self._session_for(queue)  # a session it opens sends the consume
@@ -340,7 +353,7 @@ class ProxySide:
 
     def adopt(self, queue: SharedQueue) -> None:
         """The queue became a proxy: attach its local consumers at its new owner."""
-        now = self.plane.members.clock()
+        now = self.members.clock()
         session = self._session_for(queue)
         for consumer in queue.consumers:
             if consumer in queue.proxied:
@@ -367,7 +380,7 @@ class ProxySide:
             elif request.here is not None:
                 request.here()
             else:
-                request.answer(_not_ready(self.plane.members, queue))
+                request.answer(_not_ready(self.members, queue))
 
     def replaced(self, queue: SharedQueue) -> None:
         """A proxied classic queue has another owner now (or none): its consumers
@@ -384,7 +397,7 @@ class ProxySide:
                 self._drop(state)
                 reply, state.reply = state.reply, None
                 if reply is not None:
-                    reply(_not_ready(self.plane.members, queue))
+                    reply(_not_ready(self.members, queue))
                 else:
                     if consumer in queue.consumers:
                         queue.consumers.remove(consumer)
@@ -401,7 +414,7 @@ class ProxySide:
         if session is None or self.sessions.get(session.peer) is not session:
             return
         returned = [m.ref[1] for m, _ in state.pending if _current(m, session)]
-        batch = self.plane.batch(session.out)
+        batch = self.transport.batch(session.out)
         batch.cancel(state.tag)
         if returned:
             batch.reject(returned, True)
@@ -424,13 +437,13 @@ class ProxySide:
             bool(getattr(consumer, "no_ack", False)),
             consumer.exclusive,
             consumer.no_local,
-            f"{self.plane.spid}/{consumer.connection_id}",
+            f"{self.transport.spid}/{consumer.connection_id}",
         )
         request = Request(None, lambda s, req: None, lambda r: self._consumed(state, r), 0.0, state)
         request.session = state.session = session
         r.req = self._next_req()
         self.requests[r.req] = request
-        self.plane.batch(session.out).consume(r)
+        self.transport.batch(session.out).consume(r)
 
     def _consumed(self, state: ProxiedConsumer, r: Any) -> None:
         queue, consumer = state.queue, state.consumer
@@ -512,7 +525,7 @@ class ProxySide:
             return False
         request.retries += 1
         request.session = None
-        request.created = self.plane.members.clock()
+        request.created = self.members.clock()
         self.stale.setdefault(queue, []).append(request)
         return True
 
@@ -523,7 +536,7 @@ class ProxySide:
 
     def _ask_stale_again(self, now: float) -> None:
         """Stale requests a heartbeat timeout old are asked of the owner again."""
-        limit = self.plane.members.config.heartbeat_timeout
+        limit = self.members.config.heartbeat_timeout
         for queue, requests in list(self.stale.items()):
             due = [r for r in requests if now - r.created >= limit]
             if not due:
@@ -542,7 +555,7 @@ class ProxySide:
             message.ref = (session, r.delivery)
         if state is None or not state.attached or state.session is not session:
             if r.delivery:  # cancelled meanwhile: back to the queue
-                self.plane.batch(session.out).reject([r.delivery], True)
+                self.transport.batch(session.out).reject([r.delivery], True)
             return
         state.pending.append((message, r.redelivered))
         if len(state.pending) == 1:
@@ -560,7 +573,7 @@ class ProxySide:
         if delivered and state.windowed:
             state.owed += delivered
             self._owing.add(state)
-            self.plane.schedule()
+            self.transport.schedule()
 
     def pay_credit(self, out: Outbound) -> None:
         """At a flush: tell an owner how many deliveries windowed consumers took."""
@@ -587,7 +600,7 @@ class ProxySide:
             if session is not None and self.sessions.get(session.peer) is session:
                 by_session.setdefault(session, []).append(ref[1])
         for session, ids in by_session.items():
-            batch = self.plane.batch(session.out)
+            batch = self.transport.batch(session.out)
             if outcome == "ack":
                 batch.ack(ids)
             else:

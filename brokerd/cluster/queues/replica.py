@@ -41,7 +41,12 @@ from brokerd.model.completion import Completion, Done
 from brokerd.model.message import Message
 
 if TYPE_CHECKING:
-    from brokerd.cluster.plane.forwarding import MessagePlane, Outbound
+    from collections.abc import Callable
+
+    from brokerd.cluster.plane.outbound import Outbound
+    from brokerd.cluster.plane.transport import Transport
+    from brokerd.cluster.queues.shared import SharedQueue
+    from brokerd.model.vhost import VirtualHost
     from brokerd.store.queues import JournalQueueStore
 
 log = logging.getLogger("brokerd.cluster.queues.replica")
@@ -130,8 +135,17 @@ class ReplicaSide:
     """This server's copies of other servers' owned queues, and the streams feeding
     them: one per owner, applied side by side."""
 
-    def __init__(self, plane: MessagePlane) -> None:
-        self.plane = plane
+    def __init__(
+        self,
+        transport: Transport,
+        vhost: Callable[[], VirtualHost | None],
+        shared_queue: Callable[[str], SharedQueue | None],
+        root_spid: Callable[[], str | None],
+    ) -> None:
+        self.transport = transport
+        self.vhost = vhost
+        self._shared_queue = shared_queue
+        self.root_spid = root_spid
         self.queues: dict[str, QueueReplica] = {}
         #: by source spid
         self.streams: dict[str, SourceStream] = {}
@@ -141,7 +155,7 @@ class ReplicaSide:
         self.fenced: dict[str, dict[str, tuple[bool, int]]] = {}
         #: the state-log entry of each server's last fence (a queue it owns that was
         #: placed before it fails over), and the fenced servers that still own such
-        #: queues (``MessagePlane.placements_changed`` keeps it)
+        #: queues (``QueueService.placements_changed`` keeps it)
         self.fence_seq: dict[str, int] = {}
         self.pending: set[str] = set()
         self._ack_scheduled = False
@@ -157,8 +171,8 @@ class ReplicaSide:
     @property
     def source(self) -> str | None:
         """The root, whose stream the election compares (None: this server is root)."""
-        root = self.plane.root_spid()
-        return None if root is None or root == self.plane.spid else root
+        root = self.root_spid()
+        return None if root is None or root == self.transport.spid else root
 
     @property
     def applied(self) -> int:
@@ -181,7 +195,7 @@ class ReplicaSide:
         """A stream this server applies: any other server's (each owner streams the
         queues it owns); a fenced one's only from its reset under the next
         generation (``begin``)."""
-        return spid != self.plane.spid
+        return spid != self.transport.spid
 
     # -- the stream --------------------------------------------------------------------
 
@@ -255,8 +269,8 @@ class ReplicaSide:
         ):
             return
         stream.asked = True
-        out = self.plane.out(stream.source)
-        self.plane.ack_batch(out).replicated(0)
+        out = self.transport.out(stream.source)
+        self.transport.ack_batch(out).replicated(0)
 
     def fences_of(self, spid: str) -> int:
         """The last fence of ``spid``'s stream applied here."""
@@ -328,14 +342,14 @@ class ReplicaSide:
             if upto and (upto > one.acked or not one.pending):  # 0 asks for a resync
                 # once per batch even if unchanged: the source hears it is alive (a sync)
                 one.acked = max(upto, one.acked)
-                self.plane.ack_batch(self.plane.out(one.source)).replicated(one.acked)
+                self.transport.ack_batch(self.transport.out(one.source)).replicated(one.acked)
 
     # -- events ------------------------------------------------------------------------
 
     def apply(self, stream: SourceStream, r: rec.Replicate) -> None:
         op = r.op
         if op == rec.R_RESET:
-            queue = self.plane.shared_queue(r.queue)
+            queue = self._shared_queue(r.queue)
             if queue is not None and queue.local:
                 # the new owner's stream overtook its placement: this server still
                 # masters the queue (and writes its journal); the stream is asked
@@ -382,7 +396,7 @@ class ReplicaSide:
             self.drop(r.queue, write=False)
 
     def _store(self, name: str) -> JournalQueueStore | None:
-        vhost = self.plane.vhost()
+        vhost = self.vhost()
         queue = vhost.queues.get(name) if vhost is not None else None
         return getattr(queue, "journal_store", None)
 
@@ -416,7 +430,7 @@ class ReplicaSide:
             write.arm(True, 1)
             if acquired:
                 store.delivered(message, None, False)
-            queue = self.plane.vhost().queues[r.queue]  # type: ignore[union-attr]
+            queue = self.vhost().queues[r.queue]  # type: ignore[union-attr]
             if replica.bytes > queue.page_limit:
                 stub = store.page_out(message, jid=r.mid)
                 if stub is not None:

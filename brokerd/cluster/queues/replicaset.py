@@ -37,7 +37,7 @@ restarted primary) gets, per queue, a reset
 and a snapshot sent over several loop turns while the live stream goes on
 (seed 001's live updates). A replica that lags is slow, not dead: it stays in
 the set while its link is up and it is active, and its lag paces the
-publishers (``forwarding``'s flow control); one that has acked nothing for a
+publishers (``plane.pacing``); one that has acked nothing for a
 while raises an alarm. Only the failure evidence membership uses (the link
 dropped, silence past the timeout, a refused port) takes it out. A fence in
 the state log (``fence``) ends the stream for good: the replicas ack it no
@@ -51,7 +51,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.cluster.plane import records as rec
 from brokerd.cluster.plane.flow import Feeder, Feeders, feeder
@@ -62,8 +62,10 @@ from brokerd.model.message import Message
 from brokerd.model.storage import CorruptMessage
 
 if TYPE_CHECKING:
-    from brokerd.cluster.plane.forwarding import MessagePlane, Outbound
+    from brokerd.cluster.plane.outbound import Outbound
+    from brokerd.cluster.plane.transport import Transport
     from brokerd.cluster.queues.shared import SharedQueue
+    from brokerd.model.vhost import VirtualHost
 
 log = logging.getLogger("brokerd.cluster.queues.replicaset")
 
@@ -71,10 +73,21 @@ log = logging.getLogger("brokerd.cluster.queues.replicaset")
 #: every primary (a replicated queue, a quorum queue whose group is every primary)
 Group = frozenset[str] | None
 
-#: events the replicas confirms wait for may be behind before the publishers feeding
-#: the master queues are paused (flow control), and where they resume
-LAG_HIGH = 20_000
-LAG_LOW = 5_000
+
+class Peers(Protocol):
+    """What the replication stream asks of membership."""
+
+    def clock(self) -> float: ...
+
+    def known_primaries(self, now: float) -> int: ...
+
+    def address_of(self, spid: str) -> str: ...
+
+    def replica_peers(self) -> list[str]: ...
+
+    def link_to(self, spid: str | None) -> Any: ...
+
+
 #: messages of a snapshot sent per loop turn and replica, at most
 SYNC_CHUNK = 500
 #: seconds of a loop turn a snapshot step may take: a confirm waits at most this
@@ -162,8 +175,17 @@ class ReplicaLink:
 class ReplicaSet:
     """This server's replicas and its replication stream (the queues it owns)."""
 
-    def __init__(self, plane: MessagePlane) -> None:
-        self.plane = plane
+    def __init__(
+        self,
+        transport: Transport,
+        members: Peers,
+        vhost: Callable[[], VirtualHost | None],
+        owned_replicated: Callable[[], list[SharedQueue]],
+    ) -> None:
+        self.transport = transport
+        self.peers = members
+        self.vhost = vhost
+        self.owned_replicated = owned_replicated
         self.seq = 0
         self.replicas: dict[str, ReplicaLink] = {}
         #: per group (``Group``): the confirms and the gates waiting for its floor, the
@@ -195,7 +217,7 @@ class ReplicaSet:
         #: the state log fenced this server's stream (its replicas stopped acking it,
         #: its queues fail over): it confirms and delivers nothing more until the
         #: queues it owned then are placed elsewhere; then it streams again under
-        #: its next ``generation`` (``restart``, from ``MessagePlane.
+        #: its next ``generation`` (``restart``, from ``QueueService.
         #: placements_changed``). ``fence_seq``: that fence's state-log entry
         self.fenced = False
         self.fence_seq = -1
@@ -223,7 +245,7 @@ class ReplicaSet:
             return 0
         self.seq += 1
         seq = self.seq
-        batch = self.plane.repl_batch
+        batch = self.transport.repl_batch
         if message is None:
             parts = rec.replicate_parts(seq, op, queue, mid, flags)
         else:
@@ -276,7 +298,7 @@ class ReplicaSet:
         confirmed."""
         if group is not None:
             return len(group) // 2
-        return self.plane.members.known_primaries(self.plane.members.clock()) // 2
+        return self.peers.known_primaries(self.peers.clock()) // 2
 
     def group_of(self, name: str) -> Group:
         """Whose acks queue ``name``'s confirms and deliveries wait for."""
@@ -365,11 +387,11 @@ class ReplicaSet:
         replica = self.replicas.get(spid)
         if replica is None:
             return
-        replica.since = self.plane.members.clock()
+        replica.since = self.peers.clock()
         if seq == 0:  # the replica lost track (a gap, a failed write): start it again
             log.warning("replica %s asked for a resync at seq=%d", spid, self.seq)
             del self.replicas[spid]
-            self.add(replica.out, self.plane.owned_replicated())
+            self.add(replica.out, self.owned_replicated())
             return
         if seq <= replica.acked:
             return
@@ -430,12 +452,12 @@ class ReplicaSet:
         and a failover prefers a primary whose copy is (``placing``)."""
         if out.spid in self.replicas or self.fenced:
             return
-        address = self.plane.members.address_of(out.spid)
-        replica = ReplicaLink(out, self.seq, self.plane.members.clock(), address)
+        address = self.peers.address_of(out.spid)
+        replica = ReplicaLink(out, self.seq, self.peers.clock(), address)
         self.replicas[out.spid] = replica
         for group in list(self._floors):
             self._floors[group] = self._quorum_floor(group)
-        batch = self.plane.repl_batch(out)
+        batch = self.transport.repl_batch(out)
         # whatever it holds goes, the snapshot follows; live events go on after ``seq``
         batch.replicate(0, rec.R_RESET, "", self.seq, self.generation % 256)
         count = 0
@@ -477,7 +499,7 @@ class ReplicaSet:
             # no event of a group new here is older than this: its floor starts at it
             self._floors.setdefault(group, self.seq)
         for replica in self.replicas.values():
-            batch = self.plane.repl_batch(replica.out)
+            batch = self.transport.repl_batch(replica.out)
             batch.replicate(0, rec.R_RESET, name, 0)
             if group is not None and replica.address not in group:
                 # not of its group: it keeps no copy (an empty snapshot prunes any it had)
@@ -526,9 +548,8 @@ class ReplicaSet:
         left of the fenced one), and it may own replicated queues again."""
         self.fenced = False
         log.warning("this server's replication stream restarts: generation %d", self.generation)
-        plane = self.plane
-        for spid in plane.members.replica_peers():
-            self.add(plane.out(spid), plane.owned_replicated())
+        for spid in self.peers.replica_peers():
+            self.add(self.transport.out(spid), self.owned_replicated())
 
     def fence(self, generation: int, seq: int = 0) -> None:
         """The state log fenced this server's stream: the replicas ack it no more.
@@ -643,19 +664,19 @@ class ReplicaSet:
 
     def sync_step(self) -> bool:
         """Send the next chunk of every replica's snapshots; True if more is left."""
-        vhost = self.plane.vhost()
+        vhost = self.vhost()
         more = False
         sent = False
         done: list[ReplicaLink] = []
         turn_ends = time.perf_counter() + SYNC_TURN
         for replica in self.replicas.values():
-            link = self.plane.members.link_to(replica.spid)
+            link = self.peers.link_to(replica.spid)
             if replica.syncs and link is not None and link.backlog > SYNC_BACKLOG_MAX:
                 more = True  # its link is behind: the snapshot waits, the live stream not
                 continue
             sent = sent or bool(replica.syncs)
             budget = SYNC_CHUNK
-            batch = self.plane.repl_batch(replica.out)
+            batch = self.transport.repl_batch(replica.out)
             while replica.syncs and budget:
                 name, mids = replica.syncs[0]
                 queue = vhost.queues.get(name) if vhost is not None else None

@@ -100,62 +100,62 @@ class Proxy:
     def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool:
         queue = self.queue
         queue.stats_in += 1
-        plane = queue.plane
+        services = queue.services
         owner = queue.owner
         if (
             queue.replicated_kind
-            and owner != plane.spid
+            and owner != services.spid
             and (
-                plane.orphans.holds(queue.name)
+                services.orphans.holds(queue.name)
                 or owner is None
                 or queue.moving is not None
-                or not plane.reachable(owner)
+                or not services.reachable(owner)
             )
         ):
             # its owner unreachable (a failover under way), the queue being moved, or
             # publishes for it wait for its next owner already (this one must not
             # overtake them): kept
-            return plane.orphans.hold(message, ("", queue.name), waiter)
+            return services.orphans.hold(message, ("", queue.name), waiter)
         # straight to its owner; a classic queue's owner away or unreachable: the
         # publisher is nacked (no other server may take it: a second copy of it)
-        return plane.forward(owner, message, ("", queue.name), waiter)
+        return services.forward(owner, message, ("", queue.name), waiter)
 
     def get(self, no_ack: bool, reply: Reply, recipient: Any = None) -> None:
-        self.queue.plane.proxy.get(self.queue, no_ack, reply)
+        self.queue.services.proxy.get(self.queue, no_ack, reply)
 
     def ack(self, messages: Sequence[Message]) -> None:
-        self.queue.plane.proxy.settle(messages, "ack")
+        self.queue.services.proxy.settle(messages, "ack")
         self.dispatch()  # the consumer's prefetch freed: deliveries waiting here go
 
     def reject(self, messages: Iterable[Message]) -> None:
-        self.queue.plane.proxy.settle(messages, "reject")
+        self.queue.services.proxy.settle(messages, "reject")
         self.dispatch()
 
     def requeue(self, messages: Iterable[Message]) -> None:
         # what this server delivered while it was the owner is the new owner's already
         # (its replica had it acquired: it came back there, flagged redelivered)
-        self.queue.plane.proxy.settle(list(messages), "requeue")
+        self.queue.services.proxy.settle(list(messages), "requeue")
         self.dispatch()
 
     def dispatch(self) -> None:
-        proxy = self.queue.plane.proxy
+        proxy = self.queue.services.proxy
         for state in list(self.queue.proxied.values()):
             proxy.drain(state)
 
     def purge(self, reply: Reply) -> None:
-        self.queue.plane.proxy.purge(self.queue, reply)
+        self.queue.services.proxy.purge(self.queue, reply)
 
     def stat(self, reply: Reply) -> None:
-        self.queue.plane.proxy.stat(self.queue, reply)
+        self.queue.services.proxy.stat(self.queue, reply)
 
     def add_consumer(self, consumer: ConsumerSink, reply: Reply | None = None) -> None:
-        self.queue.plane.proxy.attach(self.queue, consumer, reply)
+        self.queue.services.proxy.attach(self.queue, consumer, reply)
 
     def remove_consumer(self, consumer: ConsumerSink) -> None:
         queue = self.queue
         if consumer in queue.consumers:
             queue.consumers.remove(consumer)
-        queue.plane.proxy.detach(queue, consumer)
+        queue.services.proxy.detach(queue, consumer)
 
     def load_recovered(self, messages: Iterable[tuple[Message, bool]]) -> int:
         """What this server's journal kept: the copy a failover may start from (the
@@ -174,5 +174,5 @@ class Proxy:
             replica.top = max(replica.top, mid)
             if not message.paged:
                 replica.bytes += len(message.body)
-        queue.plane.replica.hand(queue.name, replica)
+        queue.services.replica.hand(queue.name, replica)
         return len(replica.entries)

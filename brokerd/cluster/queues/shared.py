@@ -30,7 +30,7 @@ owner; durable, it waits for it (``placement``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.cluster.queues.entry import Entry
 from brokerd.cluster.queues.placement import CLASSIC, kind_of
@@ -43,9 +43,49 @@ from brokerd.model.queue import Queue
 from brokerd.model.storage import QueueStore
 
 if TYPE_CHECKING:
-    from brokerd.cluster.plane.forwarding import MessagePlane
-    from brokerd.cluster.queues.proxy import ProxiedConsumer
+    from brokerd.cluster.queues.handover import Handovers
+    from brokerd.cluster.queues.master import MasterSide
+    from brokerd.cluster.queues.orphans import Orphans
+    from brokerd.cluster.queues.proxy import ProxiedConsumer, ProxySide
+    from brokerd.cluster.queues.replica import ReplicaSide
+    from brokerd.cluster.queues.replicaset import ReplicaSet
     from brokerd.store.queues import JournalQueueStore
+
+
+class Services(Protocol):
+    """What a shared queue asks of this server's queue service (``service.QueueService``):
+    the sides its roles hand calls to, and the cluster facts a placement needs."""
+
+    spid: str
+    is_root: bool
+    default_queue_type: str | None
+    proxy: ProxySide
+    master: MasterSide
+    replica: ReplicaSide
+    replicas: ReplicaSet
+    orphans: Orphans
+    handovers: Handovers
+
+    def clock(self) -> float: ...
+
+    def reachable(self, spid: str) -> bool: ...
+
+    def forward(
+        self,
+        spid: str | None,
+        message: Message,
+        target: tuple[str, str],
+        waiter: PublishWaiter | None,
+        redelivered: bool = False,
+    ) -> bool: ...
+
+    def forward_private(
+        self, spid: str, queue: str, message: Message, waiter: PublishWaiter | None
+    ) -> bool: ...
+
+    def owner_placed(self, queue: SharedQueue) -> None: ...
+
+    def placements_changed(self) -> None: ...
 
 
 #: gets and purges that may wait for a move to end at once; more are answered at once
@@ -55,7 +95,7 @@ MAX_DEFERRED = 10_000
 class SharedQueue(Queue):
     """One cluster-wide queue: the master on its owner, a proxy elsewhere."""
 
-    def __init__(self, name: str, vhost: str, *, plane: MessagePlane, **kwargs: Any) -> None:
+    def __init__(self, name: str, vhost: str, *, services: Services, **kwargs: Any) -> None:
         #: this server's journal of the queue (the vhost's store sets it)
         self.journal_store: JournalQueueStore | None = None
         #: the owner's store of a replicated or quorum queue (owner role only)
@@ -64,13 +104,13 @@ class SharedQueue(Queue):
         self._proxy = Proxy(self)
         #: the role every ``QueueType`` call goes to (``local`` swaps it)
         self.role: Owner | Proxy = self._proxy
-        self.plane = plane
+        self.services = services
         super().__init__(name, vhost, **kwargs)
         #: how the cluster keeps it (``placement.kind_of``)
-        self.kind = kind_of(self.durable, self.arguments, plane.default_queue_type)
+        self.kind = kind_of(self.durable, self.arguments, services.default_queue_type)
         #: master (True) or proxy; a new classic queue is the master on the root until
         #: its placement says otherwise, a replicated one is nobody's until placed
-        self.local = plane.is_root and self.kind == CLASSIC
+        self.local = services.is_root and self.kind == CLASSIC
         #: the queue's owner (None until placed, and while it is unavailable), the
         #: placement's epoch, and the owner it waits for while unavailable
         self.owner: str | None = None
@@ -125,7 +165,7 @@ class SharedQueue(Queue):
         elsewhere); None on a proxy, which does not know (its master reports them)."""
         if not self.local:
             return None
-        return self.plane.replicas.members(self.group_key) if self.replicated_kind else []
+        return self.services.replicas.members(self.group_key) if self.replicated_kind else []
 
     @property  # type: ignore[override]
     def store(self) -> QueueStore | None:
@@ -196,26 +236,26 @@ class SharedQueue(Queue):
         self.moving = moving if owner is not None else None
         self.placed_seq = seq
         if owner is not None:
-            self.plane.owner_placed(self)
-        if owner == self.plane.spid:
+            self.services.owner_placed(self)
+        if owner == self.services.spid:
             self._own()
         else:
             self._disown()
-            self.plane.proxy.replaced(self)  # its consumers here follow the owner
+            self.services.proxy.replaced(self)  # its consumers here follow the owner
         if self.moving is not None:
             if was_moving is None:
-                self.move_since = self.plane.members.clock()
-            self.plane.handovers.started(self)
+                self.move_since = self.services.clock()
+            self.services.handovers.started(self)
         elif was_moving is not None:
             self._moved()
-        self.plane.placements_changed()
-        self.plane.orphans.send()  # publishes kept for its next owner
+        self.services.placements_changed()
+        self.services.orphans.send()  # publishes kept for its next owner
 
     def _moved(self) -> None:
         """The move is over (the target owns the queue, or the root called it off):
         what waited for it goes on, wherever the queue is now."""
         self.frozen = False
-        self.plane.handovers.ended(self)
+        self.services.handovers.ended(self)
         deferred, self.deferred = self.deferred, []
         for call in deferred:
             call()
@@ -236,7 +276,7 @@ class SharedQueue(Queue):
         until it is frozen (nothing delivered: its consumers are parked for the
         call), kept for the next owner after."""
         if self.frozen:
-            return self.plane.orphans.hold(message, ("", self.name), waiter, redelivered)
+            return self.services.orphans.hold(message, ("", self.name), waiter, redelivered)
         consumers, self.consumers = self.consumers, []
         try:
             if redelivered:
@@ -261,7 +301,7 @@ class SharedQueue(Queue):
         if self.local and (not self.replicated_kind or self.replicated is not None):
             return
         self.local = True
-        replica = self.plane.replica.take(self.name)
+        replica = self.services.replica.take(self.name)
         ready = []
         entries: dict[int, Entry] = {}
         for mid, entry in replica.ordered() if replica is not None else ():
@@ -271,15 +311,15 @@ class SharedQueue(Queue):
             ready.append((entry.message, entry.redelivered))
         if self.replicated_kind:
             store = ReplicatedQueueStore(
-                self.name, self.plane.replicas, self.journal_store, entries
+                self.name, self.services.replicas, self.journal_store, entries
             )
             if replica is not None:
                 store.next_mid = max(store.next_mid, replica.top + 1)
             self.replicated = store
-            self.plane.replicas.adopt(self.name, store.entries, self.group_key)
+            self.services.replicas.adopt(self.name, store.entries, self.group_key)
         if ready:
             self.replace_messages(ready)
-        self.plane.proxy.forget(self)
+        self.services.proxy.forget(self)
         self.start_timers()  # TTL and x-expires act on the owner only
         self.dispatch()
 
@@ -292,14 +332,14 @@ class SharedQueue(Queue):
         from elsewhere go, and this server's own are attached at the owner."""
         if not self.local:
             return
-        self.plane.master.release_queue(self)
+        self.services.master.release_queue(self)
         self.local = False
         replica = QueueReplica()
         replicated, self.replicated = self.replicated, None
         if replicated is not None:
             # what no quorum of its group holds yet, before the stream forgets the group
-            self.plane.orphans.adopt(self.plane.replicas.unreplicated(self.name, replicated))
-            self.plane.replicas.disown(self.name)
+            self.services.orphans.adopt(self.services.replicas.unreplicated(self.name, replicated))
+            self.services.replicas.disown(self.name)
             for mid, entry in replicated.entries.items():
                 replica.entries[mid] = entry
                 if not entry.message.paged:
@@ -310,11 +350,11 @@ class SharedQueue(Queue):
                 replica.entries[position] = Entry(message, redelivered=redelivered, persistent=True)
                 replica.top = position
         if replica.entries:
-            self.plane.replica.hand(self.name, replica)
-        self.plane.replica.disowned()
+            self.services.replica.hand(self.name, replica)
+        self.services.replica.disowned()
         self._clear()  # and its timers stop: the next owner's copy expires
         self.consumers = [c for c in self.consumers if not getattr(c, "remote", False)]
-        self.plane.proxy.adopt(self)
+        self.services.proxy.adopt(self)
 
     def __repr__(self) -> str:
         role = "master" if self.local else "proxy"
@@ -329,14 +369,14 @@ class MetaQueue:
     local = False
     exclusive = True
 
-    def __init__(self, spid: str, name: str, plane: MessagePlane) -> None:
+    def __init__(self, spid: str, name: str, services: Services) -> None:
         self.spid = spid
         self.name = name
-        self.plane = plane
+        self.services = services
         self.bindings: dict[tuple[Any, ...], Any] = {}
 
     def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool:
-        return self.plane.forward_private(self.spid, self.name, message, waiter)
+        return self.services.forward_private(self.spid, self.name, message, waiter)
 
     def __repr__(self) -> str:
         return f"<MetaQueue {self.name} on {self.spid}>"
@@ -345,14 +385,14 @@ class MetaQueue:
 class RemoteQueues:
     """The MetaQueues of this server, by (spid, queue name): ``replication.RemoteQueues``."""
 
-    def __init__(self, plane: MessagePlane) -> None:
-        self.plane = plane
+    def __init__(self, services: Services) -> None:
+        self.services = services
         self._queues: dict[tuple[str, str], MetaQueue] = {}
 
     def get(self, spid: str, queue: str) -> MetaQueue:
         found = self._queues.get((spid, queue))
         if found is None:
-            found = self._queues[(spid, queue)] = MetaQueue(spid, queue, self.plane)
+            found = self._queues[(spid, queue)] = MetaQueue(spid, queue, self.services)
         return found
 
     def find(self, spid: str, queue: str) -> MetaQueue | None:

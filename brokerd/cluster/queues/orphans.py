@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.plane.outbound import Callbacks, Outbound, Unsettled
 from brokerd.model.message import Message
 
 if TYPE_CHECKING:
-    from brokerd.cluster.plane.forwarding import MessagePlane
+    from brokerd.cluster.plane.transport import Transport
+    from brokerd.cluster.queues.shared import SharedQueue
     from brokerd.model.interfaces import PublishWaiter
 
-log = logging.getLogger("brokerd.cluster.plane.forwarding")
+log = logging.getLogger("brokerd.cluster.queues.orphans")
+
+#: pushes a kept forward into this server's queues (``Intake.apply``)
+Apply = Callable[..., tuple[bool, int]]
 
 #: bytes of orphaned forwards kept for the next root; past it the oldest are nacked
 ORPHAN_BYTES_MAX = 64 * 1024 * 1024
@@ -32,8 +37,21 @@ ORPHAN_BYTES_MAX = 64 * 1024 * 1024
 class Orphans:
     """The kept forwards, oldest first."""
 
-    def __init__(self, plane: MessagePlane) -> None:
-        self.plane = plane
+    def __init__(
+        self,
+        transport: Transport,
+        shared_queue: Callable[[str], SharedQueue | None],
+        is_fenced: Callable[[str], bool],
+        clock: Callable[[], float],
+        open_timeout: Callable[[], float],
+    ) -> None:
+        self.transport = transport
+        self.shared_queue = shared_queue
+        self.is_fenced = is_fenced
+        self.clock = clock
+        self.open_timeout = open_timeout
+        #: into this server's own queues (the service sets it: ``Intake.apply``)
+        self.apply: Apply = _nowhere
         self.kept: deque[Unsettled] = deque()
         self.bytes = 0
         self.since = 0.0
@@ -43,7 +61,7 @@ class Orphans:
 
     def _add(self, orphan: Unsettled) -> None:
         if not self.kept:
-            self.since = self.plane.members.clock()
+            self.since = self.clock()
         self.kept.append(orphan)
         self.bytes += len(orphan[0].body)
         self.queues.update(name for _spid, name in orphan[1])
@@ -80,9 +98,8 @@ class Orphans:
         else and are nacked. ``maybe_taken``: the peer may have taken them (their
         settlements lost with a link); a void counts as that too, as its
         settlements may have been dropped with the link that ended the session."""
-        plane = self.plane
         if out.fwd_message is not None:
-            plane.finish_forward(out)
+            self.transport.finish_forward(out)
         unsettled, out.unsettled = out.unsettled, {}
         out.unsettled_bytes = 0
         for message, targets, done, redelivered in unsettled.values():
@@ -94,7 +111,7 @@ class Orphans:
         self._bound(0)
 
     def _replicated(self, name: str) -> bool:
-        queue = self.plane.shared_queue(name)
+        queue = self.shared_queue(name)
         return queue is None or queue.replicated_kind  # gone: not routed when sent
 
     def hold(
@@ -137,7 +154,6 @@ class Orphans:
         owners: to their links, or into this server's queues. One whose owner is not
         reachable yet (failover under way, a move) waits, and so does everything
         after it for the same queues; the other queues' go on."""
-        plane = self.plane
         if not self.kept:
             return
         sent = 0
@@ -155,37 +171,36 @@ class Orphans:
         self.kept = left
         if sent:
             log.warning("%d unsettled forwards sent again to their owners", sent)
-            plane.schedule()
+            self.transport.schedule()
 
     def _route(self, orphan: Unsettled) -> bool:
         """Send one kept forward to its queues' owners; False if one is not reachable."""
-        plane = self.plane
+        transport = self.transport
+        spid = transport.spid
         message, targets, done, redelivered = orphan
         plan: list[tuple[str, str]] = []
         for _spid, name in targets:
-            queue = plane.shared_queue(name)
+            queue = self.shared_queue(name)
             if queue is None:
                 continue  # deleted meanwhile: not routed
             owner = queue.owner
-            if owner is None or queue.moving is not None or plane.is_fenced(owner):
+            if owner is None or queue.moving is not None or self.is_fenced(owner):
                 return False
-            if owner == plane.spid:
+            if owner == spid:
                 if not queue.local:
                     return False
-            elif not plane.reachable(owner):
+            elif not transport.reachable(owner):
                 return False
             plan.append((owner, name))
         waiter = Callbacks(done or [])
-        here = [("", name) for owner, name in plan if owner == plane.spid]
+        here = [("", name) for owner, name in plan if owner == spid]
         ok, routed = (
-            plane.apply_forward(message, here, redelivered, waiter, kept=True)
-            if here
-            else (True, 0)
+            self.apply(message, here, redelivered, waiter, kept=True) if here else (True, 0)
         )
         for owner, name in plan:
-            if owner == plane.spid:
+            if owner == spid:
                 continue
-            if plane.forward(owner, message, ("", name), waiter, redelivered):
+            if transport.forward(owner, message, ("", name), waiter, redelivered):
                 routed += 1
             else:
                 ok = False
@@ -194,8 +209,11 @@ class Orphans:
 
     def expire(self) -> None:
         """Kept forwards that found no owner within the open timeout are nacked."""
-        plane = self.plane
-        if self.kept and (plane.members.clock() - self.since > plane.members.config.open_timeout):
+        if self.kept and (self.clock() - self.since > self.open_timeout()):
             log.warning("%d unsettled forwards found no owner in time: nacked", len(self.kept))
             while self.kept:
                 self._nack(self._take())
+
+
+def _nowhere(*_args: Any, **_kwargs: Any) -> tuple[bool, int]:
+    return False, 0
