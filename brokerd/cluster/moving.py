@@ -22,14 +22,16 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.cluster.wiring import entries as rep
 from brokerd.model.errors import NOT_FOUND, PRECONDITION_FAILED, AMQPError
 
 if TYPE_CHECKING:
-    from brokerd.cluster.placing import Placer
+    from brokerd.cluster.membership import Membership
+    from brokerd.cluster.queues.service import QueueService
     from brokerd.cluster.queues.shared import SharedQueue
+    from brokerd.cluster.wiring.replication import WiringReplication
     from brokerd.cluster.wiring.statelog import Entry
 
 log = logging.getLogger("brokerd.cluster.moving")
@@ -152,10 +154,24 @@ def plan_evacuation(
     return moves
 
 
+class Placing(Protocol):
+    """What moves ask of the root's placer (``placing.Placer``): where queues and
+    primaries are, and how a placement is ordered."""
+
+    members: Membership
+    queues: QueueService
+    wiring: WiringReplication
+    mover: Mover
+
+    def primaries(self) -> list[tuple[str, str]]: ...
+
+    def order_place(self, name: str, owner: str | None, epoch: int, home: str | None) -> None: ...
+
+
 class Mover:
     """The root's checks of move requests, and the moves it calls off."""
 
-    def __init__(self, placer: Placer) -> None:
+    def __init__(self, placer: Placing) -> None:
         self.placer = placer
 
     def live(self) -> list[str]:
@@ -233,7 +249,7 @@ class QueueMoves:
     """What any server asks of the root to move queues: an operator's move, a
     rebalance, and an owner's hand-over done (``queues.handover``)."""
 
-    def __init__(self, placer: Placer) -> None:
+    def __init__(self, placer: Placing) -> None:
         self.placer = placer
 
     def resolve(self, to: str) -> str:

@@ -78,3 +78,65 @@ def test_the_import_check_sees_type_checking_and_relative_imports() -> None:
         "brokerd.server",
         "brokerd.server.dump",
     } <= names
+
+
+def offending_imports(package: str, forbidden: tuple[str, ...], root: Path = BROKERD) -> dict:
+    """Files of ``package`` (a folder under ``root``) importing any of ``forbidden``
+    (module names or their packages), TYPE_CHECKING imports included."""
+    folder = root.joinpath(*package.split(".")[1:])
+    files = sorted(folder.rglob("*.py"))
+    assert files, folder
+    found = {}
+    for path in files:
+        pkg = ".".join(path.relative_to(root.parent).parent.parts)
+        names = sorted(
+            name
+            for name in imported_modules(path.read_text(), pkg)
+            if any(name == f or name.startswith(f + ".") for f in forbidden)
+        )
+        if names:
+            found[str(path.relative_to(root.parent))] = names
+    return found
+
+
+#: the cluster's layers, bottom up: each imports only from those below it (issue 39)
+CLUSTER_LAYERS = {
+    # the message plane is a transport: links and records, nothing of queues or the
+    # decisions about them
+    "brokerd.cluster.plane": (
+        "brokerd.cluster.queues",
+        "brokerd.cluster.placing",
+        "brokerd.cluster.moving",
+        "brokerd.cluster.controller",
+        "brokerd.cluster.membership",
+        "brokerd.cluster.wiring",
+    ),
+}
+
+
+@pytest.mark.parametrize("package", sorted(CLUSTER_LAYERS))
+def test_the_cluster_layers_import_only_downwards(package: str) -> None:
+    assert offending_imports(package, CLUSTER_LAYERS[package]) == {}
+
+
+def test_a_planted_upward_import_fails_the_layering(tmp_path: Path) -> None:
+    """The check sees an import of the queues planted in the plane (a copy of the tree,
+    one file added)."""
+    import shutil
+
+    tree = tmp_path / "brokerd"
+    shutil.copytree(BROKERD / "cluster" / "plane", tree / "cluster" / "plane")
+    (tree / "cluster" / "plane" / "planted.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from brokerd.cluster.queues.shared import SharedQueue\n"
+    )
+    found = offending_imports(
+        "brokerd.cluster.plane", CLUSTER_LAYERS["brokerd.cluster.plane"], tree
+    )
+    assert found == {
+        "brokerd/cluster/plane/planted.py": [
+            "brokerd.cluster.queues.shared",
+            "brokerd.cluster.queues.shared.SharedQueue",
+        ]
+    }

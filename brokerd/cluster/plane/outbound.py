@@ -4,7 +4,7 @@ turn queue outcomes into settlements (``transport`` uses them)."""
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.cluster.plane import records as rec
 from brokerd.cluster.plane.flow import Feeders
@@ -13,7 +13,6 @@ from brokerd.model.message import Message
 
 if TYPE_CHECKING:
     from brokerd.cluster.plane.links import Gate
-    from brokerd.cluster.plane.transport import Transport
 
 #: an unsettled forward: the message, its targets, the publishers' callbacks, and
 #: whether it went flagged redelivered
@@ -77,13 +76,19 @@ class Outbound:
         self.feeders = Feeders()
 
 
+class Settles(Protocol):
+    """Where a settlement goes (the transport: ``Transport.settle``)."""
+
+    def settle(self, out: Outbound, seq: int, ok: bool, routed: int) -> None: ...
+
+
 class SettleWaiter(Completion):
     """A forward received from a peer, settled once every queue it reached took it
     (some may defer: a relay to another server)."""
 
     __slots__ = ("out", "seq", "transport")
 
-    def __init__(self, transport: Transport, out: Outbound, seq: int) -> None:
+    def __init__(self, transport: Settles, out: Outbound, seq: int) -> None:
         super().__init__()
         self.transport = transport
         self.out = out
