@@ -15,6 +15,7 @@ from typing import Any
 
 from brokerd.model.broker import Broker
 from brokerd.model.exchange import Exchange
+from brokerd.model.interfaces import QueueType
 from brokerd.model.queue import Queue
 from brokerd.model.queuetypes import reported_type
 
@@ -100,7 +101,7 @@ def queue_entry(queue: Queue, shared: bool, spid: str = "") -> Entry:
 def binding_kind(destination: Any) -> str | None:
     """``queue`` or ``exchange``; None for a stand-in of another server's private queue
     (a meta-binding: that server reports the real binding)."""
-    if isinstance(destination, Queue):
+    if isinstance(destination, QueueType):  # any queue type (a stand-in only pushes)
         return "queue"
     if isinstance(destination, Exchange):
         return "exchange"

@@ -111,9 +111,10 @@ class QueueExpiry:
     """The TTL and x-expires half of ``Queue`` (a mixin): deadlines by position, the
     head's timer, and the unused-queue timer.
 
-    Timers run only where the queue is ``local`` (a cluster's shared queue: on
-    its master); removals go through the store (``dequeued``), so a replicated
-    store carries them to the replicas as settlements."""
+    Timers run while the queue is ``timed`` (a queue type holding this one turns
+    them off while its messages are elsewhere); removals go through the store
+    (``dequeued``), so a replicated store carries them to the replicas as
+    settlements."""
 
     __slots__ = (
         "_deadlines",
@@ -126,7 +127,7 @@ class QueueExpiry:
     )
 
     timers: Timers = TIMERS
-    local: bool
+    timed: bool
     deleted: bool
     arguments: dict[str, Any]
     messages: deque[Message]
@@ -155,7 +156,7 @@ class QueueExpiry:
         self._expiry_due = 0.0
         self._unused_timer: Handle | None = None
         self._last_used = self.timers.now()
-        if self.expires is not None and self.local:
+        if self.expires is not None and self.timed:
             self._arm_unused()
 
     def _deadline(self, message: Message) -> float | None:
@@ -191,7 +192,7 @@ class QueueExpiry:
     def _arm_expiry(self) -> None:
         """Have the timer fire by the head's deadline (one timer per queue: an earlier
         one already set is kept, and moves on when it fires)."""
-        if not self.local or not self.message_count:
+        if not self.timed or not self.message_count:
             return
         deadline = self._deadlines.get(self._head_position())
         if deadline is None:
@@ -206,7 +207,7 @@ class QueueExpiry:
 
     def _expiry_fired(self) -> None:
         self._expiry_timer = None
-        if self.deleted or not self.local:
+        if self.deleted or not self.timed:
             return
         self._expire_head()
         if self.consumers and self.message_count:
@@ -222,7 +223,7 @@ class QueueExpiry:
             self._last_used = self.timers.now()
 
     def _arm_unused(self) -> None:
-        if self._unused_timer is not None or self.expires is None or not self.local:
+        if self._unused_timer is not None or self.expires is None or not self.timed:
             return
         due = self._last_used + self.expires / 1000
         self._unused_timer = self.timers.later(due - self.timers.now(), self._unused_fired)
@@ -231,7 +232,7 @@ class QueueExpiry:
         """Delete the queue if nothing used it for x-expires; consumers keep it (the
         last one leaving starts the count again)."""
         self._unused_timer = None
-        if self.deleted or not self.local or self.expires is None or self.consumers:
+        if self.deleted or not self.timed or self.expires is None or self.consumers:
             return
         if self.timers.now() + SLACK < self._last_used + self.expires / 1000:
             self._arm_unused()  # used meanwhile
@@ -242,7 +243,8 @@ class QueueExpiry:
     # -- the role ----------------------------------------------------------------------
 
     def start_timers(self) -> None:
-        """The queue became local (a promoted master): its timers start from now."""
+        """The queue's messages are here again (a promoted master): its timers start
+        from now."""
         self._last_used = self.timers.now()
         self._arm_unused()
         if self._deadlines:
@@ -250,7 +252,7 @@ class QueueExpiry:
             self._arm_expiry()
 
     def stop_timers(self) -> None:
-        """The queue is gone or no longer local: its timers must not act."""
+        """The queue is gone, or its messages are elsewhere: its timers must not act."""
         for timer in (self._expiry_timer, self._unused_timer):
             if timer is not None:
                 timer.cancel()

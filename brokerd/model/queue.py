@@ -77,15 +77,12 @@ class Queue(QueueExpiry):
         "_checked", "_dead_letter_refused", "_head_pos", "_paged_bytes", "_positions",
         "_redelivered", "_returned", "_rr", "arguments", "auto_delete", "bindings", "bytes",
         "consumers", "dead_letter_exchange", "dead_letter_routing_key", "dead_letters", "deleted",
-        "durable", "exclusive_owner", "had_consumers", "max_length", "max_length_bytes",
+        "durable", "exclusive_owner", "face", "had_consumers", "max_length", "max_length_bytes",
         "messages", "name", "on_unused", "page_limit", "reject_publish", "stats_corrupt",
         "stats_dead_lettered", "stats_dropped", "stats_expired", "stats_in", "stats_out", "store",
-        "unacked", "vhost",
+        "timed", "unacked", "vhost",
     )
     # fmt: on
-
-    #: its contents live on this server (False for a queue proxied to another)
-    local = True
 
     def __init__(
         self,
@@ -96,8 +93,16 @@ class Queue(QueueExpiry):
         exclusive_owner: int | None = None,
         auto_delete: bool = False,
         arguments: dict[str, Any] | None = None,
+        timed: bool = True,
     ) -> None:
         self.name = name
+        #: the object consumers and stores are handed as "the queue" (their acks come
+        #: back to it): this one, or a queue type that holds it (a cluster's shared
+        #: queue, whose calls go through its role on this server)
+        self.face: Any = self
+        #: its TTL and x-expires timers run (a queue type holding it turns them off
+        #: while its messages are elsewhere: another server owns a shared queue)
+        self.timed = timed
         self.vhost = vhost
         self.durable = durable
         #: connection id owning an exclusive queue, else None (a shared queue)
@@ -199,7 +204,7 @@ class Queue(QueueExpiry):
                     if store.tracks_enqueues:
                         store.enqueued(message, waiter)
                     store.delivered(message, consumer, consumer.no_ack)
-                consumer.deliver(self, message, False)
+                consumer.deliver(self.face, message, False)
                 return True
         if self._checked or message.expiring:  # a TTL or a length limit
             return self._push_checked(message, waiter)
@@ -372,7 +377,7 @@ class Queue(QueueExpiry):
                 self.stats_out += 1
                 if store is not None:
                     store.delivered(message, consumer, consumer.no_ack)
-                consumer.deliver(self, message, True)
+                consumer.deliver(self.face, message, True)
                 return
         if deadline is not None:
             self._deadlines[self._head_pos + len(self.messages)] = deadline
@@ -491,7 +496,7 @@ class Queue(QueueExpiry):
             self.stats_out += 1
             if self.store is not None:
                 self.store.delivered(message, consumer, consumer.no_ack)
-            consumer.deliver(self, message, redelivered)
+            consumer.deliver(self.face, message, redelivered)
         if deadlines:
             self._arm_expiry()
 
@@ -503,6 +508,7 @@ class Queue(QueueExpiry):
         positions = self._positions
         seen = self._redelivered
         store = self.store
+        face = self.face
         while messages and self.consumers and not returned:
             consumer = self._next_ready(messages[0])
             if consumer is None:
@@ -529,7 +535,7 @@ class Queue(QueueExpiry):
             self.stats_out += 1
             if store is not None:
                 store.delivered(message, consumer, consumer.no_ack)
-            consumer.deliver(self, message, redelivered)
+            consumer.deliver(face, message, redelivered)
 
     def take(self, no_ack: bool = False, recipient: Any = None) -> Got | None:
         """Take the head message, if any, with its redelivered flag and what is left."""
@@ -579,9 +585,9 @@ class Queue(QueueExpiry):
         self.bytes = self._paged_bytes = 0
         return count
 
-    def _clear(self) -> None:
-        """Forget the contents and the deliveries with no store event (the cluster
-        hands them over elsewhere) and stop the timers."""
+    def clear(self) -> None:
+        """Forget the contents and the deliveries with no store event (a queue type
+        holding this one hands them over elsewhere) and stop the timers."""
         self._head_pos += len(self.messages)
         self.messages.clear()
         self._returned.clear()
@@ -621,7 +627,7 @@ class Queue(QueueExpiry):
         store event (a replica promoted to master brings its copy; a demoted
         master hands its copy over). Entries may be paged stand-ins. A TTL counts
         from now: a replica keeps no enqueue time."""
-        self._clear()
+        self.clear()
         for message, redelivered in messages:
             if self.message_ttl is not None or message.expiring:
                 self._keep_deadline(self._head_pos + len(self.messages), message)
@@ -670,6 +676,36 @@ class Queue(QueueExpiry):
         if reply is not None:
             reply(None)
         self.dispatch()
+
+    def push_held(
+        self, message: Message, waiter: PublishWaiter | None = None, *, redelivered: bool = False
+    ) -> bool:
+        """``push`` (``restore`` if ``redelivered``) without offering the message to a
+        consumer: a queue being handed to another server delivers nothing."""
+        consumers, self.consumers = self.consumers, []
+        try:
+            if redelivered:
+                self.restore(message, waiter)
+                return True
+            return self.push(message, waiter)
+        finally:
+            self.consumers = consumers
+
+    def attach(self, consumer: ConsumerSink) -> None:
+        """List a consumer that was checked and accepted elsewhere (a queue type that
+        holds this one proxies it to the server that owns its messages): no
+        exclusivity check, nothing dispatched from here."""
+        self.consumers.append(consumer)
+        self.had_consumers = True
+
+    def detach(self, consumer: ConsumerSink) -> bool:
+        """Take a consumer off without consequence (no auto-delete, no x-expires
+        count): it is attached elsewhere now, or comes back at once (a cluster
+        session that ended). False if it was not attached."""
+        if consumer not in self.consumers:
+            return False
+        self.consumers.remove(consumer)
+        return True
 
     def remove_consumer(self, consumer: ConsumerSink) -> None:
         """Detach a consumer (cancel, channel gone); an auto-delete queue that has

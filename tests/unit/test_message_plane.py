@@ -33,7 +33,7 @@ def test_a_forward_is_settled_and_lands_on_the_root(net: Net) -> None:
     assert waiter.answers == []  # nothing confirmed before the root has it
     net.pump()
     assert waiter.answers == [(True, 1)]
-    assert [m.body for m in net.queue("A", "q").messages] == [b"m1"]
+    assert [m.body for m in net.queue("A", "q").inner.messages] == [b"m1"]
     assert net.queue("B", "q").message_count == 0  # a proxy holds nothing
 
 
@@ -461,4 +461,4 @@ def test_forwards_gathered_behind_a_slow_gate_leave_in_link_messages_of_bounded_
     assert sum(to_b) > 1_500_000
     assert max(to_b) < FLUSH_BYTES + 4096, to_b
     assert sink.bodies() == [b"gated"]
-    assert [m.body for m in net.queue("B", "q2").messages] == bodies  # in order
+    assert [m.body for m in net.queue("B", "q2").inner.messages] == bodies  # in order

@@ -13,8 +13,9 @@ def test_the_local_queue_and_both_roles_are_queue_types(net: Net) -> None:
     shared = net.queue("A", "q")
     assert isinstance(Queue("local", "/"), QueueType)
     assert isinstance(shared, QueueType)
-    assert isinstance(Owner(shared), QueueType)
-    assert isinstance(Proxy(shared), QueueType)
+    assert isinstance(Owner(shared, shared.inner), QueueType)
+    assert isinstance(Proxy(shared, shared.inner), QueueType)
+    assert not isinstance(shared, Queue)  # it holds one (``inner``), it is none
 
 
 def test_a_shared_queue_serves_as_owner_on_the_root_and_as_proxy_elsewhere(net: Net) -> None:

@@ -208,11 +208,11 @@ def test_a_deleted_queue_stops_its_timers(vhost: VirtualHost, timers: FakeTimers
     assert timers.pending == []
 
 
-def test_a_queue_that_is_not_local_sets_no_timer(timers: FakeTimers) -> None:
-    class Proxy(Queue):
-        local = False
-
-    Proxy("q", "/", arguments={"x-expires": 1000, "x-message-ttl": 10})
+def test_a_queue_whose_timers_are_off_sets_no_timer(timers: FakeTimers) -> None:
+    """A queue type holding this one turns its timers off while its messages are
+    elsewhere (a shared queue another server owns)."""
+    queue = Queue("q", "/", arguments={"x-expires": 1000, "x-message-ttl": 10}, timed=False)
+    queue.check_unused()
     assert timers.handles == []
 
 

@@ -105,7 +105,7 @@ class Intake:
                 self.orphans.hold(message, ("", name), waiter, redelivered)
                 routed += 1
                 continue
-            if not queue.local:
+            if not getattr(queue, "local", True):  # (a private queue is always here)
                 ok = False  # not owned here (a failover moved it): the publisher is nacked
                 continue
             if redelivered:

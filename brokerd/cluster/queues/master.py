@@ -381,8 +381,7 @@ class MasterSide:
         touched: set[Queue] = set()
         for consumer in self.consumers.pop(out.spid, {}).values():
             queue = consumer.queue
-            if consumer in queue.consumers:
-                queue.consumers.remove(consumer)
+            if queue.detach(consumer):
                 touched.add(queue)
         held = self.deliveries.pop(out.spid, {})
         by_queue: dict[Queue, list[Message]] = {}
@@ -407,8 +406,7 @@ class MasterSide:
             for tag, consumer in list(consumers.items()):
                 if consumer.queue is queue:
                     del consumers[tag]
-                    if consumer in queue.consumers:
-                        queue.consumers.remove(consumer)
+                    queue.detach(consumer)
             held = self.deliveries.get(spid, {})
             mine = sorted(d for d, (q, _m, _c) in held.items() if q is queue)
             if mine:

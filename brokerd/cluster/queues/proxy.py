@@ -32,7 +32,6 @@ from brokerd.model.errors import (
 )
 from brokerd.model.interfaces import ConsumerSink, Reply
 from brokerd.model.message import Message
-from brokerd.model.queue import Queue
 
 if TYPE_CHECKING:
     from brokerd.cluster.plane.outbound import Outbound
@@ -371,7 +370,7 @@ class ProxySide:
             self._owing.discard(state)
             reply, state.reply = state.reply, None
             if reply is not None:  # its consume was still waiting for the old owner
-                Queue.add_consumer(queue, consumer, reply)
+                queue.add_consumer(consumer, reply)  # served here now (its owner role)
         queue.proxied.clear()
         waiting, self.waiting = self.waiting, []
         for request in waiting:  # asked of the old owner, answered here now
@@ -399,8 +398,7 @@ class ProxySide:
                 if reply is not None:
                     reply(_not_ready(self.members, queue))
                 else:
-                    if consumer in queue.consumers:
-                        queue.consumers.remove(consumer)
+                    queue.detach(consumer)
                     consumer.cancelled(queue)
                 continue
             new = self._session_for(queue)
@@ -453,8 +451,7 @@ class ProxySide:
             state.attached = True
             reply, state.reply = state.reply, None
             if reply is not None:
-                queue.consumers.append(consumer)
-                queue.had_consumers = True
+                queue.attach(consumer)  # the owner accepted it: listed here
                 reply(None)
             return
         error = _error(r)
@@ -468,8 +465,7 @@ class ProxySide:
         if reply is not None:
             reply(error)
         else:  # it was attached before and cannot be now (its queue is gone there)
-            if consumer in queue.consumers:
-                queue.consumers.remove(consumer)
+            queue.detach(consumer)
             consumer.cancelled(queue)
 
     def _drop(self, state: ProxiedConsumer) -> None:

@@ -1,9 +1,9 @@
 """A shared queue's two roles on one server, each an implementation of the model's
 ``QueueType``: RabbitMQ's queue-type behaviour, per server.
 
-- ``Owner``: this server holds the queue's messages, so it is the model's local
-  queue (a replicated one numbers and replicates through its store, which the
-  queue code never sees).
+- ``Owner``: this server holds the queue's messages, in the model's local queue
+  the shared queue holds (``SharedQueue.inner``; a replicated one numbers and
+  replicates through its store, which the queue code never sees).
 - ``Proxy``: another server owns it. A push is forwarded to the owner (a
   replicated queue's is kept for its next owner while the owner is
   unreachable), and consumers, gets, purges, counts and settlements go to the
@@ -30,20 +30,20 @@ if TYPE_CHECKING:
 
 
 class Owner:
-    """The queue served here: the model's own queue code, unchanged."""
+    """The queue served here: the model's local queue (``inner``) does the work."""
 
-    __slots__ = ("queue",)
+    __slots__ = ("inner", "queue")
 
     master = True
 
-    def __init__(self, queue: SharedQueue) -> None:
+    def __init__(self, queue: SharedQueue, inner: Queue) -> None:
         self.queue = queue
+        self.inner = inner
 
     def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool:
-        queue = self.queue
-        if queue.moving is None:
-            return Queue.push(queue, message, waiter)
-        return queue.push_moving(message, waiter)
+        if self.queue.moving is None:
+            return self.inner.push(message, waiter)
+        return self.queue.push_moving(message, waiter)
 
     def get(self, no_ack: bool, reply: Reply, recipient: Any = None) -> None:
         queue = self.queue
@@ -52,54 +52,55 @@ class Owner:
             if not queue.defer(lambda: queue.get(no_ack, reply, recipient)):
                 reply(None)
             return
-        Queue.get(queue, no_ack, reply, recipient)
+        self.inner.get(no_ack, reply, recipient)
 
     def ack(self, messages: Sequence[Message]) -> None:
-        Queue.ack(self.queue, messages)
+        self.inner.ack(messages)
 
     def reject(self, messages: Iterable[Message]) -> None:
-        Queue.reject(self.queue, messages)
+        self.inner.reject(messages)
 
     def requeue(self, messages: Iterable[Message]) -> None:
         # a message delivered by an earlier owner (``ref`` set) is that one's to requeue
-        Queue.requeue(self.queue, [m for m in messages if m.ref is None])
+        self.inner.requeue([m for m in messages if m.ref is None])
 
     def dispatch(self) -> None:
         if self.queue.moving is None:  # a queue being handed over delivers nothing
-            Queue.dispatch(self.queue)
+            self.inner.dispatch()
 
     def purge(self, reply: Reply) -> None:
         queue = self.queue
         if queue.moving is not None and queue.defer(lambda: queue.purge(reply)):
             return  # its new owner purges it
-        Queue.purge(queue, reply)
+        self.inner.purge(reply)
 
     def stat(self, reply: Reply) -> None:
-        Queue.stat(self.queue, reply)
+        self.inner.stat(reply)
 
     def add_consumer(self, consumer: ConsumerSink, reply: Reply | None = None) -> None:
-        Queue.add_consumer(self.queue, consumer, reply)
+        self.inner.add_consumer(consumer, reply)
 
     def remove_consumer(self, consumer: ConsumerSink) -> None:
-        Queue.remove_consumer(self.queue, consumer)
+        self.inner.remove_consumer(consumer)
 
     def load_recovered(self, messages: Iterable[tuple[Message, bool]]) -> int:
-        return Queue.load_recovered(self.queue, messages)
+        return self.inner.load_recovered(messages)
 
 
 class Proxy:
     """The queue owned elsewhere: every call goes to its owner."""
 
-    __slots__ = ("queue",)
+    __slots__ = ("inner", "queue")
 
     master = False
 
-    def __init__(self, queue: SharedQueue) -> None:
+    def __init__(self, queue: SharedQueue, inner: Queue) -> None:
         self.queue = queue
+        self.inner = inner
 
     def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool:
         queue = self.queue
-        queue.stats_in += 1
+        self.inner.stats_in += 1
         services = queue.services
         owner = queue.owner
         if (
@@ -152,10 +153,8 @@ class Proxy:
         self.queue.services.proxy.attach(self.queue, consumer, reply)
 
     def remove_consumer(self, consumer: ConsumerSink) -> None:
-        queue = self.queue
-        if consumer in queue.consumers:
-            queue.consumers.remove(consumer)
-        queue.services.proxy.detach(queue, consumer)
+        self.inner.detach(consumer)
+        self.queue.services.proxy.detach(self.queue, consumer)
 
     def load_recovered(self, messages: Iterable[tuple[Message, bool]]) -> int:
         """What this server's journal kept: the copy a failover may start from (the

@@ -92,22 +92,46 @@ class Services(Protocol):
 MAX_DEFERRED = 10_000
 
 
-class SharedQueue(Queue):
-    """One cluster-wide queue: the master on its owner, a proxy elsewhere."""
+class SharedQueue:
+    """One cluster-wide queue on this server: the master on its owner, a proxy
+    elsewhere. It holds a model ``Queue`` (``inner``: the messages, when this server
+    owns it; the consumers connected here, always) and serves every ``QueueType``
+    call in its role on this server (``roles.Owner`` hands it to ``inner``,
+    ``roles.Proxy`` to the owner); the vhost, the exchanges and the channels see this
+    object, so a placement that swaps the role goes unnoticed by them."""
 
-    def __init__(self, name: str, vhost: str, *, services: Services, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        name: str,
+        vhost: str,
+        *,
+        services: Services,
+        durable: bool = False,
+        exclusive_owner: int | None = None,
+        auto_delete: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        assert exclusive_owner is None, "a private queue is no shared queue"
+        #: the local queue: its messages while this server owns it, its consumers here
+        self.inner = inner = Queue(
+            name, vhost, durable=durable, auto_delete=auto_delete, arguments=arguments, timed=False
+        )
+        inner.face = self  # consumers and stores are handed this object: acks come here
+        inner.on_unused = self._unused
+        #: the cluster's removal of the queue (``ClusterController._shared_unused``)
+        self.on_unused: Callable[[SharedQueue], None] | None = None
+        #: exchanges bound to it (the vhost's bindings, on this object)
+        self.bindings: dict[tuple[Any, ...], Any] = {}
         #: this server's journal of the queue (the vhost's store sets it)
         self.journal_store: JournalQueueStore | None = None
-        #: the owner's store of a replicated or quorum queue (owner role only)
-        self.replicated: ReplicatedQueueStore | None = None
-        self._owner = Owner(self)
-        self._proxy = Proxy(self)
+        self._replicated: ReplicatedQueueStore | None = None
+        self._owner = Owner(self, inner)
+        self._proxy = Proxy(self, inner)
         #: the role every ``QueueType`` call goes to (``local`` swaps it)
         self.role: Owner | Proxy = self._proxy
         self.services = services
-        super().__init__(name, vhost, **kwargs)
         #: how the cluster keeps it (``placement.kind_of``)
-        self.kind = kind_of(self.durable, self.arguments, services.default_queue_type)
+        self.kind = kind_of(durable, inner.arguments, services.default_queue_type)
         #: master (True) or proxy; a new classic queue is the master on the root until
         #: its placement says otherwise, a replicated one is nobody's until placed
         self.local = services.is_root and self.kind == CLASSIC
@@ -135,6 +159,148 @@ class SharedQueue(Queue):
         #: gets and purges asked here while it moved: run once it has its owner
         self.deferred: list[Callable[[], None]] = []
 
+    # -- what it is, as the vhost, the exchanges and the channels read it ---------------
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def vhost(self) -> str:
+        return self.inner.vhost
+
+    @property
+    def durable(self) -> bool:
+        return self.inner.durable
+
+    @property
+    def auto_delete(self) -> bool:
+        return self.inner.auto_delete
+
+    @property
+    def arguments(self) -> dict[str, Any]:
+        return self.inner.arguments
+
+    exclusive_owner = None
+    exclusive = False
+
+    @property
+    def consumers(self) -> list[ConsumerSink]:
+        """The consumers connected to this server (on the owner, those of other
+        servers too, as ``master.RemoteConsumer``)."""
+        return self.inner.consumers
+
+    @property
+    def message_count(self) -> int:
+        return self.inner.message_count
+
+    @property
+    def consumer_count(self) -> int:
+        return self.inner.consumer_count
+
+    @property
+    def deleted(self) -> bool:
+        return self.inner.deleted
+
+    @deleted.setter
+    def deleted(self, deleted: bool) -> None:
+        self.inner.deleted = deleted
+
+    @property
+    def unacked(self) -> int:
+        """Deliveries not yet settled (the channels and the owner side count them)."""
+        return self.inner.unacked
+
+    @unacked.setter
+    def unacked(self, count: int) -> None:
+        self.inner.unacked = count
+
+    @property
+    def stats_in(self) -> int:
+        return self.inner.stats_in
+
+    @stats_in.setter
+    def stats_in(self, count: int) -> None:
+        self.inner.stats_in = count
+
+    @property
+    def stats_out(self) -> int:
+        return self.inner.stats_out
+
+    @stats_out.setter
+    def stats_out(self, count: int) -> None:
+        self.inner.stats_out = count
+
+    @property
+    def stats_dropped(self) -> int:
+        return self.inner.stats_dropped
+
+    @property
+    def stats_expired(self) -> int:
+        return self.inner.stats_expired
+
+    @property
+    def stats_dead_lettered(self) -> int:
+        return self.inner.stats_dead_lettered
+
+    @property
+    def stats_corrupt(self) -> int:
+        return self.inner.stats_corrupt
+
+    @property
+    def page_limit(self) -> int:
+        return self.inner.page_limit
+
+    @page_limit.setter
+    def page_limit(self, limit: int) -> None:
+        self.inner.page_limit = limit
+
+    @property
+    def dead_letters(self) -> Any:
+        return self.inner.dead_letters
+
+    @dead_letters.setter
+    def dead_letters(self, dead_letters: Any) -> None:
+        self.inner.dead_letters = dead_letters
+
+    @property
+    def had_consumers(self) -> bool:
+        return self.inner.had_consumers
+
+    def touch(self) -> None:
+        self.inner.touch()
+
+    def check_unused(self) -> None:
+        self.inner.check_unused()
+
+    def stop_timers(self) -> None:
+        self.inner.stop_timers()
+
+    def drop_all(self) -> int:
+        return self.inner.drop_all()
+
+    def attach(self, consumer: ConsumerSink) -> None:
+        """List a consumer its owner accepted (a proxied one): no check, no dispatch."""
+        self.inner.attach(consumer)
+
+    def detach(self, consumer: ConsumerSink) -> bool:
+        """Take a consumer off without consequence (``Queue.detach``)."""
+        return self.inner.detach(consumer)
+
+    def take(self, no_ack: bool = False, recipient: Any = None) -> Any:
+        return self.inner.take(no_ack, recipient)
+
+    def ready(self) -> list[tuple[Message, bool]]:
+        return self.inner.ready()
+
+    def _unused(self, _inner: Queue) -> None:
+        """The inner queue lost its last consumer (auto-delete) or went unused
+        (x-expires): the cluster removes the shared queue."""
+        if self.on_unused is not None:
+            self.on_unused(self)
+
+    # -- where it lives -----------------------------------------------------------------
+
     @property
     def local(self) -> bool:
         """This server holds the queue's messages (its owner), else it proxies it."""
@@ -143,6 +309,7 @@ class SharedQueue(Queue):
     @local.setter
     def local(self, master: bool) -> None:
         self.role = self._owner if master else self._proxy
+        self.inner.timed = master  # TTL and x-expires act on the owner only
 
     @property
     def replicated_kind(self) -> bool:
@@ -167,19 +334,29 @@ class SharedQueue(Queue):
             return None
         return self.services.replicas.members(self.group_key) if self.replicated_kind else []
 
-    @property  # type: ignore[override]
+    @property
+    def replicated(self) -> ReplicatedQueueStore | None:
+        """The owner's store of a replicated or quorum queue (owner role only)."""
+        return self._replicated
+
+    @replicated.setter
+    def replicated(self, store: ReplicatedQueueStore | None) -> None:
+        self._replicated = store
+        self.inner.store = store if store is not None else self.journal_store
+
+    @property
     def store(self) -> QueueStore | None:
         """The master numbers and replicates (over the journal); a proxy's journal
         belongs to its replica."""
-        if self.replicated is not None:
-            return self.replicated
-        return self.journal_store  # type: ignore[return-value]
+        return self.inner.store
 
     @store.setter
     def store(self, store: QueueStore | None) -> None:
         self.journal_store = store  # type: ignore[assignment]
-        if self.replicated is not None:
-            self.replicated.local = store  # type: ignore[assignment]
+        if self._replicated is not None:
+            self._replicated.local = store  # type: ignore[assignment]
+        else:
+            self.inner.store = store
 
     # -- QueueType: served by the role -------------------------------------------------
 
@@ -216,6 +393,12 @@ class SharedQueue(Queue):
     def remove_consumer(self, consumer: ConsumerSink) -> None:
         self.role.remove_consumer(consumer)
 
+    def restore(self, message: Message, waiter: PublishWaiter | None = None) -> None:
+        if self.moving is not None and self.local:
+            self.push_moving(message, waiter, True)
+        else:
+            self.inner.restore(message, waiter)
+
     # -- the role -----------------------------------------------------------------------
 
     def place(
@@ -235,21 +418,22 @@ class SharedQueue(Queue):
         self.owner, self.epoch, self.home = owner, epoch, home
         self.moving = moving if owner is not None else None
         self.placed_seq = seq
+        services = self.services
         if owner is not None:
-            self.services.owner_placed(self)
-        if owner == self.services.spid:
+            services.owner_placed(self)
+        if owner == services.spid:
             self._own()
         else:
             self._disown()
-            self.services.proxy.replaced(self)  # its consumers here follow the owner
+            services.proxy.replaced(self)  # its consumers here follow the owner
         if self.moving is not None:
             if was_moving is None:
-                self.move_since = self.services.clock()
-            self.services.handovers.started(self)
+                self.move_since = services.clock()
+            services.handovers.started(self)
         elif was_moving is not None:
             self._moved()
-        self.services.placements_changed()
-        self.services.orphans.send()  # publishes kept for its next owner
+        services.placements_changed()
+        services.orphans.send()  # publishes kept for its next owner
 
     def _moved(self) -> None:
         """The move is over (the target owns the queue, or the root called it off):
@@ -273,24 +457,10 @@ class SharedQueue(Queue):
         self, message: Message, waiter: PublishWaiter | None, redelivered: bool = False
     ) -> bool:
         """A publish for the queue this server owns and is handing over: into the queue
-        until it is frozen (nothing delivered: its consumers are parked for the
-        call), kept for the next owner after."""
+        until it is frozen (nothing delivered), kept for the next owner after."""
         if self.frozen:
             return self.services.orphans.hold(message, ("", self.name), waiter, redelivered)
-        consumers, self.consumers = self.consumers, []
-        try:
-            if redelivered:
-                Queue.restore(self, message, waiter)
-                return True
-            return Queue.push(self, message, waiter)
-        finally:
-            self.consumers = consumers
-
-    def restore(self, message: Message, waiter: PublishWaiter | None = None) -> None:
-        if self.moving is not None and self.local:
-            self.push_moving(message, waiter, True)
-        else:
-            Queue.restore(self, message, waiter)
+        return self.inner.push_held(message, waiter, redelivered=redelivered)
 
     def _own(self) -> None:
         """This server owns the queue. A classic queue's content is what its journal
@@ -301,7 +471,8 @@ class SharedQueue(Queue):
         if self.local and (not self.replicated_kind or self.replicated is not None):
             return
         self.local = True
-        replica = self.services.replica.take(self.name)
+        services = self.services
+        replica = services.replica.take(self.name)
         ready = []
         entries: dict[int, Entry] = {}
         for mid, entry in replica.ordered() if replica is not None else ():
@@ -310,17 +481,15 @@ class SharedQueue(Queue):
             entries[mid] = entry
             ready.append((entry.message, entry.redelivered))
         if self.replicated_kind:
-            store = ReplicatedQueueStore(
-                self.name, self.services.replicas, self.journal_store, entries
-            )
+            store = ReplicatedQueueStore(self.name, services.replicas, self.journal_store, entries)
             if replica is not None:
                 store.next_mid = max(store.next_mid, replica.top + 1)
             self.replicated = store
-            self.services.replicas.adopt(self.name, store.entries, self.group_key)
+            services.replicas.adopt(self.name, store.entries, self.group_key)
         if ready:
-            self.replace_messages(ready)
-        self.services.proxy.forget(self)
-        self.start_timers()  # TTL and x-expires act on the owner only
+            self.inner.replace_messages(ready)
+        services.proxy.forget(self)
+        self.inner.start_timers()  # TTL and x-expires act on the owner only
         self.dispatch()
 
     def _disown(self) -> None:
@@ -332,29 +501,31 @@ class SharedQueue(Queue):
         from elsewhere go, and this server's own are attached at the owner."""
         if not self.local:
             return
-        self.services.master.release_queue(self)
+        services = self.services
+        services.master.release_queue(self)
         self.local = False
         replica = QueueReplica()
         replicated, self.replicated = self.replicated, None
         if replicated is not None:
             # what no quorum of its group holds yet, before the stream forgets the group
-            self.services.orphans.adopt(self.services.replicas.unreplicated(self.name, replicated))
-            self.services.replicas.disown(self.name)
+            services.orphans.adopt(services.replicas.unreplicated(self.name, replicated))
+            services.replicas.disown(self.name)
             for mid, entry in replicated.entries.items():
                 replica.entries[mid] = entry
                 if not entry.message.paged:
                     replica.bytes += len(entry.message.body)
             replica.top = replicated.next_mid - 1
         else:
-            for position, (message, redelivered) in enumerate(self.ready(), start=1):
+            for position, (message, redelivered) in enumerate(self.inner.ready(), start=1):
                 replica.entries[position] = Entry(message, redelivered=redelivered, persistent=True)
                 replica.top = position
         if replica.entries:
-            self.services.replica.hand(self.name, replica)
-        self.services.replica.disowned()
-        self._clear()  # and its timers stop: the next owner's copy expires
-        self.consumers = [c for c in self.consumers if not getattr(c, "remote", False)]
-        self.services.proxy.adopt(self)
+            services.replica.hand(self.name, replica)
+        services.replica.disowned()
+        self.inner.clear()  # and its timers stop: the next owner's copy expires
+        for consumer in [c for c in self.inner.consumers if getattr(c, "remote", False)]:
+            self.inner.detach(consumer)
+        services.proxy.adopt(self)
 
     def __repr__(self) -> str:
         role = "master" if self.local else "proxy"
