@@ -36,9 +36,9 @@ from brokerd.cluster.config import ClusterConfig
 from brokerd.cluster.election import PRIMARY
 from brokerd.cluster.membership import Membership
 from brokerd.cluster.messages import CLUSTER_EXCHANGE
-from brokerd.cluster.moving import MOVE_TIMEOUT, QueueMoves
 from brokerd.cluster.operations import OperatorCommands, servers
-from brokerd.cluster.placing import Placer
+from brokerd.cluster.ownership.moves import MOVE_TIMEOUT, QueueMoves
+from brokerd.cluster.ownership.placer import Placer
 from brokerd.cluster.plane.pacing import OVERRUN
 from brokerd.cluster.plane.transport import DATA
 from brokerd.cluster.queues.service import QueueService
@@ -118,7 +118,7 @@ class ClusterController(Membership):
         self.queues.handovers.on_handed = self.moves.handed
         self.wiring.on_fence = self._fence
         self.wiring.is_fenced = self.queues.is_fenced
-        self.wiring.fences = self.queues.replica.fences_of
+        self.wiring.fences = self.queues.copies.fences_of
         vhost = broker.vhosts.get(config.vhost) if broker is not None else None
         if vhost is not None:
             vhost.queue_factory = self.make_queue
@@ -402,19 +402,19 @@ class ClusterController(Membership):
         return self.wiring.synced_root
 
     def lease_renewed(self) -> None:
-        self.queues.replicas.resume()
+        self.queues.stream.resume()
 
     def copy_complete(self) -> bool:
-        return self.queues.replica.complete  # a root's own copies are whole
+        return self.queues.copies.complete  # a root's own copies are whole
 
     def copy_position(self) -> tuple[str, int] | None:
         if self.queues.is_root:
-            return (self.spid, self.queues.replicas.seq)
-        replica = self.queues.replica
+            return (self.spid, self.queues.stream.seq)
+        replica = self.queues.copies
         return None if replica.source is None else (replica.source, replica.applied)
 
     def fenced_copies(self) -> dict[str, dict[str, list[Any]]]:
-        return self.queues.replica.fenced_report()
+        return self.queues.copies.fenced_report()
 
     def recovered_copies(self) -> dict[str, int]:
         return self.queues.recovered_report()
@@ -465,10 +465,10 @@ class ClusterController(Membership):
                 "sessions": {spid: s.epoch for spid, s in sorted(proxy.sessions.items())},
                 "owned_queues": sorted(q.name for q in self.queues.shared_queues() if q.local),
                 "proxied_consumers": len(proxy.by_tag),
-                "remote_consumers": sum(len(c) for c in self.queues.master.consumers.values()),
-                "replication": self.queues.replicas.describe(),
+                "remote_consumers": sum(len(c) for c in self.queues.owner_side.consumers.values()),
+                "replication": self.queues.stream.describe(),
                 "handovers": self.queues.handovers.describe(),
-                "copies": self.queues.replica.describe(),
+                "copies": self.queues.copies.describe(),
                 "unsettled_forwards": {
                     spid: len(out.unsettled)
                     for spid, out in self.queues.transport.outbound.items()
@@ -488,8 +488,8 @@ class ClusterController(Membership):
         """Per peer: its link's lanes (backlog bytes), unsettled forwards to it and,
         on the root, how far behind it is as a replica. One row per server, as the
         other views (``operations.servers``): a restarted peer's old spid has none."""
-        replicas = self.queues.replicas.replicas
-        seq = self.queues.replicas.seq
+        replicas = self.queues.stream.replicas
+        seq = self.queues.stream.seq
         out: dict[str, dict[str, Any]] = {}
         for peer in servers(self)[0]:
             link = self.link_to(peer.spid)

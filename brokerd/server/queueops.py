@@ -1,6 +1,6 @@
 """Operators' queue moves and rebalances on one server: what ``brokerd ctl queue move``,
 ``brokerd ctl queues rebalance`` and the console's ``queue.move`` and
-``queues.rebalance`` run (the cluster side is ``brokerd.cluster.moving``).
+``queues.rebalance`` run (the cluster side is ``brokerd.cluster.ownership.moves``).
 
 The console's commands are answered once the move is asked for (its
 snapshots show the new owner); ``ctl`` waits for the move to end and says
@@ -13,7 +13,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
-from brokerd.cluster.moving import MOVE_TIMEOUT, MoveRefused
+from brokerd.cluster.ownership.moves import MOVE_TIMEOUT, MoveRefused
 
 if TYPE_CHECKING:
     from brokerd.cluster.controller import ClusterController

@@ -93,7 +93,7 @@ def elected(s: Survivors, places: Places) -> list[str]:
 
 def majority_floor(positions: list[int], known: int) -> int:
     """The highest place the root and ``known // 2`` followers hold: what a majority of
-    the known primaries held (``ReplicaSet``'s quorum floor for copies)."""
+    the known primaries held (``Stream``'s quorum floor for copies)."""
     need = min(known // 2, len(positions))
     if need == 0:
         return max(positions, default=0)

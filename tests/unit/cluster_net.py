@@ -181,17 +181,17 @@ class Net:
         servers = self.servers.values()
         under_way = [s for s in servers if s.spid != dead and s.queues.is_fenced(dead)]
         if under_way:  # the root orders no second fence while one is under way
-            replica = under_way[0].queues.replica
+            replica = under_way[0].queues.copies
             generation, seq = replica.fences_of(dead), replica.fence_seq[dead]
         else:
-            generation = 1 + max(s.queues.replica.fences_of(dead) for s in servers)
+            generation = 1 + max(s.queues.copies.fences_of(dead) for s in servers)
             self.log_seq += 1
             seq = self.log_seq
         for server in servers:
             server.queues.fence(dead, generation, seq)  # applied once per server
         owners = {dead}
         reports = {
-            spid: s.queues.replica.fenced_report(owners).get(dead, {})
+            spid: s.queues.copies.fenced_report(owners).get(dead, {})
             for spid, s in self.servers.items()
         }
         names = {

@@ -1,6 +1,6 @@
 """The election picks a copy that holds every confirmed message (hypothesis).
 
-A confirm needs the master and ``known // 2`` replicas (``ReplicaSet.needed``,
+A confirm needs the master and ``known // 2`` replicas (``Stream.needed``,
 a majority of the known primaries with the master). After the root dies,
 each surviving primary votes on its own view: its own copy's place exactly,
 the others' as their last statuses said (never ahead of them: a copy only
@@ -48,7 +48,7 @@ def test_the_furthest_copy_of_the_last_roots_stream_wins_over_seniority() -> Non
 
 
 def _floor_with_snapshots(copies: dict[str, tuple[bool, int, bool]], known: int) -> int:
-    """The quorum floor of ``ReplicaSet._quorum_floor`` over replicas that are whole
+    """The quorum floor of ``Stream._quorum_floor`` over replicas that are whole
     or still taking a snapshot: ``copies[spid] = (whole, acked, snapshot_sent)``.
     Once any snapshot has been sent only whole replicas count; before (right after a
     root change) every one counts by its live stream."""

@@ -215,7 +215,7 @@ class GroupedHandovers(Handovers):
     @invariant()
     def the_outsider_keeps_no_copy(self) -> None:
         if "D" in self.net.servers:
-            copy = self.net.servers["D"].queues.replica.queues.get("q")
+            copy = self.net.servers["D"].queues.copies.queues.get("q")
             assert copy is None or not copy.entries
 
 
@@ -321,7 +321,7 @@ def test_a_target_still_taking_another_queues_snapshot_holds_this_one(net: Net) 
     snapshots to it: one of another queue still under way does not hold it up."""
     from collections import deque
 
-    replicas = net.servers["A"].queues.replicas
+    replicas = net.servers["A"].queues.stream
     net.queue("A", "q").push(message(b"m"))
     net.pump()
     link = replicas.replicas["B"]

@@ -105,8 +105,8 @@ CLUSTER_LAYERS = {
     # decisions about them
     "brokerd.cluster.plane": (
         "brokerd.cluster.queues",
-        "brokerd.cluster.placing",
-        "brokerd.cluster.moving",
+        "brokerd.cluster.ownership.placer",
+        "brokerd.cluster.ownership.moves",
         "brokerd.cluster.controller",
         "brokerd.cluster.membership",
         "brokerd.cluster.wiring",

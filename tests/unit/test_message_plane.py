@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from brokerd.cluster.plane.flow import Feeders
 from brokerd.cluster.plane.pacing import BACKLOG_HIGH, LAG_HIGH, OVERRUN
 from brokerd.cluster.plane.transport import FLUSH_BYTES
-from brokerd.cluster.queues.master import _GetFor
+from brokerd.cluster.queues.owner import _GetFor
 from brokerd.model.message import Message
 from tests.support.examples import examples
 from tests.unit.cluster_net import Net, Sink, Waiter, message
@@ -63,7 +63,7 @@ def test_proxied_consumer_with_prefetch_and_acks(net: Net) -> None:
     del sink.unacked[:2]
     net.pump()
     assert sink.bodies() == [b"%d" % i for i in range(5)]
-    assert net.servers["A"].queues.master.deliveries["C"].keys() == {3, 4, 5}
+    assert net.servers["A"].queues.owner_side.deliveries["C"].keys() == {3, 4, 5}
 
 
 def test_requeue_goes_back_to_the_root_flagged_redelivered(net: Net) -> None:
@@ -97,7 +97,7 @@ def test_a_dropped_link_ends_the_session_the_root_requeues_and_consumers_reattac
     net.queue("B", "q").ack(held)
     net.pump()
     assert [(m.body, r) for m, r in sink.got[2:]] == [(b"0", True), (b"1", True)]
-    assert set(net.servers["A"].queues.master.deliveries["B"]) == {3, 4}  # new ids
+    assert set(net.servers["A"].queues.owner_side.deliveries["B"]) == {3, 4}  # new ids
 
 
 def test_a_session_the_root_ended_alone_is_voided_and_the_proxy_reattaches(net: Net) -> None:
@@ -107,7 +107,7 @@ def test_a_session_the_root_ended_alone_is_voided_and_the_proxy_reattaches(net: 
     net.queue("B", "q").push(message(b"4"), waiter)
     net.flush()  # the forward is in flight ...
     net.lose("A", "B")  # ... and dropped; A ended the session, B does not know
-    root = net.servers["A"].queues.master
+    root = net.servers["A"].queues.owner_side
     assert not root.deliveries.get("B")  # what B held is requeued at once
     assert net.queue("A", "q").message_count == 4
     held, sink.unacked = sink.unacked, []
@@ -131,11 +131,11 @@ def test_a_proxy_that_opens_a_new_session_by_itself_is_not_voided_twice(net: Net
     net.servers["B"].queues.link_ready("A")  # B's link is back: a new session at once
     net.servers["A"].queues.link_ready("B")
     net.pump()
-    assert "B" not in net.servers["A"].queues.master.voided
+    assert "B" not in net.servers["A"].queues.owner_side.voided
     sessions = net.servers["B"].queues.proxy.session.epoch  # type: ignore[union-attr]
     net.tick(1.0)
     assert net.servers["B"].queues.proxy.session.epoch == sessions  # type: ignore[union-attr]
-    root = net.servers["A"].queues.master
+    root = net.servers["A"].queues.owner_side
     assert list(root.consumers["B"]) == ["B/1/c"] and len(root.deliveries["B"]) == 1
 
 
@@ -234,7 +234,7 @@ def test_nothing_is_lost_or_duplicated_without_a_redelivered_flag(actions: list[
             if action == "ack":
                 net.queue("C", "q").ack([m])
                 current = m.ref is not None and m.ref[0] is net.servers["C"].queues.proxy.session
-                if current and "C" not in net.servers["A"].queues.master.voided:
+                if current and "C" not in net.servers["A"].queues.owner_side.voided:
                     acked.append(m.body)
             else:
                 net.queue("C", "q").requeue([m])
@@ -257,7 +257,7 @@ def test_nothing_is_lost_or_duplicated_without_a_redelivered_flag(actions: list[
         m.body
         for m, _q in (
             (entry[1], entry[0])
-            for entry in net.servers["A"].queues.master.deliveries.get("C", {}).values()
+            for entry in net.servers["A"].queues.owner_side.deliveries.get("C", {}).values()
         )
     ]
     for body in confirmed:
@@ -330,7 +330,7 @@ def test_the_roots_recipients_describe_themselves(net: Net) -> None:
     sink = Sink("c", prefetch=3)
     net.queue("B", "q").add_consumer(sink, lambda error: None)
     net.pump()
-    (consumer,) = plane.master.consumers["B"].values()
+    (consumer,) = plane.owner_side.consumers["B"].values()
     assert repr(consumer).startswith("<RemoteConsumer ")
 
 

@@ -1,4 +1,4 @@
-"""The rules of operators' queue moves and rebalances (``brokerd.cluster.moving``)."""
+"""The rules of operators' queue moves and rebalances (``brokerd.cluster.ownership.moves``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from brokerd.cluster.moving import MoveRefused, check_move, plan_evacuation, plan_rebalance
+from brokerd.cluster.ownership.moves import MoveRefused, check_move, plan_evacuation, plan_rebalance
 from brokerd.model.errors import NOT_FOUND, PRECONDITION_FAILED
 
 LIVE = ["a", "b", "c"]

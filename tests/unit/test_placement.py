@@ -15,7 +15,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from brokerd.cluster.queues.placement import (
+from brokerd.cluster.ownership.rules import (
     BALANCED,
     CLASSIC,
     CLIENT_LOCAL,

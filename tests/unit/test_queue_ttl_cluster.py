@@ -36,7 +36,7 @@ def cluster() -> Net:
 
 
 def replica_bodies(net: Net, spid: str, name: str) -> list[bytes]:
-    replica = net.servers[spid].queues.replica.queues[name]
+    replica = net.servers[spid].queues.copies.queues[name]
     return [e.message.body for e in replica.entries.values()]
 
 

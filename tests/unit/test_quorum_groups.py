@@ -1,6 +1,6 @@
 """A quorum queue whose ``x-quorum-initial-group-size`` leaves some primaries out: its
 events reach its group alone, and its confirms and deliveries wait for a majority of
-its group, not of every primary (``replicaset.ReplicaSet``; the in-memory net of
+its group, not of every primary (``replicaset.Stream``; the in-memory net of
 ``cluster_net``, where a server's address is its spid)."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def declare_grouped(net: Net, name: str, group: tuple[str, ...], owner: str = "A
 
 
 def copy_of(net: Net, spid: str, name: str) -> list[bytes]:
-    replica = net.servers[spid].queues.replica.queues.get(name)
+    replica = net.servers[spid].queues.copies.queues.get(name)
     return [] if replica is None else [e.message.body for e in replica.entries.values()]
 
 
@@ -60,7 +60,7 @@ def test_a_group_waits_for_its_member_whatever_the_others_ack(net4: Net) -> None
     net4.pump()
     assert waiter.answers == []  # C and D acked its number, but they are not of its group
     net4.cut.discard(("B", "A"))
-    net4.servers["B"].queues.replica.ack()
+    net4.servers["B"].queues.copies.ack()
     net4.pump()
     assert waiter.confirmed()
 
@@ -75,7 +75,7 @@ def test_a_delivery_waits_for_its_groups_floor(net4: Net) -> None:
     net4.pump()
     assert sink.bodies() == []  # held at its gate: C's and D's acks do not count
     net4.cut.discard(("B", "A"))
-    net4.servers["B"].queues.replica.ack()
+    net4.servers["B"].queues.copies.ack()
     net4.pump()
     assert sink.bodies() == [b"g1"]
 
@@ -83,12 +83,12 @@ def test_a_delivery_waits_for_its_groups_floor(net4: Net) -> None:
 def test_a_group_of_one_numbers_nothing_and_confirms_at_once(net4: Net) -> None:
     declare_grouped(net4, "g", ("A",))
     plane = net4.servers["A"].queues
-    seq = plane.replicas.seq
+    seq = plane.stream.seq
     waiter = Waiter()
     net4.queue("A", "g").push(message(b"alone"), waiter)
     net4.pump()
     assert waiter.deferred == 0  # nothing to wait for: the channel confirms at once
-    assert plane.replicas.seq == seq
+    assert plane.stream.seq == seq
     assert all(copy_of(net4, spid, "g") == [] for spid in "BCD")
 
 

@@ -14,7 +14,7 @@ import pytest
 from pamqp import commands
 
 from brokerd.cluster.config import RECOVERY_WAIT
-from brokerd.cluster.placing import Placer
+from brokerd.cluster.ownership.placer import Placer
 from brokerd.cluster.wiring import entries as rep
 from brokerd.cluster.wiring import statelog as sl
 from brokerd.cluster.wiring.entries import BucketError

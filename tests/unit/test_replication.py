@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from brokerd.cluster.plane import records as rec
-from brokerd.cluster.queues.replicated import ReplicatedQueueStore
+from brokerd.cluster.queues.replication.store import ReplicatingStore
 from tests.support.examples import examples
 from tests.unit.cluster_net import Net, Sink, Waiter, message
 
@@ -32,7 +32,7 @@ def test_a_confirm_waits_until_every_replica_has_the_message(net: Net) -> None:
     net.pump()
     assert waiter.answers == [(True, 1)]
     for spid in ("B", "C"):
-        replica = net.servers[spid].queues.replica.queues["q"]
+        replica = net.servers[spid].queues.copies.queues["q"]
         assert [e.message.body for e in replica.entries.values()] == [b"m"]
 
 
@@ -44,7 +44,7 @@ def test_a_lone_root_confirms_at_once() -> None:
     waiter = Waiter()
     net.queue("A", "q").push(message(b"m"), waiter)
     assert waiter.answers == []  # nothing deferred: the channel confirms at once
-    assert net.servers["A"].queues.replicas.seq == 0  # no stream without replicas
+    assert net.servers["A"].queues.stream.seq == 0  # no stream without replicas
 
 
 def test_the_new_root_serves_what_the_old_one_held_delivered_ones_flagged(net: Net) -> None:
@@ -80,7 +80,7 @@ def test_a_delivery_leaves_once_a_majority_has_its_acquisition(net: Net) -> None
     plane = net.servers["A"].queues
     net.pump()
     assert sink.bodies() == [b"m"]
-    replicas = plane.replicas
+    replicas = plane.stream
     assert replicas.replicas["C"].acked < replicas.seq == replicas.min_acked()
 
 
@@ -93,9 +93,9 @@ def test_a_replica_that_stops_acking_stays_in_the_set_and_raises_an_alarm(net: N
     members.now += 10
     plane.tick()
     assert "replication" in members.alarms
-    assert "C" in plane.replicas.replicas  # slow is not dead
+    assert "C" in plane.stream.replicas  # slow is not dead
     net.cut.discard(("C", "A"))
-    net.servers["C"].queues.replica.ack()
+    net.servers["C"].queues.copies.ack()
     net.pump()
     plane.tick()
     assert "replication" not in members.alarms
@@ -110,7 +110,7 @@ def test_a_replica_that_joins_late_gets_a_snapshot(net: Net) -> None:
     net.pump()
     net.join("D")
     net.pump()
-    replica = net.servers["D"].queues.replica.queues["q"]
+    replica = net.servers["D"].queues.copies.queues["q"]
     assert replica.synced
     assert [(e.message.body, e.acquired) for _, e in replica.ordered()] == [
         (b"0", True),
@@ -130,11 +130,11 @@ def test_a_joining_replica_follows_the_live_stream_and_never_stalls_confirms(
     for i in range(5):
         root.push(message(b"%d" % i))
     net.pump()
-    replicas = net.servers["A"].queues.replicas
+    replicas = net.servers["A"].queues.stream
     monkeypatch.setattr(replicas, "_schedule_sync", lambda: None)  # the snapshot waits
     net.join("D")
     net.pump()
-    side = net.servers["D"].queues.replica
+    side = net.servers["D"].queues.copies
     stream = side.streams["A"]  # the root's
     assert stream.joined and not side.complete and replicas.replicas["D"].syncs
     waiter = Waiter()
@@ -175,21 +175,21 @@ def test_an_owner_cut_off_from_its_replicas_confirms_nothing_and_a_fence_nacks(
     assert owner.queues.is_fenced("A")
     assert waiter.answers == [(False, 0)]
     owner.queues.primary_seen("B")  # a fenced stream takes no replica again
-    assert owner.queues.replicas.replicas == {}
+    assert owner.queues.stream.replicas == {}
 
 
 def test_a_fenced_stream_is_applied_and_acked_no_more(net: Net) -> None:
     waiter = Waiter()
     net.queue("A", "q").push(message(b"1"), waiter)
     net.pump()
-    applied = net.servers["A"].queues.replicas.seq  # where the fence finds the stream
+    applied = net.servers["A"].queues.stream.seq  # where the fence finds the stream
     for spid in ("B", "C"):
         net.servers[spid].queues.fence("A", 1, net.log_seq + 1)
     net.queue("A", "q").push(message(b"2"), waiter)
     net.pump()
     assert waiter.answers == [(True, 1)]  # "2" waits for acks that never come
     for spid in ("B", "C"):
-        replica = net.servers[spid].queues.replica
+        replica = net.servers[spid].queues.copies
         assert [e.message.body for e in replica.queues["q"].entries.values()] == [b"1"]
         assert replica.fenced_report({"A"}) == {"A": {"q": [True, applied]}}
 
@@ -200,10 +200,10 @@ def test_a_purge_and_a_delete_reach_the_replicas(net: Net) -> None:
     net.pump()
     root.drop_all()
     net.pump()
-    assert net.servers["B"].queues.replica.queues["q"].entries == {}
+    assert net.servers["B"].queues.copies.queues["q"].entries == {}
     net.servers["A"].broker.vhosts["/"].remove_queue(root)
     net.pump()
-    assert "q" not in net.servers["B"].queues.replica.queues
+    assert "q" not in net.servers["B"].queues.copies.queues
 
 
 def test_a_gap_in_the_stream_asks_for_a_resync(net: Net) -> None:
@@ -213,7 +213,7 @@ def test_a_gap_in_the_stream_asks_for_a_resync(net: Net) -> None:
     net.wire = type(net.wire)(m for m in net.wire if m[1] != "C")  # C misses it
     root.push(message(b"2"))
     net.pump()
-    replica = net.servers["C"].queues.replica.queues["q"]
+    replica = net.servers["C"].queues.copies.queues["q"]
     assert [e.message.body for _, e in replica.ordered()] == [b"1", b"2"]
 
 
@@ -224,9 +224,9 @@ def test_the_old_root_keeps_its_content_as_a_replica_until_reset(net: Net) -> No
     assert bodies(net, "B") == [(b"m", False)]
     assert net.queue("A", "q").message_count == 0
     assert [
-        e.message.body for e in net.servers["A"].queues.replica.queues["q"].entries.values()
+        e.message.body for e in net.servers["A"].queues.copies.queues["q"].entries.values()
     ] == [b"m"]
-    assert isinstance(net.queue("B", "q").store, ReplicatedQueueStore)
+    assert isinstance(net.queue("B", "q").store, ReplicatingStore)
     assert net.queue("A", "q").store is None  # the proxy's journal store (none here)
 
 
@@ -239,7 +239,7 @@ def test_members_says_which_replicas_hold_every_message(
     for i in range(3):
         root.push(message(b"%d" % i))
     net.pump()
-    replicas = net.servers["A"].queues.replicas
+    replicas = net.servers["A"].queues.stream
     assert replicas.members() == [
         {"spid": "B", "in_sync": True, "behind": 0},
         {"spid": "C", "in_sync": True, "behind": 0},
@@ -277,7 +277,7 @@ def settle_syncs(net: Net) -> None:
     """The guarantee is for one failure at a time: a replica still taking its snapshot
     holds only part of the queue, so a kill waits until every snapshot is in (the
     live stream may still be in flight)."""
-    replicas = net.servers[net.root].queues.replicas  # type: ignore[index]
+    replicas = net.servers[net.root].queues.stream  # type: ignore[index]
     if any(r.synced_at is None or r.acked < r.synced_at for r in replicas.replicas.values()):
         net.pump()
 
@@ -359,7 +359,7 @@ def test_no_confirmed_message_is_lost_across_root_failures(actions: list[str], r
             net.pump()
     net.pump()
     store = owner_queue(net).store
-    assert isinstance(store, ReplicatedQueueStore)
+    assert isinstance(store, ReplicatingStore)
     kept = {e.message.body for e in store.entries.values()}
     for body, w in confirmed:
         if w.confirmed():
@@ -378,7 +378,7 @@ def test_a_syncing_replica_does_not_confirm_for_a_paused_whole_one(
         root.push(message(b"old%d" % i))
     net.pump()
     net.kill("C")
-    replicas = net.servers["A"].queues.replicas
+    replicas = net.servers["A"].queues.stream
     monkeypatch.setattr(replicas, "_schedule_sync", lambda: None)  # the snapshot waits
     net.join("D")
     net.pump()
@@ -386,7 +386,7 @@ def test_a_syncing_replica_does_not_confirm_for_a_paused_whole_one(
     waiter = Waiter()
     root.push(message(b"new"), waiter)
     net.pump()
-    side = net.servers["D"].queues.replica
+    side = net.servers["D"].queues.copies
     assert [e.message.body for _, e in side.queues["q"].ordered()] == [b"new"]
     assert waiter.answers == []  # D holds it, B does not: not confirmed
     assert not side.complete
@@ -408,7 +408,7 @@ def test_right_after_a_root_change_confirms_go_on_while_every_replica_syncs(
     for i in range(3):
         net.queue("A", "q").push(message(b"old%d" % i))
     net.pump()
-    replicas = net.servers["B"].queues.replicas
+    replicas = net.servers["B"].queues.stream
     monkeypatch.setattr(replicas, "_schedule_sync", lambda: None)  # snapshots wait
     net.kill("A")  # B is root now; C is reset and syncing
     assert net.root == "B"
@@ -432,7 +432,7 @@ def test_a_new_owners_reset_that_overtakes_the_placement_waits_for_it(net: Net) 
     epoch = net.queue("B", "q").epoch + 1
     net.queue("B", "q").place("B", epoch, None)  # applied on B first
     net.pump()
-    old = net.servers["A"].queues.replica
+    old = net.servers["A"].queues.copies
     assert "q" not in old.queues and not old.streams["B"].joined  # refused, resync asked
     for spid in ("A", "C"):
         net.queue(spid, "q").place("B", epoch, None)
@@ -450,14 +450,14 @@ def test_a_fenced_server_streams_again_under_its_next_generation(net: Net) -> No
     net.pump()
     net.fail_over("A")  # A's queue goes to B; A applies its own fence and the placement
     plane = net.servers["A"].queues
-    assert not plane.replicas.fenced and plane.replicas.generation == 1
+    assert not plane.stream.fenced and plane.stream.generation == 1
     net.pump()
     for spid in ("B", "C"):
         net.servers[spid].queues.fence("A", 1, 1)  # a sync replays the log: applied once
-        assert net.servers[spid].queues.replica.fences == {"A": 1}
+        assert net.servers[spid].queues.copies.fences == {"A": 1}
         assert not net.servers[spid].queues.is_fenced("A")  # its failover is over
     net.declare("q2", owner="A")  # A owns again, and confirms through its new stream
-    fenced_at = net.servers["B"].queues.replica.fence_seq["A"]
+    fenced_at = net.servers["B"].queues.copies.fence_seq["A"]
     late = net.join("D", "q2")  # syncs a compacted log: A's fence, then q2 placed on A
     late.broker.vhosts["/"].declare_queue("q", connection_id=0)
     placed = net.queue("B", "q")
@@ -471,8 +471,8 @@ def test_a_fenced_server_streams_again_under_its_next_generation(net: Net) -> No
     stale = rec.Batch()
     stale.replicate(0, rec.R_RESET, "", 0, 0)  # generation 0: from before the fence
     out = net.servers["B"].queues.transport.out("A")
-    net.servers["B"].queues.replica.receive(out, rec.decode(stale.take()))  # type: ignore[arg-type]
-    assert net.servers["B"].queues.replica.streams["A"].joined  # still generation 1's
+    net.servers["B"].queues.copies.receive(out, rec.decode(stale.take()))  # type: ignore[arg-type]
+    assert net.servers["B"].queues.copies.streams["A"].joined  # still generation 1's
     net.kill("B")  # q's new owner dies: A's copy of q is sound, and may be the heir
     assert [m.body for m, _r in net.queue(net.queue("C", "q").owner, "q").ready()] == [b"1"]
 
@@ -501,7 +501,7 @@ def test_a_new_owner_lost_during_its_snapshot_leaves_the_copies_whole(net: Net) 
     net.fail_over("A")
     assert net.queue("B", "q").local
     net.step(1)  # the reset and the snapshot's first part reach C, then B is lost too
-    copy = net.servers["C"].queues.replica.queues["q"]
+    copy = net.servers["C"].queues.copies.queues["q"]
     assert not copy.synced and len(copy.entries) == len(bodies)  # nothing dropped early
     net.kill("B")
     survivor = net.queue("C", "q")
@@ -518,10 +518,10 @@ def test_a_reset_behind_stale_events_in_one_batch_is_applied(net: Net) -> None:
     root = net.queue("A", "q")
     root.push(message(b"1"))
     net.pump()
-    side = net.servers["C"].queues.replica
+    side = net.servers["C"].queues.copies
     stream = side.streams["A"]
     side.resync(stream)  # asked (say a queue's reset overtook its placement)
-    replicas = net.servers["A"].queues.replicas
+    replicas = net.servers["A"].queues.stream
     seq = replicas.seq
     stale = rec.Replicate(stream.applied + 1, rec.R_SETTLE, "q", 0)  # sent before the ask
     reset = rec.Replicate(0, rec.R_RESET, "", seq, replicas.generation % 256)

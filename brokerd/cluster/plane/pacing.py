@@ -54,7 +54,7 @@ LAG_LOW = 5_000
 
 
 class Replication(Protocol):
-    """This server's replication stream, as pacing weighs it (``ReplicaSet``)."""
+    """This server's replication stream, as pacing weighs it (``Stream``)."""
 
     #: queues this server owns and streams (any: links to its replicas carry them)
     @property

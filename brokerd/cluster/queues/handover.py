@@ -15,7 +15,7 @@ it, every server plays its part:
   more: what it had in flight is voided, and kept for the next owner) it
   *freezes* the queue at its stream's position (later publishes, even its own
   clients', are kept for the next owner), waits for the target to hold the
-  queue that far (``ReplicaSet.holds``: its copy is then the queue, event for
+  queue that far (``Stream.holds``: its copy is then the queue, event for
   event), and asks the root to place the queue on the target (``on_handed``);
 - **the target** takes the queue from its copy when that placement arrives,
   as in a failover: what the old owner had delivered and not seen settled
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from brokerd.cluster.plane.transport import Transport
-    from brokerd.cluster.queues.replicaset import ReplicaSet
+    from brokerd.cluster.queues.replication.stream import Stream
     from brokerd.cluster.queues.shared import SharedQueue
 
 log = logging.getLogger("brokerd.cluster.queues.handover")
@@ -69,12 +69,12 @@ class Handovers:
         self,
         transport: Transport,
         shared_queue: Callable[[str], SharedQueue | None],
-        replicas: ReplicaSet,
+        stream: Stream,
         clock: Callable[[], float],
     ) -> None:
         self.transport = transport
         self.shared_queue = shared_queue
-        self.replicas = replicas
+        self.stream = stream
         self.clock = clock
         self.out: dict[str, Handover] = {}
         #: ``Drained`` records that came before the placement starting their move here
@@ -146,7 +146,7 @@ class Handovers:
         if not self.out:
             return
         outbound = self.transport.outbound
-        replicas = self.replicas
+        stream = self.stream
         # a placement ordered here (this server is root) ends its hand-over at once
         for handover in list(self.out.values()):
             if handover.asked:
@@ -160,10 +160,10 @@ class Handovers:
                 }
                 if handover.waiting:
                     continue
-                handover.point = replicas.seq
+                handover.point = stream.seq
                 queue.frozen = True
                 log.info("queue=%s frozen at stream seq=%d", queue.name, handover.point)
-            if not replicas.holds(handover.target, queue.name, handover.point):
+            if not stream.holds(handover.target, queue.name, handover.point):
                 continue
             handover.asked = True
             log.info(

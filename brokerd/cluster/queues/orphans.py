@@ -133,7 +133,7 @@ class Orphans:
 
     def adopt(self, messages: list[tuple[Message, str]]) -> None:
         """Unconfirmed publishes no quorum held of a queue this server no longer owns
-        (``ReplicaSet.unreplicated``): kept for its next owner, flagged redelivered
+        (``Stream.unreplicated``): kept for its next owner, flagged redelivered
         (a replica may have applied them; a consumer may have had them)."""
         if not messages:
             return

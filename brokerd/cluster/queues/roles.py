@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from brokerd.cluster.queues.entry import Entry
-from brokerd.cluster.queues.replica import QueueReplica
+from brokerd.cluster.queues.replication.copies import QueueCopy
+from brokerd.cluster.queues.replication.entry import Entry
 from brokerd.model.interfaces import ConsumerSink, PublishWaiter, Reply
 from brokerd.model.message import Message
 from brokerd.model.queue import Queue
@@ -161,7 +161,7 @@ class Proxy:
         owner, if another server is, resets it and sends its own)."""
         queue = self.queue
         store = queue.journal_store
-        replica = QueueReplica()
+        replica = QueueCopy()
         for message, redelivered in messages:
             if message.paged:  # left on disk by the store: known by its journal id
                 mid = message.jid  # type: ignore[attr-defined]
@@ -173,5 +173,5 @@ class Proxy:
             replica.top = max(replica.top, mid)
             if not message.paged:
                 replica.bytes += len(message.body)
-        queue.services.replica.hand(queue.name, replica)
+        queue.services.copies.hand(queue.name, replica)
         return len(replica.entries)

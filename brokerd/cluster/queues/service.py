@@ -48,11 +48,11 @@ from brokerd.cluster.plane.pacing import Pacing
 from brokerd.cluster.plane.transport import Transport
 from brokerd.cluster.queues.handover import Handovers
 from brokerd.cluster.queues.intake import Intake
-from brokerd.cluster.queues.master import MasterSide
 from brokerd.cluster.queues.orphans import Orphans
+from brokerd.cluster.queues.owner import OwnerSide
 from brokerd.cluster.queues.proxy import ProxySide
-from brokerd.cluster.queues.replica import ReplicaSide
-from brokerd.cluster.queues.replicaset import ReplicaSet
+from brokerd.cluster.queues.replication.copies import Copies
+from brokerd.cluster.queues.replication.stream import Stream
 from brokerd.cluster.queues.shared import SharedQueue
 
 if TYPE_CHECKING:
@@ -83,12 +83,12 @@ class QueueService:
         self.flow = FlowControl()
         self.transport = transport = Transport(members)
         clock = members.clock
-        self.master = MasterSide(transport, self.vhost, vhost, members)
+        self.owner_side = OwnerSide(transport, self.vhost, vhost, members)
         self.proxy = ProxySide(transport, members, self.root_spid)
         #: this server's replication stream, to the replicas of the queues it owns
-        self.replicas = ReplicaSet(transport, members, self.vhost, self.owned_replicated)
+        self.stream = Stream(transport, members, self.vhost, self.owned_replicated)
         #: this server's copies of the queues other servers own
-        self.replica = ReplicaSide(transport, self.vhost, self.shared_queue, self.root_spid)
+        self.copies = Copies(transport, self.vhost, self.shared_queue, self.root_spid)
         #: forwards a failed owner left unsettled, for the queues' next owners
         self.orphans = Orphans(
             transport,
@@ -100,9 +100,9 @@ class QueueService:
         self.intake = Intake(transport, self.vhost, self.orphans, self.proxy, lambda: self.is_root)
         self.orphans.apply = self.intake.apply
         #: queue moves under way (``queues.handover``)
-        self.handovers = Handovers(transport, self.shared_queue, self.replicas, clock)
+        self.handovers = Handovers(transport, self.shared_queue, self.stream, clock)
         #: flow control's checks
-        self.pacing = Pacing(transport, self.flow, members, clock, self.replicas)
+        self.pacing = Pacing(transport, self.flow, members, clock, self.stream)
         #: this server is the root (a new classic queue is the master on it until placed)
         self.is_root = False
         #: records a durable shared queue's owner (its address) in this server's
@@ -118,15 +118,15 @@ class QueueService:
             transport.on(kind, self.proxy.receive)
         transport.on(rec.Replicated, self._on_replicated)
         transport.on(rec.Drained, lambda out, r: self.handovers.drained(out.spid, r.queue, r.epoch))
-        transport.default = self.master.receive
-        transport.on_stream(rec.Replicate, self.replica.receive)
-        transport.after_batch.append(self.master.after_batch)
-        transport.before_flush.append(self.replicas.sent)
+        transport.default = self.owner_side.receive
+        transport.on_stream(rec.Replicate, self.copies.receive)
+        transport.after_batch.append(self.owner_side.after_batch)
+        transport.before_flush.append(self.stream.sent)
         transport.before_peer.append(self.proxy.pay_credit)
         transport.after_flush.append(self.pacing.check)
 
     def _on_replicated(self, out: object, r: rec.Replicated) -> None:
-        self.replicas.acked(out.spid, r.seq)  # type: ignore[attr-defined]
+        self.stream.acked(out.spid, r.seq)  # type: ignore[attr-defined]
         if self.handovers.out:
             self.handovers.check()
 
@@ -165,7 +165,7 @@ class QueueService:
         report: dict[str, int] = {}
         for queue in self.placed_queues():
             if queue.owner is None and queue.home and queue.replicated_kind:
-                copy = self.replica.queues.get(queue.name)
+                copy = self.copies.queues.get(queue.name)
                 report[queue.name] = copy.top if copy is not None else -1
         return report
 
@@ -235,8 +235,8 @@ class QueueService:
         out = self.transport.out(spid)
         out.up = True
         if spid in self.members.replica_peers():
-            self.replicas.add(out, self.owned_replicated())
-        self.master.link_ready(out)
+            self.stream.add(out, self.owned_replicated())
+        self.owner_side.link_ready(out)
         self.proxy.session_check()
         if spid == self.root_spid():
             self._check_root_link()
@@ -253,13 +253,13 @@ class QueueService:
         # keep (or nack) its forwards, drop what waited for it
         self.orphans.keep(out, maybe_taken=True)
         self.transport.reset(out)
-        self.replicas.remove(spid, why)
+        self.stream.remove(spid, why)
         self.proxy.session_lost(spid)
         # what it held is requeued now, and what it still sends in this session ignored
-        self.master.void(out, gone=why == "inactive")
+        self.owner_side.void(out, gone=why == "inactive")
         if why == "inactive":
-            self.replicas.forget(spid)
-            self.replica.forget(spid)
+            self.stream.forget(spid)
+            self.copies.forget(spid)
             self.transport.forget(spid)
         if spid == self.root_spid():
             self._check_root_link()
@@ -281,9 +281,9 @@ class QueueService:
         queues are placed elsewhere. A fence applied already (a sync replays the
         log) changes nothing."""
         if spid == self.spid:
-            self.replicas.fence(generation, seq)
+            self.stream.fence(generation, seq)
         else:
-            self.replica.fence(spid, generation, seq)
+            self.copies.fence(spid, generation, seq)
         self.placements_changed()
 
     def owner_placed(self, queue: SharedQueue) -> None:
@@ -303,9 +303,9 @@ class QueueService:
     def placements_changed(self) -> None:
         """Which fenced servers still own queues placed before their last fence
         (their failover is under way); this server, fenced, streams again once it
-        owns none (``ReplicaSet.restart``). Derived from the placements' and fences'
+        owns none (``Stream.restart``). Derived from the placements' and fences'
         state-log numbers, so a server that synced a compacted log agrees."""
-        fence_seq, own = self.replica.fence_seq, self.replicas
+        fence_seq, own = self.copies.fence_seq, self.stream
         if not fence_seq and not own.fenced:
             return
         pending: set[str] = set()
@@ -315,18 +315,18 @@ class QueueService:
                 fenced_at = own.fence_seq if owner == self.spid else fence_seq.get(owner, -1)
                 if queue.placed_seq < fenced_at:
                     pending.add(owner)
-        self.replica.pending = pending - {self.spid}
+        self.copies.pending = pending - {self.spid}
         if own.fenced and self.spid not in pending:
             own.restart()
 
     def is_fenced(self, spid: str) -> bool:
         """Fenced, and the queues it owned then are not all placed elsewhere yet."""
-        return self.replicas.fenced if spid == self.spid else spid in self.replica.pending
+        return self.stream.fenced if spid == self.spid else spid in self.copies.pending
 
     def primary_seen(self, spid: str) -> None:
         """An active primary's status arrived: this server takes it as a replica of
         its stream if it is not one (it came back, or its link was restored)."""
-        replicas = self.replicas
+        replicas = self.stream
         if spid not in replicas.replicas:
             out = self.transport.out(spid)
             if out.up and spid in self.members.replica_peers():
@@ -335,12 +335,12 @@ class QueueService:
     def tick(self) -> None:
         self.handovers.check()
         self.proxy.tick()
-        self.master.tick()
+        self.owner_side.tick()
         self.orphans.send()
         self.orphans.expire()
-        self.replicas.resume()
+        self.stream.resume()
         patience = 2 * self.members.config.heartbeat_timeout
-        stalled = self.replicas.check(self.members.clock(), patience)
+        stalled = self.stream.check(self.members.clock(), patience)
         if stalled:
             self.members.raise_alarm(
                 "replication",

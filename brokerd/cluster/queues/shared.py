@@ -17,11 +17,11 @@
   queue; a push forwards the message to that server.
 
 The channel only ever calls the ``QueueType`` interface; what crosses servers is
-in ``brokerd.cluster.queues.master`` (owner side) and ``brokerd.cluster.queues.proxy``.
+in ``brokerd.cluster.queues.owner`` (owner side) and ``brokerd.cluster.queues.proxy``.
 
 A replicated or quorum queue's store on its owner is a
-``replicated.ReplicatedQueueStore`` over the local journal store, so every
-event reaches the other primaries, whose copies (``replica.ReplicaSide``) a
+``replicated.ReplicatingStore`` over the local journal store, so every
+event reaches the other primaries, whose copies (``replica.Copies``) a
 next owner starts from. A classic queue is its owner's alone, as RabbitMQ's
 classic queue is its node's: no copy elsewhere; transient, it goes with its
 owner; durable, it waits for it (``placement``).
@@ -32,10 +32,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from brokerd.cluster.queues.entry import Entry
-from brokerd.cluster.queues.placement import CLASSIC, kind_of
-from brokerd.cluster.queues.replica import QueueReplica
-from brokerd.cluster.queues.replicated import ReplicatedQueueStore
+from brokerd.cluster.ownership.rules import CLASSIC, kind_of
+from brokerd.cluster.queues.replication.copies import QueueCopy
+from brokerd.cluster.queues.replication.entry import Entry
+from brokerd.cluster.queues.replication.store import ReplicatingStore
 from brokerd.cluster.queues.roles import Owner, Proxy
 from brokerd.model.interfaces import ConsumerSink, PublishWaiter, Reply
 from brokerd.model.message import Message
@@ -44,11 +44,11 @@ from brokerd.model.storage import QueueStore
 
 if TYPE_CHECKING:
     from brokerd.cluster.queues.handover import Handovers
-    from brokerd.cluster.queues.master import MasterSide
     from brokerd.cluster.queues.orphans import Orphans
+    from brokerd.cluster.queues.owner import OwnerSide
     from brokerd.cluster.queues.proxy import ProxiedConsumer, ProxySide
-    from brokerd.cluster.queues.replica import ReplicaSide
-    from brokerd.cluster.queues.replicaset import ReplicaSet
+    from brokerd.cluster.queues.replication.copies import Copies
+    from brokerd.cluster.queues.replication.stream import Stream
     from brokerd.store.queues import JournalQueueStore
 
 
@@ -60,9 +60,9 @@ class Services(Protocol):
     is_root: bool
     default_queue_type: str | None
     proxy: ProxySide
-    master: MasterSide
-    replica: ReplicaSide
-    replicas: ReplicaSet
+    master: OwnerSide
+    replica: Copies
+    replicas: Stream
     orphans: Orphans
     handovers: Handovers
 
@@ -124,7 +124,7 @@ class SharedQueue:
         self.bindings: dict[tuple[Any, ...], Any] = {}
         #: this server's journal of the queue (the vhost's store sets it)
         self.journal_store: JournalQueueStore | None = None
-        self._replicated: ReplicatedQueueStore | None = None
+        self._replicated: ReplicatingStore | None = None
         self._owner = Owner(self, inner)
         self._proxy = Proxy(self, inner)
         #: the role every ``QueueType`` call goes to (``local`` swaps it)
@@ -326,21 +326,21 @@ class SharedQueue:
         return self.owner
 
     def replica_states(self) -> list[dict[str, Any]] | None:
-        """The master copy's replicas with their in-sync state (``ReplicaSet.members``:
+        """The master copy's replicas with their in-sync state (``Stream.members``:
         the owner's stream, the same for every queue it owns), for the console and
         ``brokerd ctl queues``. [] for a classic queue (its owner's alone: no copy
         elsewhere); None on a proxy, which does not know (its master reports them)."""
         if not self.local:
             return None
-        return self.services.replicas.members(self.group_key) if self.replicated_kind else []
+        return self.services.stream.members(self.group_key) if self.replicated_kind else []
 
     @property
-    def replicated(self) -> ReplicatedQueueStore | None:
+    def replicated(self) -> ReplicatingStore | None:
         """The owner's store of a replicated or quorum queue (owner role only)."""
         return self._replicated
 
     @replicated.setter
-    def replicated(self, store: ReplicatedQueueStore | None) -> None:
+    def replicated(self, store: ReplicatingStore | None) -> None:
         self._replicated = store
         self.inner.store = store if store is not None else self.journal_store
 
@@ -472,7 +472,7 @@ class SharedQueue:
             return
         self.local = True
         services = self.services
-        replica = services.replica.take(self.name)
+        replica = services.copies.take(self.name)
         ready = []
         entries: dict[int, Entry] = {}
         for mid, entry in replica.ordered() if replica is not None else ():
@@ -481,11 +481,11 @@ class SharedQueue:
             entries[mid] = entry
             ready.append((entry.message, entry.redelivered))
         if self.replicated_kind:
-            store = ReplicatedQueueStore(self.name, services.replicas, self.journal_store, entries)
+            store = ReplicatingStore(self.name, services.stream, self.journal_store, entries)
             if replica is not None:
                 store.next_mid = max(store.next_mid, replica.top + 1)
             self.replicated = store
-            services.replicas.adopt(self.name, store.entries, self.group_key)
+            services.stream.adopt(self.name, store.entries, self.group_key)
         if ready:
             self.inner.replace_messages(ready)
         services.proxy.forget(self)
@@ -502,14 +502,14 @@ class SharedQueue:
         if not self.local:
             return
         services = self.services
-        services.master.release_queue(self)
+        services.owner_side.release_queue(self)
         self.local = False
-        replica = QueueReplica()
+        replica = QueueCopy()
         replicated, self.replicated = self.replicated, None
         if replicated is not None:
             # what no quorum of its group holds yet, before the stream forgets the group
-            services.orphans.adopt(services.replicas.unreplicated(self.name, replicated))
-            services.replicas.disown(self.name)
+            services.orphans.adopt(services.stream.unreplicated(self.name, replicated))
+            services.stream.disown(self.name)
             for mid, entry in replicated.entries.items():
                 replica.entries[mid] = entry
                 if not entry.message.paged:
@@ -520,8 +520,8 @@ class SharedQueue:
                 replica.entries[position] = Entry(message, redelivered=redelivered, persistent=True)
                 replica.top = position
         if replica.entries:
-            services.replica.hand(self.name, replica)
-        services.replica.disowned()
+            services.copies.hand(self.name, replica)
+        services.copies.disowned()
         self.inner.clear()  # and its timers stop: the next owner's copy expires
         for consumer in [c for c in self.inner.consumers if getattr(c, "remote", False)]:
             self.inner.detach(consumer)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from brokerd.cluster.wiring.replication import WiringReplication
     from brokerd.cluster.wiring.statelog import Entry
 
-log = logging.getLogger("brokerd.cluster.moving")
+log = logging.getLogger("brokerd.cluster.ownership.moves")
 
 #: what a move request's requester hears from the root: its refusal, or None
 Done = Callable[[AMQPError | None, Any], None]

@@ -45,8 +45,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from brokerd.cluster.election import PRIMARY
-from brokerd.cluster.moving import Mover
-from brokerd.cluster.queues.placement import CLASSIC, choose_owner, group_of, kind_of, locator_of
+from brokerd.cluster.ownership.moves import Mover
+from brokerd.cluster.ownership.rules import CLASSIC, choose_owner, group_of, kind_of, locator_of
 from brokerd.cluster.wiring import entries as rep
 from brokerd.cluster.wiring import statelog as sl
 
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from brokerd.cluster.wiring.statelog import Entry
     from brokerd.model.errors import AMQPError
 
-log = logging.getLogger("brokerd.cluster.placing")
+log = logging.getLogger("brokerd.cluster.ownership.placer")
 
 
 class Placer:
@@ -263,7 +263,7 @@ class Placer:
         """The live primaries (this root among them) that applied the fence of
         ``owner``: their copies of its queues, by spid."""
         reports: dict[str, dict[str, list]] = {}
-        mine = self.queues.replica.fenced_report({owner})
+        mine = self.queues.copies.fenced_report({owner})
         if owner in mine:
             reports[self.members.spid] = mine[owner]
         for spid in live:

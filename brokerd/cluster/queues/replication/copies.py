@@ -18,7 +18,7 @@ died with it), in the order the old owner numbered it.
 A stream is one sending server's (``SourceStream``: what was applied from it,
 its journal writes on their way, its acks), identified by the link it comes
 on, so the records carry no source; every owner's is applied side by side,
-and each copy records the stream that feeds it (``QueueReplica.source``). A
+and each copy records the stream that feeds it (``QueueCopy.source``). A
 fenced owner's stream is refused for good and its copies stay as the fence
 found them, for the root to choose the next owner from (``fence``). A replica
 that finds a gap (a link that dropped and came back while the source kept the
@@ -36,7 +36,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.plane import records as rec
-from brokerd.cluster.queues.entry import Entry
+from brokerd.cluster.queues.replication.entry import Entry
 from brokerd.model.completion import Completion, Done
 from brokerd.model.message import Message
 
@@ -49,10 +49,10 @@ if TYPE_CHECKING:
     from brokerd.model.vhost import VirtualHost
     from brokerd.store.queues import JournalQueueStore
 
-log = logging.getLogger("brokerd.cluster.queues.replica")
+log = logging.getLogger("brokerd.cluster.queues.replication.copies")
 
 
-class QueueReplica:
+class QueueCopy:
     """One queue's copy."""
 
     __slots__ = ("bytes", "entries", "source", "stale", "synced", "top")
@@ -104,7 +104,7 @@ class _Write(Completion):
 
     __slots__ = ("seq", "side", "stream")
 
-    def __init__(self, side: ReplicaSide, stream: SourceStream, seq: int) -> None:
+    def __init__(self, side: Copies, stream: SourceStream, seq: int) -> None:
         super().__init__()
         self.side = side
         self.stream = stream
@@ -131,7 +131,7 @@ class _Write(Completion):
         self.side.ack_soon()
 
 
-class ReplicaSide:
+class Copies:
     """This server's copies of other servers' owned queues, and the streams feeding
     them: one per owner, applied side by side."""
 
@@ -146,7 +146,7 @@ class ReplicaSide:
         self.vhost = vhost
         self._shared_queue = shared_queue
         self.root_spid = root_spid
-        self.queues: dict[str, QueueReplica] = {}
+        self.queues: dict[str, QueueCopy] = {}
         #: by source spid
         self.streams: dict[str, SourceStream] = {}
         #: owners the state log fenced: their streams are refused for good, and the
@@ -407,7 +407,7 @@ class ReplicaSide:
     def _add(self, stream: SourceStream, r: rec.Replicate) -> None:
         replica = self.queues.get(r.queue)
         if replica is None:
-            replica = self.queues[r.queue] = QueueReplica(stream.source)
+            replica = self.queues[r.queue] = QueueCopy(stream.source)
         if r.mid in replica.entries:
             if r.mid not in replica.stale:
                 return  # a snapshot entry the live stream already brought
@@ -482,7 +482,7 @@ class ReplicaSide:
         snapshot. Owners keep the mids they were given, so a snapshot entry finds
         its kept one; what the snapshot never sends goes at its end (``_prune``)."""
         old = self.queues.get(name)
-        replica = QueueReplica(source)
+        replica = QueueCopy(source)
         if old is None or not old.entries:
             self.drop(name, write=True)
         else:
@@ -490,7 +490,7 @@ class ReplicaSide:
             replica.stale = set(old.entries)
         self.queues[name] = replica
 
-    def _prune(self, name: str, replica: QueueReplica) -> None:
+    def _prune(self, name: str, replica: QueueCopy) -> None:
         """The snapshot is in: what it did not send, the owner does not hold."""
         gone = [replica.entries.pop(mid) for mid in replica.stale if mid in replica.entries]
         replica.stale = set()
@@ -521,7 +521,7 @@ class ReplicaSide:
             if stream is not None:
                 self.resync(stream)
 
-    def take(self, name: str) -> QueueReplica | None:
+    def take(self, name: str) -> QueueCopy | None:
         """The queue's copy, for this server's master queue (it becomes its owner).
         What was kept from before a reset whose snapshot never finished may have
         been delivered since: it comes back flagged redelivered."""
@@ -534,7 +534,7 @@ class ReplicaSide:
             replica.stale = set()
         return replica
 
-    def hand(self, name: str, replica: QueueReplica) -> None:
+    def hand(self, name: str, replica: QueueCopy) -> None:
         """A demoted master's content becomes its replica (the new root resets it)."""
         self.queues[name] = replica
 

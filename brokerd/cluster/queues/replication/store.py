@@ -1,6 +1,6 @@
 """A replicated or quorum queue's ``QueueStore`` on its owner (seed 001): it numbers
 every message, sends each event through the owner's replication stream
-(``replicaset.ReplicaSet``), and delegates writing to the local journal
+(``replicaset.Stream``), and delegates writing to the local journal
 store, so the model and the channel never know a queue is replicated."""
 
 from __future__ import annotations
@@ -9,18 +9,18 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.plane import records as rec
-from brokerd.cluster.queues.entry import Entry
+from brokerd.cluster.queues.replication.entry import Entry
 from brokerd.model.message import Message
 from brokerd.model.storage import CorruptMessage, Paged
 from brokerd.wire.codec import delivery_mode
 
 if TYPE_CHECKING:
-    from brokerd.cluster.queues.replicaset import ReplicaSet
+    from brokerd.cluster.queues.replication.stream import Stream
     from brokerd.model.interfaces import PublishWaiter
     from brokerd.store.queues import JournalQueueStore
 
 
-class ReplicatedQueueStore:
+class ReplicatingStore:
     """The ``QueueStore`` of a master shared queue: numbers its messages, replicates
     every event, and delegates writing to the local journal store."""
 
@@ -30,12 +30,12 @@ class ReplicatedQueueStore:
     def __init__(
         self,
         name: str,
-        replicas: ReplicaSet,
+        stream: Stream,
         local: JournalQueueStore | None,
         entries: dict[int, Entry] | None = None,
     ) -> None:
         self.name = name
-        self.replicas = replicas
+        self.stream = stream
         self.local = local
         #: mid -> entry, in mid order (dicts keep insertion order; mids only grow)
         self.entries: dict[int, Entry] = entries or {}
@@ -61,11 +61,11 @@ class ReplicatedQueueStore:
         entry = self.entries[mid] = Entry(message, redelivered=redelivered, persistent=persistent)
         if self.local is not None:
             self.local.enqueued(message, waiter, jid=mid, redelivered=redelivered)
-        seq = self.replicas.emit(rec.R_ENQUEUE, self.name, mid, message, entry.flags)
+        seq = self.stream.emit(rec.R_ENQUEUE, self.name, mid, message, entry.flags)
         if seq and waiter is not None:
-            self.replicas.wait(seq, waiter.defer(), self.replicas.group_of(self.name))
+            self.stream.wait(seq, waiter.defer(), self.stream.group_of(self.name))
         elif seq:
-            self.replicas.tail.append((seq, self.name, message))
+            self.stream.tail.append((seq, self.name, message))
 
     def delivered(self, message: Message, consumer: Any, no_ack: bool) -> None:
         mid = self.mids.get(id(message))
@@ -76,14 +76,14 @@ class ReplicatedQueueStore:
         if no_ack:
             del self.mids[id(message)]
             self.entries.pop(mid, None)
-            seq = self.replicas.emit(rec.R_SETTLE, self.name, mid)
+            seq = self.stream.emit(rec.R_SETTLE, self.name, mid)
         else:
             entry = self.entries.get(mid)
             if entry is not None:
                 entry.acquired = True
-            seq = self.replicas.emit(rec.R_ACQUIRE, self.name, mid)
+            seq = self.stream.emit(rec.R_ACQUIRE, self.name, mid)
         if seq and consumer is not None:
-            gate = self.replicas.gate(self.replicas.group_of(self.name))
+            gate = self.stream.gate(self.stream.group_of(self.name))
             if gate is not None:
                 hold = getattr(consumer, "hold", None)
                 if hold is not None:
@@ -91,11 +91,11 @@ class ReplicatedQueueStore:
 
     def dequeued(self, messages: Iterable[Message]) -> None:
         for mid in self._forget(messages):
-            self.replicas.emit(rec.R_SETTLE, self.name, mid)
+            self.stream.emit(rec.R_SETTLE, self.name, mid)
 
     def purged(self, messages: Iterable[Message]) -> None:
         self._forget(messages)
-        self.replicas.emit(rec.R_PURGE, self.name, 0)  # one event for the whole purge
+        self.stream.emit(rec.R_PURGE, self.name, 0)  # one event for the whole purge
 
     def _forget(self, messages: Iterable[Message]) -> list[int]:
         """Messages gone from the queue: gone from the journal and from the numbering;
@@ -117,7 +117,7 @@ class ReplicatedQueueStore:
             entry = self.entries.get(mid) if mid is not None else None
             if entry is not None:
                 entry.requeue()
-                self.replicas.emit(rec.R_REQUEUE, self.name, mid)  # type: ignore[arg-type]
+                self.stream.emit(rec.R_REQUEUE, self.name, mid)  # type: ignore[arg-type]
 
     def page_out(self, message: Message) -> Paged | None:
         if self.local is None:
@@ -142,7 +142,7 @@ class ReplicatedQueueStore:
             mid = self.mids.pop(id(paged), None)
             if mid is not None:
                 self.entries.pop(mid, None)
-                self.replicas.emit(rec.R_SETTLE, self.name, mid)
+                self.stream.emit(rec.R_SETTLE, self.name, mid)
             raise
         mid = self.mids.pop(id(paged), None)
         if mid is not None:
@@ -155,7 +155,7 @@ class ReplicatedQueueStore:
     def deleted(self) -> None:
         self.entries.clear()
         self.mids.clear()
-        self.replicas.disown(self.name)
-        self.replicas.emit(rec.R_DELETED, self.name, 0)
+        self.stream.disown(self.name)
+        self.stream.emit(rec.R_DELETED, self.name, 0)
         if self.local is not None:
             self.local.deleted()

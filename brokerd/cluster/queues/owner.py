@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from brokerd.model.storage import Gate
     from brokerd.model.vhost import VirtualHost
 
-log = logging.getLogger("brokerd.cluster.queues.master")
+log = logging.getLogger("brokerd.cluster.queues.owner")
 
 #: deliveries in flight to a consumer that has no prefetch window of its own
 DEFAULT_WINDOW = 8192
@@ -72,7 +72,7 @@ class RemoteConsumer:
         "window",
     )
 
-    def __init__(self, side: MasterSide, out: Outbound, queue: Queue, r: rec.Consume) -> None:
+    def __init__(self, side: OwnerSide, out: Outbound, queue: Queue, r: rec.Consume) -> None:
         self.side = side
         self.out = out
         self.queue = queue
@@ -133,7 +133,7 @@ class _GetFor:
         return f"<GetFor {self.out.spid}>"
 
 
-class MasterSide:
+class OwnerSide:
     """Everything an owner holds for consumers and gets of other servers."""
 
     def __init__(

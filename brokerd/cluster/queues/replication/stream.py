@@ -29,7 +29,7 @@ stays gapless and its acks mean the same, and it keeps no copy. A group of
 one (the owner alone) numbers nothing: its confirms are its journal's, as a
 lone primary's.
 
-``ReplicatedQueueStore`` (``replicated``) is the master queue's
+``ReplicatingStore`` (``replicated``) is the master queue's
 ``QueueStore``: it numbers and replicates through this stream, and delegates
 writing to the local journal store, so the model and the channel never know
 a queue is replicated. A replica that joins (a new or
@@ -55,8 +55,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.cluster.plane import records as rec
 from brokerd.cluster.plane.flow import Feeder, Feeders, feeder
-from brokerd.cluster.queues.entry import Entry
-from brokerd.cluster.queues.replicated import ReplicatedQueueStore
+from brokerd.cluster.queues.replication.entry import Entry
+from brokerd.cluster.queues.replication.store import ReplicatingStore
 from brokerd.model.completion import Done
 from brokerd.model.message import Message
 from brokerd.model.storage import CorruptMessage
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from brokerd.cluster.queues.shared import SharedQueue
     from brokerd.model.vhost import VirtualHost
 
-log = logging.getLogger("brokerd.cluster.queues.replicaset")
+log = logging.getLogger("brokerd.cluster.queues.replication.stream")
 
 #: whose acks a floor counts: the addresses of a quorum queue's group, or None for
 #: every primary (a replicated queue, a quorum queue whose group is every primary)
@@ -172,7 +172,7 @@ class ReplicaLink:
         self.queues: dict[str, int] = {}
 
 
-class ReplicaSet:
+class Stream:
     """This server's replicas and its replication stream (the queues it owns)."""
 
     def __init__(
@@ -344,7 +344,7 @@ class ReplicaSet:
     def released_to(self, group: Group = None) -> int:
         """The last event whose confirms and deliveries may go: the replicas' floor.
         An owner back from a pause releases nothing its replicas did not ack; those
-        that applied a fence of it ack nothing more (``ReplicaSide.fence``)."""
+        that applied a fence of it ack nothing more (``Copies.fence``)."""
         return self.min_acked(group)
 
     def wait(self, seq: int, done: Done, group: Group = None) -> None:
@@ -463,7 +463,7 @@ class ReplicaSet:
         count = 0
         for queue in queues:
             store = queue.store
-            if not isinstance(store, ReplicatedQueueStore):
+            if not isinstance(store, ReplicatingStore):
                 continue
             group = self.groups.get(queue.name)
             if group is not None and address not in group:
@@ -575,7 +575,7 @@ class ReplicaSet:
             for gate in held:
                 gate.fail()
 
-    def unreplicated(self, name: str, store: ReplicatedQueueStore) -> list[tuple[Message, str]]:
+    def unreplicated(self, name: str, store: ReplicatingStore) -> list[tuple[Message, str]]:
         """Unconfirmed publishes to queue ``name`` no quorum holds yet that are still in
         it (``store``: ready or delivered unacked), oldest first: what an owner that
         loses the queue passes on to the next one."""
@@ -681,7 +681,7 @@ class ReplicaSet:
                 name, mids = replica.syncs[0]
                 queue = vhost.queues.get(name) if vhost is not None else None
                 store = getattr(queue, "store", None)
-                if not isinstance(store, ReplicatedQueueStore):
+                if not isinstance(store, ReplicatingStore):
                     replica.syncs.popleft()
                     continue
                 while mids and budget:

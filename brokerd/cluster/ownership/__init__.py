@@ -1,0 +1,1 @@
+"""Where shared queues live: the rules, the root's placer, moves and rebalances."""
