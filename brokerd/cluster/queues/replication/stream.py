@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.cluster.plane import records as rec
 from brokerd.cluster.plane.flow import Feeder, Feeders, feeder
+from brokerd.cluster.queues.replication import quorum
 from brokerd.cluster.queues.replication.entry import Entry
 from brokerd.cluster.queues.replication.store import ReplicatingStore
 from brokerd.model.completion import Done
@@ -297,8 +298,8 @@ class Stream:
         (``fence``), and only a majority's copies are sure to hold what it
         confirmed."""
         if group is not None:
-            return len(group) // 2
-        return self.peers.known_primaries(self.peers.clock()) // 2
+            return quorum.needed(len(group))
+        return quorum.needed(self.peers.known_primaries(self.peers.clock()))
 
     def group_of(self, name: str) -> Group:
         """Whose acks queue ``name``'s confirms and deliveries wait for."""
@@ -311,35 +312,17 @@ class Stream:
 
     def _quorum_floor(self, group: Group = None) -> int:
         """The highest event held, with every event before it, by ``needed`` replicas
-        (of ``group``'s members; a group's snapshots go to its members alone).
-
-        Once any replica's snapshot has been sent, only whole replicas count. One
-        still taking its snapshot holds what came after its join, not what came
-        before: a failover prefers a synced copy, and a whole one that lags
-        (paused) would win without the events only the syncing one acked
-        (tests/unit/test_replication.py). So with one whole replica paused and the
-        other syncing, confirms wait for the first to come back or the second's
-        snapshot. Right after this server took a queue on (``adopt``) every replica
-        is taking its snapshot and none is whole; what came before is then this
-        server's alone however confirms are counted, and those that joined no
-        later than the floor count by their live stream, so publishers go on at
-        once."""
-        need = self.needed(group)
-        if need <= 0:
-            return self.seq
-        floor = self._floors.get(group, 0)
-        if self.fenced:
-            return floor
-        if group is None:
-            replicas = list(self.replicas.values())
-        else:
-            replicas = [r for r in self.replicas.values() if r.address in group]
-        if any(r.synced_at is not None for r in replicas):
-            counted = [r.acked for r in replicas if self.whole(r)]
-        else:
-            counted = [r.acked for r in replicas if r.joined <= floor]
-        counted.sort(reverse=True)
-        return counted[need - 1] if len(counted) >= need else floor
+        (of ``group``'s members; a group's snapshots go to its members alone): the
+        rules are ``quorum.floor``'s."""
+        replicas = self.replicas.values()
+        if group is not None:
+            replicas = [r for r in replicas if r.address in group]  # type: ignore[assignment]
+        places = (
+            quorum.Place(r.acked, r.joined, r.synced_at is not None, self.whole(r))
+            for r in replicas
+        )
+        previous = self._floors.get(group, 0)
+        return quorum.floor(places, self.needed(group), self.seq, previous, self.fenced)
 
     def released_to(self, group: Group = None) -> int:
         """The last event whose confirms and deliveries may go: the replicas' floor.
