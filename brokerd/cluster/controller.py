@@ -231,7 +231,7 @@ class ClusterController(Membership):
         the others shared (master on their owner, proxy elsewhere)."""
         if kwargs.get("exclusive_owner") is not None:
             return Queue(name, vhost, **kwargs)
-        queue = SharedQueue(name, vhost, services=self.queues, **kwargs)
+        queue = self.queues.make_queue(name, vhost, **kwargs)
         queue.on_unused = self._shared_unused
         return queue
 

@@ -134,7 +134,7 @@ class Net:
         def make(name: str, vhost_name: str, **kwargs: Any) -> Queue:
             if kwargs.get("exclusive_owner") is not None:
                 return Queue(name, vhost_name, **kwargs)
-            return SharedQueue(name, vhost_name, services=queues, **kwargs)
+            return queues.make_queue(name, vhost_name, **kwargs)
 
         vhost.queue_factory = make
         server = self.servers[spid] = Server(spid, broker, members, queues)

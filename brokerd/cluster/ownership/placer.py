@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING
 
 from brokerd.cluster.election import PRIMARY
 from brokerd.cluster.ownership.moves import Mover
-from brokerd.cluster.ownership.rules import CLASSIC, choose_owner, group_of, kind_of, locator_of
+from brokerd.cluster.ownership.rules import choose_owner, group_of, kind_of, locator_of
+from brokerd.cluster.queues.service import KINDS
 from brokerd.cluster.wiring import entries as rep
 from brokerd.cluster.wiring import statelog as sl
 
@@ -127,20 +128,20 @@ class Placer:
         if not address or address == self.members.address:
             return replace(entry, spid=self.members.spid)  # its own copy is the owner's
         by_address = self.by_address(self.primaries())
-        if address in by_address and self._kind(entry)[0] == CLASSIC:
+        if address in by_address and not self._kind(entry)[0].replicated_kind:
             return replace(entry, spid=by_address[address])
         # a replicated queue waits for that server's status to show it came back with
         # its copy (``check``): one at that address with a new disk has none
         log.warning("queue=%s waits for its last owner at %s", entry.name, address)
         return replace(entry, props=sl.freeze(dict(entry.props) | {"home": address}))
 
-    def _kind(self, entry: Entry) -> tuple[str, dict[str, object]]:
-        """A declare's queue type (the cluster's default for one that names none), and
+    def _kind(self, entry: Entry) -> tuple[type[SharedQueue], dict[str, object]]:
+        """A declare's queue kind (the cluster's default for one that names none), and
         its arguments."""
         props = dict(entry.props)
         arguments = dict(props.get("arguments") or ())
         durable = bool(props.get("durable"))
-        return kind_of(durable, arguments, self.queues.default_queue_type), arguments
+        return KINDS[kind_of(durable, arguments, self.queues.default_queue_type)], arguments
 
     def place_declare(self, entry: Entry) -> Entry:
         """A shared queue's declare, about to be ordered: it gets its owner. One placed
@@ -153,7 +154,7 @@ class Placer:
             return entry
         kind, arguments = self._kind(entry)
         live = self.primaries()
-        if kind != CLASSIC:
+        if kind.replicated_kind:
             live = [(spid, a) for spid, a in live if not self.queues.is_fenced(spid)]
         spids = [spid for spid, _address in live]
         if not spids:
@@ -166,11 +167,11 @@ class Placer:
         held = Counter(a for q in placed if q.group is not None for a in q.group)
         known = self.members.known_primaries(self.members.clock())
         addresses = [a for _spid, a in live if a]
-        group = group_of(kind, arguments, address, addresses, known, held) if address else None
+        group = group_of(kind.kind, arguments, address, addresses, known, held) if address else None
         log.info(
             "queue=%s (%s) placed on owner=%s%s",
             entry.name,
-            kind,
+            kind.kind,
             owner,
             f", group {', '.join(group)}" if group is not None else "",
         )

@@ -638,7 +638,7 @@ def _not_mastered(r: Any) -> bool:
 def _unavailable(queue: SharedQueue) -> bool:
     """A queue whose owner is away (a classic queue, or one no copy of which was
     left): RabbitMQ answers for it at once. A replicated queue not placed yet waits."""
-    return queue.owner is None and (queue.epoch > 0 or not queue.replicated_kind)
+    return queue.unavailable()
 
 
 def _not_ready(members: Any, queue: SharedQueue | None = None) -> AMQPError:

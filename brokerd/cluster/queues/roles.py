@@ -99,27 +99,8 @@ class Proxy:
         self.inner = inner
 
     def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool:
-        queue = self.queue
         self.inner.stats_in += 1
-        services = queue.services
-        owner = queue.owner
-        if (
-            queue.replicated_kind
-            and owner != services.spid
-            and (
-                services.orphans.holds(queue.name)
-                or owner is None
-                or queue.moving is not None
-                or not services.reachable(owner)
-            )
-        ):
-            # its owner unreachable (a failover under way), the queue being moved, or
-            # publishes for it wait for its next owner already (this one must not
-            # overtake them): kept
-            return services.orphans.hold(message, ("", queue.name), waiter)
-        # straight to its owner; a classic queue's owner away or unreachable: the
-        # publisher is nacked (no other server may take it: a second copy of it)
-        return services.forward(owner, message, ("", queue.name), waiter)
+        return self.queue.to_owner(message, waiter)  # as its kind decides
 
     def get(self, no_ack: bool, reply: Reply, recipient: Any = None) -> None:
         self.queue.services.proxy.get(self.queue, no_ack, reply)

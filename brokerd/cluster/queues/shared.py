@@ -32,10 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from brokerd.cluster.ownership.rules import CLASSIC, kind_of
 from brokerd.cluster.queues.replication.copies import QueueCopy
 from brokerd.cluster.queues.replication.entry import Entry
-from brokerd.cluster.queues.replication.store import ReplicatingStore
 from brokerd.cluster.queues.roles import Owner, Proxy
 from brokerd.model.interfaces import ConsumerSink, PublishWaiter, Reply
 from brokerd.model.message import Message
@@ -48,6 +46,7 @@ if TYPE_CHECKING:
     from brokerd.cluster.queues.owner import OwnerSide
     from brokerd.cluster.queues.proxy import ProxiedConsumer, ProxySide
     from brokerd.cluster.queues.replication.copies import Copies
+    from brokerd.cluster.queues.replication.store import ReplicatingStore
     from brokerd.cluster.queues.replication.stream import Stream
     from brokerd.store.queues import JournalQueueStore
 
@@ -98,7 +97,20 @@ class SharedQueue:
     owns it; the consumers connected here, always) and serves every ``QueueType``
     call in its role on this server (``roles.Owner`` hands it to ``inner``,
     ``roles.Proxy`` to the owner); the vhost, the exchanges and the channels see this
-    object, so a placement that swaps the role goes unnoticed by them."""
+    object, so a placement that swaps the role goes unnoticed by them.
+
+    How the cluster keeps it is its kind, a subclass in a module of its own, as
+    RabbitMQ's ``rabbit_classic_queue`` and ``rabbit_quorum_queue`` implement
+    ``rabbit_queue_type``: ``classic.ClassicQueue`` (its owner alone),
+    ``replicated.ReplicatedQueue`` (every primary keeps a copy) and
+    ``quorum.QuorumQueue`` (its group does). The service makes each declared queue
+    of the kind its arguments name (``QueueService.make_queue``)."""
+
+    #: its kind's name, as ``x-queue-type`` names it and brokers report it
+    kind = ""
+    #: its copies on other primaries let a next owner take it over, with the publishes
+    #: kept for it meanwhile (``orphans``); False: it lives and dies with its owner
+    replicated_kind = False
 
     def __init__(
         self,
@@ -130,11 +142,8 @@ class SharedQueue:
         #: the role every ``QueueType`` call goes to (``local`` swaps it)
         self.role: Owner | Proxy = self._proxy
         self.services = services
-        #: how the cluster keeps it (``placement.kind_of``)
-        self.kind = kind_of(durable, inner.arguments, services.default_queue_type)
-        #: master (True) or proxy; a new classic queue is the master on the root until
-        #: its placement says otherwise, a replicated one is nobody's until placed
-        self.local = services.is_root and self.kind == CLASSIC
+        #: master (True) or proxy until its placement says (``_first_local``)
+        self.local = self._first_local()
         #: the queue's owner (None until placed, and while it is unavailable), the
         #: placement's epoch, and the owner it waits for while unavailable
         self.owner: str | None = None
@@ -312,11 +321,6 @@ class SharedQueue:
         self.inner.timed = master  # TTL and x-expires act on the owner only
 
     @property
-    def replicated_kind(self) -> bool:
-        """Kept on replicas (replicated or quorum), not on its owner alone (classic)."""
-        return self.kind != CLASSIC
-
-    @property
     def group_key(self) -> frozenset[str] | None:
         """Whose acks its confirms and deliveries wait for (``replicaset.Group``)."""
         return frozenset(self.group) if self.group is not None else None
@@ -326,13 +330,40 @@ class SharedQueue:
         return self.owner
 
     def replica_states(self) -> list[dict[str, Any]] | None:
-        """The master copy's replicas with their in-sync state (``Stream.members``:
-        the owner's stream, the same for every queue it owns), for the console and
-        ``brokerd ctl queues``. [] for a classic queue (its owner's alone: no copy
-        elsewhere); None on a proxy, which does not know (its master reports them)."""
+        """The master copy's replicas with their in-sync state, for the console and
+        ``brokerd ctl queues`` (``_replicas``); None on a proxy, which does not know
+        (its master reports them)."""
         if not self.local:
             return None
-        return self.services.stream.members(self.group_key) if self.replicated_kind else []
+        return self._replicas()
+
+    # -- what its kind decides -----------------------------------------------------------
+
+    def _first_local(self) -> bool:
+        """Is it the master here before any placement says where it lives?"""
+        raise NotImplementedError
+
+    def _replicas(self) -> list[dict[str, Any]]:
+        """The replicas of the master copy, with their in-sync state."""
+        raise NotImplementedError
+
+    def unavailable(self) -> bool:
+        """It has no owner now and calls are answered at once (RabbitMQ's answer for a
+        queue whose node is down), rather than waiting for its next owner."""
+        raise NotImplementedError
+
+    def to_owner(self, message: Message, waiter: PublishWaiter | None) -> bool:
+        """A publish on a server that does not own it: on to its owner (or kept)."""
+        raise NotImplementedError
+
+    def _taken_over(self, entries: dict[int, Entry], copy: QueueCopy | None) -> None:
+        """This server just became its owner, with ``copy`` (entries by message id):
+        what the kind's store needs."""
+        raise NotImplementedError
+
+    def _copy_to_keep(self) -> QueueCopy:
+        """This server stops owning it: the content kept as its copy here."""
+        raise NotImplementedError
 
     @property
     def replicated(self) -> ReplicatingStore | None:
@@ -462,13 +493,17 @@ class SharedQueue:
             return self.services.orphans.hold(message, ("", self.name), waiter, redelivered)
         return self.inner.push_held(message, waiter, redelivered=redelivered)
 
+    def _owning(self) -> bool:
+        """Already set up as its owner (a replicated queue needs its store too)."""
+        return True
+
     def _own(self) -> None:
         """This server owns the queue. A classic queue's content is what its journal
         kept (a restart); a replicated one's is this server's copy (empty for a new
         queue): what the old owner had delivered comes back ready and flagged
         redelivered, in the order it numbered it (its consumers' sessions ended with
         it), and the replicas are reset to this server's copy."""
-        if self.local and (not self.replicated_kind or self.replicated is not None):
+        if self.local and self._owning():
             return
         self.local = True
         services = self.services
@@ -480,12 +515,7 @@ class SharedQueue:
                 entry.requeue()
             entries[mid] = entry
             ready.append((entry.message, entry.redelivered))
-        if self.replicated_kind:
-            store = ReplicatingStore(self.name, services.stream, self.journal_store, entries)
-            if replica is not None:
-                store.next_mid = max(store.next_mid, replica.top + 1)
-            self.replicated = store
-            services.stream.adopt(self.name, store.entries, self.group_key)
+        self._taken_over(entries, replica)
         if ready:
             self.inner.replace_messages(ready)
         services.proxy.forget(self)
@@ -504,21 +534,7 @@ class SharedQueue:
         services = self.services
         services.owner_side.release_queue(self)
         self.local = False
-        replica = QueueCopy()
-        replicated, self.replicated = self.replicated, None
-        if replicated is not None:
-            # what no quorum of its group holds yet, before the stream forgets the group
-            services.orphans.adopt(services.stream.unreplicated(self.name, replicated))
-            services.stream.disown(self.name)
-            for mid, entry in replicated.entries.items():
-                replica.entries[mid] = entry
-                if not entry.message.paged:
-                    replica.bytes += len(entry.message.body)
-            replica.top = replicated.next_mid - 1
-        else:
-            for position, (message, redelivered) in enumerate(self.inner.ready(), start=1):
-                replica.entries[position] = Entry(message, redelivered=redelivered, persistent=True)
-                replica.top = position
+        replica = self._copy_to_keep()
         if replica.entries:
             services.copies.hand(self.name, replica)
         services.copies.disowned()
@@ -530,7 +546,7 @@ class SharedQueue:
     def __repr__(self) -> str:
         role = "master" if self.local else "proxy"
         return (
-            f"<SharedQueue {self.vhost}:{self.name} {self.kind} {role} {self.message_count} ready>"
+            f"<{type(self).__name__} {self.vhost}:{self.name} {role} {self.message_count} ready>"
         )
 
 
