@@ -111,6 +111,14 @@ CLUSTER_LAYERS = {
         "brokerd.cluster.membership",
         "brokerd.cluster.wiring",
     ),
+    # the shared queues on this server: on the transport, below the root's decisions
+    "brokerd.cluster.queues": (
+        "brokerd.cluster.ownership",
+        "brokerd.cluster.controller",
+        "brokerd.cluster.wiring",
+    ),
+    # where queues live, as the root decides: on the queues, below the controller
+    "brokerd.cluster.ownership": ("brokerd.cluster.controller",),
 }
 
 

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 from brokerd.cluster.election import PRIMARY
 from brokerd.cluster.ownership.moves import Mover
 from brokerd.cluster.ownership.rules import choose_owner, group_of, kind_of, locator_of
-from brokerd.cluster.queues.service import KINDS
+from brokerd.cluster.queues.kinds import KINDS
 from brokerd.cluster.wiring import entries as rep
 from brokerd.cluster.wiring import statelog as sl
 

@@ -37,33 +37,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from brokerd.cluster.queues.kinds import CLASSIC, QUORUM, REPLICATED, kind_of
+
+__all__ = ["CLASSIC", "QUORUM", "REPLICATED", "kind_of"]  # the names the rules decide on
+
 CLIENT_LOCAL = "client-local"
 BALANCED = "balanced"
-CLASSIC = "classic"
-QUORUM = "quorum"
-#: a durable shared queue declared without a type: replicated to every primary
-REPLICATED = "replicated"
 #: x-quorum-initial-group-size's default, as RabbitMQ's
 QUORUM_GROUP = 3
-
-
-def kind_of(durable: bool, arguments: Mapping[str, object], default: str | None = None) -> str:
-    """How the cluster keeps a shared queue: the type its declare names; else the
-    vhost's ``default`` (a transient queue cannot be quorum: classic then); else
-    replicated if durable (no confirmed message lost with any one server) and
-    classic if transient (RPC replies, results: on their owner alone)."""
-    named = arguments.get("x-queue-type")
-    if isinstance(named, bytes):
-        named = named.decode("utf-8", "replace")
-    if named == CLASSIC:
-        return CLASSIC
-    if named == QUORUM:
-        return QUORUM
-    if default == QUORUM:
-        return QUORUM if durable else CLASSIC
-    if default in (CLASSIC, REPLICATED):
-        return default
-    return REPLICATED if durable else CLASSIC
 
 
 def locator_of(arguments: Mapping[str, object], default: str = CLIENT_LOCAL) -> str:

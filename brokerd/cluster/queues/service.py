@@ -42,19 +42,16 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from brokerd.cluster.ownership.rules import kind_of
 from brokerd.cluster.plane import records as rec
 from brokerd.cluster.plane.flow import FlowControl
 from brokerd.cluster.plane.pacing import Pacing
 from brokerd.cluster.plane.transport import Transport
-from brokerd.cluster.queues.classic import ClassicQueue
+from brokerd.cluster.queues import kinds
 from brokerd.cluster.queues.handover import Handovers
 from brokerd.cluster.queues.intake import Intake
 from brokerd.cluster.queues.orphans import Orphans
 from brokerd.cluster.queues.owner import OwnerSide
 from brokerd.cluster.queues.proxy import ProxySide
-from brokerd.cluster.queues.quorum import QuorumQueue
-from brokerd.cluster.queues.replicated import ReplicatedQueue
 from brokerd.cluster.queues.replication.copies import Copies
 from brokerd.cluster.queues.replication.stream import Stream
 from brokerd.cluster.queues.shared import SharedQueue
@@ -67,10 +64,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("brokerd.cluster.queues.service")
 
-#: the kinds of shared queue, by the name ``x-queue-type`` gives them (``kind_of``)
-KINDS: dict[str, type[SharedQueue]] = {
-    kind.kind: kind for kind in (ClassicQueue, ReplicatedQueue, QuorumQueue)
-}
 
 
 class QueueService:
@@ -144,8 +137,8 @@ class QueueService:
     def make_queue(self, name: str, vhost: str, **kwargs: Any) -> SharedQueue:
         """A shared queue of the kind its declare names (or the cluster's default)."""
         arguments = kwargs.get("arguments") or {}
-        kind = kind_of(bool(kwargs.get("durable")), arguments, self.default_queue_type)
-        return KINDS[kind](name, vhost, services=self, **kwargs)
+        kind = kinds.kind(bool(kwargs.get("durable")), arguments, self.default_queue_type)
+        return kind(name, vhost, services=self, **kwargs)
 
     @property
     def spid(self) -> str:
