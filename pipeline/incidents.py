@@ -197,29 +197,29 @@ def build_incidents(
         *(outage_incident(outage) for outage in outages),
         *(restart_incident(row) for row in restarts),
     ]
-    for row in backlogs:
-        found.append(
-            incident(
-                "backlog",
-                row,
-                row["start"],
-                row["end"],
-                vhost=row["vhost"],
-                queue=row["queue"],
-                growth=int(row["growth"]),
-                growth_per_s=row["growth_per_s"],
-            )
+    found += [
+        incident(
+            "backlog",
+            row,
+            row["start"],
+            row["end"],
+            vhost=row["vhost"],
+            queue=row["queue"],
+            growth=int(row["growth"]),
+            growth_per_s=row["growth_per_s"],
         )
-    for row in flaps:
-        found.append(
-            incident(
-                "link_flap",
-                row,
-                row["start"],
-                row["end"],
-                peer_address=row["peer_address"],
-                transitions=row["transitions"],
-            )
+        for row in backlogs
+    ]
+    found += [
+        incident(
+            "link_flap",
+            row,
+            row["start"],
+            row["end"],
+            peer_address=row["peer_address"],
+            transitions=row["transitions"],
         )
+        for row in flaps
+    ]
     found.sort(key=lambda i: (i["start"] or "", i["kind"], i["broker"] or ""))
     return found, outages

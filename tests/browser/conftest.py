@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, sync_playwright
 
 from tests.console_stack import ConsoleStack, console_stack  # noqa: F401
 
@@ -40,3 +40,19 @@ def browser(stack: ConsoleStack) -> Iterator[Browser]:
             yield browser
         finally:
             browser.close()
+
+
+@pytest.fixture(scope="module")
+def width() -> int:
+    """How wide an operator's pages are; a module overrides it for another screen."""
+    return 1366
+
+
+@pytest.fixture(scope="module")
+def operator(browser: Browser, stack: ConsoleStack, width: int) -> Iterator[BrowserContext]:
+    """A logged-in operator's browser session, shared by a module's pages."""
+    from tests.browser.support import operator_session
+
+    context = operator_session(browser, stack, width)
+    yield context
+    context.close()

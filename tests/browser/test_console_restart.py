@@ -14,13 +14,12 @@ from __future__ import annotations
 import datetime as dt
 import signal
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, expect
+from playwright.sync_api import BrowserContext, Page, expect
 
-from tests.browser.support import open_page, operator_session, screenshot
+from tests.browser.support import open_page, screenshot
 from tests.console_stack import ConsoleStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
@@ -29,13 +28,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420
 LIVE_AGAIN_MS = 3_000
 #: the console's BROKER_RECONNECT_GRACE (6 s) plus 5 heartbeats of 0.3 s, and margin
 JUDGED_AFTER = 12.0
-
-
-@pytest.fixture(scope="module")
-def operator(browser: Browser, stack: ConsoleStack) -> Iterator[BrowserContext]:
-    context = operator_session(browser, stack, 1366)
-    yield context
-    context.close()
 
 
 def _utc() -> str:

@@ -15,15 +15,13 @@ from __future__ import annotations
 import json
 import re
 import signal
-from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Dialog, expect
+from playwright.sync_api import BrowserContext, Dialog, expect
 
 from tests.browser.support import (
     mark,
     open_page,
-    operator_session,
     screenshot,
     unreloaded,
 )
@@ -35,13 +33,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600
 LIVE_TIMEOUT = 15_000
 #: Spark's start on a busy 2-core machine, plus the job
 REPORT_TIMEOUT = 240_000
-
-
-@pytest.fixture(scope="module")
-def operator(browser: Browser, stack: ConsoleStack) -> Iterator[BrowserContext]:
-    context = operator_session(browser, stack, 1366)
-    yield context
-    context.close()
 
 
 def heartbeat_timeout(stack: ConsoleStack, index: int) -> float:

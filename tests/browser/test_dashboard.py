@@ -12,7 +12,7 @@ import contextlib
 import re
 import signal
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pika
 import pytest
@@ -25,7 +25,6 @@ from tests.browser.support import (
     mark,
     new_context,
     open_page,
-    operator_session,
     screenshot,
     unreloaded,
 )
@@ -38,11 +37,9 @@ LIVE_TIMEOUT = 15_000
 
 
 @pytest.fixture(scope="module")
-def operator(browser: Browser, stack: ConsoleStack) -> Iterator[BrowserContext]:
-    """A logged-in operator's browser session (shared by the tests' pages)."""
-    context = operator_session(browser, stack, 1280)
-    yield context
-    context.close()
+def width() -> int:
+    """This module's pages are 1280 pixels wide."""
+    return 1280
 
 
 def agreed_root_name(stack: ConsoleStack) -> str:

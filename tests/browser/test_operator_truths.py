@@ -21,15 +21,13 @@ from __future__ import annotations
 import re
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Locator, Page, expect
+from playwright.sync_api import BrowserContext, Locator, Page, expect
 
 from tests.browser.support import (
     mark,
     open_page,
-    operator_session,
     screenshot,
     unreloaded,
 )
@@ -70,13 +68,6 @@ WATCH = """([selectors, texts]) => {
     document.documentElement, {subtree: true, childList: true, characterData: true});
   check();
 }"""
-
-
-@pytest.fixture(scope="module")
-def operator(browser: Browser, stack: ConsoleStack) -> Iterator[BrowserContext]:
-    context = operator_session(browser, stack, 1366)
-    yield context
-    context.close()
 
 
 def root_name(stack: ConsoleStack) -> str:

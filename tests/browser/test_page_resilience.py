@@ -14,14 +14,13 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
-from collections.abc import Iterator
 
 import pika
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, expect
+from playwright.sync_api import BrowserContext, Page, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-from tests.browser.support import live, open_page, operator_session, screenshot
+from tests.browser.support import live, open_page, screenshot
 from tests.console_stack import ConsoleStack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
@@ -32,13 +31,6 @@ REPORT_TIMEOUT = 240_000
 LONG_NAME = "q-" + "x" * 120
 #: the page is no wider than the window (1 px of rounding allowed)
 WIDTH_EXCESS = "document.documentElement.scrollWidth - window.innerWidth"
-
-
-@pytest.fixture(scope="module")
-def operator(browser: Browser, stack: ConsoleStack) -> Iterator[BrowserContext]:
-    context = operator_session(browser, stack, 1366)
-    yield context
-    context.close()
 
 
 def test_the_skip_link_is_the_first_tab_stop_and_jumps_to_the_content(

@@ -27,15 +27,15 @@ pytestmark = pytest.mark.timeout(30)
 PROCESSES = pytest.mark.integration
 
 
-def _load() -> ModuleType:
-    # test_quickstart_config.py may have loaded it already (through deploy/quickstart.py)
-    if "quickstart_supervisor" in sys.modules:
-        return sys.modules["quickstart_supervisor"]
-    path = REPO / "deploy/quickstart_supervisor.py"
-    spec = importlib.util.spec_from_file_location("quickstart_supervisor", path)
+def _load(name: str = "quickstart_supervisor") -> ModuleType:
+    """A deploy/ module by its file (deploy is no package). test_quickstart_config.py
+    may have loaded it already (through deploy/quickstart.py)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "deploy" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules["quickstart_supervisor"] = module  # dataclasses look their module up
+    sys.modules[name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -248,15 +248,7 @@ CTL = ".venv/bin/python deploy/quickstart.py ctl"
 
 
 def _load_control() -> ModuleType:
-    if "quickstart_control" in sys.modules:
-        return sys.modules["quickstart_control"]
-    path = REPO / "deploy/quickstart_control.py"
-    spec = importlib.util.spec_from_file_location("quickstart_control", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["quickstart_control"] = module
-    spec.loader.exec_module(module)
-    return module
+    return _load("quickstart_control")
 
 
 control = _load_control()

@@ -30,7 +30,7 @@ owner; durable, it waits for it (``placement``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from brokerd.cluster.queues.replication.copies import QueueCopy
 from brokerd.cluster.queues.replication.entry import Entry
@@ -49,6 +49,33 @@ if TYPE_CHECKING:
     from brokerd.cluster.queues.replication.store import ReplicatingStore
     from brokerd.cluster.queues.replication.stream import Stream
     from brokerd.store.queues import JournalQueueStore
+
+
+T = TypeVar("T")
+
+
+class Inner(Generic[T]):
+    """An attribute of a shared queue that is its inner queue's: read there (and
+    written there, ``writable``), so the vhost and the channels see one queue."""
+
+    __slots__ = ("name", "writable")
+
+    def __init__(self, *, writable: bool = False) -> None:
+        self.writable = writable
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, queue: SharedQueue | None, owner: type | None = None) -> T:
+        if queue is None:
+            return self  # type: ignore[return-value]
+        return getattr(queue.inner, self.name)  # type: ignore[no-any-return]
+
+    def __set__(self, queue: SharedQueue, value: T) -> None:
+        if not self.writable:
+            raise AttributeError(f"a shared queue's {self.name} is its inner queue's")
+        setattr(queue.inner, self.name, value)
 
 
 class Services(Protocol):
@@ -170,111 +197,30 @@ class SharedQueue:
 
     # -- what it is, as the vhost, the exchanges and the channels read it ---------------
 
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def vhost(self) -> str:
-        return self.inner.vhost
-
-    @property
-    def durable(self) -> bool:
-        return self.inner.durable
-
-    @property
-    def auto_delete(self) -> bool:
-        return self.inner.auto_delete
-
-    @property
-    def arguments(self) -> dict[str, Any]:
-        return self.inner.arguments
-
+    name = Inner[str]()
+    vhost = Inner[str]()
+    durable = Inner[bool]()
+    auto_delete = Inner[bool]()
+    arguments = Inner[dict[str, Any]]()
     exclusive_owner = None
     exclusive = False
-
-    @property
-    def consumers(self) -> list[ConsumerSink]:
-        """The consumers connected to this server (on the owner, those of other
-        servers too, as ``master.RemoteConsumer``)."""
-        return self.inner.consumers
-
-    @property
-    def message_count(self) -> int:
-        return self.inner.message_count
-
-    @property
-    def consumer_count(self) -> int:
-        return self.inner.consumer_count
-
-    @property
-    def deleted(self) -> bool:
-        return self.inner.deleted
-
-    @deleted.setter
-    def deleted(self, deleted: bool) -> None:
-        self.inner.deleted = deleted
-
-    @property
-    def unacked(self) -> int:
-        """Deliveries not yet settled (the channels and the owner side count them)."""
-        return self.inner.unacked
-
-    @unacked.setter
-    def unacked(self, count: int) -> None:
-        self.inner.unacked = count
-
-    @property
-    def stats_in(self) -> int:
-        return self.inner.stats_in
-
-    @stats_in.setter
-    def stats_in(self, count: int) -> None:
-        self.inner.stats_in = count
-
-    @property
-    def stats_out(self) -> int:
-        return self.inner.stats_out
-
-    @stats_out.setter
-    def stats_out(self, count: int) -> None:
-        self.inner.stats_out = count
-
-    @property
-    def stats_dropped(self) -> int:
-        return self.inner.stats_dropped
-
-    @property
-    def stats_expired(self) -> int:
-        return self.inner.stats_expired
-
-    @property
-    def stats_dead_lettered(self) -> int:
-        return self.inner.stats_dead_lettered
-
-    @property
-    def stats_corrupt(self) -> int:
-        return self.inner.stats_corrupt
-
-    @property
-    def page_limit(self) -> int:
-        return self.inner.page_limit
-
-    @page_limit.setter
-    def page_limit(self, limit: int) -> None:
-        self.inner.page_limit = limit
-
-    @property
-    def dead_letters(self) -> Any:
-        return self.inner.dead_letters
-
-    @dead_letters.setter
-    def dead_letters(self, dead_letters: Any) -> None:
-        self.inner.dead_letters = dead_letters
-
-    @property
-    def had_consumers(self) -> bool:
-        return self.inner.had_consumers
+    #: the consumers connected to this server (on the owner, those of other servers
+    #: too, as ``owner.RemoteConsumer``)
+    consumers = Inner[list[ConsumerSink]]()
+    message_count = Inner[int]()
+    consumer_count = Inner[int]()
+    had_consumers = Inner[bool]()
+    deleted = Inner[bool](writable=True)
+    #: deliveries not yet settled (the channels and the owner side count them)
+    unacked = Inner[int](writable=True)
+    stats_in = Inner[int](writable=True)
+    stats_out = Inner[int](writable=True)
+    stats_dropped = Inner[int]()
+    stats_expired = Inner[int]()
+    stats_dead_lettered = Inner[int]()
+    stats_corrupt = Inner[int]()
+    page_limit = Inner[int](writable=True)
+    dead_letters = Inner[Any](writable=True)
 
     def touch(self) -> None:
         self.inner.touch()
@@ -545,9 +491,7 @@ class SharedQueue:
 
     def __repr__(self) -> str:
         role = "master" if self.local else "proxy"
-        return (
-            f"<{type(self).__name__} {self.vhost}:{self.name} {role} {self.message_count} ready>"
-        )
+        return f"<{type(self).__name__} {self.vhost}:{self.name} {role} {self.message_count} ready>"
 
 
 class MetaQueue:
