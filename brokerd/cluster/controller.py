@@ -112,6 +112,8 @@ class ClusterController(Membership):
         #: the root's placement of classic shared queues
         self.placer = Placer(self, self.queues, self.wiring)
         self.wiring.placer = self.placer.place
+        #: a peer's records naming a queue not here wait for the root's barrier
+        self.queues.catch_up.barrier = self.wiring.barrier
         self.wiring.seed_placer = self.placer.recovered
         #: operators' queue moves and rebalances (``moving``)
         self.moves = QueueMoves(self.placer)

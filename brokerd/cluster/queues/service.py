@@ -47,6 +47,7 @@ from brokerd.cluster.plane.flow import FlowControl
 from brokerd.cluster.plane.pacing import Pacing
 from brokerd.cluster.plane.transport import Transport
 from brokerd.cluster.queues import kinds
+from brokerd.cluster.queues.catchup import CatchUp
 from brokerd.cluster.queues.handover import Handovers
 from brokerd.cluster.queues.intake import Intake
 from brokerd.cluster.queues.orphans import Orphans
@@ -63,7 +64,6 @@ if TYPE_CHECKING:
     from brokerd.model.vhost import VirtualHost
 
 log = logging.getLogger("brokerd.cluster.queues.service")
-
 
 
 class QueueService:
@@ -103,6 +103,9 @@ class QueueService:
         self.orphans.apply = self.intake.apply
         #: queue moves under way (``queues.handover``)
         self.handovers = Handovers(transport, self.shared_queue, self.stream, clock)
+        #: a peer's records naming a queue not here yet wait for the root (the
+        #: controller gives it the wiring's barrier)
+        self.catch_up = CatchUp(lambda: members.spid, self._has_queue, clock)
         #: flow control's checks
         self.pacing = Pacing(transport, self.flow, members, clock, self.stream)
         #: this server is the root (a new classic queue is the master on it until placed)
@@ -114,13 +117,17 @@ class QueueService:
 
     def _wire(self, transport: Transport) -> None:
         """Who handles each record a peer sends, and what each flush carries."""
-        transport.on(rec.Forward, self.intake.on_forward)
+        catch_up = self.catch_up
+        # a forward or an owner-side record may name a queue whose declare is still
+        # on its way from the root: they wait for it, in the peer's order
+        transport.on(rec.Forward, catch_up.wrap(self.intake.on_forward))
         transport.on(rec.Void, self.intake.on_void)
         for kind in (rec.Deliver, rec.Got, rec.Reply):
             transport.on(kind, self.proxy.receive)
         transport.on(rec.Replicated, self._on_replicated)
         transport.on(rec.Drained, lambda out, r: self.handovers.drained(out.spid, r.queue, r.epoch))
-        transport.default = self.owner_side.receive
+        transport.default = catch_up.wrap(self.owner_side.receive)
+        catch_up.after = self.owner_side.after_batch
         transport.on_stream(rec.Replicate, self.copies.receive)
         transport.after_batch.append(self.owner_side.after_batch)
         transport.before_flush.append(self.stream.sent)
@@ -180,6 +187,10 @@ class QueueService:
     def owned_replicated(self) -> list[SharedQueue]:
         """The replicated and quorum queues this server owns: its stream's."""
         return [q for q in self.shared_queues() if q.local and q.replicated is not None]
+
+    def _has_queue(self, name: str) -> bool:
+        vhost = self.vhost()
+        return vhost is not None and name in vhost.queues
 
     def shared_queue(self, name: str) -> SharedQueue | None:
         vhost = self.vhost()
@@ -261,6 +272,7 @@ class QueueService:
         # keep (or nack) its forwards, drop what waited for it
         self.orphans.keep(out, maybe_taken=True)
         self.transport.reset(out)
+        self.catch_up.drop(spid)
         self.stream.remove(spid, why)
         self.proxy.session_lost(spid)
         # what it held is requeued now, and what it still sends in this session ignored
@@ -341,6 +353,7 @@ class QueueService:
                 replicas.add(out, self.owned_replicated())
 
     def tick(self) -> None:
+        self.catch_up.tick()
         self.handovers.check()
         self.proxy.tick()
         self.owner_side.tick()

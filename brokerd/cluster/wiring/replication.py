@@ -168,19 +168,25 @@ class WiringReplication:
         """A method named an exchange or queue of the cluster vhost that this server
         does not have: it may be one the root ordered and this server has not applied
         yet (declared through another server an instant ago; RabbitMQ's nodes would
-        all know it). True: the root is asked where its state stands (a barrier), and
-        ``resume`` runs once this server applied everything ordered before, or once
-        the question failed; the caller then tries the method once more. False: this
-        server is the root, or follows none: what it has is all there is."""
+        all know it). True: the root is asked where its state stands (``barrier``),
+        and ``resume`` runs once it answered; the caller then tries the method once
+        more. False: what this server has is all there is."""
         vhost = conn.vhost
         if vhost is None or vhost.name != self.members.config.vhost:
             return False
+        return self.barrier(resume)
+
+    def barrier(self, resume: Callable[[], None]) -> bool:
+        """Ask the root for a barrier: ``resume`` runs once this server applied
+        everything the root ordered before it, or once the question failed. False
+        (nothing asked): this server is the root, or follows none in sync, so what
+        it has is all there is. The message plane asks too (``queues.catchup``)."""
         if self.members.root_now():
             return False
         root = self.members.root()
         if root is None or not self.in_sync(root):
             return False
-        barrier = Entry(0, sl.BARRIER, vhost.name, origin=self.spid)
+        barrier = Entry(0, sl.BARRIER, self.members.config.vhost, origin=self.spid)
         self._request(barrier, lambda _error, _result: resume())
         return True
 
