@@ -207,7 +207,7 @@ def test_records_are_taken_once_in_their_peers_order_and_never_before_a_covering
     only once the queue is here or a barrier asked after it came was answered."""
     present: set[str] = set()
     now = [0.0]
-    keeper = catchup.CatchUp(lambda: "C", present.__contains__, lambda: now[0])
+    keeper = catchup.CatchUp(lambda: "C", lambda: present, lambda: now[0])
     questions: list[tuple[int, Callable[[], None]]] = []
     asked = [0]
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import Any
 
 from brokerd.cluster.plane import records as rec
@@ -57,11 +57,12 @@ class CatchUp:
     def __init__(
         self,
         spid: Callable[[], str],
-        present: Callable[[str], bool],
+        queues: Callable[[], Container[str]],
         clock: Callable[[], float],
     ) -> None:
         self.spid = spid
-        self.present = present
+        #: the names of the queues here (the vhost's queues)
+        self.queues = queues
         self.clock = clock
         #: set by the controller: the wiring's barrier (``WiringReplication.barrier``)
         self.barrier: Barrier | None = None
@@ -81,7 +82,10 @@ class CatchUp:
         """``handler``, taking its records in turn with any held from the same peer."""
 
         def take(out: Outbound, r: Any) -> None:
-            self.receive(out, r, handler)
+            if self.held or self._missing(r):
+                self.receive(out, r, handler)
+            else:  # the common case, once per record: nothing held, every queue here
+                handler(out, r)
 
         return take
 
@@ -113,7 +117,16 @@ class CatchUp:
     # -- inside -------------------------------------------------------------------------
 
     def _missing(self, r: Any) -> bool:
-        return any(not self.present(name) for name in named_queues(self.spid(), r))
+        queues = self.queues()
+        if type(r) is rec.Forward:  # inline: every forwarded publish passes here
+            spid = None
+            for owner, name in r.targets:
+                if name not in queues:
+                    spid = spid or self.spid()
+                    if not owner or owner == spid:
+                        return True
+            return False
+        return any(name not in queues for name in named_queues(self.spid(), r))
 
     def _ask(self) -> bool:
         """A barrier is under way (asked now, or earlier): False if none can be."""

@@ -39,7 +39,7 @@ the controller, the server and the tests reach the sides through it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.plane import records as rec
@@ -105,7 +105,7 @@ class QueueService:
         self.handovers = Handovers(transport, self.shared_queue, self.stream, clock)
         #: a peer's records naming a queue not here yet wait for the root (the
         #: controller gives it the wiring's barrier)
-        self.catch_up = CatchUp(lambda: members.spid, self._has_queue, clock)
+        self.catch_up = CatchUp(lambda: members.spid, self._queue_names, clock)
         #: flow control's checks
         self.pacing = Pacing(transport, self.flow, members, clock, self.stream)
         #: this server is the root (a new classic queue is the master on it until placed)
@@ -188,9 +188,9 @@ class QueueService:
         """The replicated and quorum queues this server owns: its stream's."""
         return [q for q in self.shared_queues() if q.local and q.replicated is not None]
 
-    def _has_queue(self, name: str) -> bool:
+    def _queue_names(self) -> Container[str]:
         vhost = self.vhost()
-        return vhost is not None and name in vhost.queues
+        return vhost.queues if vhost is not None else ()
 
     def shared_queue(self, name: str) -> SharedQueue | None:
         vhost = self.vhost()

@@ -86,9 +86,9 @@ class Services(Protocol):
     is_root: bool
     default_queue_type: str | None
     proxy: ProxySide
-    master: OwnerSide
-    replica: Copies
-    replicas: Stream
+    owner_side: OwnerSide
+    copies: Copies
+    stream: Stream
     orphans: Orphans
     handovers: Handovers
 
