@@ -89,6 +89,23 @@ class CatchUp:
 
         return take
 
+    def wrap_forward(self, handler: Handler) -> Handler:
+        """``wrap`` for forwards, the check inline: every forwarded publish passes here."""
+        spid, queues, receive = self.spid, self.queues, self.receive
+
+        def take(out: Outbound, r: rec.Forward) -> None:
+            if not self.held:
+                names = queues()
+                for owner, name in r.targets:
+                    if name not in names and (not owner or owner == spid()):
+                        break  # a queue of this server not here
+                else:
+                    handler(out, r)
+                    return
+            receive(out, r, handler)
+
+        return take
+
     def receive(self, out: Outbound, r: Any, handler: Handler) -> None:
         held = self.held.get(out.spid)
         need = self.asked + 1  # a barrier asked from now on covers it
@@ -118,14 +135,6 @@ class CatchUp:
 
     def _missing(self, r: Any) -> bool:
         queues = self.queues()
-        if type(r) is rec.Forward:  # inline: every forwarded publish passes here
-            spid = None
-            for owner, name in r.targets:
-                if name not in queues:
-                    spid = spid or self.spid()
-                    if not owner or owner == spid:
-                        return True
-            return False
         return any(name not in queues for name in named_queues(self.spid(), r))
 
     def _ask(self) -> bool:

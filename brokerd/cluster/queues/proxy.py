@@ -563,7 +563,7 @@ class ProxySide:
         delivered = 0
         while pending and consumer.ready():
             message, redelivered = pending.popleft()
-            queue.stats_out += 1
+            queue.inner.stats_out += 1
             consumer.deliver(queue, message, redelivered)
             delivered += 1
         if delivered and state.windowed:

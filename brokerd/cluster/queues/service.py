@@ -84,6 +84,9 @@ class QueueService:
         #: which connections are paused, and why (the controller connects it to the server)
         self.flow = FlowControl()
         self.transport = transport = Transport(members)
+        #: a message for one of ``spid``'s queues (``shared.Services.forward``): the
+        #: transport's own method, one call less on every publish to a remote queue
+        self.forward = transport.forward
         clock = members.clock
         self.owner_side = OwnerSide(transport, self.vhost, vhost, members)
         self.proxy = ProxySide(transport, members, self.root_spid)
@@ -120,7 +123,7 @@ class QueueService:
         catch_up = self.catch_up
         # a forward or an owner-side record may name a queue whose declare is still
         # on its way from the root: they wait for it, in the peer's order
-        transport.on(rec.Forward, catch_up.wrap(self.intake.on_forward))
+        transport.on(rec.Forward, catch_up.wrap_forward(self.intake.on_forward))
         transport.on(rec.Void, self.intake.on_void)
         for kind in (rec.Deliver, rec.Got, rec.Reply):
             transport.on(kind, self.proxy.receive)
@@ -201,16 +204,6 @@ class QueueService:
         return self.members.clock()
 
     # -- what the shared queues ask of the cluster (``shared.Services``) ----------------
-
-    def forward(
-        self,
-        spid: str | None,
-        message: Message,
-        target: tuple[str, str],
-        waiter: object,
-        redelivered: bool = False,
-    ) -> bool:
-        return self.transport.forward(spid, message, target, waiter, redelivered)  # type: ignore[arg-type]
 
     def forward_private(self, spid: str, queue: str, message: Message, waiter: object) -> bool:
         """A match to a private queue of ``spid``: straight there if linked, else the

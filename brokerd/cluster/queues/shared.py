@@ -156,6 +156,13 @@ class SharedQueue:
             name, vhost, durable=durable, auto_delete=auto_delete, arguments=arguments, timed=False
         )
         inner.face = self  # consumers and stores are handed this object: acks come here
+        # what it is never changes: plain attributes (read on every publish), the
+        # inner queue's own values
+        self.name = inner.name
+        self.vhost = inner.vhost
+        self.durable = inner.durable
+        self.auto_delete = inner.auto_delete
+        self.arguments = inner.arguments
         inner.on_unused = self._unused
         #: the cluster's removal of the queue (``ClusterController._shared_unused``)
         self.on_unused: Callable[[SharedQueue], None] | None = None
@@ -197,11 +204,6 @@ class SharedQueue:
 
     # -- what it is, as the vhost, the exchanges and the channels read it ---------------
 
-    name = Inner[str]()
-    vhost = Inner[str]()
-    durable = Inner[bool]()
-    auto_delete = Inner[bool]()
-    arguments = Inner[dict[str, Any]]()
     exclusive_owner = None
     exclusive = False
     #: the consumers connected to this server (on the owner, those of other servers
