@@ -87,6 +87,7 @@ class QueueService:
         #: a message for one of ``spid``'s queues (``shared.Services.forward``): the
         #: transport's own method, one call less on every publish to a remote queue
         self.forward = transport.forward
+        self.reachable = transport.reachable
         clock = members.clock
         self.owner_side = OwnerSide(transport, self.vhost, vhost, members)
         self.proxy = ProxySide(transport, members, self.root_spid)
@@ -217,9 +218,6 @@ class QueueService:
         if root == self.spid:
             return False
         return transport.forward(root, message, (spid, queue), waiter)  # type: ignore[arg-type]
-
-    def reachable(self, spid: str) -> bool:
-        return self.transport.reachable(spid)
 
     # -- events from membership --------------------------------------------------------
 
