@@ -9,6 +9,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import brokerd
 
@@ -201,6 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="address the metrics endpoint listens on (default 127.0.0.1, loopback only)",
     )
     parser.add_argument(
+        "--workers",
+        default="1",
+        metavar="N",
+        help="worker processes on this host, 1..256 or 'auto' (one per core); default 1. "
+        "With N > 1 a supervising parent runs N brokerd workers that share --port and "
+        "--tls-port (SO_REUSEPORT), link over Unix sockets as a local cluster, and "
+        "place queues balanced over them; clients see one broker. Each keeps its state "
+        "in DATA_DIR/worker-K",
+    )
+    # set by the parent of --workers on each worker's command line, never by hand
+    parser.add_argument("--worker-of", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--host-address", default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -209,10 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def setup_logging(level: str) -> None:
+def setup_logging(level: str, worker: int | None = None) -> None:
+    """One line per event on stderr; a worker of ``--workers`` names itself in each."""
+    who = "" if worker is None else f"worker-{worker} "
     logging.basicConfig(
         level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        format=f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s",
         stream=sys.stderr,
     )
     # aiormq logs every failed link attempt as an ERROR with a traceback;
@@ -244,8 +261,16 @@ def main(argv: list[str] | None = None) -> int:
         from brokerd.ctl import main as ctl_main
 
         return ctl_main(argv[1:])
-    args = build_parser().parse_args(join_option_values(argv, VALUE_OPTIONS))
-    setup_logging(args.log_level)
+    parser = build_parser()
+    args = parser.parse_args(join_option_values(argv, VALUE_OPTIONS))
+    from brokerd.host.workers import parse_workers
+
+    try:
+        workers = parse_workers(args.workers)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
+    worker = args.worker_index if args.worker_of is not None else None
+    setup_logging(args.log_level, worker)
     from brokerd.server.app import ServerOptions, run
 
     config = args.config
@@ -282,6 +307,21 @@ def main(argv: list[str] | None = None) -> int:
     elif args.console_cafile is not None:
         print("brokerd: --console-cafile needs --console", file=sys.stderr)
         return 2
+    if workers > 1 and args.worker_of is None:
+        from brokerd.host.main import run_host
+
+        return run_host(args, workers, config)
+    host: dict[str, Any] = {}
+    if args.worker_of is not None:
+        from brokerd.host.local import HostLayout
+
+        layout = HostLayout(args.worker_of, args.worker_index + 1)
+        host = {
+            "reuse_port": True,
+            "link_socket": layout.link_socket(args.worker_index),
+            "host_address": args.host_address,
+            "host_state": layout.state_file,
+        }
     return run(
         ServerOptions(
             bind=args.bind,
@@ -297,5 +337,6 @@ def main(argv: list[str] | None = None) -> int:
             console_cafile=cafile,
             metrics_port=args.metrics_port,
             metrics_bind=args.metrics_bind,
+            **host,
         )
     )

@@ -102,12 +102,30 @@ class HostPort:
 
 
 @dataclass(frozen=True)
+class SocketPath:
+    """A host-local link address, ``unix:/absolute/path``: the workers of one host
+    (``brokerd --workers``) link over Unix sockets, never through the network."""
+
+    path: str
+
+    def __str__(self) -> str:
+        return f"{UNIX_SCHEME}{self.path}"
+
+
+#: a known host: a server's AMQP address, or a sibling worker's link socket
+Address = HostPort | SocketPath
+UNIX_SCHEME = "unix:"
+#: the longest path a Unix socket address holds on Linux (sun_path less its NUL)
+MAX_SOCKET_PATH = 107
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     name: str
     vhost: str
     secret: str
     user: str
-    known_hosts: tuple[HostPort, ...]
+    known_hosts: tuple[Address, ...]
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 3.0
     open_timeout: float = 10.0
@@ -130,10 +148,12 @@ class ClusterConfig:
         )
 
 
-def parse_host(value: Any, where: str) -> HostPort:
+def parse_host(value: Any, where: str) -> Address:
     if not isinstance(value, str) or not value.strip():
         raise ClusterConfigError(f"{where}: known_hosts entries must be 'host:port' strings")
     text = value.strip()
+    if text.startswith(UNIX_SCHEME):
+        return parse_socket_path(text, where)
     host, sep, port = text.rpartition(":")
     if not sep:
         host, port = text, "5672"
@@ -148,8 +168,20 @@ def parse_host(value: Any, where: str) -> HostPort:
     return HostPort(host, number)
 
 
+def parse_socket_path(text: str, where: str) -> SocketPath:
+    """``unix:/absolute/path``, short enough for a socket address."""
+    path = text[len(UNIX_SCHEME) :]
+    if not path.startswith("/"):
+        raise ClusterConfigError(f"{where}: link socket {text!r} must be an absolute path")
+    if len(path.encode()) > MAX_SOCKET_PATH:
+        raise ClusterConfigError(
+            f"{where}: link socket {text!r} is longer than {MAX_SOCKET_PATH} bytes"
+        )
+    return SocketPath(path)
+
+
 def known_hosts_checksum(
-    hosts: tuple[HostPort, ...] | list[HostPort],
+    hosts: tuple[Address, ...] | list[Address],
     default_queue_type: str | None = None,
     *,
     tls_links: bool = False,
@@ -256,6 +288,11 @@ def parse_cluster_config(
         raise ClusterConfigError(
             f"{where}: queue_leader_locator must be one of {', '.join(LEADER_LOCATORS)}"
         )
+    tls = parse_cluster_tls(raw.get("tls"), where, base)
+    if tls is not None and any(isinstance(h, SocketPath) for h in hosts):
+        raise ClusterConfigError(
+            f"{where}: links over TLS need 'host:port' known hosts, not Unix sockets"
+        )
     return ClusterConfig(
         name=name,
         vhost=vhost,
@@ -268,7 +305,7 @@ def parse_cluster_config(
         default_queue_type=default_type,
         recovery_wait=float(recovery_wait),
         queue_leader_locator=locator,
-        tls=parse_cluster_tls(raw.get("tls"), where, base),
+        tls=tls,
     )
 
 

@@ -299,7 +299,10 @@ class ClusterController(Membership):
 
     def known_hosts(self) -> str:
         """The servers a client may reconnect to: the known hosts and every active
-        peer's address (connection.open-ok's known-hosts, at most 255 bytes)."""
+        peer's address (connection.open-ok's known-hosts, at most 255 bytes); a worker
+        of ``brokerd --workers`` names its host, never its siblings' link sockets."""
+        if self.client_address is not None:
+            return self.client_address
         now = self.clock()
         hosts = dict.fromkeys(sorted(self.known))
         for peer in self.peers.values():

@@ -36,6 +36,7 @@ from urllib.parse import quote
 import aio_pika
 import aiormq
 
+from brokerd.cluster.config import UNIX_SCHEME
 from brokerd.cluster.messages import CLUSTER_EXCHANGE, CONTROL_KINDS, LINK_PROPERTY
 
 log = logging.getLogger("brokerd.cluster.link")
@@ -52,6 +53,27 @@ _PROPERTIES = aiormq.spec.Basic.Properties(delivery_mode=1, message_id="rookery-
 #: the names of a link's two connections (the ``lane`` of its identity)
 CONTROL = "control"
 DATA_LANE = "data"
+
+
+class UnixTransport(aiormq.connection.TransportFactory):
+    """aiormq's transport over a Unix socket: the links between the workers of one
+    host. A socket file with nothing behind it, or none at all, is a refusal, as a
+    closed TCP port is (membership reads that as the peer's process being gone)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    async def create(
+        self, url: Any, **kwargs: Any
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        kwargs.pop("ssl_context_provider", None)
+        try:
+            return await asyncio.open_unix_connection(self.path, **kwargs)
+        except FileNotFoundError:
+            refused = ConnectionRefusedError(errno.ECONNREFUSED, f"no socket at {self.path}")
+            raise aiormq.exceptions.AMQPConnectionError(*refused.args) from refused
+        except OSError as exc:
+            raise aiormq.exceptions.AMQPConnectionError(*exc.args) from exc
 
 
 class Lane:
@@ -123,7 +145,11 @@ class Link:
         self.address = address
         credentials = f"{quote(user, safe='')}:{quote(secret, safe='')}"
         scheme = "amqps" if ssl_context is not None else "amqp"
-        self.url = f"{scheme}://{credentials}@{address}/{quote(vhost, safe='')}"
+        #: a sibling worker's link socket (None: a TCP address)
+        self.socket_path = address[len(UNIX_SCHEME) :] if address.startswith(UNIX_SCHEME) else None
+        # a Unix socket has no host or port for the URL to name: the transport ignores them
+        where = "localhost" if self.socket_path is not None else address
+        self.url = f"{scheme}://{credentials}@{where}/{quote(vhost, safe='')}"
         #: links over mutual TLS: the cluster CA, and this server's certificate
         self.ssl_context = ssl_context
         self.identity = identity
@@ -274,6 +300,8 @@ class Link:
         # cannot carry a table; handed to the connection's kwargs they reach
         # aiormq.connect() intact
         connection = aio_pika.Connection(self.url, ssl_context=self.ssl_context)
+        if self.socket_path is not None:
+            connection.kwargs["transport_factory"] = UnixTransport(self.socket_path)
         connection.kwargs["client_properties"] = {
             LINK_PROPERTY: {**self.identity(), "lane": lane.name},
             "connection_name": f"rookery-link-{lane.name}",

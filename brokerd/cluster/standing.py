@@ -80,6 +80,9 @@ class StandingHost(Protocol):
     clock: Callable[[], float]
 
     def link_to(self, spid: str | None) -> Link | None: ...
+    def ended(self, address: str) -> bool: ...
+    def all_resolved(self) -> bool: ...
+    def joining(self, address: str) -> bool: ...
     def copy_complete(self) -> bool: ...
     def copy_position(self) -> tuple[str, int] | None: ...
     def state_seq(self) -> int: ...
@@ -256,7 +259,9 @@ class Standing:
         and an *active* peer's aliases. Only live evidence merges names (an
         address may since belong to another server), so a listed name that no
         link has resolved yet still counts on its own: never fewer servers than
-        there are, only sometimes more, which errs on the safe side."""
+        there are, only sometimes more, which errs on the safe side. The one
+        exception is a sibling worker whose process has ended (``ended``): a
+        dead process never votes, and when it starts again it counts again."""
         groups = [self.host.own_addresses & self.host.known]
         groups += [
             p.aliases & self.host.known for p in self.host.peers.values() if self.active(p, now)
@@ -264,7 +269,18 @@ class Standing:
         # a name claimed by two servers is ambiguous (moved, or a stale record): it merges nothing
         claims = Counter(name for group in groups for name in group)
         merged = (sum(claims[name] == 1 for name in group) for group in groups)
-        return len(self.host.known) - sum(n - 1 for n in merged if n > 1)
+        # a sibling worker whose process ended is no voter until it starts again: the
+        # workers of one host keep their root through a worker's crash and restart
+        ended = sum(self.host.ended(name) for name in self.host.known)
+        count = len(self.host.known) - sum(n - 1 for n in merged if n > 1) - ended
+        if self.current_root == self.host.spid:
+            # a restarted sibling worker that has not yet named this root: not counted
+            # until it has, so the root stays through the restart. One at most: with a
+            # single newcomer left out, this root's majority and any majority of the
+            # full count still share a server (tests/unit/test_worker_quorum.py)
+            newcomers = [name for name in self.host.known if self.host.joining(name)]
+            count -= len(newcomers) == 1
+        return count
 
     # -- the election loop ------------------------------------------------------------
 
@@ -289,7 +305,7 @@ class Standing:
             # unseat a root we cannot see, so abstain
             decision = Decision(None, False, False, decision.reason)
         if now - self.started < self.host.config.heartbeat_timeout:
-            if self._joined(now):
+            if self._joined(now) or self.host.all_resolved():
                 self.started = now - self.host.config.heartbeat_timeout  # the window is over
             else:
                 # give every known host a chance to link before the first vote,

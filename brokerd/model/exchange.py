@@ -10,16 +10,24 @@ from brokerd.model.muxers import Binding, Muxer, lookup
 
 
 class DefaultMuxer(Muxer):
-    """The nameless direct exchange: every queue is implicitly bound by its name."""
+    """The nameless direct exchange: every queue is implicitly bound by its name.
+
+    ``elsewhere`` names queues that live on another server of a cluster and are
+    not known here as queues (another server's private queues): a name missing
+    from ``queues`` is looked up there, so a reply to an exclusive reply queue
+    reaches it whichever server the reply is published on."""
 
     type_name = "direct"
 
-    def __init__(self, queues: dict[str, Any]) -> None:
+    def __init__(self, queues: dict[str, Any], elsewhere: dict[str, Any] | None = None) -> None:
         super().__init__({})
         self.queues = queues
+        self.elsewhere: dict[str, Any] = {} if elsewhere is None else elsewhere
 
     def route(self, message: Message) -> Collection[Any]:
         queue = self.queues.get(message.routing_key)
+        if queue is None:
+            queue = self.elsewhere.get(message.routing_key)
         return (queue,) if queue is not None else ()
 
 

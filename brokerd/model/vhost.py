@@ -79,7 +79,12 @@ class VirtualHost:
         self.store = store
         self.queues: dict[str, Queue] = {}
         self.exchanges: dict[str, Exchange] = {}
-        self.exchanges[""] = Exchange("", "direct", durable=True, muxer=DefaultMuxer(self.queues))
+        #: queues of other servers the default exchange reaches by name (the cluster's
+        #: stand-ins for their private queues); never a queue of this server
+        self.elsewhere: dict[str, Destination] = {}
+        self.exchanges[""] = Exchange(
+            "", "direct", durable=True, muxer=DefaultMuxer(self.queues, self.elsewhere)
+        )
         for xname, xtype in PREDECLARED:
             self.exchanges[xname] = Exchange(xname, xtype, durable=True)
         #: called with each queue being removed, bindings still attached (the cluster
@@ -103,6 +108,8 @@ class VirtualHost:
         """Look a queue up, enforcing exclusivity when ``connection_id`` is given."""
         queue = self.queues.get(name)
         if queue is None:
+            if connection_id is not None and name in self.elsewhere:
+                raise self._locked(name)  # another server's private queue
             raise not_found(f"no queue '{name}' in vhost '{self.name}'")
         if (
             connection_id is not None
@@ -216,6 +223,8 @@ class VirtualHost:
         elif name.startswith("amq.") and not reserved_ok:
             raise access_refused(f"queue name '{name}' contains reserved prefix 'amq.*'")
         existing = self.queues.get(name)
+        if existing is None and name in self.elsewhere:
+            raise self._locked(name)  # another server's private queue holds the name
         if existing is not None:
             self.queue(name, connection_id)  # 405 if another connection owns it
             if exclusive != existing.exclusive:

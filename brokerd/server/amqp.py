@@ -88,7 +88,11 @@ class AMQPProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
         self.transport.set_write_buffer_limits(WRITE_HIGH_WATER, WRITE_LOW_WATER)
-        peer = transport.get_extra_info("peername") or ("?", 0)
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, str | bytes):  # a sibling worker's link, on a Unix socket
+            peer = ("unix", 0)
+        elif not peer:
+            peer = ("?", 0)
         ssl_object = transport.get_extra_info("ssl_object")
         self.machine = Connection(
             self.server.broker,

@@ -14,7 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from brokerd.cluster.config import ClusterConfig, ClusterConfigError, load_cluster_config
+from brokerd.cluster.config import (
+    ClusterConfig,
+    ClusterConfigError,
+    SocketPath,
+    load_cluster_config,
+)
 from brokerd.cluster.controller import ClusterController, ClusterExchange
 from brokerd.cluster.identity import make_spid
 from brokerd.cluster.messages import CLUSTER_EXCHANGE, LINK_PROPERTY
@@ -23,6 +28,7 @@ from brokerd.config import BrokerConfig, ConfigError, load_config
 from brokerd.consolelink import inforce
 from brokerd.consolelink.host import HostRefused
 from brokerd.consolelink.link import ConsoleLink
+from brokerd.host.state import host_stopping
 from brokerd.model.auth import Permission, User, hash_password
 from brokerd.model.broker import Broker
 from brokerd.model.errors import CONNECTION_FORCED
@@ -66,6 +72,13 @@ class ServerOptions:
     #: Prometheus /metrics port (None: off) and the address it binds (loopback by default)
     metrics_port: int | None = None
     metrics_bind: str = "127.0.0.1"
+    #: a worker of ``brokerd --workers`` (brokerd/host/): its siblings bind the same
+    #: ports, link to it at ``link_socket``, and clients know the host as ``host_address``
+    reuse_port: bool = False
+    link_socket: Path | None = None
+    host_address: str | None = None
+    #: the supervising parent's state file: says whether the whole host is stopping
+    host_state: Path | None = None
 
 
 class Server:
@@ -370,6 +383,8 @@ class Server:
         # the address peers link to: the AMQPS port when links run over TLS
         links_tls = self.cluster_config is not None and self.cluster_config.tls is not None
         self.address = f"{self.listeners.host()}:{self.tls_port if links_tls else self.port}"
+        if self.options.link_socket is not None:
+            self.address = str(SocketPath(str(self.options.link_socket)))
         self._ticker_task = loop.create_task(self._ticker())
         self._control = await serve_control(self.options.data_dir, self.control)
         if self.options.metrics_port is not None:
@@ -386,6 +401,7 @@ class Server:
                 raise
         if self.cluster is not None:
             self.cluster.address = self.address
+            self.cluster.client_address = self.options.host_address
             await self.cluster.start()
         if self.options.console_url:
             self.console = ConsoleLink(
@@ -534,7 +550,7 @@ class Server:
         redelivered instead of failing over."""
         if self.console is not None:
             await self.console.announce_stop(self.stop_reason)
-        if self.cluster is not None:
+        if self.cluster is not None and not host_stopping(self.options.host_state):
             await self.cluster.hand_over()
             await self.cluster.move_queues_away()
         self.listeners.close()

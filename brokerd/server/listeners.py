@@ -35,6 +35,10 @@ class ListenerOptions(Protocol):
     bind: str
     port: int | None
     tls_port: int | None
+    #: a worker of ``brokerd --workers``: its siblings bind the same ports
+    reuse_port: bool
+    #: a worker's link socket, where its siblings link to it (None: not a worker)
+    link_socket: Path | None
 
 
 def make_listeners(
@@ -47,7 +51,14 @@ def make_listeners(
                 "this cluster's links are plain: they need the plain --port "
                 "(or [tls] links = 'required' in the cluster file)"
             )
-        return Listeners(options.bind, options.port, options.tls_port, tls)
+        return Listeners(
+            options.bind,
+            options.port,
+            options.tls_port,
+            tls,
+            reuse_port=options.reuse_port,
+            link_socket=options.link_socket,
+        )
     if options.tls_port is None:
         raise ListenerError("the cluster file runs links over TLS: this server needs --tls-port")
     address = f"{host_name(options.bind)}:{options.tls_port}"
@@ -59,6 +70,7 @@ def make_listeners(
         tls,
         cluster_cafile=cluster.tls.cafile,
         cluster_cert=cluster.tls.certificate_for(address),
+        reuse_port=options.reuse_port,
     )
 
 
@@ -77,6 +89,8 @@ class Listeners:
         *,
         cluster_cafile: Path | None = None,
         cluster_cert: tuple[Path, Path] | None = None,
+        reuse_port: bool = False,
+        link_socket: Path | None = None,
     ) -> None:
         if port is None and tls_port is None:
             raise ListenerError("no listener: --port is off and there is no --tls-port")
@@ -105,12 +119,25 @@ class Listeners:
                 self.context = server_context(self.tls, self._extra_cas)
             except TLSConfigError as exc:
                 raise ListenerError(str(exc)) from None
+        self.reuse_port = reuse_port
+        self.link_socket = link_socket
         self._plain: asyncio.AbstractServer | None = None
         self._secure: asyncio.AbstractServer | None = None
+        self._links: asyncio.AbstractServer | None = None
 
     async def start(self, factory: Callable[[], asyncio.Protocol]) -> None:
         loop = asyncio.get_running_loop()
         options: dict[str, Any] = {"reuse_address": True, "backlog": 1024}
+        if self.reuse_port:
+            # the workers of one host share the ports; the kernel spreads connections
+            options["reuse_port"] = True
+        if self.link_socket is not None:
+            # a stale socket file from a worker that was killed would refuse the bind
+            self.link_socket.unlink(missing_ok=True)
+            self._links = await loop.create_unix_server(
+                factory, str(self.link_socket), backlog=1024
+            )
+            self.link_socket.chmod(0o600)
         if self.port is not None:
             self._plain = await loop.create_server(factory, self.bind, self.port, **options)
             self.port = self._plain.sockets[0].getsockname()[1]
@@ -157,6 +184,9 @@ class Listeners:
         }
 
     def close(self) -> None:
-        for server in (self._plain, self._secure):
+        for server in (self._plain, self._secure, self._links):
             if server is not None:
                 server.close()
+        if self._links is not None and self.link_socket is not None:
+            # gone at once: a sibling's link attempt is refused, which says we are down
+            self.link_socket.unlink(missing_ok=True)

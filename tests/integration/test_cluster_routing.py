@@ -246,10 +246,18 @@ def test_a_private_queue_gets_publishes_made_on_other_servers(roles: Routing) ->
         ch.basic_consume(queue, lambda c, m, p, b: got.append(b), auto_ack=True)
         drain(owner, lambda: len(got) == 3)
         assert sorted(got) == sorted(b"%d" % i for i in (roles.b, roles.s, roles.root))
-        # the queue is private: other servers cannot see it
+        # by its name through the default exchange too (an RPC reply to a reply queue)
+        for index in (roles.b, roles.s, roles.root):
+            with roles.connect(index) as conn:
+                pub = conn.channel()
+                pub.confirm_delivery()
+                pub.basic_publish("", queue, b"reply-%d" % index, mandatory=True)
+        drain(owner, lambda: len(got) == 6)
+        assert sorted(got[3:]) == sorted(b"reply-%d" % i for i in (roles.b, roles.s, roles.root))
+        # the queue is exclusive: another connection, on any server, is refused it (405)
         with roles.connect(roles.b) as conn, pytest.raises(ChannelClosedByBroker) as info:
             conn.channel().queue_declare(queue, passive=True)
-        assert info.value.reply_code == 404
+        assert info.value.reply_code == 405
     finally:
         owner.close()
     # the owner left: the meta-binding went with the queue, so a mandatory publish returns
@@ -259,6 +267,8 @@ def test_a_private_queue_gets_publishes_made_on_other_servers(roles: Routing) ->
         pub.confirm_delivery()
         with pytest.raises(pika.exceptions.UnroutableError):
             pub.basic_publish("amq.topic", f"{key}.late", b"x", mandatory=True)
+        with pytest.raises(pika.exceptions.UnroutableError):
+            pub.basic_publish("", queue, b"x", mandatory=True)
 
 
 def test_mandatory_publish_nobody_takes_is_returned_to_its_publisher(roles: Routing) -> None:

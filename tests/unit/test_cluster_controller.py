@@ -9,6 +9,7 @@ import pytest
 from brokerd.cluster import messages
 from brokerd.cluster.config import parse_cluster_config
 from brokerd.cluster.controller import ClusterController
+from brokerd.cluster.link import Link
 from brokerd.cluster.messages import LINK_PROPERTY, Status
 from brokerd.cluster.wiring.entries import encode_bucket
 from brokerd.model.errors import AMQPError, ChannelError
@@ -270,3 +271,82 @@ def test_names_that_led_to_the_same_server_count_once_in_the_quorum() -> None:
     # an inactive peer's names merge nothing either
     clock.now += CONFIG.heartbeat_timeout + 1
     assert ctl.known_primaries(clock.now) == 4  # only this server's own names merge now
+
+
+def _refused_link(ctl: ClusterController, address: str) -> None:
+    """A link to ``address`` whose latest attempt was refused (never started)."""
+    link = Link(
+        address,
+        user="cluster",
+        secret="cluster-secret",
+        vhost="/",
+        identity=dict,
+        on_up=lambda _link: None,
+        on_down=lambda _link, _why: None,
+    )
+    link.state, link.refused = "retrying", True
+    ctl.links[address] = link
+
+
+def test_a_sibling_worker_whose_socket_refuses_leaves_the_quorum_count() -> None:
+    """brokerd --workers: a dead worker does not hold its siblings' root hostage,
+    and only a Unix socket's refusal counts as death (a TCP port may lie)."""
+    sockets = ["unix:/h/worker-0.sock", "unix:/h/worker-1.sock", "unix:/h/worker-2.sock"]
+    config = parse_cluster_config(
+        {
+            "secret": "cluster-secret",
+            "known_hosts": [*sockets, "h9:9"],
+            "heartbeat": {"interval": 1, "timeout": 3, "open_timeout": 7},
+        }
+    )
+    clock = Clock()
+    ctl = ClusterController(
+        config, spid="s1", server_type="primary", start_time=1.0, address=sockets[0], clock=clock
+    )
+    ctl.standing.started = clock.now - 10
+    ctl.listed = True
+    ctl.own_addresses.add(sockets[0])
+    assert ctl.known_primaries(clock.now) == 4
+    _refused_link(ctl, "h9:9")
+    assert ctl.known_primaries(clock.now) == 4  # a refused TCP port proves nothing
+    _refused_link(ctl, sockets[2])
+    assert ctl.known_primaries(clock.now) == 3
+    # the worker of the third socket starts again and links to us: it counts at once
+    link_from(ctl, 21, "s3", 3.0, callback=sockets[2])
+    assert ctl.known_primaries(clock.now) == 4
+    # our own socket never leaves the count, even if a link to it were refused
+    _refused_link(ctl, sockets[0])
+    assert ctl.known_primaries(clock.now) == 4
+
+
+def test_the_root_keeps_its_quorum_while_one_restarted_sibling_joins() -> None:
+    sockets = ["unix:/h/worker-0.sock", "unix:/h/worker-1.sock"]
+    config = parse_cluster_config(
+        {
+            "secret": "cluster-secret",
+            "known_hosts": sockets,
+            "heartbeat": {"interval": 1, "timeout": 3, "open_timeout": 7},
+        }
+    )
+    clock = Clock()
+    ctl = ClusterController(
+        config, spid="s1", server_type="primary", start_time=1.0, address=sockets[0], clock=clock
+    )
+    ctl.standing.started = clock.now - 10
+    ctl.listed = True
+    ctl.own_addresses.add(sockets[0])
+    _refused_link(ctl, sockets[1])  # worker 1 died
+    assert ctl.evaluate().is_root
+    # it starts again (a younger spid) and links in: still left out of the count
+    link_from(ctl, 31, "s5", 5.0, callback=sockets[1])
+    assert ctl.known_primaries(clock.now) == 1
+    assert ctl.evaluate().is_root
+    # (without the rule it would count 2 with one vote: no quorum, and the root lost)
+    # once its status names this root it counts, and votes for it
+    status(ctl, 31, "s5", 5.0, vote="s1", root="s1")
+    assert ctl.known_primaries(clock.now) == 2
+    assert ctl.evaluate().is_root
+    # a server that is not root leaves no newcomer out
+    ctl.standing.current_root = None
+    link_from(ctl, 32, "s6", 6.0, callback=sockets[1])
+    assert ctl.known_primaries(clock.now) == 2

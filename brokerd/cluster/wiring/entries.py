@@ -276,8 +276,13 @@ def _apply_meta(vhost: Any, entry: Entry, own_spid: str, remote: RemoteQueues | 
             for binding in list(destination.bindings.values()):
                 vhost.unbind(binding.source, destination, binding.routing_key, binding.arguments)
                 changed = True
+            if vhost.elsewhere.get(destination.name) is destination:
+                del vhost.elsewhere[destination.name]
+                changed = True
             remote.drop(destination)
         return changed, None
+    if entry.source == "":
+        return _apply_default_meta(vhost, entry, remote), None
     source = vhost.exchanges.get(entry.source)
     if source is None:
         return False, None
@@ -292,9 +297,26 @@ def _apply_meta(vhost: Any, entry: Entry, own_spid: str, remote: RemoteQueues | 
         return False, None
     before = len(found.bindings)
     vhost.unbind(source, found, entry.routing_key, arguments)
-    if not found.bindings:
+    if not found.bindings and vhost.elsewhere.get(found.name) is not found:
         remote.drop(found)
     return len(found.bindings) != before, None
+
+
+def _apply_default_meta(vhost: Any, entry: Entry, remote: RemoteQueues) -> bool:
+    """A private queue's implicit binding to the default exchange, by its name: the
+    default exchange takes no bindings, so the stand-in is named in ``elsewhere``."""
+    if entry.op == sl.META_BIND:
+        destination = remote.get(entry.spid, entry.name)
+        changed = vhost.elsewhere.get(entry.name) is not destination
+        vhost.elsewhere[entry.name] = destination
+        return changed
+    found = remote.find(entry.spid, entry.name)
+    if found is None or vhost.elsewhere.get(entry.name) is not found:
+        return False
+    del vhost.elsewhere[entry.name]
+    if not found.bindings:
+        remote.drop(found)
+    return True
 
 
 def try_apply(

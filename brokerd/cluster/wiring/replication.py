@@ -199,7 +199,9 @@ class WiringReplication:
         if type(method) not in rep.OPERATIONS:
             return
         if isinstance(method, commands.Queue.Declare) and method.exclusive:
-            return  # private queues stay on their server
+            # a private queue stays on its server; the others learn its name, so a
+            # publish to it through the default exchange reaches it from anywhere
+            method = default_binding(commands.Queue.Bind, method.queue)
         meta = ""
         if isinstance(method, commands.Queue.Bind | commands.Queue.Unbind):
             queue = vhost.queues.get(method.queue)
@@ -217,13 +219,17 @@ class WiringReplication:
         """VirtualHost hook: a private queue went; withdraw its meta-bindings."""
         if not queue.exclusive or queue.vhost != self.members.config.vhost:
             return
-        for binding in list(queue.bindings.values()):
-            method = commands.Queue.Unbind(
+        methods = [default_binding(commands.Queue.Unbind, queue.name)]
+        methods += [
+            commands.Queue.Unbind(
                 queue=queue.name,
                 exchange=binding.source.name,
                 routing_key=binding.routing_key,
                 arguments=binding.arguments,
             )
+            for binding in list(queue.bindings.values())
+        ]
+        for method in methods:
             entry = rep.entry_for(method, queue.vhost, origin=self.spid, meta_spid=self.spid)
             if self.members.root_now():
                 self._order(entry, None)
@@ -566,23 +572,26 @@ class WiringReplication:
         for queue in vhost.queues.values():
             if not queue.exclusive:
                 continue
-            for binding in queue.bindings.values():
-                key = (
-                    vhost.name,
-                    binding.source.name,
-                    queue.name,
-                    binding.routing_key,
-                    freeze(binding.arguments),
-                    self.spid,
-                )
-                if key in wiring.meta_bindings:
-                    continue
-                method = commands.Queue.Bind(
+            implicit = [default_binding(commands.Queue.Bind, queue.name)]
+            for method in implicit + [
+                commands.Queue.Bind(
                     queue=queue.name,
                     exchange=binding.source.name,
                     routing_key=binding.routing_key,
                     arguments=binding.arguments,
                 )
+                for binding in queue.bindings.values()
+            ]:
+                key = (
+                    vhost.name,
+                    method.exchange,
+                    queue.name,
+                    method.routing_key,
+                    freeze(method.arguments or {}),
+                    self.spid,
+                )
+                if key in wiring.meta_bindings:
+                    continue
                 entry = rep.entry_for(method, vhost.name, origin=self.spid, meta_spid=self.spid)
                 self._request(entry, None)
 
@@ -604,6 +613,10 @@ class WiringReplication:
             for binding in list(exchange.bindings.values()):
                 if not _known_binding(vhost.name, exchange, binding, wiring):
                     vhost._drop_binding(binding)
+        for name, dest in list(vhost.elsewhere.items()):
+            spid = getattr(dest, "spid", "")
+            if (vhost.name, "", name, name, freeze({}), spid) not in wiring.meta_bindings:
+                del vhost.elsewhere[name]
 
 
 def _known_binding(vhost: str, exchange: Exchange, binding: Binding, wiring: sl.Wiring) -> bool:
@@ -655,3 +668,9 @@ def _would_change(vhost: VirtualHost, m: Method) -> bool:
 
 
 __all__ = ["KINDS", "WiringReplication"]
+
+
+def default_binding(kind: type[Any], queue: str) -> Any:
+    """A private queue's implicit binding to the default exchange (by its name), as the
+    meta-binding other servers turn into a stand-in the default exchange reaches."""
+    return kind(queue=queue, exchange="", routing_key=queue, arguments={})

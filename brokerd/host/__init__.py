@@ -1,0 +1,1 @@
+"""One host's worker processes: the supervising parent of brokerd --workers."""

@@ -1,0 +1,150 @@
+"""One host as a local cluster: what ``brokerd --workers N`` sets up before it
+supervises its workers.
+
+The parent resolves what every worker must agree on, then starts N ordinary
+brokerd processes that differ only in their index:
+
+- the client ports: a port of 0 is chosen here, once, and held by the parent
+  (a bound socket with ``SO_REUSEPORT`` that never listens), so every worker
+  binds the same one and the kernel spreads connections over them;
+- the local cluster file (``DATA_DIR/host/cluster.toml``, mode 0600): a
+  secret made for this host, the workers' link sockets as known hosts
+  (``unix:DATA_DIR/host/worker-K.sock``), queues placed ``balanced``
+  because which worker a connection reaches is chance, and classic queues by
+  default, as a single RabbitMQ node has;
+- each worker's own data directory, ``DATA_DIR/worker-K``, with its journal
+  and control socket.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from brokerd.cluster.config import MAX_SOCKET_PATH
+
+HOST_DIR = "host"
+CLUSTER_NAME = "cluster.toml"
+
+
+class HostSetupError(Exception):
+    """The host cannot run its workers; the message says why."""
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """Where one host keeps its shared and per-worker state."""
+
+    data_dir: Path
+    workers: int
+
+    @property
+    def host_dir(self) -> Path:
+        return self.data_dir / HOST_DIR
+
+    @property
+    def cluster_file(self) -> Path:
+        return self.host_dir / CLUSTER_NAME
+
+    @property
+    def state_file(self) -> Path:
+        from brokerd.host.state import STATE_NAME
+
+        return self.host_dir / STATE_NAME
+
+    def worker_dir(self, index: int) -> Path:
+        return self.data_dir / f"worker-{index}"
+
+    def link_socket(self, index: int) -> Path:
+        return self.host_dir / f"worker-{index}.sock"
+
+
+def prepare(layout: HostLayout) -> None:
+    """The host's folders (0700: they hold the secret and the journals) and its
+    local cluster file, written again at each start with a new secret."""
+    layout.data_dir.mkdir(parents=True, exist_ok=True)
+    layout.host_dir.mkdir(mode=0o700, exist_ok=True)
+    layout.host_dir.chmod(0o700)
+    for index in range(layout.workers):
+        layout.worker_dir(index).mkdir(mode=0o700, exist_ok=True)
+        path = str(layout.link_socket(index))
+        if len(path.encode()) > MAX_SOCKET_PATH:
+            raise HostSetupError(
+                f"--data-dir {layout.data_dir}: the workers' link socket {path} is longer "
+                f"than {MAX_SOCKET_PATH} bytes; use a shorter data directory"
+            )
+    hosts = ", ".join(f'"unix:{layout.link_socket(k)}"' for k in range(layout.workers))
+    text = (
+        "# written by brokerd --workers at each start: the workers of this host\n"
+        'name = "host"\n'
+        f'secret = "{secrets.token_urlsafe(32)}"\n'
+        f"known_hosts = [{hosts}]\n"
+        'queue_leader_locator = "balanced"\n'
+        'default_queue_type = "classic"\n'
+    )
+    tmp = layout.cluster_file.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.replace(tmp, layout.cluster_file)
+
+
+def hold_port(bind: str, port: int) -> socket.socket:
+    """A socket bound to ``bind:port`` with ``SO_REUSEPORT`` that never listens: port 0
+    becomes one port every worker binds, and it stays this host's while the parent
+    lives (the kernel hands connections only to listening sockets)."""
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((bind, port))
+    except OSError as exc:
+        sock.close()
+        raise HostSetupError(f"cannot bind {bind}:{port}: {exc.strerror}") from None
+    return sock
+
+
+@dataclass(frozen=True)
+class WorkerCommand:
+    """The argv of worker K: the host's options, and its own index."""
+
+    layout: HostLayout
+    bind: str
+    port: int | None
+    tls_port: int | None
+    config: Path | None
+    log_level: str
+    host_address: str
+
+    def __call__(self, index: int) -> list[str]:
+        argv = [
+            sys.executable,
+            "-m",
+            "brokerd",
+            "--bind",
+            self.bind,
+            "--port",
+            "off" if self.port is None else str(self.port),
+            "--data-dir",
+            str(self.layout.worker_dir(index)),
+            "--cluster",
+            str(self.layout.cluster_file),
+            "--log-level",
+            self.log_level,
+            "--worker-of",
+            str(self.layout.data_dir),
+            "--worker-index",
+            str(index),
+            "--host-address",
+            self.host_address,
+        ]
+        if self.tls_port is not None:
+            argv += ["--tls-port", str(self.tls_port)]
+        if self.config is not None:
+            argv += ["--config", str(self.config)]
+        return argv

@@ -1,0 +1,77 @@
+"""``brokerd --workers N`` with N > 1: set the host up, then supervise its workers."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+from brokerd.host.local import HostLayout, HostSetupError, WorkerCommand, hold_port, prepare
+from brokerd.host.supervisor import Supervisor
+from brokerd.host.workers import reuseport_problem
+from brokerd.server.listeners import host_name
+
+log = logging.getLogger("brokerd.host")
+
+
+def not_yet(args: argparse.Namespace) -> str | None:
+    """Options a host of several workers does not take yet (a worker each would
+    act as its own server where the option means the host)."""
+    for option, given in (
+        ("--cluster", args.cluster is not None),
+        ("--console", args.console is not None),
+        ("--metrics-port", args.metrics_port is not None),
+    ):
+        if given:
+            return f"{option} is not supported with --workers above 1 yet: run --workers 1"
+    return None
+
+
+def run_host(args: argparse.Namespace, workers: int, config: Path | None) -> int:
+    """Resolve the host's ports and files, then run the supervising parent."""
+    problem = reuseport_problem() or not_yet(args)
+    if problem is not None:
+        print(f"brokerd: {problem}", file=sys.stderr)
+        return 2
+    layout = HostLayout(args.data_dir.resolve(), workers)
+    held: list[socket.socket] = []
+    try:
+        prepare(layout)
+        port, tls_port = args.port, args.tls_port
+        if port == 0:
+            held.append(hold_port(args.bind, 0))
+            port = held[-1].getsockname()[1]
+        if tls_port == 0:
+            held.append(hold_port(args.bind, 0))
+            tls_port = held[-1].getsockname()[1]
+    except HostSetupError as exc:
+        for sock in held:
+            sock.close()
+        print(f"brokerd: {exc}", file=sys.stderr)
+        return 2
+    command = WorkerCommand(
+        layout=layout,
+        bind=args.bind,
+        port=port,
+        tls_port=tls_port,
+        config=config.resolve() if config is not None else None,
+        log_level=args.log_level,
+        host_address=f"{host_name(args.bind)}:{port if port is not None else tls_port}",
+    )
+    log.info(
+        "host pid=%d workers=%d bind=%s port=%s tls_port=%s data_dir=%s",
+        os.getpid(),
+        workers,
+        args.bind,
+        "off" if port is None else port,
+        "off" if tls_port is None else tls_port,
+        layout.data_dir,
+    )
+    try:
+        return Supervisor(workers, command, state_file=layout.state_file).run()
+    finally:
+        for sock in held:
+            sock.close()

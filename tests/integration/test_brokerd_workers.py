@@ -1,0 +1,288 @@
+"""``brokerd --workers 2``: one port, two worker processes, one broker for clients.
+
+Real processes: the supervising parent and its workers, pika clients on the one
+port. Which worker a connection reaches is the kernel's choice (SO_REUSEPORT),
+so the tests open connections until they hold one on each worker (the spid in
+the server properties says which), then check that what one worker's client
+does is seen whole through the other's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pika
+import pika.exceptions
+import pytest
+
+from tests.brokerd_process import BrokerProcess, log_tail
+
+pytestmark = pytest.mark.integration
+
+WORKERS = 2
+#: connections tried before giving up on reaching every worker (once both listen,
+#: missing one in 200 is a 2^-199 chance)
+MAX_TRIES = 400
+
+
+def state(host: BrokerProcess) -> dict:
+    return json.loads((host.data_dir / "host" / "state.json").read_text())
+
+
+def worker_pids(host: BrokerProcess) -> list[int | None]:
+    return [w["pid"] for w in state(host)["workers"]]
+
+
+def gone(pid: int) -> bool:
+    """The process is dead (a zombie waiting for a reaper counts as dead)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def spid_of(conn: pika.BlockingConnection) -> str:
+    spid = conn._impl.server_properties["spid"]
+    return spid.decode() if isinstance(spid, bytes) else str(spid)
+
+
+def connect(host: BrokerProcess) -> pika.BlockingConnection:
+    return pika.BlockingConnection(pika.URLParameters(host.url + "?heartbeat=0"))
+
+
+def one_per_worker(host: BrokerProcess, timeout: float = 20.0) -> list[pika.BlockingConnection]:
+    """A connection on each worker (the others opened on the way are closed)."""
+    found: dict[str, pika.BlockingConnection] = {}
+    deadline = time.monotonic() + timeout
+    tries = 0
+    while len(found) < WORKERS:
+        assert host.alive(), f"the host exited; its log ends:\n{log_tail(host.log_path)}"
+        assert time.monotonic() < deadline and tries < MAX_TRIES, (
+            f"reached {len(found)} of {WORKERS} workers in {tries} connections; "
+            f"log:\n{log_tail(host.log_path)}"
+        )
+        tries += 1
+        try:
+            conn = connect(host)
+        except pika.exceptions.AMQPConnectionError:
+            time.sleep(0.2)  # a worker still electing its local root (541) or starting
+            continue
+        spid = spid_of(conn)
+        if spid in found:
+            conn.close()
+            time.sleep(0.05)  # the other worker may not be listening yet
+        else:
+            found[spid] = conn
+    return list(found.values())
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[BrokerProcess]:
+    broker = BrokerProcess(tmp_path / "host", extra_args=["--workers", str(WORKERS)])
+    try:
+        broker.start()
+        yield broker
+    finally:
+        pids = [p for p in _pids_or_empty(broker) if p]
+        broker.stop(timeout=20)
+        for pid in pids:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _pids_or_empty(host: BrokerProcess) -> list[int | None]:
+    try:
+        return worker_pids(host)
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+def test_clients_on_two_workers_see_one_broker(host: BrokerProcess) -> None:
+    a, b = one_per_worker(host)
+    try:
+        cha, chb = a.channel(), b.channel()
+        chb.confirm_delivery()
+        # a queue declared through one worker takes publishes and gets through the other
+        cha.queue_declare("wk-q")
+        for i in range(50):
+            chb.basic_publish("", "wk-q", f"m{i}".encode(), mandatory=True)
+        got = []
+        for _ in range(50):
+            method, _props, body = cha.basic_get("wk-q", auto_ack=True)
+            assert method is not None, f"only {len(got)} of 50 messages came back"
+            got.append(body.decode())
+        assert got == [f"m{i}" for i in range(50)]
+        # an exchange and a binding made through different workers route together
+        chb.exchange_declare("wk-x", "topic")
+        cha.queue_declare("wk-bound")
+        chb.queue_bind("wk-bound", "wk-x", "orders.#")
+        cha.basic_publish("wk-x", "orders.eu", b"routed")
+        for _ in range(50):
+            method, _props, body = chb.basic_get("wk-bound", auto_ack=True)
+            if method is not None:
+                break
+            time.sleep(0.05)
+        assert body == b"routed"
+        # a server-named queue of one worker is reachable by name through the other
+        named = cha.queue_declare("", exclusive=True).method.queue
+        # the other worker learns a private queue's name from the local root, a moment
+        # after the declare-ok (as a meta-binding)
+        deadline = time.monotonic() + 2.0
+        while True:
+            try:
+                chb.basic_publish("", named, b"to-a-server-named-queue", mandatory=True)
+                break
+            except pika.exceptions.UnroutableError:
+                assert time.monotonic() < deadline, "the private queue's name never arrived"
+                time.sleep(0.01)
+        method, _props, body = cha.basic_get(named, auto_ack=True)
+        assert body == b"to-a-server-named-queue"
+        # ...and it is exclusive to its connection whichever worker asks
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker) as refused:
+            b.channel().basic_consume(named, lambda *_: None)
+        assert refused.value.reply_code == 405
+        # a publish to no queue through the other worker is returned, as on one broker
+        chb.basic_publish("", "no-such-queue-wk", b"x", mandatory=False)
+        with pytest.raises(pika.exceptions.UnroutableError):
+            chb.basic_publish("", "no-such-queue-wk", b"x", mandatory=True)
+    finally:
+        for conn in (a, b):
+            if conn.is_open:
+                conn.close()
+
+
+def test_workers_link_over_unix_sockets_and_share_the_port(host: BrokerProcess) -> None:
+    a, b = one_per_worker(host)
+    a.close()
+    b.close()
+    sockets = sorted(p.name for p in (host.data_dir / "host").glob("worker-*.sock"))
+    assert sockets == ["worker-0.sock", "worker-1.sock"]
+    for name in sockets:
+        assert (host.data_dir / "host" / name).stat().st_mode & 0o777 == 0o600
+    cluster = (host.data_dir / "host" / "cluster.toml").stat()
+    assert cluster.st_mode & 0o777 == 0o600
+    assert all(p for p in worker_pids(host))
+
+
+def test_a_killed_worker_is_restarted_with_its_durable_queue(host: BrokerProcess) -> None:
+    a, b = one_per_worker(host)
+    ch = b.channel()
+    ch.confirm_delivery()
+    ch.queue_declare("wk-durable", durable=True)
+    persistent = pika.BasicProperties(delivery_mode=2)
+    for i in range(200):
+        ch.basic_publish("", "wk-durable", f"d{i}".encode(), persistent, mandatory=True)
+    a.close()
+    b.close()
+    before = worker_pids(host)
+    victim = before[0]
+    assert victim is not None
+    os.kill(victim, signal.SIGKILL)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        now = worker_pids(host)
+        if now[0] not in (None, victim):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"worker 0 not restarted within 2 s: {state(host)}")
+    assert state(host)["workers"][0]["restarts"] == 1
+    assert now[1] == before[1], "the other worker was not touched"
+    # every confirmed message is there, in order, whichever worker owned the queue
+    conns = one_per_worker(host)
+    try:
+        ch = conns[0].channel()
+        got = []
+        deadline = time.monotonic() + 15
+        while len(got) < 200 and time.monotonic() < deadline:
+            try:
+                method, _props, body = ch.basic_get("wk-durable", auto_ack=True)
+            except pika.exceptions.ChannelClosedByBroker:
+                ch = conns[0].channel()  # the owner still recovering: ask again
+                time.sleep(0.2)
+                continue
+            if method is None:
+                time.sleep(0.05)
+                continue
+            got.append(body.decode())
+        assert got == [f"d{i}" for i in range(200)]
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def test_sigterm_stops_every_worker_and_keeps_durable_messages(host: BrokerProcess) -> None:
+    conns = one_per_worker(host)
+    ch = conns[1].channel()
+    ch.confirm_delivery()
+    ch.queue_declare("wk-kept", durable=True)
+    for i in range(100):
+        ch.basic_publish("", "wk-kept", f"k{i}".encode(), pika.BasicProperties(delivery_mode=2))
+    for conn in conns:
+        conn.close()
+    pids = worker_pids(host)
+    assert host.stop(timeout=30) == 0, log_tail(host.log_path)
+    for pid in pids:
+        assert pid is not None and gone(pid)
+    host.start()
+    conns = one_per_worker(host)
+    try:
+        ch = conns[0].channel()
+        got = []
+        deadline = time.monotonic() + 15
+        while len(got) < 100 and time.monotonic() < deadline:
+            try:
+                method, _props, body = ch.basic_get("wk-kept", auto_ack=True)
+            except pika.exceptions.ChannelClosedByBroker:
+                ch = conns[0].channel()
+                time.sleep(0.2)
+                continue
+            if method is None:
+                time.sleep(0.05)
+                continue
+            got.append(body.decode())
+        assert got == [f"k{i}" for i in range(100)]
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def test_killing_the_parent_leaves_no_worker(host: BrokerProcess) -> None:
+    one = one_per_worker(host)
+    for conn in one:
+        conn.close()
+    pids = worker_pids(host)
+    assert all(pids)
+    host.signal(signal.SIGKILL)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and not all(gone(p) for p in pids if p):
+        time.sleep(0.05)
+    assert all(gone(p) for p in pids if p), f"workers outlived their parent: {pids}"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("0", "at least 1"),
+        ("-1", "not a number"),
+        ("two", "not a number"),
+        ("257", "at most 256"),
+    ],
+)
+def test_bad_worker_counts_are_refused_at_startup(tmp_path: Path, value: str, message: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "brokerd", "--workers", value, "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr, done.stderr

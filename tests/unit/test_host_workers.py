@@ -1,0 +1,116 @@
+"""``--workers``: the option's parsing and the SO_REUSEPORT check
+(brokerd.host.workers), and the supervisor's arithmetic that needs no process:
+the restart backoff, the words for an exit, the state before ``run()``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+
+import pytest
+
+from brokerd.host.supervisor import (
+    MAX_BACKOFF,
+    RESTART_DELAY,
+    Supervisor,
+    backoff_delay,
+    exit_detail,
+)
+from brokerd.host.workers import MAX_WORKERS, parse_workers, reuseport_problem
+
+
+@pytest.mark.parametrize(("value", "count"), [("1", 1), ("2", 2), ("256", 256), ("007", 7)])
+def test_a_count_is_taken(value: str, count: int) -> None:
+    assert parse_workers(value) == count
+
+
+def test_auto_is_one_per_core() -> None:
+    assert parse_workers("auto", cpu_count=8) == 8
+    assert parse_workers("auto", cpu_count=0) == 1
+    assert parse_workers("auto", cpu_count=1000) == MAX_WORKERS
+    assert 1 <= parse_workers("auto") <= max(os.cpu_count() or 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("0", "--workers 0: need at least 1 worker"),
+        ("000", "--workers 000: need at least 1 worker"),
+        ("-1", "--workers -1: not a number (a count 1..256, or auto)"),
+        ("257", "--workers 257: at most 256 workers"),
+        ("99999999999999999999", "--workers 99999999999999999999: at most 256 workers"),
+        ("abc", "--workers abc: not a number (a count 1..256, or auto)"),
+        ("", "--workers '': not a number (a count 1..256, or auto)"),
+        (" 2", "--workers ' 2': not a number (a count 1..256, or auto)"),
+        ("+2", "--workers +2: not a number (a count 1..256, or auto)"),
+        ("2.0", "--workers 2.0: not a number (a count 1..256, or auto)"),
+        ("0x2", "--workers 0x2: not a number (a count 1..256, or auto)"),
+        ("١٢", "--workers ١٢: not a number (a count 1..256, or auto)"),
+        ("AUTO", "--workers AUTO: not a number (a count 1..256, or auto)"),
+    ],
+)
+def test_anything_else_is_refused_with_the_reason(value: str, message: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
+        parse_workers(value)
+    assert str(refused.value) == message
+
+
+def test_argparse_reports_the_refusal() -> None:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    parser.add_argument("--workers", type=parse_workers)
+    assert parser.parse_args(["--workers", "3"]).workers == 3
+    with pytest.raises(argparse.ArgumentError, match="at most 256 workers"):
+        parser.parse_args(["--workers", "300"])
+
+
+def test_this_linux_machine_has_so_reuseport() -> None:
+    assert reuseport_problem() is None
+
+
+def test_a_platform_without_so_reuseport_is_told_to_run_one_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delattr(socket, "SO_REUSEPORT")
+    problem = reuseport_problem()
+    assert problem is not None
+    assert "SO_REUSEPORT" in problem and "(--workers 1)" in problem
+
+
+def test_quick_exits_in_a_row_double_the_delay_up_to_the_cap() -> None:
+    delays = [backoff_delay(n) for n in range(9)]
+    assert delays == [RESTART_DELAY, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, MAX_BACKOFF, MAX_BACKOFF]
+    assert backoff_delay(10_000) == MAX_BACKOFF
+    assert backoff_delay(3, base=0.05, most=0.15) == 0.15
+
+
+def test_an_exit_is_described_by_its_status_or_signal() -> None:
+    assert exit_detail(3 << 8) == ("status 3", "exited (status 3)")
+    assert exit_detail(0) == ("status 0", "exited (status 0)")
+    assert exit_detail(signal.SIGKILL) == ("killed by SIGKILL", "killed by SIGKILL")
+    assert exit_detail(None) == ("status unknown", "exited (status unknown)")
+
+
+def test_before_it_runs_every_slot_is_stopped() -> None:
+    supervisor = Supervisor(2, lambda k: ["true"])
+    state = supervisor.describe()
+    assert state["pid"] == os.getpid() and state["started"] is None
+    assert state["stopping"] is False
+    assert [w["index"] for w in state["workers"]] == [0, 1]
+    assert state["workers"][0] == {
+        "index": 0,
+        "pid": None,
+        "state": "stopped",
+        "started": None,
+        "restarts": 0,
+        "quick_exits": 0,
+        "crash_looping": False,
+        "last_exit": None,
+        "next_start": None,
+    }
+
+
+def test_a_supervisor_needs_a_worker() -> None:
+    with pytest.raises(ValueError, match="at least 1 worker"):
+        Supervisor(0, lambda k: ["true"])
