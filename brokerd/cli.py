@@ -215,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker-of", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--host-address", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--host-workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument(
         "--log-level",
         default="info",
@@ -315,12 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker_of is not None:
         from brokerd.host.local import HostLayout
 
-        layout = HostLayout(args.worker_of, args.worker_index + 1)
+        layout = HostLayout(args.worker_of, args.host_workers)
         host = {
             "reuse_port": True,
             "link_socket": layout.link_socket(args.worker_index),
             "host_address": args.host_address,
             "host_state": layout.state_file,
+            "host_workers": args.host_workers,
         }
     return run(
         ServerOptions(

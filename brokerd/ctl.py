@@ -258,6 +258,8 @@ def _run(argv: list[str]) -> int:
         timeout = 60.0
     elif args.command == "fault":
         extra = [args.fault] + ([args.spid] if args.fault == "cut-link" else [])
+    if not socket_path(args.data_dir).exists() and host_state(args.data_dir) is not None:
+        return _run_host(args, extra, timeout)
     if not socket_path(args.data_dir).exists():
         print(f"brokerd ctl: no broker control socket in {args.data_dir}", file=sys.stderr)
         return 2
@@ -286,3 +288,72 @@ def _run(argv: list[str]) -> int:
     else:
         print(json.dumps(result, indent=2))
     return 0
+
+
+# -- a host of workers (brokerd --workers N) ---------------------------------------------
+
+
+def host_state(data_dir: Path) -> dict[str, Any] | None:
+    """The supervising parent's state file, when ``data_dir`` is a host's."""
+    try:
+        state = json.loads((data_dir / "host" / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def _ask_worker(data_dir: Path, index: int, command: str, extra: list[str], timeout: float) -> Any:
+    """One worker's answer, or the reason there is none (a string)."""
+    where = data_dir / f"worker-{index}"
+    try:
+        reply = request(where, command, extra, timeout=timeout)
+    except OSError as exc:
+        return f"not answering ({exc.strerror or exc})"
+    return reply.get("result", {}) if reply.get("ok") else f"refused: {reply.get('error')}"
+
+
+def _run_host(args: argparse.Namespace, extra: list[str], timeout: float) -> int:
+    """``brokerd ctl`` against a host: ``status`` and ``dump`` answer for every worker;
+    other commands are the workers' local cluster's, so any running worker takes them
+    (``queues`` lists every queue with the worker that owns it)."""
+    state = host_state(args.data_dir) or {}
+    workers = [w for w in state.get("workers", []) if isinstance(w, dict)]
+    if args.command in ("status", "dump"):
+        answers = [
+            _ask_worker(args.data_dir, int(w["index"]), args.command, extra, timeout)
+            for w in workers
+        ]
+        if args.command == "status" and args.json:
+            print(json.dumps({"host": state, "workers": answers}, indent=2))
+            return 0
+        print(f"host       pid {state.get('pid')}, {len(workers)} workers, {args.data_dir}")
+        for worker, answer in zip(workers, answers, strict=True):
+            alarm = " CRASH-LOOPING" if worker.get("crash_looping") else ""
+            last = f", last exit: {worker['last_exit']}" if worker.get("last_exit") else ""
+            print(
+                f"\n== worker-{worker['index']}: pid {worker.get('pid')}, {worker.get('state')}, "
+                f"{worker.get('restarts', 0)} restarts{last}{alarm}"
+            )
+            if isinstance(answer, str):
+                print(answer)
+            elif args.command == "dump":
+                print(answer.get("dump", ""))
+            else:
+                _print_status(answer)
+        return 0
+    for worker in workers:
+        if worker.get("state") != "running":
+            continue
+        answer = _ask_worker(args.data_dir, int(worker["index"]), args.command, extra, timeout)
+        if isinstance(answer, str) and answer.startswith("not answering"):
+            continue
+        if isinstance(answer, str):
+            print(f"brokerd ctl: {answer.removeprefix('refused: ')}", file=sys.stderr)
+            return 1
+        if args.command == "queues" and not args.json and not args.action:
+            _print_queues(answer)
+        else:
+            print(json.dumps(answer, indent=2))
+        return 0
+    print(f"brokerd ctl: no worker of the host in {args.data_dir} answers", file=sys.stderr)
+    return 2

@@ -67,6 +67,28 @@ def wait_for_port(
     )
 
 
+def wait_workers_ready(data_dir: Path, workers: int, timeout: float = 30.0) -> None:
+    """``brokerd --workers N``: wait until every worker answers its control socket
+    and follows the host's local root (nothing to wait for with one worker)."""
+    from brokerd.server.control import request
+
+    if workers <= 1:
+        return
+    deadline = time.monotonic() + timeout
+    waiting = list(range(workers))
+    while waiting:
+        try:
+            reply = request(data_dir / f"worker-{waiting[0]}", "status", timeout=0.5)
+            if reply.get("ok") and reply["result"].get("ready"):
+                waiting.pop(0)
+                continue
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"workers {waiting} of {data_dir} not ready after {timeout}s")
+        time.sleep(0.1)
+
+
 @dataclass
 class BrokerProcess:
     """A brokerd subprocess on a free loopback port, logging to a file."""

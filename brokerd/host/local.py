@@ -142,6 +142,8 @@ class WorkerCommand:
             str(index),
             "--host-address",
             self.host_address,
+            "--host-workers",
+            str(self.layout.workers),
         ]
         if self.tls_port is not None:
             argv += ["--tls-port", str(self.tls_port)]

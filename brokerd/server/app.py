@@ -79,6 +79,8 @@ class ServerOptions:
     host_address: str | None = None
     #: the supervising parent's state file: says whether the whole host is stopping
     host_state: Path | None = None
+    #: the host's workers: each takes this share of the memory high watermark
+    host_workers: int = 1
 
 
 class Server:
@@ -134,7 +136,10 @@ class Server:
         self._blocks_scheduled = False
         #: memory high watermark and disk free limit (causes "memory" and "disk")
         self.resources = ResourceMonitor(
-            lambda: self.broker.limits, options.data_dir, self.block_publishers
+            lambda: self.broker.limits,
+            options.data_dir,
+            self.block_publishers,
+            share=options.host_workers,
         )
         self.resources.other_alarms.append(self.store.alarm)
         #: how late the event loop runs (a late loop paces publishers: flow control)

@@ -140,8 +140,11 @@ class ResourceMonitor:
         total: int | None = None,
         clock: Callable[[], float] = time.time,
         trim: Callable[[], None] | None = None,
+        share: int = 1,
     ) -> None:
         self.limits = limits
+        #: a worker of ``brokerd --workers N`` watches 1/N of the host's watermark
+        self.share = max(share, 1)
         self.data_dir = data_dir
         self.on_block = on_block
         process = psutil.Process()
@@ -163,7 +166,7 @@ class ResourceMonitor:
 
     @property
     def memory_limit(self) -> int:
-        return self.limits().memory_limit(self.total_memory)
+        return self.limits().memory_limit(self.total_memory) // self.share
 
     # -- checks ---------------------------------------------------------------------
 
@@ -234,6 +237,7 @@ class ResourceMonitor:
                 "limit": self.memory_limit,
                 "total": self.total_memory,
                 "watermark": limits.vm_memory_high_watermark if relative else None,
+                "share": self.share,
                 "alarm": "memory" in self.alarms,
             },
             "disk": {

@@ -38,7 +38,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.brokerd_process import BrokerProcess, free_port, wait_for_port
+from tests.brokerd_process import BrokerProcess, free_port, wait_for_port, wait_workers_ready
 
 HERE = Path(__file__).resolve().parent
 AIOPIKA_DEFAULT = [
@@ -172,6 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--amqps-url", help="with --url: that broker's AMQPS listener (host and port are used)"
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="the started brokerd's --workers (2: every connection of the suite lands on "
+        "a worker the kernel picks, the real test of 'clients see one broker')",
+    )
     parser.add_argument("tests", nargs="*")
     # intermixed: test files may follow the options, as the usage above shows
     args = parser.parse_intermixed_args(argv)
@@ -188,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--tls with --url needs --amqps-url (that broker's TLS listener)")
         if amqps_url is not None and args.url is None:
             parser.error("--amqps-url needs --url (the same broker's plain listener)")
+    if args.workers > 1 and (args.cluster is not None or args.url or args.tls):
+        parser.error("--workers is the started standalone brokerd's")
     if args.cluster is not None:
         if args.suite != "aiopika":
             parser.error("--cluster runs aio-pika's suite (pika's needs port 5672)")
@@ -207,19 +216,22 @@ def main(argv: list[str] | None = None) -> int:
         )
     elif url is None:
         data = Path(tempfile.mkdtemp(prefix="rookery-compat-brokerd-"))
+        workers = ["--workers", str(args.workers)] if args.workers > 1 else []
         if args.suite == "pika":
             if not _port_free(5672):
                 print("run_compat: 127.0.0.1:5672 is taken (pika's tests need it)", file=sys.stderr)
                 return 2
-            broker = BrokerProcess(data, port=5672)
+            broker = BrokerProcess(data, port=5672, extra_args=workers)
             broker.start()
+            wait_workers_ready(data, args.workers)
         elif args.tls:
             broker, tls_port = start_tls_broker(data, args.tls_port)
             amqps_url = f"amqps://guest:guest@127.0.0.1:{tls_port}//"
             print(f"run_compat: brokerd AMQPS on {amqps_url} (certificates in {data}/pki)")
         else:
-            broker = BrokerProcess(data)
+            broker = BrokerProcess(data, extra_args=workers)
             broker.start()
+            wait_workers_ready(data, args.workers)
         url = broker.url + "/"  # path '//': the vhost '/' (yarl keeps the empty segment)
         print(f"run_compat: brokerd on {url} (log {broker.log_path})", flush=True)
     try:

@@ -63,6 +63,7 @@ def test_memory_alarm_blocks_and_clears_once_each():
         "limit": 400,
         "total": 1000,
         "watermark": 0.4,
+        "share": 1,
         "alarm": False,
     }
 
@@ -138,3 +139,24 @@ def test_format_bytes():
         "47.7 MiB",
         "3.0 TiB",
     ]
+
+
+def test_a_worker_watches_its_share_of_the_hosts_watermark():
+    """brokerd --workers 2: each worker blocks at half the host's watermark, so the
+    host as a whole stays under it."""
+    r, limits = Readings(), Limits()  # the host's watermark: 0.4 of 1000 bytes
+    m = ResourceMonitor(
+        lambda: limits,
+        Path("/data"),
+        lambda cause, reason: r.blocks.append((cause, reason)),
+        read_memory=lambda: r.memory,
+        read_disk_free=lambda path: r.disk,
+        total=1000,
+        clock=lambda: r.now,
+        trim=None,
+        share=2,
+    )
+    assert m.memory_limit == 200 and m.status()["memory"]["share"] == 2
+    r.memory = 250  # under the host's 400, over this worker's 200
+    m.check_memory()
+    assert r.blocks == [("memory", "low on memory")]
