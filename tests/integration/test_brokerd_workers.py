@@ -9,11 +9,13 @@ does is seen whole through the other's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -286,3 +288,95 @@ def test_bad_worker_counts_are_refused_at_startup(tmp_path: Path, value: str, me
     )
     assert done.returncode == 2
     assert message in done.stderr, done.stderr
+
+
+def _publish_confirmed(
+    host: BrokerProcess, queues: list[str], prefix: str, stop: threading.Event, out: set[str]
+) -> None:
+    """Persistent publishes, each confirmed before the next, round robin over
+    ``queues``; a connection lost with its worker is opened again (wherever it
+    lands). ``out`` gets the bodies the broker confirmed."""
+    n = 0
+    while not stop.is_set():
+        try:
+            conn = connect(host)
+        except pika.exceptions.AMQPConnectionError:
+            time.sleep(0.05)
+            continue
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            while not stop.is_set():
+                body = f"{prefix}-{n}"
+                n += 1
+                ch.basic_publish(
+                    "",
+                    queues[n % len(queues)],
+                    body.encode(),
+                    pika.BasicProperties(delivery_mode=2),
+                    mandatory=True,
+                )
+                out.add(body)
+        except (pika.exceptions.AMQPError, OSError):
+            continue  # not confirmed: neither counted nor published again
+        finally:
+            if conn.is_open:
+                with contextlib.suppress(Exception):
+                    conn.close()
+
+
+def test_a_workers_kill_under_confirmed_load_loses_no_confirmed_message(
+    host: BrokerProcess,
+) -> None:
+    queues = [f"wk-load-{i}" for i in range(4)]
+    setup = connect(host)
+    for name in queues:
+        setup.channel().queue_declare(name, durable=True)  # balanced: two per worker
+    setup.close()
+    confirmed: list[set[str]] = [set(), set()]
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=_publish_confirmed, args=(host, queues, f"p{i}", stop, out))
+        for i, out in enumerate(confirmed)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(1.5)
+        assert all(confirmed), "no publisher got a confirm before the kill"
+        victim = worker_pids(host)[0]
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        at_kill = sum(len(out) for out in confirmed)
+        time.sleep(2.5)  # the worker restarts meanwhile; publishers go on
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(30)
+    sent = set().union(*confirmed)
+    assert len(sent) > at_kill, "no publish was confirmed after the kill"
+    got: list[str] = []
+    conn = connect(host)
+    try:
+        for name in queues:
+            ch = conn.channel()
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                try:
+                    method, _props, body = ch.basic_get(name, auto_ack=True)
+                except pika.exceptions.ChannelClosedByBroker:
+                    ch = conn.channel()  # its worker is still recovering it
+                    time.sleep(0.2)
+                    continue
+                if method is None:
+                    if ch.queue_declare(name, passive=True).method.message_count == 0:
+                        break
+                    continue
+                got.append(body.decode())
+    finally:
+        conn.close()
+    lost = sent - set(got)
+    duplicated = len(got) - len(set(got))
+    assert not lost, f"{len(lost)} of {len(sent)} confirmed messages lost: {sorted(lost)[:5]}"
+    assert duplicated == 0, f"{duplicated} messages came back twice"
+    assert state(host)["workers"][0]["restarts"] == 1
