@@ -27,6 +27,9 @@ the command line write --console-token=TOKEN.
 
 signals: SIGUSR1 full state dump, SIGUSR2 one-line state, SIGTERM graceful
 shutdown (clients get connection.close 320), SIGHUP re-read --config.
+With --workers N the parent passes SIGHUP, SIGUSR1 and SIGUSR2 to every
+worker, and SIGTERM stops them all; brokerd ctl --data-dir DATA_DIR answers
+for every worker (deploy/runbooks/host-workers.md).
 """
 
 
@@ -312,6 +315,13 @@ def main(argv: list[str] | None = None) -> int:
         from brokerd.host.main import run_host
 
         return run_host(args, workers, config)
+    if args.worker_of is None:
+        from brokerd.host.local import state_problem
+
+        problem = state_problem(args.data_dir, 1)
+        if problem is not None:
+            print(f"brokerd: {problem}", file=sys.stderr)
+            return 2
     host: dict[str, Any] = {}
     if args.worker_of is not None:
         from brokerd.host.local import HostLayout

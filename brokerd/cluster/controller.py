@@ -339,11 +339,14 @@ class ClusterController(Membership):
         self.wiring.want_sync(root)
 
     def root_changed(self, old: str | None, new: str | None) -> None:
+        if new != self.spid:
+            self.wiring.acks.release()  # what waited was ordered: answer it
         self.queues.root_changed(old, new)
         self.placer.root_changed(new == self.spid)
         self.placer.check()  # owners known lost already fail over at once
 
     def peer_lost(self, spid: str, why: str) -> None:
+        self.wiring.acks.lost(spid)
         self.queues.peer_lost(spid, why)
         if why == "inactive" and self.decision.is_root:
             self.wiring.server_gone(spid)

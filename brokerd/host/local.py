@@ -63,6 +63,42 @@ class HostLayout:
         return self.host_dir / f"worker-{index}.sock"
 
 
+#: where a broker keeps its journals and wiring, under its data directory
+STORE_DIR = "store"
+
+
+def state_problem(data_dir: Path, workers: int) -> str | None:
+    """Why ``--workers N`` would leave durable state behind in ``data_dir``, or None.
+
+    A standalone broker keeps it in ``DATA_DIR/store``, worker K in
+    ``DATA_DIR/worker-K/store``. Started with another count, a broker would not
+    see the queues the old layout holds: refused, with what to do, rather than
+    confirmed messages silently out of reach."""
+    if workers > 1 and (data_dir / STORE_DIR).is_dir():
+        return (
+            f"{data_dir} holds the state of one broker ({STORE_DIR}/): "
+            "start it with --workers 1, or give the host of workers another --data-dir"
+        )
+    if workers == 1 and (data_dir / "worker-0" / STORE_DIR).is_dir():
+        found = len(list(data_dir.glob(f"worker-*/{STORE_DIR}")))
+        return (
+            f"{data_dir} holds the state of a host of {found} workers: "
+            f"start it with --workers {found}, or give one broker another --data-dir"
+        )
+    extra = sorted(
+        int(p.parent.name.removeprefix("worker-"))
+        for p in data_dir.glob(f"worker-*/{STORE_DIR}")
+        if p.parent.name.removeprefix("worker-").isdigit()
+        and int(p.parent.name.removeprefix("worker-")) >= workers
+    )
+    if workers > 1 and extra:
+        return (
+            f"{data_dir}/worker-{extra[-1]} holds a worker's state: start the host "
+            f"with --workers {extra[-1] + 1} or more, so no worker's queues are left behind"
+        )
+    return None
+
+
 def prepare(layout: HostLayout) -> None:
     """The host's folders (0700: they hold the secret and the journals) and its
     local cluster file, written again at each start with a new secret."""

@@ -9,7 +9,14 @@ import socket
 import sys
 from pathlib import Path
 
-from brokerd.host.local import HostLayout, HostSetupError, WorkerCommand, hold_port, prepare
+from brokerd.host.local import (
+    HostLayout,
+    HostSetupError,
+    WorkerCommand,
+    hold_port,
+    prepare,
+    state_problem,
+)
 from brokerd.host.supervisor import Supervisor
 from brokerd.host.workers import reuseport_problem
 from brokerd.server.listeners import host_name
@@ -32,7 +39,9 @@ def not_yet(args: argparse.Namespace) -> str | None:
 
 def run_host(args: argparse.Namespace, workers: int, config: Path | None) -> int:
     """Resolve the host's ports and files, then run the supervising parent."""
-    problem = reuseport_problem() or not_yet(args)
+    problem = (
+        reuseport_problem() or not_yet(args) or state_problem(args.data_dir.resolve(), workers)
+    )
     if problem is not None:
         print(f"brokerd: {problem}", file=sys.stderr)
         return 2

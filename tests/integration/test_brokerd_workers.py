@@ -380,3 +380,50 @@ def test_a_workers_kill_under_confirmed_load_loses_no_confirmed_message(
     assert not lost, f"{len(lost)} of {len(sent)} confirmed messages lost: {sorted(lost)[:5]}"
     assert duplicated == 0, f"{duplicated} messages came back twice"
     assert state(host)["workers"][0]["restarts"] == 1
+
+
+def test_brokerd_ctl_answers_for_every_worker_of_a_host(host: BrokerProcess) -> None:
+    conns = one_per_worker(host)
+    ch = conns[0].channel()
+    for i in range(4):
+        ch.queue_declare(f"wk-ctl-{i}")
+    for conn in conns:
+        conn.close()
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(host.data_dir), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+
+    status = ctl("status", "--json")
+    assert status.returncode == 0, status.stderr
+    doc = json.loads(status.stdout)
+    assert doc["host"]["pid"] == host.proc.pid  # type: ignore[union-attr]
+    spids = {w["spid"] for w in doc["workers"]}
+    assert len(spids) == WORKERS and all(w["ready"] for w in doc["workers"])
+    roots = {w["root"] for w in doc["workers"]}
+    assert len(roots) == 1 and roots <= spids  # one local root, a worker of this host
+    text = ctl("status").stdout
+    assert "== worker-0: pid" in text and "== worker-1: pid" in text
+    queues = ctl("queues", "--json")
+    assert queues.returncode == 0, queues.stderr
+    owners = {q["name"]: q["owner"] for q in json.loads(queues.stdout)["queues"]}
+    placed = [owners[f"wk-ctl-{i}"] for i in range(4)]
+    assert set(placed) == spids, f"balanced placement put them on {placed}"
+
+
+@pytest.mark.parametrize("option", [["--cluster", "x.toml"], ["--metrics-port", "0"]])
+def test_options_a_host_of_workers_does_not_take_yet_are_refused(
+    tmp_path: Path, option: list[str]
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "brokerd", "--workers", "2", "--data-dir", str(tmp_path), *option],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert "not supported with --workers above 1 yet" in done.stderr, done.stderr

@@ -85,10 +85,12 @@ def test_wiring_declared_on_a_secondary_exists_everywhere_in_order(shared: Clust
     # the -Ok came after the root ordered each change: every server has it now
     for port in cluster.ports:
         assert exists(port, "exchange", "orders") and exists(port, "queue", "billing")
-        assert not exists(port, "queue", private) or port == cluster.ports[3]
-    # 4 shared changes, the private queue's meta.bind (which does not hold the client)
-    # and its meta.unbind when the connection closed, on every server in the same order
-    cluster.wait_until(lambda: agreed(cluster, "state_seq") == {seq + 6})
+    # 4 shared changes, the private queue's two meta.binds (its name on the default
+    # exchange, and its binding; neither holds the client) and their two meta.unbinds
+    # when the connection closed, on every server in the same order
+    cluster.wait_until(lambda: agreed(cluster, "state_seq") == {seq + 8})
+    for port in cluster.ports:  # gone with its connection, and its name withdrawn
+        assert not exists(port, "queue", private)
 
 
 def test_a_private_queue_withdraws_its_meta_bindings_when_it_goes(shared: Cluster) -> None:
@@ -97,9 +99,10 @@ def test_a_private_queue_withdraws_its_meta_bindings_when_it_goes(shared: Cluste
     conn, ch = channel(cluster.ports[2])
     private = ch.queue_declare("", exclusive=True).method.queue
     ch.queue_bind(private, "amq.fanout")
-    cluster.wait_until(lambda: agreed(cluster, "state_seq") == {seq + 1})
-    conn.close()  # the exclusive queue goes with its connection
+    # its name on the default exchange, and its binding
     cluster.wait_until(lambda: agreed(cluster, "state_seq") == {seq + 2})
+    conn.close()  # the exclusive queue goes with its connection
+    cluster.wait_until(lambda: agreed(cluster, "state_seq") == {seq + 4})
 
 
 def test_routing_uses_replicated_bindings_on_every_server(shared: Cluster) -> None:

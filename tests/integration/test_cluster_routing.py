@@ -610,3 +610,36 @@ def test_a_client_cannot_publish_to_the_cluster_exchange(roles: Routing) -> None
         eventually(lambda: roles.depth(roles.b, name)[0] == 1, what="the publish after it")
     finally:
         conn.close()
+
+
+def test_a_bind_ok_waits_until_every_server_has_the_binding(roles: Routing) -> None:
+    """The bind-ok comes once every server has applied the binding, as RabbitMQ's
+    does: a publish right after it through any other server is routed. With
+    clients whose connections land on any server (brokerd --workers) the next
+    connection is as likely to be elsewhere as not. Shown with a server that is
+    paused (shorter than the heartbeat timeout): the bind waits for it."""
+    key = uid("waits")
+    binder, late = roles.a, roles.b
+    conn = roles.connect(binder)
+    publisher = roles.connect(late)
+    try:
+        ch = conn.channel()
+        queue = ch.queue_declare(key).method.queue
+        roles.cluster.pause(late)
+        try:
+            started = time.monotonic()
+            threading.Timer(1.0, roles.cluster.resume, args=(late,)).start()
+            ch.queue_bind(queue, "amq.direct", key)
+            took = time.monotonic() - started
+        finally:
+            time.sleep(max(0.0, 1.2 - (time.monotonic() - started)))
+        assert took >= 0.9, f"the bind-ok came {took:.2f} s after the bind, before {late} had it"
+        pub = publisher.channel()
+        pub.confirm_delivery()
+        pub.basic_publish("amq.direct", key, b"routed", mandatory=True)
+        _method, _props, body = ch.basic_get(queue, auto_ack=True)
+        assert body == b"routed"
+        ch.queue_delete(queue)
+    finally:
+        conn.close()
+        publisher.close()

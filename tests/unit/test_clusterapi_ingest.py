@@ -516,6 +516,7 @@ def test_a_brokers_memory_and_disk_alarms_become_console_alarms(
         "limit": 400,
         "total": 1000,
         "watermark": 0.4,
+        "share": 1,
         "alarm": True,
     }
     monitor.read_memory = lambda: 100

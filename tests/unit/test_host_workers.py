@@ -8,6 +8,7 @@ import argparse
 import os
 import signal
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +115,20 @@ def test_before_it_runs_every_slot_is_stopped() -> None:
 def test_a_supervisor_needs_a_worker() -> None:
     with pytest.raises(ValueError, match="at least 1 worker"):
         Supervisor(0, lambda k: ["true"])
+
+
+def test_a_data_directory_is_refused_to_a_count_that_would_leave_state_behind(
+    tmp_path: Path,
+) -> None:
+    from brokerd.host.local import state_problem
+
+    assert state_problem(tmp_path, 1) is None and state_problem(tmp_path, 4) is None
+    (tmp_path / "store").mkdir()
+    assert state_problem(tmp_path, 1) is None
+    assert "start it with --workers 1" in (state_problem(tmp_path, 2) or "")
+    (tmp_path / "store").rmdir()
+    for k in range(3):
+        (tmp_path / f"worker-{k}" / "store").mkdir(parents=True)
+    assert state_problem(tmp_path, 3) is None and state_problem(tmp_path, 4) is None
+    assert "--workers 3" in (state_problem(tmp_path, 1) or "")
+    assert "worker-2 holds a worker's state" in (state_problem(tmp_path, 2) or "")

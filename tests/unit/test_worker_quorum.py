@@ -32,7 +32,7 @@ def _split(draw: st.DrawFn, newcomers: int) -> tuple[int, frozenset[int], frozen
     group at all that might back another root."""
     n = draw(st.integers(min_value=newcomers + 1, max_value=9))
     old = list(range(n - newcomers))
-    backing = frozenset(draw(st.lists(st.sampled_from(old), unique=True, min_size=1)) + [0])
+    backing = frozenset([*draw(st.lists(st.sampled_from(old), unique=True, min_size=1)), 0])
     other = frozenset(draw(st.lists(st.sampled_from(range(n)), unique=True, min_size=1)))
     return n, backing, other, newcomers
 

@@ -16,6 +16,7 @@ joins, or finds a gap in the stream, takes the root's compacted log
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from pamqp.base import Frame as Method
 
 from brokerd.cluster.wiring import entries as rep
 from brokerd.cluster.wiring import statelog as sl
+from brokerd.cluster.wiring.applied import Acknowledgements
 from brokerd.cluster.wiring.recovered import shared_wiring
 from brokerd.cluster.wiring.statelog import Entry, compact, freeze, replay
 from brokerd.model.errors import (
@@ -55,7 +57,9 @@ REFUSE = "cluster.refuse"
 RESULT = "cluster.result"
 SYNC_REQUEST = "cluster.sync-request"
 SYNC = "cluster.sync"
-KINDS = (CHANGE, STATE, REFUSE, RESULT, SYNC_REQUEST, SYNC)
+#: a follower applied the stream up to a change the root holds an answer for
+APPLIED = "cluster.applied"
+KINDS = (CHANGE, STATE, REFUSE, RESULT, SYNC_REQUEST, SYNC, APPLIED)
 
 
 @dataclass
@@ -98,6 +102,8 @@ class WiringReplication:
         self.on_fence: Callable[[str, int, int], None] | None = None
         self.is_fenced: Callable[[str], bool] = lambda _spid: False
         self.fences: Callable[[str], int] = lambda _spid: 0
+        #: root only: answers held until every follower applied their change
+        self.acks = Acknowledgements(members.clock, lambda: self.members.config.heartbeat_timeout)
 
     @property
     def spid(self) -> str:
@@ -120,8 +126,8 @@ class WiringReplication:
             return False
         if isinstance(method, commands.Queue.Delete) and self._owned_elsewhere(vhost, method, done):
             return True
-        if self.members.root_now():
-            return False
+        if self.members.root_now() and not self.acks.wanted:
+            return False  # applied here, then ordered (``replicate``): nobody to wait for
         entry = rep.entry_for(method, vhost.name, origin=self.spid)
         self._request(entry, done)
         return True
@@ -276,12 +282,18 @@ class WiringReplication:
         if self.members.root_now():
             # this server became root while the change was in flight: order it here
             del self.pending[request]
-            outcome = self._order(change.entry, request)
-            if change.done is not None:
-                if isinstance(outcome, AMQPError):
-                    change.done(outcome, None)
-                else:
-                    change.done(None, outcome[1])
+            wanted = self.acks.wanted
+            outcome = self._order(change.entry, request, ack=wanted)
+            done = change.done
+            if done is None:
+                return
+            if isinstance(outcome, AMQPError):
+                done(outcome, None)
+            elif outcome[0] and wanted:
+                result = outcome[1]
+                self.acks.expect(self.last_seq, lambda: done(None, result))
+            else:
+                done(None, outcome[1])
             return
         root = self.members.root()
         if root is None:
@@ -291,7 +303,9 @@ class WiringReplication:
             change.sent_to = root
 
     def tick(self) -> None:
-        """Resend changes to a new root; give up on those nobody ordered in time."""
+        """Resend changes to a new root; give up on those nobody ordered in time;
+        answer changes whose followers did not all acknowledge them in time."""
+        self.acks.expire()
         now = self.members.clock()
         root = self.members.root()
         for request, change in list(self.pending.items()):
@@ -310,11 +324,13 @@ class WiringReplication:
     # -- ordering (root) ---------------------------------------------------------------------
 
     def _order(
-        self, entry: Entry, request: str | None, *, applied: bool = False
+        self, entry: Entry, request: str | None, *, applied: bool = False, ack: bool = False
     ) -> AMQPError | tuple[bool, list[int] | None]:
         """Root only: validate by applying (unless already applied here), give the
         next sequence number, broadcast. Returns the error, or whether it was
-        ordered and the result for the requester's -Ok."""
+        ordered and the result for the requester's -Ok. With ``ack`` the followers
+        acknowledge applying it, and the requester waits for the root's answer
+        (``applied.Acknowledgements``)."""
         if entry.op == sl.BARRIER:
             return False, None  # answered at once, after everything ordered before it
         result = None
@@ -356,6 +372,8 @@ class WiringReplication:
             if vhost is not None:  # the channel declared it here first: its owner now
                 rep.apply_placement(vhost, ordered)
         header = {**rep.entry_header(ordered), "request": request, "result": result}
+        if ack:
+            header["ack"] = True
         self.members._send_all(STATE, rep.encode_bucket(header, [ordered.frame]))
         log.info(
             "state ordered seq=%d op=%s name=%s origin=%s",
@@ -389,6 +407,8 @@ class WiringReplication:
                 self._on_sync_request(spid)
             elif kind == SYNC:
                 self._on_sync(spid, header, frames)
+            elif kind == APPLIED:
+                self.acks.applied(spid, int(header["seq"]))
         except (rep.BucketError, ValueError, TypeError, KeyError) as exc:
             # a malformed header field (a seq that is not a number) costs this message only
             log.warning("replication message refused from=%s kind=%s: %s", spid, kind, exc)
@@ -399,7 +419,8 @@ class WiringReplication:
             log.info("change from=%s ignored: not root (it will resend)", spid)
             return
         entry = rep.entry_from_header(header, frames[0] if frames else b"")
-        outcome = self._order(entry, request)
+        wanted = self.acks.wanted
+        outcome = self._order(entry, request, ack=wanted)
         if isinstance(outcome, AMQPError):
             refusal = {
                 "request": request,
@@ -408,9 +429,15 @@ class WiringReplication:
                 "connection_level": outcome.connection_level,
             }
             self.members.post(spid, REFUSE, rep.encode_bucket(refusal, []))
-        elif not outcome[0]:  # (an ordered change is answered by its state broadcast)
-            reply = {"request": request, "result": outcome[1]}
-            self.members.post(spid, RESULT, rep.encode_bucket(reply, []))
+        elif not outcome[0] or wanted:
+            # nothing ordered: answered at once; ordered with followers: once all of
+            # them applied it (else its state broadcast answers it)
+            reply = rep.encode_bucket({"request": request, "result": outcome[1]}, [])
+            answer = functools.partial(self.members.post, spid, RESULT, reply)
+            if outcome[0]:
+                self.acks.expect(self.last_seq, answer)
+            else:
+                answer()
 
     def _on_state(self, spid: str, header: dict[str, Any], frames: list[bytes]) -> None:
         if spid != self.members.root() or self.synced_root != spid:
@@ -427,6 +454,11 @@ class WiringReplication:
         self._apply(entry)
         self.last_seq = entry.seq
         self._append(entry)
+        if header.get("ack"):
+            # the root answers the change once every follower applied it: say so, and
+            # (its requester) wait for that answer
+            self.members.post(spid, APPLIED, rep.encode_bucket({"seq": entry.seq}, []))
+            return
         change = self.pending.pop(str(header.get("request")), None)
         if change is not None and change.done is not None:
             change.done(None, header.get("result"))
@@ -490,6 +522,7 @@ class WiringReplication:
             self.members.evaluate()
 
     def became_root(self) -> None:
+        self.acks.release()  # followers of an earlier tenure sync again first
         self.synced_root = self.spid  # a new root's own log is the cluster state
         if not self.log and self.last_seq == 0:
             self._seed_from_model()
@@ -536,6 +569,7 @@ class WiringReplication:
         header = {"seq": self.last_seq, "entries": [rep.entry_header(e) for e in self.log]}
         frames = [e.frame for e in self.log]
         if self.members.post(spid, SYNC, rep.encode_bucket(header, frames)):
+            self.acks.follow(spid)
             log.info("sync sent to=%s entries=%d seq=%d", spid, len(self.log), self.last_seq)
         else:
             # it asks again each timeout, and stays not ready until one is answered
