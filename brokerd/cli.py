@@ -219,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--host-address", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--host-workers", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--metrics-socket", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--log-level",
         default="info",
@@ -333,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             "host_address": args.host_address,
             "host_state": layout.state_file,
             "host_workers": args.host_workers,
+            "metrics_socket": args.metrics_socket,
         }
     return run(
         ServerOptions(

@@ -62,6 +62,10 @@ class HostLayout:
     def link_socket(self, index: int) -> Path:
         return self.host_dir / f"worker-{index}.sock"
 
+    def metrics_socket(self, index: int) -> Path:
+        """Where worker K serves its metrics to the parent (``host/metrics.py``)."""
+        return self.host_dir / f"worker-{index}.metrics"
+
 
 #: where a broker keeps its journals and wiring, under its data directory
 STORE_DIR = "store"
@@ -156,6 +160,8 @@ class WorkerCommand:
     config: Path | None
     log_level: str
     host_address: str
+    #: the host serves /metrics: each worker serves its own to the parent
+    metrics: bool = False
 
     def __call__(self, index: int) -> list[str]:
         argv = [
@@ -185,4 +191,6 @@ class WorkerCommand:
             argv += ["--tls-port", str(self.tls_port)]
         if self.config is not None:
             argv += ["--config", str(self.config)]
+        if self.metrics:
+            argv += ["--metrics-socket", str(self.layout.metrics_socket(index))]
         return argv

@@ -17,6 +17,7 @@ from brokerd.host.local import (
     prepare,
     state_problem,
 )
+from brokerd.host.metrics import MetricsGateway
 from brokerd.host.supervisor import Supervisor
 from brokerd.host.workers import reuseport_problem
 from brokerd.server.listeners import host_name
@@ -30,7 +31,6 @@ def not_yet(args: argparse.Namespace) -> str | None:
     for option, given in (
         ("--cluster", args.cluster is not None),
         ("--console", args.console is not None),
-        ("--metrics-port", args.metrics_port is not None),
     ):
         if given:
             return f"{option} is not supported with --workers above 1 yet: run --workers 1"
@@ -69,7 +69,26 @@ def run_host(args: argparse.Namespace, workers: int, config: Path | None) -> int
         config=config.resolve() if config is not None else None,
         log_level=args.log_level,
         host_address=f"{host_name(args.bind)}:{port if port is not None else tls_port}",
+        metrics=args.metrics_port is not None,
     )
+    gateway = None
+    if args.metrics_port is not None:
+        try:
+            gateway = MetricsGateway(
+                args.metrics_bind,
+                args.metrics_port,
+                lambda: [layout.metrics_socket(k) for k in range(workers)],
+            )
+        except OSError as exc:
+            for sock in held:
+                sock.close()
+            print(
+                f"brokerd: cannot listen for metrics on {args.metrics_bind}:"
+                f"{args.metrics_port}: {exc.strerror}",
+                file=sys.stderr,
+            )
+            return 1
+        gateway.start()
     log.info(
         "host pid=%d workers=%d bind=%s port=%s tls_port=%s data_dir=%s",
         os.getpid(),
@@ -82,5 +101,7 @@ def run_host(args: argparse.Namespace, workers: int, config: Path | None) -> int
     try:
         return Supervisor(workers, command, state_file=layout.state_file).run()
     finally:
+        if gateway is not None:
+            gateway.stop()
         for sock in held:
             sock.close()

@@ -81,6 +81,8 @@ class ServerOptions:
     host_state: Path | None = None
     #: the host's workers: each takes this share of the memory high watermark
     host_workers: int = 1
+    #: a worker's metrics, for the parent's one endpoint (None: --metrics-port, or none)
+    metrics_socket: Path | None = None
 
 
 class Server:
@@ -392,7 +394,10 @@ class Server:
             self.address = str(SocketPath(str(self.options.link_socket)))
         self._ticker_task = loop.create_task(self._ticker())
         self._control = await serve_control(self.options.data_dir, self.control)
-        if self.options.metrics_port is not None:
+        if self.options.metrics_socket is not None:
+            self.metrics = MetricsServer(self, "", 0, self.options.metrics_socket)
+            await self.metrics.start()
+        elif self.options.metrics_port is not None:
             self.metrics = MetricsServer(self, self.options.metrics_bind, self.options.metrics_port)
             try:
                 await self.metrics.start()

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -330,17 +331,27 @@ class BrokerCollector(Collector):
 class MetricsServer:
     """``GET /metrics`` over HTTP/1.0 on the broker's loop (one request per connection)."""
 
-    def __init__(self, server: MetricsHost, bind: str, port: int) -> None:
+    def __init__(
+        self, server: MetricsHost, bind: str, port: int, unix_path: Path | None = None
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(BrokerCollector(server))
         self.bind = bind
         self.port = port
+        #: a worker of ``brokerd --workers``: served on this socket, for the parent's
+        #: one endpoint (``brokerd/host/metrics.py``), never on a port of its own
+        self.unix_path = unix_path
         self._server: asyncio.AbstractServer | None = None
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
     async def start(self) -> None:
+        if self.unix_path is not None:
+            self.unix_path.unlink(missing_ok=True)
+            self._server = await asyncio.start_unix_server(self._handle, str(self.unix_path))
+            self.unix_path.chmod(0o600)
+            return
         self._server = await asyncio.start_server(self._handle, self.bind, self.port)
         self.port = self._server.sockets[0].getsockname()[1]
         if is_loopback(self.bind):

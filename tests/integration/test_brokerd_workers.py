@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -415,7 +416,10 @@ def test_brokerd_ctl_answers_for_every_worker_of_a_host(host: BrokerProcess) -> 
     assert set(placed) == spids, f"balanced placement put them on {placed}"
 
 
-@pytest.mark.parametrize("option", [["--cluster", "x.toml"], ["--metrics-port", "0"]])
+@pytest.mark.parametrize(
+    "option",
+    [["--cluster", "x.toml"], ["--console", "ws://127.0.0.1:9/ws/brokers/", "--console-token=t"]],
+)
 def test_options_a_host_of_workers_does_not_take_yet_are_refused(
     tmp_path: Path, option: list[str]
 ) -> None:
@@ -427,3 +431,31 @@ def test_options_a_host_of_workers_does_not_take_yet_are_refused(
     )
     assert done.returncode == 2
     assert "not supported with --workers above 1 yet" in done.stderr, done.stderr
+
+
+def test_one_metrics_endpoint_answers_for_every_worker(tmp_path: Path) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.brokerd_process import free_port, wait_workers_ready
+
+    port = free_port()
+    host = BrokerProcess(
+        tmp_path / "host", extra_args=["--workers", "2", "--metrics-port", str(port)]
+    )
+    try:
+        host.start()
+        wait_workers_ready(host.data_dir, WORKERS)
+        for conn in one_per_worker(host):
+            conn.channel().queue_declare(f"wk-metrics-{spid_of(conn)[-4:]}")
+            conn.close()
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            assert reply.status == 200
+            text = reply.read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}  # parses: valid
+        workers = {s.labels.get("worker") for f in families.values() for s in f.samples}
+        assert {"0", "1"} <= workers, sorted(w for w in workers if w)
+        assert families["rookery_host_workers_unreachable"].samples[0].value == 0
+        for name in ("worker-0.metrics", "worker-1.metrics"):
+            assert (host.data_dir / "host" / name).stat().st_mode & 0o777 == 0o600
+    finally:
+        host.stop(timeout=20)
