@@ -52,9 +52,8 @@ class HostLayout:
 
     @property
     def state_file(self) -> Path:
-        from brokerd.host.state import STATE_NAME
-
-        return self.host_dir / STATE_NAME
+        """The supervisor's state (``supervisor.py``; a worker reads ``stopping``)."""
+        return self.host_dir / "state.json"
 
     def worker_dir(self, index: int) -> Path:
         return self.data_dir / f"worker-{index}"

@@ -404,7 +404,7 @@ class Supervisor:
         for slot in self._slots:
             slot.due = slot.next_start = None
         # written before the workers hear of it: a worker reads "stopping" on SIGTERM
-        # (brokerd.host.state) to tell the host's stop from its own
+        # (brokerd.server.worker) to tell the host's stop from its own
         self._save()
         for slot in running:
             self._send(slot, signal.SIGTERM)

@@ -28,7 +28,6 @@ from brokerd.config import BrokerConfig, ConfigError, load_config
 from brokerd.consolelink import inforce
 from brokerd.consolelink.host import HostRefused
 from brokerd.consolelink.link import ConsoleLink
-from brokerd.host.state import host_stopping
 from brokerd.model.auth import Permission, User, hash_password
 from brokerd.model.broker import Broker
 from brokerd.model.errors import CONNECTION_FORCED
@@ -42,6 +41,7 @@ from brokerd.server.login import LoginService
 from brokerd.server.loopwatch import LoopWatch
 from brokerd.server.metrics import MetricsServer
 from brokerd.server.resources import ResourceMonitor
+from brokerd.server.worker import host_stopping
 from brokerd.store.disk import DiskStore
 from brokerd.tls import TLSSettings
 

@@ -136,3 +136,21 @@ def test_a_planted_upward_import_fails_the_layering(tmp_path: Path) -> None:
             "brokerd.cluster.queues.shared.SharedQueue",
         ]
     }
+
+
+@pytest.mark.parametrize(
+    "package",
+    [
+        "brokerd.server",
+        "brokerd.cluster",
+        "brokerd.model",
+        "brokerd.protocol",
+        "brokerd.store",
+        "brokerd.wire",
+        "brokerd.consolelink",
+    ],
+)
+def test_nothing_below_the_host_imports_it(package: str) -> None:
+    """brokerd/host/ runs workers, each an ordinary server: it knows the server, and
+    nothing the server is made of knows it (brokerd.server.worker reads its state)."""
+    assert offending_imports(package, ("brokerd.host",)) == {}
