@@ -34,7 +34,6 @@ import argparse
 import contextlib
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ from brokerd.bench.cluster import RabbitCluster, write_report
 from brokerd.bench.failover import Node
 from brokerd.bench.ports import free_port
 from brokerd.bench.scenarios import BenchError, Options
-from brokerd.bench.spread import run_spread
+from brokerd.bench.spread import add_run_options, print_medians, run_spread
 from brokerd.ctl import request
 
 RABBIT = "rabbitmq-one"
@@ -112,11 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--repeat", type=int, default=3, help="runs per set-up (median reported)")
-    p.add_argument("--duration", type=float, default=6.0, help="measurement window, seconds")
-    p.add_argument("--warmup", type=float, default=2.0, help="warm-up, seconds")
-    p.add_argument("--queues", type=int, default=6, help="queues (one publisher, one consumer)")
-    p.add_argument("--confirm-window", type=int, default=1000, help="unconfirmed per publisher")
+    add_run_options(p, repeat=3)
     p.add_argument("--body-size", type=int, default=250, help="message body, bytes")
     p.add_argument(
         "--workers",
@@ -175,15 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                 host.stop()
         if rabbit is not None:
             rabbit.stop()
-    medians: dict[str, float | None] = {}
     kind = "durable, persistent" if args.durable else "transient"
-    print(f"| set-up ({args.queues} queues, {kind}, {args.body_size} B) | deliveries/s | runs |")
-    print("|---|---:|---:|")
-    for label, runs in results.items():
-        ok = [r["value"] for r in runs if "value" in r]
-        medians[label] = statistics.median(ok) if ok else None
-        shown = "-" if medians[label] is None else f"{medians[label]:,.0f}"
-        print(f"| {label} | {shown} | {len(ok)} |")
+    medians = print_medians(f"{args.queues} queues, {kind}, {args.body_size} B", results)
     print()
     one = medians.get(workers_label(1))
     for label, value in medians.items():

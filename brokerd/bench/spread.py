@@ -280,6 +280,28 @@ def run_spread(
     }
 
 
+def add_run_options(p: argparse.ArgumentParser, repeat: int = 2) -> None:
+    """The options of a run of queue scenarios at once (this module's and ``cores``)."""
+    p.add_argument("--repeat", type=int, default=repeat, help="runs per set-up (median reported)")
+    p.add_argument("--duration", type=float, default=6.0, help="measurement window, seconds")
+    p.add_argument("--warmup", type=float, default=2.0, help="warm-up, seconds")
+    p.add_argument("--queues", type=int, default=6, help="queues (one publisher, one consumer)")
+    p.add_argument("--confirm-window", type=int, default=1000, help="unconfirmed per publisher")
+
+
+def print_medians(header: str, results: dict[str, list[dict[str, Any]]]) -> dict[str, float | None]:
+    """A Markdown table of each set-up's median deliveries/s; the medians."""
+    medians: dict[str, float | None] = {}
+    print(f"| set-up ({header}) | deliveries/s | runs |")
+    print("|---|---:|---:|")
+    for label, runs in results.items():
+        ok = [r["value"] for r in runs if "value" in r]
+        medians[label] = statistics.median(ok) if ok else None
+        shown = "-" if medians[label] is None else f"{medians[label]:,.0f}"
+        print(f"| {label} | {shown} | {len(ok)} |")
+    return medians
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line; ``--nodes`` below 2 is refused (it would be no cluster)."""
     p = argparse.ArgumentParser(
@@ -287,11 +309,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--repeat", type=int, default=2, help="runs per set-up (median reported)")
-    p.add_argument("--duration", type=float, default=6.0, help="measurement window, seconds")
-    p.add_argument("--warmup", type=float, default=2.0, help="warm-up, seconds")
-    p.add_argument("--queues", type=int, default=6, help="queues (one publisher, one consumer)")
-    p.add_argument("--confirm-window", type=int, default=1000, help="unconfirmed per publisher")
+    add_run_options(p)
     p.add_argument("--layout", choices=["cross", "local"], default="cross")
     p.add_argument(
         "--nodes",
@@ -368,17 +386,10 @@ def main(argv: list[str] | None = None) -> int:
         brokerd.stop()
         if rabbit is not None:
             rabbit.stop()
-    medians: dict[str, float | None] = {}
     header = f"{args.queues} queues, layout {args.layout}"
     if args.durable:
         header += ", durable, persistent"
-    print(f"| set-up ({header}) | deliveries/s | runs |")
-    print("|---|---:|---:|")
-    for label, runs in results.items():
-        ok = [r["value"] for r in runs if "value" in r]
-        medians[label] = statistics.median(ok) if ok else None
-        shown = "-" if medians[label] is None else f"{medians[label]:,.0f}"
-        print(f"| {label} | {shown} | {len(ok)} |")
+    medians = print_medians(header, results)
     by_key = {s.key: medians.get(s.label) for s in setups}
     print()
     for top, bottom, line in ratio_names(args.nodes, args.durable, args.group_size):

@@ -87,6 +87,28 @@ def one_per_worker(host: BrokerProcess, timeout: float = 20.0) -> list[pika.Bloc
     return list(found.values())
 
 
+def get_all(
+    conn: pika.BlockingConnection, queue: str, count: int, timeout: float = 15.0
+) -> list[str]:
+    """Up to ``count`` bodies got from ``queue``, asking again while its worker is
+    still recovering it (404: its home node is down)."""
+    ch = conn.channel()
+    got: list[str] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        try:
+            method, _props, body = ch.basic_get(queue, auto_ack=True)
+        except pika.exceptions.ChannelClosedByBroker:
+            ch = conn.channel()
+            time.sleep(0.2)
+            continue
+        if method is None:
+            time.sleep(0.05)
+            continue
+        got.append(body.decode())
+    return got
+
+
 @pytest.fixture
 def host(tmp_path: Path) -> Iterator[BrokerProcess]:
     broker = BrokerProcess(tmp_path / "host", extra_args=["--workers", str(WORKERS)])
@@ -202,20 +224,7 @@ def test_a_killed_worker_is_restarted_with_its_durable_queue(host: BrokerProcess
     # every confirmed message is there, in order, whichever worker owned the queue
     conns = one_per_worker(host)
     try:
-        ch = conns[0].channel()
-        got = []
-        deadline = time.monotonic() + 15
-        while len(got) < 200 and time.monotonic() < deadline:
-            try:
-                method, _props, body = ch.basic_get("wk-durable", auto_ack=True)
-            except pika.exceptions.ChannelClosedByBroker:
-                ch = conns[0].channel()  # the owner still recovering: ask again
-                time.sleep(0.2)
-                continue
-            if method is None:
-                time.sleep(0.05)
-                continue
-            got.append(body.decode())
+        got = get_all(conns[0], "wk-durable", 200)
         assert got == [f"d{i}" for i in range(200)]
     finally:
         for conn in conns:
@@ -238,20 +247,7 @@ def test_sigterm_stops_every_worker_and_keeps_durable_messages(host: BrokerProce
     host.start()
     conns = one_per_worker(host)
     try:
-        ch = conns[0].channel()
-        got = []
-        deadline = time.monotonic() + 15
-        while len(got) < 100 and time.monotonic() < deadline:
-            try:
-                method, _props, body = ch.basic_get("wk-kept", auto_ack=True)
-            except pika.exceptions.ChannelClosedByBroker:
-                ch = conns[0].channel()
-                time.sleep(0.2)
-                continue
-            if method is None:
-                time.sleep(0.05)
-                continue
-            got.append(body.decode())
+        got = get_all(conns[0], "wk-kept", 100)
         assert got == [f"k{i}" for i in range(100)]
     finally:
         for conn in conns:

@@ -288,24 +288,35 @@ def _refused_link(ctl: ClusterController, address: str) -> None:
     ctl.links[address] = link
 
 
-def test_a_sibling_worker_whose_socket_refuses_leaves_the_quorum_count() -> None:
-    """brokerd --workers: a dead worker does not hold its siblings' root hostage,
-    and only a Unix socket's refusal counts as death (a TCP port may lie)."""
-    sockets = ["unix:/h/worker-0.sock", "unix:/h/worker-1.sock", "unix:/h/worker-2.sock"]
+def _worker(known_hosts: list[str]) -> tuple[ClusterController, Clock]:
+    """Worker 0 of a host whose known hosts are ``known_hosts`` (the first is its own)."""
     config = parse_cluster_config(
         {
             "secret": "cluster-secret",
-            "known_hosts": [*sockets, "h9:9"],
+            "known_hosts": known_hosts,
             "heartbeat": {"interval": 1, "timeout": 3, "open_timeout": 7},
         }
     )
     clock = Clock()
     ctl = ClusterController(
-        config, spid="s1", server_type="primary", start_time=1.0, address=sockets[0], clock=clock
+        config,
+        spid="s1",
+        server_type="primary",
+        start_time=1.0,
+        address=known_hosts[0],
+        clock=clock,
     )
     ctl.standing.started = clock.now - 10
     ctl.listed = True
-    ctl.own_addresses.add(sockets[0])
+    ctl.own_addresses.add(known_hosts[0])
+    return ctl, clock
+
+
+def test_a_sibling_worker_whose_socket_refuses_leaves_the_quorum_count() -> None:
+    """brokerd --workers: a dead worker does not hold its siblings' root hostage,
+    and only a Unix socket's refusal counts as death (a TCP port may lie)."""
+    sockets = ["unix:/h/worker-0.sock", "unix:/h/worker-1.sock", "unix:/h/worker-2.sock"]
+    ctl, clock = _worker([*sockets, "h9:9"])
     assert ctl.known_primaries(clock.now) == 4
     _refused_link(ctl, "h9:9")
     assert ctl.known_primaries(clock.now) == 4  # a refused TCP port proves nothing
@@ -321,20 +332,7 @@ def test_a_sibling_worker_whose_socket_refuses_leaves_the_quorum_count() -> None
 
 def test_the_root_keeps_its_quorum_while_one_restarted_sibling_joins() -> None:
     sockets = ["unix:/h/worker-0.sock", "unix:/h/worker-1.sock"]
-    config = parse_cluster_config(
-        {
-            "secret": "cluster-secret",
-            "known_hosts": sockets,
-            "heartbeat": {"interval": 1, "timeout": 3, "open_timeout": 7},
-        }
-    )
-    clock = Clock()
-    ctl = ClusterController(
-        config, spid="s1", server_type="primary", start_time=1.0, address=sockets[0], clock=clock
-    )
-    ctl.standing.started = clock.now - 10
-    ctl.listed = True
-    ctl.own_addresses.add(sockets[0])
+    ctl, clock = _worker(sockets)
     _refused_link(ctl, sockets[1])  # worker 1 died
     assert ctl.evaluate().is_root
     # it starts again (a younger spid) and links in: still left out of the count

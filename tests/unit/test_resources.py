@@ -21,7 +21,7 @@ class Readings:
         self.memory -= 50  # the allocator gave freed pages back
 
 
-def monitor(limits: Limits, r: Readings) -> ResourceMonitor:
+def monitor(limits: Limits, r: Readings, *, trim: bool = True, share: int = 1) -> ResourceMonitor:
     return ResourceMonitor(
         lambda: limits,
         Path("/data"),
@@ -30,7 +30,8 @@ def monitor(limits: Limits, r: Readings) -> ResourceMonitor:
         read_disk_free=lambda path: r.disk,
         total=1000,
         clock=lambda: r.now,
-        trim=r.trim,
+        trim=r.trim if trim else None,
+        share=share,
     )
 
 
@@ -145,17 +146,7 @@ def test_a_worker_watches_its_share_of_the_hosts_watermark():
     """brokerd --workers 2: each worker blocks at half the host's watermark, so the
     host as a whole stays under it."""
     r, limits = Readings(), Limits()  # the host's watermark: 0.4 of 1000 bytes
-    m = ResourceMonitor(
-        lambda: limits,
-        Path("/data"),
-        lambda cause, reason: r.blocks.append((cause, reason)),
-        read_memory=lambda: r.memory,
-        read_disk_free=lambda path: r.disk,
-        total=1000,
-        clock=lambda: r.now,
-        trim=None,
-        share=2,
-    )
+    m = monitor(limits, r, trim=False, share=2)
     assert m.memory_limit == 200 and m.status()["memory"]["share"] == 2
     r.memory = 250  # under the host's 400, over this worker's 200
     m.check_memory()
