@@ -99,6 +99,9 @@ class Membership:
         self.address = address
         #: a worker of ``brokerd --workers``: the host's client address (None: ``address``)
         self.client_address: str | None = None
+        #: known-host addresses a link of ours reached a peer at since this server started
+        #: (a sibling worker's socket that refuses has ended only if it was once up)
+        self.reached: set[str] = set()
         self.fault_injection = fault_injection
         self.on_ready_change = on_ready_change
         #: close client connections with this reason (this server cannot reach the root)
@@ -251,6 +254,7 @@ class Membership:
             self._retire(link, "self")
             return
         peer = self._peer(spid)
+        self.reached.add(link.address)
         if link.address not in peer.aliases:
             self._log_restart(peer, link.address)
         peer.aliases.add(link.address)
@@ -312,6 +316,8 @@ class Membership:
         of ``brokerd --workers`` leaves the quorum's count while it is dead."""
         if not address.startswith(UNIX_SCHEME) or address in self.own_addresses:
             return False
+        if address not in self.reached:
+            return False  # never up since we started: not started yet, not ended
         link = self.links.get(address)
         if link is None or link.up or not link.refused:
             return False

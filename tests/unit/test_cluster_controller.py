@@ -273,8 +273,9 @@ def test_names_that_led_to_the_same_server_count_once_in_the_quorum() -> None:
     assert ctl.known_primaries(clock.now) == 4  # only this server's own names merge now
 
 
-def _refused_link(ctl: ClusterController, address: str) -> None:
-    """A link to ``address`` whose latest attempt was refused (never started)."""
+def _refused_link(ctl: ClusterController, address: str, *, reached: bool = True) -> None:
+    """A link to ``address`` whose latest attempt was refused (never started); with
+    ``reached``, one that was up before (its server had started)."""
     link = Link(
         address,
         user="cluster",
@@ -286,6 +287,8 @@ def _refused_link(ctl: ClusterController, address: str) -> None:
     )
     link.state, link.refused = "retrying", True
     ctl.links[address] = link
+    if reached:
+        ctl.reached.add(address)
 
 
 def _worker(known_hosts: list[str]) -> tuple[ClusterController, Clock]:
@@ -320,6 +323,8 @@ def test_a_sibling_worker_whose_socket_refuses_leaves_the_quorum_count() -> None
     assert ctl.known_primaries(clock.now) == 4
     _refused_link(ctl, "h9:9")
     assert ctl.known_primaries(clock.now) == 4  # a refused TCP port proves nothing
+    _refused_link(ctl, sockets[2], reached=False)
+    assert ctl.known_primaries(clock.now) == 4  # not started yet: it has not ended
     _refused_link(ctl, sockets[2])
     assert ctl.known_primaries(clock.now) == 3
     # the worker of the third socket starts again and links to us: it counts at once
