@@ -48,7 +48,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster import messages
-from brokerd.cluster.config import UNIX_SCHEME, ClusterConfig
+from brokerd.cluster.config import ClusterConfig
 from brokerd.cluster.election import PRIMARY, SECONDARY, Decision, View
 from brokerd.cluster.heartbeat import Heartbeat
 from brokerd.cluster.latency import LatencyWindow
@@ -56,6 +56,7 @@ from brokerd.cluster.link import Link
 from brokerd.cluster.linktls import LinkTLS
 from brokerd.cluster.messages import LINK_PROPERTY, MessageError, Root, Status
 from brokerd.cluster.peers import Alarm, Peer
+from brokerd.cluster.siblings import Siblings
 from brokerd.cluster.standing import Standing
 from brokerd.model.broker import Broker
 from brokerd.model.errors import (
@@ -102,6 +103,8 @@ class Membership:
         #: known-host addresses a link of ours reached a peer at since this server started
         #: (a sibling worker's socket that refuses has ended only if it was once up)
         self.reached: set[str] = set()
+        #: the workers of this host, as the election counts them (``siblings.py``)
+        self.siblings = Siblings(self)
         self.fault_injection = fault_injection
         self.on_ready_change = on_ready_change
         #: close client connections with this reason (this server cannot reach the root)
@@ -308,50 +311,6 @@ class Membership:
             link.address,
         )
         self.evaluate()
-
-    def ended(self, address: str) -> bool:
-        """A sibling worker's link socket refuses and nothing of it is connected to
-        us: its process has ended. Only a Unix socket says so for sure (it is on this
-        host: no network can make a live worker look like this), so only a worker
-        of ``brokerd --workers`` leaves the quorum's count while it is dead."""
-        if not address.startswith(UNIX_SCHEME) or address in self.own_addresses:
-            return False
-        if address not in self.reached:
-            return False  # never up since we started: not started yet, not ended
-        link = self.links.get(address)
-        if link is None or link.up or not link.refused:
-            return False
-        return not any(
-            p.inbound for p in self.peers.values() if address == p.address or address in p.aliases
-        )
-
-    def joining(self, address: str) -> bool:
-        """A sibling worker at ``address`` started after this server and has not yet
-        named our root in a status: a restarted worker still joining."""
-        if not address.startswith(UNIX_SCHEME) or address in self.own_addresses:
-            return False
-        if self.ended(address):
-            return False
-        there = [p for p in self.peers.values() if address == p.address or address in p.aliases]
-        if not there:
-            return False
-        newest = max(there, key=lambda p: p.spid)  # spids sort by start time
-        return newest.spid > self.spid and not newest.caught_up
-
-    def all_resolved(self) -> bool:
-        """Every known host is a sibling worker's socket that has answered: linked up,
-        ourselves, or ended. Such a cluster needs no start window to hear from its
-        members (a Unix socket answers at once), so a restarted worker votes as
-        soon as it has linked, and its siblings keep their root through its return."""
-        for address in self.known:
-            if not address.startswith(UNIX_SCHEME):
-                return False
-            if address in self.own_addresses or self.ended(address):
-                continue
-            link = self.links.get(address)
-            if link is None or not link.up:
-                return False
-        return True
 
     def _log_restart(self, peer: Peer, address: str) -> None:
         """A new spid at an older one's address: that server restarted. The views

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from brokerd.cluster.config import ClusterConfig
     from brokerd.cluster.link import Link
     from brokerd.cluster.peers import Peer
+    from brokerd.cluster.siblings import Siblings
 
 log = logging.getLogger("brokerd.cluster")
 
@@ -72,6 +73,8 @@ class StandingHost(Protocol):
     known: set[str]
     #: known-host addresses that turned out to be this server
     own_addresses: set[str]
+    #: the workers of this host (``siblings.Siblings``)
+    siblings: Siblings
     listed: bool
     #: it recovered shared wiring from its disk at start (``election.choose``)
     holds_state: bool
@@ -80,9 +83,6 @@ class StandingHost(Protocol):
     clock: Callable[[], float]
 
     def link_to(self, spid: str | None) -> Link | None: ...
-    def ended(self, address: str) -> bool: ...
-    def all_resolved(self) -> bool: ...
-    def joining(self, address: str) -> bool: ...
     def copy_complete(self) -> bool: ...
     def copy_position(self) -> tuple[str, int] | None: ...
     def state_seq(self) -> int: ...
@@ -271,14 +271,14 @@ class Standing:
         merged = (sum(claims[name] == 1 for name in group) for group in groups)
         # a sibling worker whose process ended is no voter until it starts again: the
         # workers of one host keep their root through a worker's crash and restart
-        ended = sum(self.host.ended(name) for name in self.host.known)
+        ended = sum(self.host.siblings.ended(name) for name in self.host.known)
         count = len(self.host.known) - sum(n - 1 for n in merged if n > 1) - ended
         if self.current_root == self.host.spid:
             # a restarted sibling worker that has not yet named this root: not counted
             # until it has, so the root stays through the restart. One at most: with a
             # single newcomer left out, this root's majority and any majority of the
             # full count still share a server (tests/unit/test_worker_quorum.py)
-            newcomers = [name for name in self.host.known if self.host.joining(name)]
+            newcomers = [name for name in self.host.known if self.host.siblings.joining(name)]
             count -= len(newcomers) == 1
         return count
 
@@ -305,7 +305,7 @@ class Standing:
             # unseat a root we cannot see, so abstain
             decision = Decision(None, False, False, decision.reason)
         if now - self.started < self.host.config.heartbeat_timeout:
-            if self._joined(now) or self.host.all_resolved():
+            if self._joined(now) or self.host.siblings.all_resolved():
                 self.started = now - self.host.config.heartbeat_timeout  # the window is over
             else:
                 # give every known host a chance to link before the first vote,
