@@ -78,7 +78,10 @@ class DashboardConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_UNKNOWN_PAGE)
             return
         self.page, self.params = page, params
-        self.can_operate = await database_sync_to_async(is_operator)(user)
+        # reads of their own, off the thread the brokers' statuses are written in: a
+        # console back from a restart takes every broker's full status at once, and an
+        # open page must not wait behind them to be live again (issue 45)
+        self.can_operate = await database_sync_to_async(is_operator, thread_sensitive=False)(user)
         await self.channel_layer.group_add(DASHBOARD_GROUP, self.channel_name)
         self.member = asyncio.ensure_future(
             keep_in_group(self.channel_layer, DASHBOARD_GROUP, self.channel_name)
@@ -117,7 +120,7 @@ class DashboardConsumer(AsyncWebsocketConsumer):
                 await asyncio.sleep(wait)
             self.dirty = False
             try:
-                fragments = await database_sync_to_async(render_fragments)(
+                fragments = await database_sync_to_async(render_fragments, thread_sensitive=False)(
                     self.page, self.params, self.can_operate
                 )
             except Exception:

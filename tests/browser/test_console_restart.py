@@ -55,9 +55,13 @@ def away(stack: ConsoleStack, pages: list[Page], seconds: float) -> float:
     time.sleep(seconds)
     stack._start_daphne()  # returns once /healthz answers
     answered = time.monotonic()
+    steps = []
     for page in pages:
         expect(page.locator("#live-state")).to_have_text("live", timeout=LIVE_AGAIN_MS + 2_000)
+        steps.append(f"live {time.monotonic() - answered:.2f}")
         expect(page.locator("#stale-banner")).to_be_hidden(timeout=LIVE_AGAIN_MS + 2_000)
+        steps.append(f"fresh {time.monotonic() - answered:.2f}")
+    print("pages back:", ", ".join(steps))
     return time.monotonic() - answered
 
 
