@@ -135,32 +135,47 @@
 
   /* -- reconnecting -------------------------------------------------------------------
      The page is live again within a second or so of the console answering, after an
-     outage of any length: the ws extension's own backoff grows to a minute, so every
-     retry waits 0.25-0.5 s instead (a refused connection costs the console nothing). The extension retries only abnormal closes (1006, 1011,
-     1012, 1013); a console stopping cleanly closes with 1000 or 1001, and then the link
-     element is replaced, which makes htmx connect anew. 4401 (logged out) and 4404 (no
-     such page) need a reload, not a retry. */
-  var RETRIED_BY_EXTENSION = [1006, 1011, 1012, 1013];
+     outage of any length. While the console is away the page asks its /healthz, every
+     0.25-0.5 s, and opens the websocket again only once that answers: a browser delays
+     each new websocket by up to seconds after many failed ones (Chromium's per-process
+     throttle), so failing websockets every half second through a long outage would
+     make the first one after it wait 1-5 s. The ws extension's own retries are
+     therefore pushed out of the way (a day), and this code reconnects every close but
+     4401 (logged out) and 4404 (no such page), which need a reload, not a retry. */
   var NOT_RETRIED = [4401, 4404];
+  var probing = false;
 
   function retryDelay() {
     return 250 + Math.random() * 250;
   }
 
-  if (window.htmx) htmx.config.wsReconnectDelay = retryDelay;
+  if (window.htmx) htmx.config.wsReconnectDelay = function () { return 24 * 3600 * 1000; };
+
+  function connectAgain() {
+    var link = document.getElementById("live-link");
+    if (!link || live.open || !window.htmx) return;
+    var fresh = link.cloneNode(false);
+    link.replaceWith(fresh);
+    htmx.process(fresh);
+  }
+
+  function probe() {
+    if (live.open) { probing = false; return; }
+    fetch("/healthz", { cache: "no-store", credentials: "same-origin" })
+      .then(function (reply) {
+        if (!reply.ok) throw new Error("not ready");
+        probing = false;
+        connectAgain();
+      })
+      .catch(function () { setTimeout(probe, retryDelay()); });
+  }
 
   function reconnect(evt) {
     var event = evt && evt.detail && evt.detail.event;
     var code = event && event.code;
-    if (code === undefined || RETRIED_BY_EXTENSION.indexOf(code) >= 0) return;
-    if (NOT_RETRIED.indexOf(code) >= 0) return;
-    setTimeout(function () {
-      var link = document.getElementById("live-link");
-      if (!link || live.open || !window.htmx) return;
-      var fresh = link.cloneNode(false);
-      link.replaceWith(fresh);
-      htmx.process(fresh);
-    }, retryDelay());
+    if (NOT_RETRIED.indexOf(code) >= 0 || probing) return;
+    probing = true;
+    setTimeout(probe, retryDelay());
   }
 
   function closed(evt) {

@@ -282,9 +282,10 @@ def test_consumers_on_two_brokers_show_as_one_queue_and_private_queues_per_serve
         conns[0].channel().queue_declare(name)
         for conn in conns:
             conn.channel().basic_consume(name, lambda *_: None)
-        # an exclusive queue of one name on both non-root brokers: two private queues
-        for conn in conns[:2]:
-            conn.channel().queue_declare(private, exclusive=True)
+        # an exclusive queue on each non-root broker: private queues, one per server (a
+        # second of the same name is refused with 405 anywhere, as RabbitMQ refuses it)
+        for i, conn in enumerate(conns[:2]):
+            conn.channel().queue_declare(f"{private}-{i}", exclusive=True)
 
         def spread() -> dict | None:
             rows = api.ok(f"/api/v1/queues/?name={name}")["results"]
@@ -316,13 +317,17 @@ def test_consumers_on_two_brokers_show_as_one_queue_and_private_queues_per_serve
         assert api.ok(f"/api/v1/queues/?consumers_on={root}&name={name}")["count"] == 0
 
         def per_server() -> list[dict] | None:
-            rows = api.ok(f"/api/v1/queues/?name={private}")["results"]
+            rows = [
+                row
+                for i in range(2)
+                for row in api.ok(f"/api/v1/queues/?name={private}-{i}")["results"]
+            ]
             return rows if len(rows) == 2 else None
 
         rows = stack.wait(per_server, 10, "the private queues on their brokers")
-        assert sorted(r["broker"] for r in rows) == sorted(
+        assert [r["broker"] for r in sorted(rows, key=lambda r: r["name"])] == [
             stack.broker_name(i) for i in (first, second)
-        )
+        ]
         assert all(not r["shared"] and r["master"] for r in rows)
     finally:
         for conn in conns:
