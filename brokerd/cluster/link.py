@@ -7,7 +7,7 @@ backoff until stopped, and reports refusals (wrong secret, checksum
 mismatch) to its owner so both can raise an alarm.
 
 A link is two connections, a control lane and a data lane (``Lane``), each
-with one queue and one sender task (``post``), so messages on a lane arrive
+written at once as one publish on its connection (``post``), so messages on a lane arrive
 in the order they were posted: a delivery is never overtaken by the ack of a
 later one, nor a wiring entry by the next. Statuses and root announcements
 go on the control lane and never wait behind data (``docs/architecture.md``,
@@ -28,16 +28,17 @@ import errno
 import logging
 import random
 import ssl
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
 import aio_pika
 import aiormq
+from pamqp import commands
 
 from brokerd.cluster.config import UNIX_SCHEME
 from brokerd.cluster.messages import CLUSTER_EXCHANGE, CONTROL_KINDS, LINK_PROPERTY
+from brokerd.wire.codec import content_parts, encode_properties, method_frame
 
 log = logging.getLogger("brokerd.cluster.link")
 
@@ -48,8 +49,10 @@ BACKOFF_MAX = 5.0
 #: a little later, its port refuses, which is what tells the peer is gone)
 QUICK_RETRY = 0.02
 QUICK_RETRIES = 5
-#: every link message carries the same properties (a message id saves aiormq making one)
-_PROPERTIES = aiormq.spec.Basic.Properties(delivery_mode=1, message_id="rookery-link")
+#: every link message carries the same properties, encoded once
+_PROPERTIES = encode_properties(
+    commands.Basic.Properties(delivery_mode=1, message_id="rookery-link")
+)
 #: the names of a link's two connections (the ``lane`` of its identity)
 CONTROL = "control"
 DATA_LANE = "data"
@@ -76,46 +79,77 @@ class UnixTransport(aiormq.connection.TransportFactory):
             raise aiormq.exceptions.AMQPConnectionError(*exc.args) from exc
 
 
+class LaneTransport(aiormq.connection.TransportFactory):
+    """The transport aiormq would open (TCP, TLS or a Unix socket), keeping its
+    writer for the lane: the lane writes its messages to it itself (``Lane.write``)."""
+
+    def __init__(self, lane: Lane, inner: aiormq.connection.TransportFactory) -> None:
+        self.lane = lane
+        self.inner = inner
+
+    async def create(
+        self, url: Any, **kwargs: Any
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await self.inner.create(url, **kwargs)
+        self.lane.writer = writer
+        return reader, writer
+
+
 class Lane:
-    """One of a link's two connections, with its own outbox and sender task.
+    """One of a link's two connections.
 
-    Messages posted to a lane leave in the order they were posted. On the data
-    lane each waits until the transport took it (aiormq drains after every
-    publish), so a peer that reads slowly shows as ``backlog`` here and nowhere
-    else. The control lane drains once per burst (``drain_each``): a drained
-    publish costs two or three loop turns, and under load a turn takes tens of
-    milliseconds, so a status queued behind a few dozen acks would leave
-    seconds late and a healthy server would look silent to its peers."""
+    A message posted to a lane is written to its connection's transport at once,
+    as the frames of one ``basic.publish``, so messages leave in the order they
+    were posted, the moment they are posted. aiormq's own writer (a queue and a
+    task, and a drain per publish) costs two or three loop turns a message, and
+    under load a turn takes milliseconds: a publisher two servers away waited
+    for its confirms behind them. aiormq still writes its own frames (heartbeats,
+    the close) on the same transport, whole frames between ours. What the peer
+    has not read yet waits in the transport's buffer, and shows as ``backlog``:
+    a peer that reads slowly (or pauses our data lane: flow control) backs it up
+    here and nowhere else."""
 
-    __slots__ = (
-        "amqp",
-        "backlog",
-        "connection",
-        "drain_each",
-        "name",
-        "outbox",
-        "ready",
-        "sender",
-        "sent",
-    )
+    __slots__ = ("amqp", "connection", "frame_max", "heads", "name", "sent", "writer")
 
-    def __init__(self, name: str, *, drain_each: bool = True) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        #: drain after every message (the data lane), or after the last of each burst
-        self.drain_each = drain_each
         self.connection: aio_pika.abc.AbstractConnection | None = None
         self.amqp: aiormq.abc.AbstractChannel | None = None
-        #: posted messages not yet written, oldest first, and their total size
-        self.outbox: deque[tuple[str, bytes]] = deque()
-        self.backlog = 0
+        #: the connection's transport (kept by ``LaneTransport``) and its frame size
+        self.writer: asyncio.StreamWriter | None = None
+        self.frame_max = 0
+        #: the ``basic.publish`` method frame for each kind of message, made once
+        self.heads: dict[str, bytes] = {}
         #: bytes written since the link came up (for the dump and the metrics)
         self.sent = 0
-        self.ready = asyncio.Event()
-        self.sender: asyncio.Task[None] | None = None
+
+    @property
+    def backlog(self) -> int:
+        """Bytes written and not yet taken by the socket."""
+        writer = self.writer
+        return 0 if writer is None else writer.transport.get_write_buffer_size()
+
+    def opened(self, channel: aiormq.abc.AbstractChannel) -> None:
+        self.amqp = channel
+        self.frame_max = channel.connection.connection_tune.frame_max  # type: ignore[attr-defined]
+        self.heads.clear()
+
+    def write(self, kind: str, body: bytes) -> bool:
+        """One message, written now; False if the connection is closing."""
+        writer, channel = self.writer, self.amqp
+        if writer is None or channel is None or writer.is_closing():
+            return False
+        head = self.heads.get(kind)
+        if head is None:
+            publish = commands.Basic.Publish(exchange=CLUSTER_EXCHANGE, routing_key=kind)
+            head = self.heads[kind] = method_frame(channel.number, publish)
+        writer.writelines([head, *content_parts(channel.number, _PROPERTIES, body, self.frame_max)])
+        self.sent += len(body)
+        return True
 
     def clear(self) -> None:
-        self.outbox.clear()
-        self.backlog = 0
+        self.amqp = None
+        self.writer = None
 
 
 class Link:
@@ -162,7 +196,7 @@ class Link:
         self.last_error = ""
         #: the latest connection attempt was refused: nothing listens at ``address``
         self.refused = False
-        self.control = Lane(CONTROL, drain_each=False)
+        self.control = Lane(CONTROL)
         self.data = Lane(DATA_LANE)
         self._task: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
@@ -191,20 +225,20 @@ class Link:
 
     @property
     def backlog(self) -> int:
-        """Bytes posted on the data lane and not yet taken by its transport."""
+        """Bytes written on the data lane that the peer has not read yet."""
         return self.data.backlog
 
     @property
     def pending(self) -> bool:
-        """Posted messages wait to be written."""
-        return bool(self.control.outbox or self.data.outbox) and self.up
+        """Written messages wait in a lane's transport for the peer to read them."""
+        return bool(self.control.backlog or self.data.backlog) and self.up
 
     async def send(self, kind: str, body: bytes) -> bool:
-        """Post one message and wait until it is written; False if the link is not up."""
+        """Post one message and wait until the socket took it; False if the link is not up."""
         if not self.post(kind, body):
             return False
         lane = self._lane(kind, False)
-        while lane.outbox and self.up:
+        while lane.backlog and self.up:
             await asyncio.sleep(0.001)
         return self.up
 
@@ -212,41 +246,17 @@ class Link:
         return self.control if control or kind in CONTROL_KINDS else self.data
 
     def post(self, kind: str, body: bytes, control: bool = False) -> bool:
-        """Queue one message for its lane's sender; False (dropped) if the link is not
-        up. Statuses and root announcements take the control lane by their kind;
+        """Write one message on its lane; False (dropped) if the link is not up.
+        Statuses and root announcements take the control lane by their kind;
         ``control`` sends another message there (a replica's cumulative ack, which
         no other message depends on the order of, and the root waits for)."""
         if not self.up:
             return False
         lane = self._lane(kind, control)
-        lane.outbox.append((kind, body))
-        lane.backlog += len(body)
-        lane.ready.set()
-        return True
-
-    async def _send_loop(self, lane: Lane) -> None:
-        """Write a lane's posted messages in order while its connection lasts."""
-        outbox = lane.outbox
-        channel = lane.amqp
-        assert channel is not None
-        while True:
-            await lane.ready.wait()
-            lane.ready.clear()
-            while outbox:
-                kind, body = outbox.popleft()
-                lane.backlog -= len(body)
-                try:
-                    await channel.basic_publish(
-                        body,
-                        exchange=CLUSTER_EXCHANGE,
-                        routing_key=kind,
-                        properties=_PROPERTIES,
-                        wait=lane.drain_each or not outbox,
-                    )
-                except Exception as exc:  # the connection went away under us
-                    self._lost(f"{lane.name} lane: send failed: {exc}")
-                    return
-                lane.sent += len(body)
+        if lane.write(kind, body):
+            return True
+        self._lost(f"{lane.name} lane: its connection is closing")
+        return False
 
     async def _run(self) -> None:
         backoff = BACKOFF_MIN
@@ -281,10 +291,8 @@ class Link:
             self.refused = False
             self.state = "up"
             self.last_error = ""
-            loop = asyncio.get_running_loop()
             for lane in (self.control, self.data):
                 lane.sent = 0
-                lane.sender = loop.create_task(self._send_loop(lane))
             self.on_up(self)
             await self._closed.wait()
             await self._close_connection()
@@ -300,8 +308,15 @@ class Link:
         # cannot carry a table; handed to the connection's kwargs they reach
         # aiormq.connect() intact
         connection = aio_pika.Connection(self.url, ssl_context=self.ssl_context)
+        inner: aiormq.connection.TransportFactory
         if self.socket_path is not None:
-            connection.kwargs["transport_factory"] = UnixTransport(self.socket_path)
+            inner = UnixTransport(self.socket_path)
+        elif self.ssl_context is not None:
+            inner = aiormq.connection.TLSTransportFactory()
+        else:
+            inner = aiormq.connection.TCPTransportFactory()
+        lane.clear()
+        connection.kwargs["transport_factory"] = LaneTransport(lane, inner)
         connection.kwargs["client_properties"] = {
             LINK_PROPERTY: {**self.identity(), "lane": lane.name},
             "connection_name": f"rookery-link-{lane.name}",
@@ -317,7 +332,7 @@ class Link:
             # no publisher confirms: the planes settle their own messages, and a
             # confirm round trip per message would cap the link's throughput
             channel = await connection.channel(publisher_confirms=False)
-            lane.amqp = await channel.get_underlay_channel()
+            lane.opened(await channel.get_underlay_channel())
         except Exception:
             await connection.close()
             raise
@@ -330,7 +345,6 @@ class Link:
             self.state = "retrying"
             self.last_error = reason
             for lane in (self.control, self.data):
-                lane.amqp = None
                 lane.clear()
             self.on_down(self, reason)
         self._closed.set()
@@ -341,11 +355,7 @@ class Link:
 
     async def _close_connection(self) -> None:
         for lane in (self.control, self.data):
-            sender, lane.sender = lane.sender, None
-            if sender is not None:
-                sender.cancel()
             connection, lane.connection = lane.connection, None
-            lane.amqp = None
             lane.clear()
             if connection is not None and not connection.is_closed:
                 with contextlib.suppress(Exception):
@@ -357,7 +367,6 @@ class Link:
             "state": self.state,
             "peer": self.peer_spid,
             "backlog": self.data.backlog,
-            "queued": len(self.data.outbox),
             "control_backlog": self.control.backlog,
             "sent": self.data.sent,
             "control_sent": self.control.sent,

@@ -1,16 +1,26 @@
 """How a link classifies a failed connection attempt, with real sockets on loopback:
 a closed port refuses (the peer's process has ended), a listener that accepts and
 drops the connection is a reset (a process being killed), neither is the other; and
-what a lane's sender drains after, without sockets."""
+and how a lane writes its messages, over a socket pair."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+import socket
+from types import SimpleNamespace
 
 import aiormq
 
 from brokerd.cluster.link import Lane, Link, is_refused, is_reset
+from brokerd.cluster.messages import CLUSTER_EXCHANGE
+from brokerd.wire.codec import (
+    FRAME_BODY,
+    FRAME_HEADER,
+    FRAME_METHOD,
+    decode_publish,
+    split_frames,
+)
 from tests.brokerd_process import free_port
 
 
@@ -71,45 +81,72 @@ def test_wrapped_causes_count_and_other_errors_do_not() -> None:
     assert not is_refused(timeout) and not is_reset(timeout)
 
 
-# -- a lane's sender, without sockets (``link.Lane``) -------------------------------
+# -- a lane's writes, over a real socket pair (``link.Lane``) -------------------------
 
 
 class _Channel:
-    """Records each publish and whether it asked to wait for the transport."""
+    """What a lane needs of aiormq's channel: its number and its connection's tune."""
 
-    def __init__(self) -> None:
-        self.published: list[tuple[str, bool]] = []
-
-    async def basic_publish(self, body: bytes, *, wait: bool = True, **kwargs: Any) -> None:
-        self.published.append((kwargs["routing_key"], wait))
-        await asyncio.sleep(0)
+    def __init__(self, number: int, frame_max: int) -> None:
+        self.number = number
+        self.connection = SimpleNamespace(connection_tune=SimpleNamespace(frame_max=frame_max))
 
 
-async def _send(lane: Lane, kinds: list[str]) -> list[tuple[str, bool]]:
-    link = link_to(1)  # never connected: the sender is driven by hand
-    channel = _Channel()
-    lane.amqp = channel  # type: ignore[assignment]
-    for kind in kinds:
-        lane.outbox.append((kind, b"x"))
-        lane.backlog += 1
-    lane.ready.set()
-    sender = asyncio.ensure_future(link._send_loop(lane))
-    for _ in range(50):
-        await asyncio.sleep(0)
-    sender.cancel()
-    assert lane.backlog == 0 and not lane.outbox
-    return channel.published
+async def _lane_over_socketpair(frame_max: int) -> tuple[Lane, socket.socket]:
+    ours, theirs = socket.socketpair()
+    _reader, writer = await asyncio.open_unix_connection(sock=ours)
+    lane = Lane("data")
+    lane.writer = writer
+    lane.opened(_Channel(3, frame_max))  # type: ignore[arg-type]
+    return lane, theirs
 
 
-async def test_the_control_lane_drains_once_per_burst() -> None:
-    """A drained publish costs loop turns: statuses queued behind acks must not pay
-    them per message, or a loaded server's statuses leave seconds late."""
-    published = await _send(Lane("control", drain_each=False), ["a", "b", "c", "status"])
-    assert published == [("a", False), ("b", False), ("c", False), ("status", True)]
+def _read_frames(sock: socket.socket, frame_max: int) -> list[tuple[int, int, bytes]]:
+    sock.setblocking(False)
+    data = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := sock.recv(1 << 20):
+            data += chunk
+    frames, used = split_frames(data, 0, frame_max)
+    assert used == len(data), "a frame was cut short"
+    return frames
 
 
-async def test_the_data_lane_drains_after_every_message() -> None:
-    """The data lane's backlog is what flow control reads: each message waits for
-    the transport, so a slow peer shows in the outbox."""
-    published = await _send(Lane("data"), ["f1", "f2"])
-    assert published == [("f1", True), ("f2", True)]
+async def test_a_lane_writes_each_message_as_one_publish_in_order_at_once() -> None:
+    """Posted messages are on the socket when ``write`` returns (no task, no loop
+    turn), each a basic.publish on the lane's channel with its body cut to frame_max."""
+    lane, peer = await _lane_over_socketpair(frame_max=4096)
+    big = bytes(range(256)) * 40  # 10,240 bytes: three body frames
+    assert lane.write("cluster.data", b"first")
+    assert lane.write("cluster.status", big)
+    frames = _read_frames(peer, 4096)
+    methods = [decode_publish(p) for t, _, p in frames if t == FRAME_METHOD]
+    assert methods == [
+        (CLUSTER_EXCHANGE, "cluster.data", False, False),
+        (CLUSTER_EXCHANGE, "cluster.status", False, False),
+    ]
+    assert {channel for _, channel, _ in frames} == {3}
+    bodies: list[bytes] = []
+    for kind, _, payload in frames:
+        if kind == FRAME_HEADER:
+            bodies.append(b"")
+        elif kind == FRAME_BODY:
+            assert len(payload) <= 4096 - 8
+            bodies[-1] += payload
+    assert bodies == [b"first", big]
+    assert lane.sent == 5 + len(big)
+    peer.close()
+
+
+async def test_a_peer_that_does_not_read_shows_as_backlog_and_a_closed_lane_refuses() -> None:
+    lane, peer = await _lane_over_socketpair(frame_max=131072)
+    peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    for _ in range(64):
+        assert lane.write("cluster.data", b"x" * 65536)
+    assert lane.backlog > 1_000_000  # what the kernel did not take waits in the transport
+    assert lane.writer is not None
+    lane.writer.close()
+    assert not lane.write("cluster.data", b"late")
+    lane.clear()
+    assert lane.backlog == 0 and not lane.write("cluster.data", b"later")
+    peer.close()
