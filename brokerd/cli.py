@@ -334,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
             "host_address": args.host_address,
             "host_state": layout.state_file,
             "host_workers": args.host_workers,
+            "host_share": layout.shared_file,
+            "worker_index": args.worker_index,
             "metrics_socket": args.metrics_socket,
         }
     return run(

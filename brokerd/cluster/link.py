@@ -8,8 +8,9 @@ mismatch) to its owner so both can raise an alarm.
 
 A link is two connections, a control lane and a data lane (``Lane``). A
 message posted to a lane is written at once, as one publish on its connection
-(``post``), so messages on a lane arrive in the order they were posted: a delivery is never overtaken by the ack of a
-later one, nor a wiring entry by the next. Statuses and root announcements
+(``post``), so messages on a lane arrive in the order they were posted: a
+delivery is never overtaken by the ack of a later one, nor a wiring entry by
+the next. Statuses and root announcements
 go on the control lane and never wait behind data (``docs/architecture.md``,
 "Flow control"). A message posted while the link is down is dropped (the
 planes above treat a link that went down as a lost session).

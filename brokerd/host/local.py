@@ -55,6 +55,11 @@ class HostLayout:
         """The supervisor's state (``supervisor.py``; a worker reads ``stopping``)."""
         return self.host_dir / "state.json"
 
+    @property
+    def shared_file(self) -> Path:
+        """Connections and failed logins, counted by every worker (``server/hostshare.py``)."""
+        return self.host_dir / "shared"
+
     def worker_dir(self, index: int) -> Path:
         return self.data_dir / f"worker-{index}"
 
@@ -116,6 +121,8 @@ def prepare(layout: HostLayout) -> None:
                 f"--data-dir {layout.data_dir}: the workers' link socket {path} is longer "
                 f"than {MAX_SOCKET_PATH} bytes; use a shorter data directory"
             )
+    # connections and failed logins are counted afresh by each start's workers
+    layout.shared_file.unlink(missing_ok=True)
     hosts = ", ".join(f'"unix:{layout.link_socket(k)}"' for k in range(layout.workers))
     text = (
         "# written by brokerd --workers at each start: the workers of this host\n"

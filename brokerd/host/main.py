@@ -20,6 +20,7 @@ from brokerd.host.local import (
 from brokerd.host.metrics import MetricsGateway
 from brokerd.host.supervisor import Supervisor
 from brokerd.host.workers import reuseport_problem
+from brokerd.server.hostshare import clear_worker
 from brokerd.server.listeners import host_name
 
 log = logging.getLogger("brokerd.host")
@@ -99,7 +100,12 @@ def run_host(args: argparse.Namespace, workers: int, config: Path | None) -> int
         layout.data_dir,
     )
     try:
-        return Supervisor(workers, command, state_file=layout.state_file).run()
+        return Supervisor(
+            workers,
+            command,
+            state_file=layout.state_file,
+            on_exit=lambda index: clear_worker(layout.shared_file, workers, index),
+        ).run()
     finally:
         if gateway is not None:
             gateway.stop()

@@ -166,6 +166,7 @@ class Supervisor:
         stable_after: float = STABLE_AFTER,
         max_backoff: float = MAX_BACKOFF,
         kill_wait: float = KILL_WAIT,
+        on_exit: Callable[[int], None] | None = None,
     ) -> None:
         if count < 1:
             raise ValueError(f"a supervisor needs at least 1 worker, not {count}")
@@ -177,6 +178,8 @@ class Supervisor:
         self.stable_after = stable_after
         self.max_backoff = max_backoff
         self.kill_wait = kill_wait
+        #: told the index of each worker that exited (what it held for the host is freed)
+        self._on_exit = on_exit
         self._slots = [_Slot(index) for index in range(count)]
         self._pid = os.getpid()
         self._started: float | None = None
@@ -342,6 +345,11 @@ class Supervisor:
         slot.proc = None
         slot.started = None
         self._dirty = True
+        if self._on_exit is not None:
+            try:
+                self._on_exit(slot.index)
+            except Exception:
+                log.exception("after worker %d exited", slot.index)
         if self._stopping:
             log.info("worker %d pid %d exited (%s)", slot.index, pid, said)
             return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from brokerd.model.auth import UserDatabase
 from brokerd.model.errors import NOT_ALLOWED, ConnectionError_
-from brokerd.model.limits import LimitChecks, Limits, VhostLimits
+from brokerd.model.limits import HostCounts, LimitChecks, Limits, VhostLimits
 from brokerd.model.storage import MessageStore
 from brokerd.model.vhost import VirtualHost
 
@@ -29,6 +29,8 @@ class Broker(LimitChecks):
         #: client connections open (counted at connection.open-ok), in all and per vhost
         self.connection_count = 0
         self.vhost_connections: dict[str, int] = {}
+        #: a worker's host: the connections of all its workers (None: this broker alone)
+        self.host_counts: HostCounts | None = None
         # monotonic counters (the console's ``totals``); each is one integer
         # increment on its path, nothing more, because publish is benchmarked
         #: messages published by clients

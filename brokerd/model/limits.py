@@ -12,8 +12,10 @@ its words.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from brokerd.model.errors import (
     NOT_ALLOWED,
@@ -25,6 +27,26 @@ from brokerd.model.errors import (
 if TYPE_CHECKING:
     from brokerd.model.broker import Broker
     from brokerd.model.vhost import VirtualHost
+
+
+class HostCounts(Protocol):
+    """The connections of every worker of a host (``brokerd.server.hostshare``): a
+    host's limits are the host's, whichever worker a connection reached."""
+
+    def locked(self) -> AbstractContextManager[None]:
+        """Held around one check-and-count."""
+
+    def connections(self, vhost: str | None = None) -> int:
+        """Every worker's connections (to ``vhost``), this one's as last published."""
+
+    def publish(self, total: int, vhosts: dict[str, int]) -> None:
+        """This worker's counts now."""
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
 
 #: names of the broker's own exchanges and queues (the cluster exchange): no client may
 #: declare, bind (either way), publish to, consume from, purge or delete them
@@ -113,31 +135,52 @@ class LimitChecks:
         return None if limits is None else getattr(limits, name)
 
     def open_connection(self: Broker, vhost: str, user: str) -> None:
-        """Count a client connection opening ``vhost``, or refuse it (530)."""
-        limit = self.limits.max_connections
-        if limit is not None and self.connection_count >= limit:
-            raise ConnectionError_(
-                NOT_ALLOWED, f"connection refused: node connection limit ({limit}) is reached"
-            )
-        count = self.vhost_connections.get(vhost, 0)
-        limit = self.vhost_limit(vhost, "max_connections")
-        if limit is not None and count >= limit:
-            raise ConnectionError_(
-                NOT_ALLOWED,
-                f"access to vhost '{vhost}' refused for user '{user}': "
-                f"connection limit ({limit}) is reached",
-            )
-        self.connection_count += 1
-        self.vhost_connections[vhost] = count + 1
+        """Count a client connection opening ``vhost``, or refuse it (530). A worker of
+        a host counts the host's connections (``host_counts``)."""
+        host = self.host_counts
+        with host.locked() if host is not None else _nothing():
+            limit = self.limits.max_connections
+            count = self.connection_count if host is None else host.connections()
+            if limit is not None and count >= limit:
+                raise ConnectionError_(
+                    NOT_ALLOWED, f"connection refused: node connection limit ({limit}) is reached"
+                )
+            local = self.vhost_connections.get(vhost, 0)
+            limit = self.vhost_limit(vhost, "max_connections")
+            if limit is not None:
+                count = local if host is None else host.connections(vhost)
+                if count >= limit:
+                    raise ConnectionError_(
+                        NOT_ALLOWED,
+                        f"access to vhost '{vhost}' refused for user '{user}': "
+                        f"connection limit ({limit}) is reached",
+                    )
+            self.connection_count += 1
+            self.vhost_connections[vhost] = local + 1
+            if host is not None:
+                host.publish(self.connection_count, self._limited_connections())
+
+    def _limited_connections(self: Broker) -> dict[str, int]:
+        """Connections per vhost, of the vhosts that limit theirs (the others need no
+        host-wide count)."""
+        return {
+            vhost: count
+            for vhost, count in self.vhost_connections.items()
+            if self.vhost_limit(vhost, "max_connections") is not None
+        }
 
     def close_connection(self: Broker, vhost: str) -> None:
         """A connection counted by ``open_connection`` is gone."""
-        self.connection_count -= 1
-        count = self.vhost_connections.get(vhost, 0) - 1
-        if count > 0:
-            self.vhost_connections[vhost] = count
-        else:
-            self.vhost_connections.pop(vhost, None)
+        host = self.host_counts
+        with host.locked() if host is not None else _nothing():
+            self.connection_count -= 1
+            count = self.vhost_connections.get(vhost, 0) - 1
+            if count > 0:
+                self.vhost_connections[vhost] = count
+            else:
+                self.vhost_connections.pop(vhost, None)
+            if host is not None:
+                host.publish(self.connection_count, self._limited_connections())
 
     def check_channel(self: Broker, vhost: str, open_channels: int, negotiated: int) -> None:
         """One more channel on a connection that has ``open_channels`` (530)."""

@@ -32,12 +32,14 @@ from brokerd.model.auth import Permission, User, hash_password
 from brokerd.model.broker import Broker
 from brokerd.model.errors import CONNECTION_FORCED
 from brokerd.model.exchange import Exchange
+from brokerd.model.throttle import LoginThrottle
 from brokerd.protocol import ConnectionState
 from brokerd.server import dump, queueops
 from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError, serve_control
+from brokerd.server.hostshare import HostShare, SharedLoginThrottle
 from brokerd.server.listeners import ListenerError, make_listeners
-from brokerd.server.login import LoginService
+from brokerd.server.login import LoginService, default_concurrency
 from brokerd.server.loopwatch import LoopWatch
 from brokerd.server.metrics import MetricsServer
 from brokerd.server.resources import ResourceMonitor
@@ -81,6 +83,10 @@ class ServerOptions:
     host_state: Path | None = None
     #: the host's workers: each takes this share of the memory high watermark
     host_workers: int = 1
+    #: the file the host's workers count connections and failed logins in, and this
+    #: worker's slot in it (``hostshare.py``; None: not a worker)
+    host_share: Path | None = None
+    worker_index: int = 0
     #: a worker's metrics, for the parent's one endpoint (None: --metrics-port, or none)
     metrics_socket: Path | None = None
 
@@ -114,8 +120,21 @@ class Server:
         if self.cluster_config is not None:
             self._install_cluster_user(config)
         self.connections: dict[int, AMQPProtocol] = {}
+        #: a worker's host: connections and failed logins counted with its siblings
+        self.host_share: HostShare | None = None
+        throttle: LoginThrottle | None = None
+        if options.host_share is not None:
+            self.host_share = HostShare(
+                options.host_share, options.host_workers, options.worker_index
+            )
+            self.broker.host_counts = self.host_share
+            throttle = SharedLoginThrottle(self.host_share)
         #: password checks off the loop; reads ``broker.users`` at each check (reloads swap it)
-        self.logins = LoginService(lambda: self.broker.users)
+        self.logins = LoginService(
+            lambda: self.broker.users,
+            throttle=throttle,
+            concurrency=max(1, default_concurrency() // max(options.host_workers, 1)),
+        )
         #: messages per second over the last ticker second
         self.rates = {"published": 0.0, "routed": 0.0, "delivered": 0.0}
         self._last_counters = (time.monotonic(), self.broker.counters())
@@ -585,6 +604,9 @@ class Server:
             if proto.transport is not None:
                 proto.transport.abort()
         self.logins.close()
+        if self.host_share is not None:  # the parent clears this worker's slot when it ends
+            self.broker.host_counts = None
+            self.host_share.close()
         await self.store.close()  # what is appended is on disk before the process ends
         log.info("stopped spid=%s", self.spid)
 
@@ -639,6 +661,11 @@ class Server:
                 for queue in vhost.queues.values():
                     queue.page_limit = config.store.queue_memory_limit
         self.broker.vhost_limits = dict(config.vhost_limits)
+        if self.host_share is not None:  # the vhosts the host counts may have changed
+            with self.host_share.locked():
+                self.host_share.publish(
+                    self.broker.connection_count, self.broker._limited_connections()
+                )
         if self.cluster_config is not None:
             self._install_cluster_user(config)
         for name in config.vhosts:

@@ -39,7 +39,7 @@ class LoginService:
     ) -> None:
         self._users = users
         self.concurrency = concurrency or default_concurrency()
-        self.throttle = throttle or LoginThrottle()
+        self.throttle = throttle if throttle is not None else LoginThrottle()
         self._clock = clock
         self._executor = ThreadPoolExecutor(self.concurrency, thread_name_prefix="brokerd-login")
         self._slots = asyncio.Semaphore(self.concurrency)

@@ -455,3 +455,56 @@ def test_one_metrics_endpoint_answers_for_every_worker(tmp_path: Path) -> None:
             assert (host.data_dir / "host" / name).stat().st_mode & 0o777 == 0o600
     finally:
         host.stop(timeout=20)
+
+
+HOST_LIMITS = """
+[[vhosts]]
+name = "/"
+limits = { max_connections = 3 }
+"""
+
+
+def test_connection_limits_and_the_login_throttle_count_the_whole_host(tmp_path: Path) -> None:
+    """A vhost's ``max_connections`` and the failed-login throttle are the host's, not
+    each worker's: with a limit of 3, one connection on each worker and a third,
+    every further one is refused whichever worker it reaches (each worker counting
+    alone would take 3 of its own); five wrong passwords, spread over the workers by
+    the kernel, earn the fifth refusal the delay of five failures, not of two or three."""
+    config = tmp_path / "brokerd.toml"
+    config.write_text(HOST_LIMITS)
+    host = BrokerProcess(
+        tmp_path / "host", extra_args=["--workers", str(WORKERS), "--config", str(config)]
+    )
+    host.start()
+    held: list[pika.BlockingConnection] = []
+    try:
+        held += one_per_worker(host)
+        held.append(connect(host))
+        admitted = 0
+        for _ in range(10):
+            try:
+                held.append(connect(host))
+                admitted += 1
+            except pika.exceptions.ProbableAccessDeniedError as refused:
+                assert "connection limit (3) is reached" in str(refused)
+        assert admitted == 0, f"{admitted} connections past the host's limit of 3"
+        held.pop().close()  # one place is free again, on whichever worker
+        held.append(connect(host))
+
+        wrong = pika.URLParameters(f"amqp://guest:wrong@127.0.0.1:{host.port}/?heartbeat=0")
+        took = []
+        for _ in range(5):
+            started = time.monotonic()
+            with pytest.raises(pika.exceptions.ProbableAuthenticationError):
+                pika.BlockingConnection(wrong)
+            took.append(time.monotonic() - started)
+        assert took[-1] >= 1.5, f"refusals took {took}: failures were not counted host-wide"
+    finally:
+        for conn in held:
+            with contextlib.suppress(Exception):
+                conn.close()
+        pids = [p for p in _pids_or_empty(host) if p]
+        host.stop(timeout=20)
+        for pid in pids:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
