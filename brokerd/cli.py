@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     if workers > 1 and args.worker_of is None:
         from brokerd.host.main import run_host
 
-        return run_host(args, workers, config)
+        return run_host(args, workers, config, token, cafile)
     if args.worker_of is None:
         from brokerd.host.local import state_problem
 

@@ -148,9 +148,10 @@ def detect_stale(now: dt.datetime | None = None) -> list[str]:
 
 def _silence(broker: Broker, heard: presence.Hearing, now: dt.datetime) -> str | None:
     """Why ``broker`` counts as down now, or None while its silence proves nothing."""
-    allowed = dt.timedelta(
-        seconds=max(settings.BROKER_STALE_INTERVALS * broker.heartbeat_interval, STALE_FLOOR)
-    )
+    seconds = max(settings.BROKER_STALE_INTERVALS * broker.heartbeat_interval, STALE_FLOOR)
+    if broker.host and not broker.connected:
+        seconds = max(seconds, WORKER_RESTART_GRACE)  # its host is restarting it
+    allowed = dt.timedelta(seconds=seconds)
     heard_from = broker.last_seen
     since = heard_from
     note = ""
@@ -175,6 +176,9 @@ def _silence(broker: Broker, heard: presence.Hearing, now: dt.datetime) -> str |
 
 #: never call a broker down after less than this, whatever its heartbeat interval
 STALE_FLOOR = 1.0
+#: a worker of a ``brokerd --workers`` host whose link closed is restarted by its host
+#: (within 2 s, then its start): it is down only when silent this long
+WORKER_RESTART_GRACE = 15.0
 #: a refused-link alarm clears once no broker was refused for this long
 LINK_REFUSED_CLEAR_SECONDS = 300
 #: a name-conflict alarm clears once the second broker has been silent this long

@@ -147,6 +147,7 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
             broker.broker_type,
             spid=broker.spid,
             running_config=(broker.config_version, broker.config_checksum),
+            host=broker.host,
         )
         self.group = broker_group(broker.pk)
         await self.channel_layer.group_add(self.group, self.channel_name)

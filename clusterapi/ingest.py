@@ -84,6 +84,8 @@ class LinkState:
     running_config: tuple[int | None, str] = (None, "")
     #: the broker announced a planned stop: its link closing next is no crash
     stopping: bool = False
+    #: a worker of this ``brokerd --workers`` host ("": a broker of its own)
+    host: str = ""
 
 
 @dataclass
@@ -104,6 +106,9 @@ def register_hello(hello: Hello, channel_name: str = "") -> tuple[Broker, bool]:
     values = {
         "spid": hello.spid,
         "address": hello.address,
+        "host": hello.host,
+        "worker": hello.worker,
+        "host_workers": hello.workers,
         "broker_type": hello.broker_type,
         "version": hello.version,
         "start_time": hello.start_time,
@@ -213,7 +218,9 @@ def link_closed(link: LinkState, channel_name: str, code: int | None, crash: boo
 
     ``"stopped"``: it announced the stop. ``"down"``: it closed without one (a crash,
     ``kill -9``, the network), so the broker is down at once, with the ``broker.down``
-    alarm and a warning event, instead of after missed heartbeats. ``""``: nothing
+    alarm and a warning event, instead of after missed heartbeats. ``"restarting"``:
+    the same for a worker of a host, whose host restarts it: a warning event, and
+    ``broker.down`` only if it stays silent past ``WORKER_RESTART_GRACE``. ``""``: nothing
     changed beyond ``connected`` (it reconnected on another link meanwhile, it was not
     up, another broker owns the name, or ``crash`` is false: the console closed it).
     """
@@ -222,6 +229,19 @@ def link_closed(link: LinkState, channel_name: str, code: int | None, crash: boo
             return ""
         if link.stopping:
             return "stopped"
+        if crash and link.host:
+            # a worker of a host: its host restarts it within seconds, which its next
+            # hello shows as a restart; silence past WORKER_RESTART_GRACE is down
+            broker = Broker.objects.get(pk=link.broker_id)
+            events.record(
+                broker,
+                BrokerEvent.KIND_LINK_LOST,
+                f"link lost without a planned stop (code {code}): spid {link.spid}; "
+                f"a worker of {link.host}, which restarts it",
+                BrokerEvent.LEVEL_WARNING,
+                {"spid": link.spid, "code": code, "host": link.host},
+            )
+            return "restarting"
         if not crash or not Broker.objects.filter(
             pk=link.broker_id, spid=link.spid, state=Broker.STATE_UP
         ).update(state=Broker.STATE_DOWN, ready=False, updated_at=timezone.now()):

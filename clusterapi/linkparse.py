@@ -100,6 +100,11 @@ class Hello:
     config_checksum: str
     #: ``{"document", "sources"}``: the configuration it runs (None: not reported)
     in_force: dict[str, Any] | None = None
+    #: a worker of ``brokerd --workers``: its host's address, its index, the host's
+    #: worker count ("" / None: a broker of its own)
+    host: str = ""
+    worker: int | None = None
+    workers: int | None = None
 
 
 def parse_in_force(msg: dict[str, Any], where: str) -> dict[str, Any] | None:
@@ -125,6 +130,17 @@ def parse_hello(msg: dict[str, Any]) -> Hello:
         raise LinkProtocolError("hello.heartbeat_interval must be in (0, 3600] seconds")
     start = optional(msg, "start_time", (int, float), "hello", None)
     config_version = optional(msg, "config_version", int, "hello", None)
+    host = text(msg, "host", "hello")
+    worker = optional(msg, "worker", int, "hello", None)
+    workers = optional(msg, "workers", int, "hello", None)
+    if host and (
+        worker is None or workers is None or not 1 <= workers <= 256 or not 0 <= worker < workers
+    ):
+        raise LinkProtocolError(
+            "hello of a host's worker needs 'worker' (0 to workers - 1) and 'workers' (1 to 256)"
+        )
+    if not host and (worker is not None or workers is not None):
+        raise LinkProtocolError("hello.worker and hello.workers need hello.host")
     return Hello(
         spid=require(msg, "spid", str, "hello")[:64],
         name=name,
@@ -138,6 +154,9 @@ def parse_hello(msg: dict[str, Any]) -> Hello:
         config_version=config_version,
         config_checksum=text(msg, "config_checksum", "hello", 64),
         in_force=parse_in_force(msg, "hello"),
+        host=host,
+        worker=worker,
+        workers=workers,
     )
 
 

@@ -63,6 +63,19 @@ class Broker(models.Model):
     )
     spid = models.CharField(max_length=64, blank=True, help_text="server process id of this run")
     address = models.CharField(max_length=255, blank=True, help_text="host:port for clients")
+    host = models.CharField(
+        max_length=255,
+        blank=True,
+        db_index=True,
+        help_text="the host:port of the brokerd --workers host this broker is a worker of "
+        "(blank: a broker of its own)",
+    )
+    worker = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="its index among the host's workers (null: no host)"
+    )
+    host_workers = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="the host's worker count, as the worker last said"
+    )
     broker_type = models.CharField(max_length=16, choices=TYPE_CHOICES, default=TYPE_STANDALONE)
     version = models.CharField(max_length=64, blank=True)
     cluster = models.CharField(max_length=255, blank=True)

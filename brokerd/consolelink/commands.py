@@ -285,8 +285,10 @@ class ConsoleCommands:
         host.install_config(broker_config)
         self._installed_config = broker_config
         cluster_parts = [p for p in CLUSTER_PARTS if p in doc]
-        if file_cluster is None:
-            skipped += cluster_parts  # a standalone broker has no cluster to retime
+        if file_cluster is None or host.worker_of is not None:
+            # a standalone broker has no cluster to retime, and a host's workers keep
+            # their own (their local cluster is the host's, written at its start)
+            skipped += cluster_parts
         else:
             cluster_config = merge_cluster_config(file_cluster, doc)
             host.reconfigure_cluster(cluster_config)

@@ -44,6 +44,12 @@ class ConsoleHost(Protocol):
         ...
 
     @property
+    def worker_of(self) -> tuple[str, int, int] | None:
+        """A worker of ``brokerd --workers``: its host's client address, its index and
+        the host's worker count (None: a broker of its own)."""
+        ...
+
+    @property
     def server_type(self) -> str:
         """primary or secondary (what a clustered server was started as)."""
         ...

@@ -64,17 +64,42 @@ def parse(text: str | bytes) -> dict[str, Any]:
 
 
 def hello(host: ConsoleHost, config_version: int | None, config_checksum: str | None) -> dict:
+    """Who this broker is. A worker of a host is ``worker-K@HOST:PORT`` and names its
+    host (``host``, ``worker``, ``workers``): the console groups a host's workers, and
+    the host's local cluster is no cluster the console manages (``standalone``)."""
     cluster = host.cluster_config
+    worker = host.worker_of
+    if worker is not None:
+        address, index, workers = worker
+        return {
+            **_identity(host, config_version, config_checksum),
+            "name": f"worker-{index}@{address}",
+            "address": address,
+            "broker_type": "standalone",
+            "cluster": None,
+            "checksum": None,
+            "host": address,
+            "worker": index,
+            "workers": workers,
+        }
     return {
-        "type": "hello",
-        "spid": host.spid,
+        **_identity(host, config_version, config_checksum),
         "name": host.address,
         "address": host.address,
         "broker_type": host.server_type if cluster is not None else "standalone",
-        "version": brokerd.__version__,
-        "start_time": host.started,
         "cluster": cluster.name if cluster is not None else None,
         "checksum": host.cluster_checksum,
+    }
+
+
+def _identity(
+    host: ConsoleHost, config_version: int | None, config_checksum: str | None
+) -> dict[str, Any]:
+    return {
+        "type": "hello",
+        "spid": host.spid,
+        "version": brokerd.__version__,
+        "start_time": host.started,
         "heartbeat_interval": host.status_interval,
         "config_version": config_version,
         "config_checksum": config_checksum,
@@ -82,8 +107,24 @@ def hello(host: ConsoleHost, config_version: int | None, config_checksum: str | 
 
 
 def view(host: ConsoleHost) -> dict[str, Any]:
-    """The cluster as this server sees it (a standalone broker: ready, no peers)."""
+    """The cluster as this server sees it (a standalone broker: ready, no peers; a
+    worker of a host: as standalone, with its local cluster's readiness and alarms)."""
     status = host.cluster_status()
+    if status is not None and host.worker_of is not None:
+        return {
+            "is_root": False,
+            "root": None,
+            "ready": bool(status.get("ready")),
+            "root_enabled": False,
+            "quorum": None,
+            "vote": None,
+            "reason": f"worker of {host.worker_of[0]}",
+            "checksum": None,
+            "alarms": status.get("alarms", []) + host.resource_alarms(),
+            "resources": host.resource_status(),
+            "peers": [],
+            "loop": host.loop_status(),
+        }
     if status is None:
         return {
             "is_root": False,

@@ -168,6 +168,9 @@ class WorkerCommand:
     host_address: str
     #: the host serves /metrics: each worker serves its own to the parent
     metrics: bool = False
+    #: the console each worker links to (the token is in the workers' environment)
+    console: str | None = None
+    console_cafile: Path | None = None
 
     def __call__(self, index: int) -> list[str]:
         argv = [
@@ -199,4 +202,8 @@ class WorkerCommand:
             argv += ["--config", str(self.config)]
         if self.metrics:
             argv += ["--metrics-socket", str(self.layout.metrics_socket(index))]
+        if self.console is not None:
+            argv += ["--console", self.console]
+            if self.console_cafile is not None:
+                argv += ["--console-cafile", str(self.console_cafile)]
         return argv

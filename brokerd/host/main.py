@@ -9,6 +9,7 @@ import socket
 import sys
 from pathlib import Path
 
+from brokerd.cli import CONSOLE_TOKEN_ENV
 from brokerd.host.local import (
     HostLayout,
     HostSetupError,
@@ -29,17 +30,23 @@ log = logging.getLogger("brokerd.host")
 def not_yet(args: argparse.Namespace) -> str | None:
     """Options a host of several workers does not take yet (a worker each would
     act as its own server where the option means the host)."""
-    for option, given in (
-        ("--cluster", args.cluster is not None),
-        ("--console", args.console is not None),
-    ):
+    for option, given in (("--cluster", args.cluster is not None),):
         if given:
             return f"{option} is not supported with --workers above 1 yet: run --workers 1"
     return None
 
 
-def run_host(args: argparse.Namespace, workers: int, config: Path | None) -> int:
-    """Resolve the host's ports and files, then run the supervising parent."""
+def run_host(
+    args: argparse.Namespace,
+    workers: int,
+    config: Path | None,
+    console_token: str = "",
+    console_cafile: Path | None = None,
+) -> int:
+    """Resolve the host's ports and files, then run the supervising parent. With
+    ``--console`` each worker links to the console as its own broker, named
+    ``worker-K@HOST:PORT`` (the console groups them under the host); the token
+    reaches them in their environment, never on a command line."""
     problem = (
         reuseport_problem() or not_yet(args) or state_problem(args.data_dir.resolve(), workers)
     )
@@ -71,7 +78,12 @@ def run_host(args: argparse.Namespace, workers: int, config: Path | None) -> int
         log_level=args.log_level,
         host_address=f"{host_name(args.bind)}:{port if port is not None else tls_port}",
         metrics=args.metrics_port is not None,
+        console=args.console,
+        console_cafile=console_cafile.resolve() if console_cafile is not None else None,
     )
+    env = dict(os.environ)
+    if args.console is not None:
+        env[CONSOLE_TOKEN_ENV] = console_token
     gateway = None
     if args.metrics_port is not None:
         try:
@@ -104,6 +116,7 @@ def run_host(args: argparse.Namespace, workers: int, config: Path | None) -> int
             workers,
             command,
             state_file=layout.state_file,
+            env=env,
             on_exit=lambda index: clear_worker(layout.shared_file, workers, index),
         ).run()
     finally:

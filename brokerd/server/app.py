@@ -312,6 +312,13 @@ class Server:
     # -- the console link's host (brokerd.consolelink.host.ConsoleHost) -----------
 
     @property
+    def worker_of(self) -> tuple[str, int, int] | None:
+        address = self.options.host_address
+        if address is None:
+            return None
+        return address, self.options.worker_index, self.options.host_workers
+
+    @property
     def server_type(self) -> str:
         """primary or secondary: what a clustered server was started as."""
         return self.options.server_type

@@ -55,6 +55,35 @@ def with_stamps(objects: Iterable[Any], *fields: str) -> list[Any]:
     return out
 
 
+def grouped_by_host(brokers: list[Broker]) -> list[Broker]:
+    """The brokers with each ``brokerd --workers`` host's workers together, in worker
+    order, where the host's name sorts. The first worker of a host carries the host's
+    summary (``host_summary``: its address, workers seen up of those it has, and their
+    connections and messages), which the broker table shows as the host's row."""
+
+    def key(b: Broker) -> tuple[str, int, str]:
+        return (b.host or b.name, -1 if not b.host else (b.worker or 0), b.name)
+
+    out = sorted(brokers, key=key)
+    for b in out:
+        b.host_summary = None
+    hosts: dict[str, list[Broker]] = {}
+    for b in out:
+        if b.host:
+            hosts.setdefault(b.host, []).append(b)
+    for address, workers in hosts.items():
+        up = [w for w in workers if w.state == Broker.STATE_UP]
+        workers[0].host_summary = {
+            "address": address,
+            "up": len(up),
+            "workers": max([w.host_workers or 0 for w in workers] + [len(workers)]),
+            "connections": sum(int((w.counts or {}).get("connections") or 0) for w in up),
+            "messages_ready": sum(int((w.counts or {}).get("messages_ready") or 0) for w in up),
+            "alarms": sum(len((w.view or {}).get("alarms") or []) for w in up),
+        }
+    return out
+
+
 # -- pages ------------------------------------------------------------------------------
 
 
@@ -134,7 +163,7 @@ def _filtered(
 
 
 def build_overview(params: QueryDict) -> dict[str, Any]:
-    brokers = with_stamps(objects.brokers(), "last_seen")
+    brokers = grouped_by_host(with_stamps(objects.brokers(), "last_seen"))
     return {
         "brokers": brokers,
         "objects": {**objects.counts(), "messages_ready": objects.messages_ready(brokers)},
@@ -151,7 +180,7 @@ def build_overview(params: QueryDict) -> dict[str, Any]:
 
 
 def build_brokers(params: QueryDict) -> dict[str, Any]:
-    return {"brokers": with_stamps(objects.brokers(), "last_seen", "start_time")}
+    return {"brokers": grouped_by_host(with_stamps(objects.brokers(), "last_seen", "start_time"))}
 
 
 def peer_links(broker: Broker) -> list[dict[str, Any]]:

@@ -177,6 +177,25 @@ def test_hello_carries_identity_and_applied_config(server: Server):
     assert json.loads(messages.encode(hello))["v"] == 1
 
 
+def test_a_workers_hello_names_it_under_its_host() -> None:
+    worker = Server(
+        ServerOptions(
+            bind="127.0.0.1",
+            port=5998,
+            data_dir=Path("/nonexistent"),
+            host_address="10.0.0.5:5672",
+            host_workers=4,
+            worker_index=2,
+        )
+    )
+    hello = messages.hello(worker, None, None)
+    assert hello["name"] == "worker-2@10.0.0.5:5672"
+    assert hello["address"] == hello["host"] == "10.0.0.5:5672"
+    assert (hello["worker"], hello["workers"]) == (2, 4)
+    assert hello["broker_type"] == "standalone" and hello["cluster"] is None
+    assert json.loads(messages.encode(hello))["v"] == 1
+
+
 def test_status_has_every_documented_part(fresh: Server):
     session = ConsoleSession(fresh, ConsoleCommands(fresh))
     first = json.loads(messages.encode(session.status(now=12.5)))
@@ -258,9 +277,12 @@ def test_unknown_command_is_refused(server: Server):
 class RecordingServer:
     """Just what ConsoleCommands.apply touches, recording what it is asked to do."""
 
-    def __init__(self, cluster_config: ClusterConfig | None) -> None:
+    def __init__(
+        self, cluster_config: ClusterConfig | None, worker_of: tuple[str, int, int] | None = None
+    ) -> None:
         self.config: BrokerConfig = default_config()
         self.cluster_config = cluster_config
+        self.worker_of = worker_of
         self.installed: list[BrokerConfig] = []
         self.reconfigured: list[ClusterConfig] = []
         self.kept: list[dict[str, Any]] = []
@@ -313,6 +335,17 @@ def test_config_apply_applies_every_part_and_acks_the_checksum():
     # kept for the next start, as applied
     [kept] = fake.kept
     assert kept["version"] == 2 and kept["config"] == validate_document(DOC)
+
+
+def test_config_apply_on_a_worker_keeps_its_hosts_own_cluster():
+    """A worker's cluster is its host's local one (written at each start): pushed
+    known hosts or heartbeat timing must not replace it."""
+    fake = RecordingServer(CLUSTER, worker_of=("10.0.0.5:5672", 1, 2))
+    ack = ConsoleCommands(fake).handle(command("c1", "config.apply", version=1, config=DOC))  # type: ignore[arg-type]
+    assert ack["ok"]
+    assert ack["result"]["skipped"] == ["heartbeat", "known_hosts"]
+    assert fake.reconfigured == [] and fake.cluster_config is CLUSTER
+    assert [u.name for u in fake.installed[0].users] == ["app"]  # the broker parts apply
 
 
 def test_config_apply_on_a_standalone_broker_skips_the_cluster_parts():

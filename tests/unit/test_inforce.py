@@ -23,6 +23,7 @@ class Host:
     def __init__(self, config: BrokerConfig, cluster: ClusterConfig | None) -> None:
         self.config = config
         self.cluster_config = cluster
+        self.worker_of = None
 
     def keep_console_config(self, record: dict[str, Any]) -> None:
         pass
