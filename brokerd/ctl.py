@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -40,6 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="rebalance: move replicated queues' owners until no primary owns more "
         "than its share (like rabbitmq-queues rebalance)",
     )
+    connections = sub.add_parser(
+        "connections",
+        help="the client connections: peer, user, vhost, channels, messages, flow (and the "
+        "worker each is on, for a host of workers)",
+    )
+    connections.add_argument("--json", action="store_true", help="print JSON")
+    connections.add_argument(
+        "--links", action="store_true", help="list the cluster's own links as well"
+    )
     queue = sub.add_parser("queue", help="act on one shared queue")
     queue_sub = queue.add_subparsers(dest="action", required=True)
     move = queue_sub.add_parser(
@@ -47,7 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="hand a replicated or quorum queue to another primary (waits for the hand-over)",
     )
     move.add_argument("name", help="the queue's name (in the cluster vhost)")
-    move.add_argument("to", help="the new owner: a primary's spid or its host:port")
+    move.add_argument(
+        "to",
+        help="the new owner: a primary's spid or its host:port (on a host of workers, "
+        "worker-K names a worker)",
+    )
     root = sub.add_parser("root", help="enable or disable root candidacy on this server")
     root.add_argument("action", choices=["enable", "disable"])
     fault = sub.add_parser(
@@ -208,6 +222,29 @@ def _print_queues(result: dict[str, Any]) -> None:
         )
 
 
+def _print_connections(rows: list[dict[str, Any]], links: bool, host: bool = False) -> None:
+    """A table of connections (clients only unless ``links``); ``host``: with the
+    worker each is on."""
+    shown = [r for r in rows if links or not r.get("link")]
+    head = f"{'worker':<9} " if host else ""
+    print(
+        f"{head}{'peer':<22} {'user':<12} {'vhost':<10} {'state':<8} {'client':<16} "
+        f"{'channels':>8} {'in':>10} {'out':>10} flow"
+    )
+    for r in shown:
+        lead = f"{r.get('worker', '-'):<9} " if host else ""
+        kind = " (cluster link)" if r.get("link") else ""
+        print(
+            f"{lead}{r['peer']:<22} {r.get('user') or '-'!s:<12} "
+            f"{r.get('vhost') or '-'!s:<10} {r['state']:<8} "
+            f"{str(r.get('client') or '-')[:16]:<16} {r['channels']:>8} "
+            f"{r['messages_in']:>10} {r['messages_out']:>10} "
+            f"{','.join(r.get('flow') or []) or '-'}{kind}"
+        )
+    hidden = len(rows) - len(shown)
+    print(f"{len(shown)} connections" + (f" ({hidden} cluster links not shown)" if hidden else ""))
+
+
 def _with_address(spid: Any, address: Any) -> str:
     """``spid (host:port)``, or the spid alone where the broker does not know where it
     listens (a standalone broker's own queues); "" for no server."""
@@ -271,7 +308,12 @@ def _run(argv: list[str]) -> int:
     if not reply.get("ok"):
         print(f"brokerd ctl: {reply.get('error')}", file=sys.stderr)
         return 1
-    result = reply.get("result", {})
+    _print_result(args, reply.get("result", {}))
+    return 0
+
+
+def _print_result(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """A command's answer, as text unless ``--json`` (JSON where there is no table)."""
     if args.command == "status" and not args.json:
         _print_status(result)
     elif args.command == "queues" and args.action == "rebalance" and not args.json:
@@ -281,13 +323,14 @@ def _run(argv: list[str]) -> int:
         print(f"{len(moves)} moves asked for" if moves else "balanced already: nothing to move")
     elif args.command == "queues" and not args.json:
         _print_queues(result)
+    elif args.command == "connections" and not args.json:
+        _print_connections(result.get("connections", []), args.links)
     elif args.command == "queue":
         print(f"{result['queue']} moved: {result['from']} -> {result['to']} in {result['ms']} ms")
     elif args.command == "dump":
         print(result.get("dump", ""))
     else:
         print(json.dumps(result, indent=2))
-    return 0
 
 
 # -- a host of workers (brokerd --workers N) ---------------------------------------------
@@ -318,6 +361,14 @@ def _run_host(args: argparse.Namespace, extra: list[str], timeout: float) -> int
     (``queues`` lists every queue with the worker that owns it)."""
     state = host_state(args.data_dir) or {}
     workers = [w for w in state.get("workers", []) if isinstance(w, dict)]
+    if args.command == "connections":
+        return _host_connections(args, workers, timeout)
+    if args.command == "queue" and (named := WORKER_NAME.fullmatch(extra[2])):
+        status = _ask_worker(args.data_dir, int(named[1]), "status", [], timeout)
+        if isinstance(status, str) or not status.get("spid"):
+            print(f"brokerd ctl: {extra[2]} is {status}", file=sys.stderr)
+            return 1
+        extra = [*extra[:2], str(status["spid"])]
     if args.command in ("status", "dump"):
         answers = [
             _ask_worker(args.data_dir, int(w["index"]), args.command, extra, timeout)
@@ -350,10 +401,44 @@ def _run_host(args: argparse.Namespace, extra: list[str], timeout: float) -> int
         if isinstance(answer, str):
             print(f"brokerd ctl: {answer.removeprefix('refused: ')}", file=sys.stderr)
             return 1
-        if args.command == "queues" and not args.json and not args.action:
-            _print_queues(answer)
-        else:
-            print(json.dumps(answer, indent=2))
+        if args.command == "queues" and not args.action:
+            _name_workers(answer.get("queues", []))
+        _print_result(args, answer)
         return 0
     print(f"brokerd ctl: no worker of the host in {args.data_dir} answers", file=sys.stderr)
     return 2
+
+
+#: how ``brokerd ctl`` names a worker of a host (``queue move Q worker-1``)
+WORKER_NAME = re.compile(r"worker-(\d+)")
+
+
+def _name_workers(queues: list[dict[str, Any]]) -> None:
+    """A host's queues name their owner by worker (``worker-1``), not by its link socket."""
+    for q in queues:
+        for key in ("owner_address", "moving_address"):
+            address = q.get(key)
+            if isinstance(address, str) and address.startswith("unix:"):
+                q[key] = Path(address[len("unix:") :]).stem
+
+
+def _host_connections(
+    args: argparse.Namespace, workers: list[dict[str, Any]], timeout: float
+) -> int:
+    """Every running worker's connections, each with its worker."""
+    rows: list[dict[str, Any]] = []
+    silent: list[str] = []
+    for worker in workers:
+        name = f"worker-{worker['index']}"
+        answer = _ask_worker(args.data_dir, int(worker["index"]), "connections", [], timeout)
+        if isinstance(answer, str):
+            silent.append(f"{name}: {answer}")
+            continue
+        rows += [{**row, "worker": name} for row in answer.get("connections", [])]
+    if args.json:
+        print(json.dumps({"connections": rows, "not_answering": silent}, indent=2))
+    else:
+        _print_connections(rows, args.links, host=True)
+        for line in silent:
+            print(line)
+    return 0

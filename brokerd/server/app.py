@@ -277,6 +277,8 @@ class Server:
             return self._queue_op(queueops.rebalance, self.cluster, None)
         if command == "queues":
             return {"spid": self.spid, "queues": dump.queue_table(self)}
+        if command == "connections":
+            return {"spid": self.spid, "connections": dump.connection_table(self)}
         if command == "queue" and len(args) == 3 and args[0] == "move":
             if not all(isinstance(a, str) and a for a in args):
                 raise ControlError("queue move takes a queue name and a primary's spid")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
+from brokerd.cluster.messages import LINK_PROPERTY
 from brokerd.cluster.operations import address_of, retired_spids
 from brokerd.model.queuetypes import reported_type
 from brokerd.server.host import ServerState
@@ -190,6 +191,23 @@ def replica_marks(replicas: list[dict[str, Any]]) -> str:
         )
         or "-"
     )
+
+
+def connection_table(server: ServerState) -> list[dict[str, Any]]:
+    """Every AMQP connection as ``brokerd ctl connections`` lists it: the machine's
+    ``describe()``, whether it is a cluster link (a peer's lane, not a client), and
+    the flow-control causes pausing it now."""
+    cluster = getattr(server, "cluster", None)
+    rows = []
+    for proto in server.connections.values():
+        conn = proto.machine
+        if conn is None:
+            continue
+        row = conn.describe()
+        row["link"] = isinstance(conn.client_properties.get(LINK_PROPERTY), dict)
+        row["flow"] = sorted(cluster.flow.held_by(conn.id)) if cluster is not None else []
+        rows.append(row)
+    return rows
 
 
 def queue_table(server: ServerState) -> list[dict[str, Any]]:

@@ -384,8 +384,7 @@ def test_brokerd_ctl_answers_for_every_worker_of_a_host(host: BrokerProcess) -> 
     ch = conns[0].channel()
     for i in range(4):
         ch.queue_declare(f"wk-ctl-{i}")
-    for conn in conns:
-        conn.close()
+    client_spids = [spid_of(c) for c in conns]
 
     def ctl(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -407,14 +406,65 @@ def test_brokerd_ctl_answers_for_every_worker_of_a_host(host: BrokerProcess) -> 
     assert "== worker-0: pid" in text and "== worker-1: pid" in text
     queues = ctl("queues", "--json")
     assert queues.returncode == 0, queues.stderr
-    owners = {q["name"]: q["owner"] for q in json.loads(queues.stdout)["queues"]}
-    placed = [owners[f"wk-ctl-{i}"] for i in range(4)]
+    listed = {q["name"]: q for q in json.loads(queues.stdout)["queues"]}
+    placed = [listed[f"wk-ctl-{i}"]["owner"] for i in range(4)]
     assert set(placed) == spids, f"balanced placement put them on {placed}"
+    by_spid = {w["spid"]: f"worker-{k}" for k, w in enumerate(doc["workers"])}
+    for i in range(4):  # each queue's worker, by name
+        q = listed[f"wk-ctl-{i}"]
+        assert q["owner_address"] == by_spid[q["owner"]], q
+    assert "(worker-0)" in ctl("queues").stdout
+
+    connections = ctl("connections", "--json")
+    assert connections.returncode == 0, connections.stderr
+    rows = json.loads(connections.stdout)["connections"]
+    clients = [r for r in rows if not r["link"]]
+    assert sorted(r["worker"] for r in clients) == sorted(by_spid[s] for s in client_spids)
+    assert all(r["user"] == "guest" and r["vhost"] == "/" for r in clients), clients
+    assert any(r["link"] for r in rows)  # the workers' links to each other
+    table = ctl("connections").stdout
+    assert "worker-0" in table and "worker-1" in table and "2 connections" in table
+    for conn in conns:
+        conn.close()
+
+
+def test_brokerd_ctl_moves_a_quorum_queue_to_a_worker_by_name(host: BrokerProcess) -> None:
+    conns = one_per_worker(host)
+    ch = conns[0].channel()
+    ch.confirm_delivery()
+    ch.queue_declare("wk-move", durable=True, arguments={"x-queue-type": "quorum"})
+    for i in range(20):
+        ch.basic_publish("", "wk-move", f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(host.data_dir), *args],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+
+    def owner() -> str:
+        listed = json.loads(ctl("queues", "--json").stdout)["queues"]
+        return next(q["owner_address"] for q in listed if q["name"] == "wk-move")
+
+    before = owner()
+    target = "worker-1" if before == "worker-0" else "worker-0"
+    moved = ctl("queue", "move", "wk-move", target)
+    assert moved.returncode == 0, moved.stderr
+    assert "wk-move moved" in moved.stdout
+    assert owner() == target
+    got = get_all(conns[1], "wk-move", 20)
+    assert got == [f"m{i}" for i in range(20)]
+    refused = ctl("queue", "move", "wk-move", "worker-7")
+    assert refused.returncode == 1 and "worker-7" in refused.stderr
+    for conn in conns:
+        conn.close()
 
 
 @pytest.mark.parametrize(
     "option",
-    [["--cluster", "x.toml"], ["--console", "ws://127.0.0.1:9/ws/brokers/", "--console-token=t"]],
+    [["--cluster", "x.toml"]],
 )
 def test_options_a_host_of_workers_does_not_take_yet_are_refused(
     tmp_path: Path, option: list[str]
