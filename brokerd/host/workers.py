@@ -8,9 +8,11 @@ one worker only.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import socket
+from pathlib import Path
 
 #: the most workers one host runs: far more than any machine's cores, and a typo
 #: such as 2000 is refused instead of starting two thousand brokers
@@ -31,13 +33,58 @@ REUSEPORT_REFUSED = (
 )
 
 
-def available_cpus() -> int:
+def available_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
     """The cores this process may run on: its affinity mask where the platform has
-    one (a container or ``taskset`` may allow fewer than the machine has), else
-    the machine's count, and at least 1."""
+    one (``taskset``, a cpuset), else the machine's count; no more than its cgroup's
+    CPU quota allows (``docker run --cpus 2``, a Kubernetes CPU limit), rounded up;
+    and at least 1."""
     getaffinity = getattr(os, "sched_getaffinity", None)
     count = len(getaffinity(0)) if getaffinity is not None else os.cpu_count()
+    quota = cgroup_cpu_quota(cgroup_root)
+    if quota is not None:
+        count = min(count or quota, quota)
     return max(count or 1, 1)
+
+
+def cgroup_cpu_quota(
+    root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")
+) -> int | None:
+    """Whole cores this process's cgroup may use, rounded up: cgroup v2's ``cpu.max``
+    (``QUOTA PERIOD``, ``max`` for none) or v1's ``cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us`` (-1 for none). None without a limit or a cgroup to read."""
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
+        relative = path.lstrip("/")
+        if controllers == "":  # v2: one unified hierarchy
+            text = _read(root / relative / "cpu.max")
+            if text is not None and len(text.split()) == 2 and text.split()[0] != "max":
+                return _cores(*text.split())
+        elif "cpu" in controllers.split(","):
+            folder = root / controllers / relative
+            quota = _read(folder / "cpu.cfs_quota_us")
+            period = _read(folder / "cpu.cfs_period_us")
+            if quota is not None and period is not None:
+                return _cores(quota, period)
+    return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _cores(quota: str, period: str) -> int | None:
+    try:
+        q, p = int(quota), int(period)
+    except ValueError:
+        return None
+    return max(math.ceil(q / p), 1) if q > 0 and p > 0 else None
 
 
 def _shown(value: str) -> str:

@@ -19,7 +19,13 @@ from brokerd.host.supervisor import (
     backoff_delay,
     exit_detail,
 )
-from brokerd.host.workers import MAX_WORKERS, parse_workers, reuseport_problem
+from brokerd.host.workers import (
+    MAX_WORKERS,
+    available_cpus,
+    cgroup_cpu_quota,
+    parse_workers,
+    reuseport_problem,
+)
 
 
 @pytest.mark.parametrize(("value", "count"), [("1", 1), ("2", 2), ("256", 256), ("007", 7)])
@@ -64,6 +70,45 @@ def test_argparse_reports_the_refusal() -> None:
     assert parser.parse_args(["--workers", "3"]).workers == 3
     with pytest.raises(argparse.ArgumentError, match="at most 256 workers"):
         parser.parse_args(["--workers", "300"])
+
+
+@pytest.mark.parametrize(
+    ("membership", "files", "cores"),
+    [
+        ("0::/box\n", {"box/cpu.max": "250000 100000\n"}, 3),  # docker --cpus 2.5
+        ("0::/box\n", {"box/cpu.max": "max 100000\n"}, None),
+        ("0::/\n", {"cpu.max": "50000 100000\n"}, 1),  # half a core: one worker
+        (
+            "4:cpu,cpuacct:/k8s/pod\n0::/\n",
+            {
+                "cpu,cpuacct/k8s/pod/cpu.cfs_quota_us": "200000",
+                "cpu,cpuacct/k8s/pod/cpu.cfs_period_us": "100000",
+            },
+            2,
+        ),
+        (
+            "4:cpu,cpuacct:/\n",
+            {
+                "cpu,cpuacct/cpu.cfs_quota_us": "-1",
+                "cpu,cpuacct/cpu.cfs_period_us": "100000",
+            },
+            None,
+        ),
+        ("0::/box\n", {"box/cpu.max": "garbage"}, None),
+        ("0::/gone\n", {}, None),
+    ],
+)
+def test_auto_heeds_a_cgroup_cpu_limit(
+    tmp_path: Path, membership: str, files: dict[str, str], cores: int | None
+) -> None:
+    """``--workers auto`` in a container limited to 2.5 CPUs runs 3 workers, not one
+    per core of the machine (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``)."""
+    (tmp_path / "self").write_text(membership)
+    for name, text in files.items():
+        (tmp_path / "fs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / name).write_text(text)
+    assert cgroup_cpu_quota(tmp_path / "fs", tmp_path / "self") == cores
+    assert available_cpus() >= 1
 
 
 def test_this_linux_machine_has_so_reuseport() -> None:
