@@ -150,3 +150,21 @@ async def test_a_peer_that_does_not_read_shows_as_backlog_and_a_closed_lane_refu
     lane.clear()
     assert lane.backlog == 0 and not lane.write("cluster.data", b"later")
     peer.close()
+
+
+async def test_a_post_on_a_closing_lane_drops_the_link_and_later_posts_are_refused() -> None:
+    """A lane whose transport is closing takes no message: the link goes down (its
+    planes treat that as a lost session) instead of writing into a dead socket."""
+    lane, peer = await _lane_over_socketpair(frame_max=4096)
+    downs: list[str] = []
+    link = link_to(1)
+    link.on_down = lambda _link, reason: downs.append(reason)
+    link.data = lane
+    link.state = "up"
+    assert link.post("cluster.data", b"one") and link.backlog == 0
+    assert lane.writer is not None
+    lane.writer.close()
+    assert not link.post("cluster.data", b"two")
+    assert not link.up and downs == ["data lane: its connection is closing"]
+    assert not link.post("cluster.data", b"three")  # down: dropped
+    peer.close()
