@@ -10,6 +10,7 @@ does is seen whole through the other's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -379,6 +380,16 @@ def test_a_workers_kill_under_confirmed_load_loses_no_confirmed_message(
     assert state(host)["workers"][0]["restarts"] == 1
 
 
+def host_ctl(host: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    """``brokerd ctl --data-dir HOST ARGS...`` (a queue move waits for its hand-over)."""
+    return subprocess.run(
+        [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(host.data_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+
+
 def test_brokerd_ctl_answers_for_every_worker_of_a_host(host: BrokerProcess) -> None:
     conns = one_per_worker(host)
     ch = conns[0].channel()
@@ -386,13 +397,7 @@ def test_brokerd_ctl_answers_for_every_worker_of_a_host(host: BrokerProcess) -> 
         ch.queue_declare(f"wk-ctl-{i}")
     client_spids = [spid_of(c) for c in conns]
 
-    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(host.data_dir), *args],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+    ctl = functools.partial(host_ctl, host)
 
     status = ctl("status", "--json")
     assert status.returncode == 0, status.stderr
@@ -436,13 +441,7 @@ def test_brokerd_ctl_moves_a_quorum_queue_to_a_worker_by_name(host: BrokerProces
     for i in range(20):
         ch.basic_publish("", "wk-move", f"m{i}".encode(), pika.BasicProperties(delivery_mode=2))
 
-    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(host.data_dir), *args],
-            capture_output=True,
-            text=True,
-            timeout=90,
-        )
+    ctl = functools.partial(host_ctl, host)
 
     def owner() -> str:
         listed = json.loads(ctl("queues", "--json").stdout)["queues"]
