@@ -160,6 +160,16 @@ class LimitChecks:
             if host is not None:
                 host.publish(self.connection_count, self._limited_connections())
 
+    def adopt_connection(self: Broker, vhost: str) -> None:
+        """Count a connection a sibling worker handed over: it was admitted there, and
+        the host counted it all along (its count leaves the sibling just after)."""
+        host = self.host_counts
+        with host.locked() if host is not None else _nothing():
+            self.connection_count += 1
+            self.vhost_connections[vhost] = self.vhost_connections.get(vhost, 0) + 1
+            if host is not None:
+                host.publish(self.connection_count, self._limited_connections())
+
     def _limited_connections(self: Broker) -> dict[str, int]:
         """Connections per vhost, of the vhosts that limit theirs (the others need no
         host-wide count)."""

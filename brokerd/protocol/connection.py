@@ -29,6 +29,7 @@ from brokerd.protocol.handshake import (
     LoginCheck,
 )
 from brokerd.protocol.hooks import ConnectionHooks, Wait
+from brokerd.protocol.moving import Mover, Moving
 from brokerd.protocol.negotiation import ConnectionState, Negotiation
 from brokerd.protocol.output import OUTPUT_HIGH_WATER, Output
 from brokerd.tls import PeerCertificate
@@ -71,7 +72,7 @@ def next_connection_id() -> int:
     return next(_ids)
 
 
-class Connection(Output, Negotiation):
+class Connection(Output, Negotiation, Moving):
     """One client connection, from protocol header to close.
 
     ``on_output`` is called (once) when the output buffer goes from empty to
@@ -94,6 +95,7 @@ class Connection(Output, Negotiation):
         on_login: Callable[[LoginCheck], None] | None = None,
         tls: bool = False,
         peer_certificate: PeerCertificate | None = None,
+        mover: Mover | None = None,
     ) -> None:
         self.broker = broker
         #: over TLS, and the client's certificate as the handshake verified it (None:
@@ -161,6 +163,8 @@ class Connection(Output, Negotiation):
         self._returns_in_window = 0
         self.returns_dropped = 0
         self._confirm_dirty: set[Any] = set()
+        #: a ``brokerd --workers`` worker's: the connection may move to a sibling
+        self._init_moving(mover)
 
     @property
     def certificate_login(self) -> str | None:
@@ -224,6 +228,7 @@ class Connection(Output, Negotiation):
             self.login is not None
             or self.state is ConnectionState.AWAIT_ADMISSION
             or self.read_paused
+            or self.moving_to is not None
         )
 
     def _process(self, frames: list[tuple[int, int, bytes]], error: AMQPError | None) -> None:
@@ -235,6 +240,13 @@ class Connection(Output, Negotiation):
                 self._pending = frames[index:]
                 self._pending_error = error
                 return
+            if self._move_watch and ftype == FRAME_METHOD and channel:
+                target = self._move_point(channel, payload)
+                if target is not None:  # the frames wait while the socket moves
+                    self.moving_to = target
+                    self._pending = frames[index:]
+                    self._pending_error = error
+                    return
             try:
                 try:
                     self._handle_frame(ftype, channel, payload)
@@ -539,6 +551,7 @@ class Connection(Output, Negotiation):
             "user": getattr(self.user, "name", None),
             "vhost": getattr(self.vhost, "name", None),
             "client": self.client_properties.get("product"),
+            "connection_name": self.client_properties.get("connection_name"),
             "channels": len(self.channels),
             "heartbeat": self.heartbeat,
             "messages_in": self.messages_in,

@@ -22,6 +22,7 @@ from brokerd.tls import TLSSettings, peer_certificate
 if TYPE_CHECKING:
     from brokerd.model.broker import Broker
     from brokerd.protocol.hooks import ConnectionHooks
+    from brokerd.protocol.moving import Mover
     from brokerd.server.login import LoginService
     from brokerd.server.resources import ResourceMonitor
 
@@ -56,6 +57,12 @@ class AMQPHost(Protocol):
     def logins(self) -> LoginService: ...
 
     @property
+    def mover(self) -> Mover | None:
+        """Where a client connection moves at its first consume or publish (a worker
+        of ``brokerd --workers``: its siblings); None: connections stay."""
+        ...
+
+    @property
     def resources(self) -> ResourceMonitor:
         """Counts the bytes read (``received``) and checks memory on a fast flood."""
         ...
@@ -72,8 +79,14 @@ class AMQPHost(Protocol):
 
 
 class AMQPProtocol(asyncio.Protocol):
-    def __init__(self, server: AMQPHost) -> None:
+    """One client connection's socket around its machine. ``moved_in``: the snapshot
+    of a connection a sibling worker handed over (``handoff.py``), restored here
+    instead of a handshake."""
+
+    def __init__(self, server: AMQPHost, moved_in: dict[str, Any] | None = None) -> None:
         self.server = server
+        self._moved_in = moved_in
+        self._moving: asyncio.Task[None] | None = None
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.machine: Connection | None = None
@@ -103,8 +116,13 @@ class AMQPProtocol(asyncio.Protocol):
             on_login=self._on_login,
             tls=ssl_object is not None,
             peer_certificate=peer_certificate(ssl_object, self.server.tls_settings),
+            mover=None if ssl_object is not None else self.server.mover,
         )
         self.server.connections[self.machine.id] = self
+        if self._moved_in is not None:
+            state, self._moved_in = self._moved_in, None
+            pending = self.machine.restore(state)  # checked before the giver let go
+            self.data_received(pending)  # before anything read from the socket here
 
     def _on_login(self, check: LoginCheck) -> None:
         """The machine asks for a password check: run it off the loop, feed the answer back.
@@ -192,6 +210,34 @@ class AMQPProtocol(asyncio.Protocol):
         self._check_blocked(machine)
         if machine.closed:
             self.flush()
+        elif machine.moving_to is not None and self._moving is None:
+            self._hold("move")  # the socket may be another worker's in a moment
+            self._moving = self.loop.create_task(self._move(machine.moving_to))
+
+    async def _move(self, path: Any) -> None:
+        """Hand the socket to the sibling at ``path``; answer here if it cannot be."""
+        from brokerd.server.handoff import give
+
+        machine = self.machine
+        assert machine is not None
+        try:
+            moved = await give(self, path)
+        except Exception:
+            log.exception("hand-over failed conn=%d", machine.id)
+            moved = False
+        transport = self.transport
+        if transport is None:
+            return
+        if moved:
+            machine.left()
+            self.server.connections.pop(machine.id, None)
+            transport.abort()  # closes this worker's descriptor only: the sibling has its own
+            return
+        self._moving = None
+        self._release("move")
+        machine.stay()
+        self._check_blocked(machine)
+        self.flush()
 
     def _check_blocked(self, machine: Connection) -> None:
         if not self._opened and machine.state is ConnectionState.OPEN:
@@ -238,6 +284,8 @@ class AMQPProtocol(asyncio.Protocol):
             self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._moving is not None and not self._moving.done():
+            self._moving.cancel()
         if self._login_task is not None:
             self._login_task.cancel()
             self._login_task = None

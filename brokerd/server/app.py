@@ -7,9 +7,10 @@ import functools
 import gc
 import logging
 import signal
+import socket
 import sys
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,11 @@ from brokerd.model.errors import CONNECTION_FORCED
 from brokerd.model.exchange import Exchange
 from brokerd.model.throttle import LoginThrottle
 from brokerd.protocol import ConnectionState
+from brokerd.protocol.moving import MoveError
 from brokerd.server import dump, queueops
 from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError, serve_control
+from brokerd.server.handoff import HandoffListener, Mover, handoff_path
 from brokerd.server.hostshare import HostShare, SharedLoginThrottle
 from brokerd.server.listeners import ListenerError, make_listeners
 from brokerd.server.login import LoginService, default_concurrency
@@ -165,6 +168,10 @@ class Server:
         self.resources.other_alarms.append(self.store.alarm)
         #: how late the event loop runs (a late loop paces publishers: flow control)
         self.loopwatch = LoopWatch(self._loop_lag)
+        #: a worker of a host: client connections move to the sibling holding their
+        #: queues (``handoff.py``), and come in from siblings on its hand-over socket
+        self.mover: Mover | None = None
+        self.handoff: HandoffListener | None = None
 
     def _install_cluster_user(self, config: BrokerConfig) -> None:
         """The cluster vhost exists and the cluster user (password = secret) may use it."""
@@ -299,6 +306,22 @@ class Server:
             raise ControlError(f"bad arguments for '{command}': {args}")
         raise ControlError(f"unknown command '{command}'")
 
+    def _adopt(self, state: dict[str, Any], sock: socket.socket) -> Callable[[], Awaitable[None]]:
+        """A sibling hands this worker a connection: MoveError unless its user and
+        vhost are here; else what starts serving it, once the sibling let go."""
+        if state.get("user") not in self.broker.users.users or state.get("vhost") not in (
+            self.broker.vhosts
+        ):
+            raise MoveError(f"user {state.get('user')!r} or vhost {state.get('vhost')!r} unknown")
+        if self._stopping is not None and self._stopping.is_set():
+            raise MoveError("this worker is stopping")
+
+        async def start() -> None:
+            loop = asyncio.get_running_loop()
+            await loop.connect_accepted_socket(lambda: AMQPProtocol(self, state), sock=sock)
+
+        return start
+
     def _queue_op(self, op: Any, *args: Any) -> Any:
         try:
             return op(*args)
@@ -422,6 +445,8 @@ class Server:
             self.address = str(SocketPath(str(self.options.link_socket)))
         self._ticker_task = loop.create_task(self._ticker())
         self._control = await serve_control(self.options.data_dir, self.control)
+        if self.handoff is not None:
+            await self.handoff.start()
         if self.options.metrics_socket is not None:
             self.metrics = MetricsServer(self, "", 0, self.options.metrics_socket)
             await self.metrics.start()
@@ -496,6 +521,9 @@ class Server:
             on_flow=self._flow,
             on_detach=self._cluster_detached,
         )
+        if self.options.link_socket is not None:  # a worker of a host
+            self.mover = Mover(self.cluster)
+            self.handoff = HandoffListener(handoff_path(self.options.link_socket), self._adopt)
         vhost = self.broker.vhosts[config.vhost]
         vhost.exchanges[CLUSTER_EXCHANGE] = Exchange(
             CLUSTER_EXCHANGE, ClusterExchange.type_name, durable=True, muxer=ClusterExchange({})
@@ -596,6 +624,8 @@ class Server:
         self.loopwatch.stop()
         if self._control is not None:
             self._control.close()
+        if self.handoff is not None:
+            await self.handoff.stop()
         if self.metrics is not None:
             self.metrics.close()
         if self.console is not None:
