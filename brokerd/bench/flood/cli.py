@@ -24,7 +24,13 @@ from brokerd.bench.client import ServerClosed
 from brokerd.bench.flood.plan import FloodOptions
 from brokerd.bench.flood.report import render_markdown, summary_line
 from brokerd.bench.flood.run import run_flood
-from brokerd.bench.flood.targets import Target, start_cluster, start_rabbitmq, start_single
+from brokerd.bench.flood.targets import (
+    Target,
+    start_cluster,
+    start_rabbitmq,
+    start_single,
+    start_workers,
+)
 from brokerd.bench.flood.workers import error_text
 from brokerd.bench.frames import FrameError
 
@@ -77,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cluster", action="store_true", help="the brokerd cluster (the default)")
     p.add_argument("--single", action="store_true", help="one standalone brokerd (reference)")
     p.add_argument("--rabbitmq", action="store_true", help="a 3-node RabbitMQ cluster")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="one brokerd --workers N host, every client on its one port",
+    )
     p.add_argument("--repeat", type=int, default=1, help="rounds, targets alternating (1)")
     p.add_argument("--json", metavar="OUT.json", type=Path, default=None)
     p.add_argument("--keep", action="store_true", help="keep the temporary directory and logs")
@@ -102,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [
         k
         for k, wanted in (
-            ("cluster", args.cluster or not (args.single or args.rabbitmq)),
+            ("cluster", args.cluster or not (args.single or args.rabbitmq or args.workers)),
             ("single", args.single),
+            ("workers", args.workers > 0),
             ("rabbitmq", args.rabbitmq),
         )
         if wanted
@@ -115,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for round_no in range(1, args.repeat + 1):
             for kind in kinds:
-                run = _one_run(kind, base / f"r{round_no}-{kind}", opts)
+                run = _one_run(kind, base / f"r{round_no}-{kind}", opts, args.workers)
                 if run is None:
                     continue
                 runs.append(run)
@@ -145,11 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if runs and all("error" not in r for r in runs) else 1
 
 
-def _one_run(kind: str, base: Path, opts: FloodOptions) -> dict[str, Any] | None:
+def _one_run(kind: str, base: Path, opts: FloodOptions, workers: int = 0) -> dict[str, Any] | None:
     """Start a fresh target, flood it, stop it; None when the target is unavailable."""
     starters: dict[str, Callable[[Path], Target | None]] = {
         "cluster": start_cluster,
         "single": start_single,
+        "workers": lambda path: start_workers(path, workers),
         "rabbitmq": start_rabbitmq,
     }
     print(f"flood: starting {kind} in {base}", file=sys.stderr, flush=True)

@@ -1,4 +1,5 @@
-"""Starting what the flood runs against: three brokerd primaries, one brokerd, or RabbitMQ.
+"""Starting what the flood runs against: three brokerd primaries, one brokerd, a
+``brokerd --workers N`` host, or RabbitMQ.
 
 The process starters (``bench.cluster``, ``bench.failover``) are imported
 lazily, inside the starters, so importing this module loads no broker code.
@@ -81,6 +82,30 @@ def start_single(base: Path) -> Target:
     if not wait_for(lambda: (node.status() or {}).get("ready"), 30.0, 0.1):
         node.stop()
         raise RuntimeError("the standalone brokerd did not become ready in 30 s")
+    return target
+
+
+def start_workers(base: Path, workers: int) -> Target:
+    """One ``brokerd --workers N`` host: every client on its one port, where the kernel
+    puts it (and each connection may move to its queue's worker)."""
+    from brokerd.bench.cores import Host
+
+    host = Host(base, workers)
+    _log_at_info(host.node)
+    target = Target(
+        "workers",
+        f"brokerd --workers {workers} (one port)",
+        [host.node.url],
+        [f"host:{host.port}"],
+        [host.node.data_dir / "brokerd.log"],
+        [],  # the status sampler reads one control socket; a host has one per worker
+        host.stop,
+    )
+    try:
+        host.start()
+    except BaseException:
+        host.stop()
+        raise
     return target
 
 
