@@ -516,6 +516,68 @@ def test_clients_move_to_their_queues_worker_and_lose_nothing(host: BrokerProces
         conn.close()
 
 
+@pytest.mark.parametrize("sibling", ["refuses", "silent"])
+def test_a_connection_its_sibling_does_not_take_stays_and_works(
+    host: BrokerProcess, sibling: str
+) -> None:
+    """Each worker's hand-over socket replaced by one that answers N (refuses) or
+    never answers (a paused worker): a client whose queue is on the other worker stays
+    where it landed, after at most the hand-over's timeout, and loses nothing."""
+    import socket as sock_mod
+
+    conns = one_per_worker(host)
+    ch = conns[0].channel()
+    for i in range(4):
+        ch.queue_declare(f"wk-stay-{i}")
+    listeners = []
+    for k in range(WORKERS):
+        path = host.data_dir / "host" / f"worker-{k}.handoff"
+        path.unlink()
+        listener = sock_mod.socket(sock_mod.AF_UNIX, sock_mod.SOCK_STREAM)
+        listener.bind(str(path))
+        listener.listen(16)
+        listeners.append(listener)
+    stop = threading.Event()
+    held: list[sock_mod.socket] = []
+
+    def answer(listener: sock_mod.socket) -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            held.append(conn)
+            if sibling == "refuses":
+                conn.sendall(b"N")
+
+    threads = [threading.Thread(target=answer, args=(lst,), daemon=True) for lst in listeners]
+    for thread in threads:
+        thread.start()
+    try:
+        for conn in conns:  # one per worker: half the queues are on the other one
+            cch = conn.channel()
+            cch.confirm_delivery()
+            for i in range(4):
+                started = time.monotonic()
+                for k in range(20):
+                    cch.basic_publish("", f"wk-stay-{i}", f"{k}".encode())
+                assert time.monotonic() - started < 5
+        for i in range(4):
+            got = get_all(conns[1], f"wk-stay-{i}", 40)
+            assert sorted(got, key=int) == sorted([f"{k}" for k in range(20)] * 2, key=int)
+        assert "stays:" in host.log_text()
+        assert "moved in conn=" not in host.log_text()
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+        for s in [*held, *listeners]:
+            s.close()
+        for conn in conns:
+            conn.close()
+
+
 @pytest.mark.parametrize(
     "option",
     [["--cluster", "x.toml"]],
