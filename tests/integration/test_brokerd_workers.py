@@ -27,6 +27,7 @@ import pika.exceptions
 import pytest
 
 from tests.brokerd_process import BrokerProcess, log_tail
+from tests.integration.test_ctl import ctl
 
 pytestmark = pytest.mark.integration
 
@@ -381,13 +382,8 @@ def test_a_workers_kill_under_confirmed_load_loses_no_confirmed_message(
 
 
 def host_ctl(host: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    """``brokerd ctl --data-dir HOST ARGS...`` (a queue move waits for its hand-over)."""
-    return subprocess.run(
-        [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(host.data_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    """``brokerd ctl`` against the host (a queue move waits for its hand-over)."""
+    return ctl(host, *args, timeout=90)
 
 
 def test_brokerd_ctl_answers_for_every_worker_of_a_host(host: BrokerProcess) -> None:

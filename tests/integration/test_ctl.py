@@ -14,12 +14,13 @@ import pika
 from tests.brokerd_process import BrokerProcess
 
 
-def ctl(broker: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+def ctl(broker: BrokerProcess, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """``brokerd ctl --data-dir DIR ARGS...`` against a broker (or a host of workers)."""
     return subprocess.run(
         [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(broker.data_dir), *args],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=timeout,
     )
 
 
