@@ -66,6 +66,10 @@ class HostLayout:
     def link_socket(self, index: int) -> Path:
         return self.host_dir / f"worker-{index}.sock"
 
+    def handoff_socket(self, index: int) -> Path:
+        """Where worker K takes connections its siblings hand it (``server/handoff.py``)."""
+        return self.host_dir / f"worker-{index}.handoff"
+
     def metrics_socket(self, index: int) -> Path:
         """Where worker K serves its metrics to the parent (``host/metrics.py``)."""
         return self.host_dir / f"worker-{index}.metrics"
@@ -115,12 +119,17 @@ def prepare(layout: HostLayout) -> None:
     layout.host_dir.chmod(0o700)
     for index in range(layout.workers):
         layout.worker_dir(index).mkdir(mode=0o700, exist_ok=True)
-        path = str(layout.link_socket(index))
-        if len(path.encode()) > MAX_SOCKET_PATH:
-            raise HostSetupError(
-                f"--data-dir {layout.data_dir}: the workers' link socket {path} is longer "
-                f"than {MAX_SOCKET_PATH} bytes; use a shorter data directory"
-            )
+        for what, socket_path in (
+            ("link", layout.link_socket(index)),
+            ("hand-over", layout.handoff_socket(index)),
+            ("metrics", layout.metrics_socket(index)),
+        ):
+            path = str(socket_path)
+            if len(path.encode()) > MAX_SOCKET_PATH:
+                raise HostSetupError(
+                    f"--data-dir {layout.data_dir}: the workers' {what} socket {path} is "
+                    f"longer than {MAX_SOCKET_PATH} bytes; use a shorter data directory"
+                )
     # connections and failed logins are counted afresh by each start's workers
     layout.shared_file.unlink(missing_ok=True)
     hosts = ", ".join(f'"unix:{layout.link_socket(k)}"' for k in range(layout.workers))

@@ -177,3 +177,18 @@ def test_a_data_directory_is_refused_to_a_count_that_would_leave_state_behind(
     assert state_problem(tmp_path, 3) is None and state_problem(tmp_path, 4) is None
     assert "--workers 3" in (state_problem(tmp_path, 1) or "")
     assert "worker-2 holds a worker's state" in (state_problem(tmp_path, 2) or "")
+
+
+def test_a_data_directory_too_deep_for_any_workers_socket_is_refused(tmp_path: Path) -> None:
+    """The hand-over socket's name is the longest of a worker's (``worker-K.handoff``):
+    a directory that leaves room for the link socket but not for it is refused at
+    start with the path, not left to crash-loop its workers."""
+    from brokerd.host.local import MAX_SOCKET_PATH, HostLayout, HostSetupError, prepare
+
+    base = tmp_path / "d"
+    # deep enough that "host/worker-0.sock" fits and "host/worker-0.handoff" does not
+    room = MAX_SOCKET_PATH - len(str(base)) - len("/host/worker-0.sock")
+    deep = base / ("x" * (room - 2))
+    assert len(str(deep / "host" / "worker-0.sock").encode()) <= MAX_SOCKET_PATH
+    with pytest.raises(HostSetupError, match=r"hand-over socket .*worker-0\.handoff"):
+        prepare(HostLayout(deep, 2))
