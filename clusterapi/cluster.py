@@ -91,6 +91,10 @@ def state() -> dict[str, Any]:
     latest = ConfigVersion.objects.current()
     active = Alarm.objects.filter(active=True)
     return {
+        # brokers of a cluster link here (primaries, secondaries); else only standalone
+        # brokers or a brokerd --workers host's workers do, and there is no root to have
+        "clustered": root is not None
+        or Broker.objects.active().exclude(broker_type=Broker.TYPE_STANDALONE).exists(),
         "root": {"name": root.name, "spid": root.spid} if root is not None else None,
         "ready": ready,
         "quorum": quorum,

@@ -38,6 +38,10 @@ class RootRefSerializer(serializers.Serializer):
 
 
 class ClusterStateSerializer(serializers.Serializer):
+    clustered = serializers.BooleanField(
+        help_text="brokers of a cluster link to the console (false: only standalone brokers "
+        "and hosts' workers, which have no cluster root)"
+    )
     root = RootRefSerializer(allow_null=True, help_text="the broker every member agrees on")
     ready = serializers.BooleanField()
     quorum = serializers.CharField(allow_blank=True)

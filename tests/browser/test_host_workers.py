@@ -89,6 +89,8 @@ def test_a_hosts_workers_are_grouped_and_a_killed_one_is_a_restart(
         (address, 1, 2),
     }
     page = open_page(operator, "/brokers/")
+    # no cluster links here, only a host's workers: no root to miss
+    expect(page.locator("#cluster-bar")).to_contain_text("Cluster: none (standalone)")
     host_row = page.locator(f'tr.host-row[data-host="{address}"]')
     expect(host_row).to_contain_text("2 of 2 workers up")
     for name in names:

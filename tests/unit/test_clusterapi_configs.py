@@ -256,7 +256,9 @@ def test_hello_gets_the_current_version_once(operator, brokers, scheduled) -> No
 
 
 def test_cluster_state(operator, brokers, scheduled) -> None:
+    clustered = any(b.broker_type != Broker.TYPE_STANDALONE for b in brokers)
     assert cluster.state() == {
+        "clustered": clustered,
         "root": None,
         "ready": False,
         "quorum": "",
@@ -272,6 +274,7 @@ def test_cluster_state(operator, brokers, scheduled) -> None:
     Broker.objects.filter(pk=brokers[0].pk).update(state="down")
     configs.save(DOCUMENT, operator)
     state = cluster.state()
+    assert state["clustered"] is True  # a root reports: a cluster, whatever the types
     assert state["root"] == {"name": brokers[1].name, "spid": "s2"}
     assert state["ready"] is True and state["quorum"].startswith("quorum")
     assert (state["brokers_up"], state["config_version"]) == (1, 1)

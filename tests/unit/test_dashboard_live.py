@@ -59,7 +59,12 @@ async def test_anonymous_and_unknown_pages_are_refused() -> None:
 async def test_changes_push_fragments_at_most_a_few_times_a_second() -> None:
     user = await sync_to_async(User.objects.create_user)("u2", password="pw-u2-123")
     broker = await sync_to_async(Broker.objects.create)(
-        name="127.0.0.1:5901", state="up", is_root=True, ready=True, last_seen=timezone.now()
+        name="127.0.0.1:5901",
+        broker_type="primary",
+        state="up",
+        is_root=True,
+        ready=True,
+        last_seen=timezone.now(),
     )
     com = communicator(f"/ws/dashboard/?page=broker&broker={broker.name}", user)
     connected, _ = await com.connect()
