@@ -14,18 +14,23 @@ by confirms with ``--confirm-window`` in flight). Every client connects to
 the host's one port, so which worker a connection reaches is the kernel's
 choice (``SO_REUSEPORT``), as it is for a user's clients; the queues are
 placed ``balanced`` over the workers, so a publisher or consumer lands on its
-queue's worker one time in N and otherwise pays one hop on a local link.
+queue's worker one time in N, and otherwise moves there at its first publish
+or consume.
 Set-ups alternate run by run; the median of ``--repeat`` runs is reported.
 
 How the figures should grow with cores: each worker is one process with its
-own event loop, so with W workers on C cores the hosts's capacity grows
-about as min(W, C) times one worker's, less the hops: a message whose
-publisher and consumer both land off its queue's worker crosses the local
-link twice, (1 - 1/W) of the time for each of them. On this 2-core machine
-the benchmark's own publisher and consumer processes share the cores with
-the workers, so ``--workers 2`` can reach well under 2x; on a machine with
-more cores than the workers and the load generators need, the curve is the
-one to read.
+own event loop, so with W workers on C cores the host's capacity grows
+about as min(W, C) times one worker's. A client lands on its queue's worker
+one time in W, then moves there at its first consume or publish
+(``brokerd/protocol/moving.py``), so with balanced queues each worker serves
+its own queues' clients and no message crosses a local link: the curve
+should stay close to linear until the load generators themselves run out
+of cores. On this 2-core machine the benchmark's publisher and consumer
+processes share the cores with the workers, so ``--workers 2`` reaches
+about 1.8x, not 2x; on a machine with more cores than the workers and the
+load generators need, the curve is the one to read. Clients that cannot
+move (TLS, or busy at their first consume or publish) pay one hop on the
+local link per message, which costs most of what the local path does.
 """
 
 from __future__ import annotations
