@@ -10,10 +10,10 @@ A link is two connections, a control lane and a data lane (``Lane``). A
 message posted to a lane is written at once, as one publish on its connection
 (``post``), so messages on a lane arrive in the order they were posted: a
 delivery is never overtaken by the ack of a later one, nor a wiring entry by
-the next. Statuses and root announcements
-go on the control lane and never wait behind data (``docs/architecture.md``,
-"Flow control"). A message posted while the link is down is dropped (the
-planes above treat a link that went down as a lost session).
+the next. Statuses and root announcements go on the control lane and never
+wait behind data (``docs/architecture.md``, "Flow control"). A message posted
+while the link is down is dropped (the planes above treat a link that went
+down as a lost session).
 
 ``refused`` records whether the latest attempt to connect was refused
 (ECONNREFUSED: nothing listens on the peer's port). Membership uses it, with

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from brokerd.cluster.config import MAX_SOCKET_PATH
+from brokerd.server.handoff import handoff_path
 
 HOST_DIR = "host"
 CLUSTER_NAME = "cluster.toml"
@@ -67,8 +68,9 @@ class HostLayout:
         return self.host_dir / f"worker-{index}.sock"
 
     def handoff_socket(self, index: int) -> Path:
-        """Where worker K takes connections its siblings hand it (``server/handoff.py``)."""
-        return self.host_dir / f"worker-{index}.handoff"
+        """Where worker K takes connections its siblings hand it (``server/handoff.py``,
+        which finds it beside the link socket)."""
+        return handoff_path(self.link_socket(index))
 
     def metrics_socket(self, index: int) -> Path:
         """Where worker K serves its metrics to the parent (``host/metrics.py``)."""

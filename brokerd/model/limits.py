@@ -43,11 +43,6 @@ class HostCounts(Protocol):
         """This worker's counts now."""
 
 
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
-
-
 #: names of the broker's own exchanges and queues (the cluster exchange): no client may
 #: declare, bind (either way), publish to, consume from, purge or delete them
 INTERNAL_PREFIX = "amq.rookery."
@@ -134,11 +129,32 @@ class LimitChecks:
         limits = self.vhost_limits.get(vhost)
         return None if limits is None else getattr(limits, name)
 
+    @contextmanager
+    def _counting(self: Broker) -> Iterator[None]:
+        """One check-and-count: under the host's lock, and this worker's counts
+        published after it (a refusal changed nothing: nothing to publish)."""
+        host = self.host_counts
+        if host is None:
+            yield
+            return
+        with host.locked():
+            yield
+            host.publish(self.connection_count, self._limited_connections())
+
+    def _limited_connections(self: Broker) -> dict[str, int]:
+        """Connections per vhost, of the vhosts that limit theirs (the others need no
+        host-wide count)."""
+        return {
+            vhost: count
+            for vhost, count in self.vhost_connections.items()
+            if self.vhost_limit(vhost, "max_connections") is not None
+        }
+
     def open_connection(self: Broker, vhost: str, user: str) -> None:
         """Count a client connection opening ``vhost``, or refuse it (530). A worker of
         a host counts the host's connections (``host_counts``)."""
         host = self.host_counts
-        with host.locked() if host is not None else _nothing():
+        with self._counting():
             limit = self.limits.max_connections
             count = self.connection_count if host is None else host.connections()
             if limit is not None and count >= limit:
@@ -157,40 +173,23 @@ class LimitChecks:
                     )
             self.connection_count += 1
             self.vhost_connections[vhost] = local + 1
-            if host is not None:
-                host.publish(self.connection_count, self._limited_connections())
 
     def adopt_connection(self: Broker, vhost: str) -> None:
         """Count a connection a sibling worker handed over: it was admitted there, and
         the host counted it all along (its count leaves the sibling just after)."""
-        host = self.host_counts
-        with host.locked() if host is not None else _nothing():
+        with self._counting():
             self.connection_count += 1
             self.vhost_connections[vhost] = self.vhost_connections.get(vhost, 0) + 1
-            if host is not None:
-                host.publish(self.connection_count, self._limited_connections())
-
-    def _limited_connections(self: Broker) -> dict[str, int]:
-        """Connections per vhost, of the vhosts that limit theirs (the others need no
-        host-wide count)."""
-        return {
-            vhost: count
-            for vhost, count in self.vhost_connections.items()
-            if self.vhost_limit(vhost, "max_connections") is not None
-        }
 
     def close_connection(self: Broker, vhost: str) -> None:
         """A connection counted by ``open_connection`` is gone."""
-        host = self.host_counts
-        with host.locked() if host is not None else _nothing():
+        with self._counting():
             self.connection_count -= 1
             count = self.vhost_connections.get(vhost, 0) - 1
             if count > 0:
                 self.vhost_connections[vhost] = count
             else:
                 self.vhost_connections.pop(vhost, None)
-            if host is not None:
-                host.publish(self.connection_count, self._limited_connections())
 
     def check_channel(self: Broker, vhost: str, open_channels: int, negotiated: int) -> None:
         """One more channel on a connection that has ``open_channels`` (530)."""

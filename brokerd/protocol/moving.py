@@ -23,16 +23,18 @@ so is the socket's passage (``brokerd/server/handoff.py``).
 from __future__ import annotations
 
 import logging
-import struct
 from typing import TYPE_CHECKING, Any, Protocol
 
 from pamqp import decode as amqp_decode
 from pamqp import encode as amqp_encode
 from pamqp.base import Frame as Method
 
+from brokerd.protocol.channel import Channel
+from brokerd.protocol.negotiation import ConnectionState
 from brokerd.wire import codec
 
 if TYPE_CHECKING:
+    from brokerd.model.broker import Broker
     from brokerd.protocol.connection import Connection
 
 log = logging.getLogger("brokerd.connection")
@@ -41,11 +43,18 @@ _CONSUME_ID = bytes((0, 60, 0, 20))
 _PUBLISH_ID = bytes((0, 60, 0, 40))
 #: what the moment is, by the method that triggers it (each is looked at once)
 _POINTS = {_CONSUME_ID: "consume", _PUBLISH_ID: "publish"}
-_FRAME_HEAD = struct.Struct("!BHI")
 
 
 class MoveError(ValueError):
     """A snapshot that cannot be restored here (a user or vhost this worker lacks)."""
+
+
+def check_restorable(broker: Broker, state: dict[str, Any]) -> None:
+    """MoveError unless ``broker`` has the snapshot's user and vhost: asked before the
+    taker says it can take the connection, and again as it restores it."""
+    user, vhost = state.get("user"), state.get("vhost")
+    if user not in broker.users.users or vhost not in broker.vhosts:
+        raise MoveError(f"no user {user!r} or vhost {vhost!r} here")
 
 
 class Mover(Protocol):
@@ -86,8 +95,6 @@ class Moving:
 
     def movable(self: Connection) -> bool:
         """Quiet: nothing of it is in flight anywhere but in its own socket."""
-        from brokerd.protocol.negotiation import ConnectionState
-
         if (
             self.state is not ConnectionState.OPEN
             or self.tls
@@ -125,10 +132,7 @@ class Moving:
         (client properties of a type the table encoding does not take back)."""
         if self._pending_error is not None:
             raise MoveError("a framing error waits to be answered")
-        pending = b"".join(
-            _FRAME_HEAD.pack(ftype, channel, len(payload)) + payload + codec.FRAME_END_BYTE
-            for ftype, channel, payload in self._pending
-        )
+        pending = b"".join(codec.frame(*waiting) for waiting in self._pending)
         try:
             properties = amqp_encode.field_table(self.client_properties).hex()
         except (TypeError, ValueError) as exc:
@@ -160,13 +164,9 @@ class Moving:
     def restore(self: Connection, state: dict[str, Any]) -> bytes:
         """Become the connection ``state`` describes, open and counted here; returns
         the bytes to process next. MoveError if this worker cannot take it."""
-        from brokerd.protocol.channel import Channel
-        from brokerd.protocol.negotiation import ConnectionState
-
-        user = self.broker.users.users.get(state["user"])
-        vhost = self.broker.vhosts.get(state["vhost"])
-        if user is None or vhost is None:
-            raise MoveError(f"no user {state['user']!r} or vhost {state['vhost']!r} here")
+        check_restorable(self.broker, state)
+        user = self.broker.users.users[state["user"]]
+        vhost = self.broker.vhosts[state["vhost"]]
         raw = bytes.fromhex(state["client_properties"])
         _, properties = amqp_decode.field_table(raw)
         self.client_properties = properties
@@ -209,8 +209,6 @@ class Moving:
 
     def left(self: Connection) -> None:
         """The socket is the sibling's: release what was counted here, say nothing."""
-        from brokerd.protocol.negotiation import ConnectionState
-
         self.moved = True
         self.moving_to = None
         self._pending = []
@@ -220,4 +218,4 @@ class Moving:
         self.state = ConnectionState.CLOSED
 
 
-__all__ = ["MoveError", "Mover", "Moving"]
+__all__ = ["MoveError", "Mover", "Moving", "check_restorable"]

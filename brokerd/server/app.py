@@ -35,7 +35,7 @@ from brokerd.model.errors import CONNECTION_FORCED
 from brokerd.model.exchange import Exchange
 from brokerd.model.throttle import LoginThrottle
 from brokerd.protocol import ConnectionState
-from brokerd.protocol.moving import MoveError
+from brokerd.protocol.moving import MoveError, check_restorable
 from brokerd.server import dump, queueops
 from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError, serve_control
@@ -309,10 +309,7 @@ class Server:
     def _adopt(self, state: dict[str, Any], sock: socket.socket) -> Callable[[], Awaitable[None]]:
         """A sibling hands this worker a connection: MoveError unless its user and
         vhost are here; else what starts serving it, once the sibling let go."""
-        if state.get("user") not in self.broker.users.users or state.get("vhost") not in (
-            self.broker.vhosts
-        ):
-            raise MoveError(f"user {state.get('user')!r} or vhost {state.get('vhost')!r} unknown")
+        check_restorable(self.broker, state)
         if self._stopping is not None and self._stopping.is_set():
             raise MoveError("this worker is stopping")
 

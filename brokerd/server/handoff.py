@@ -247,7 +247,7 @@ class HandoffListener:
         client: socket.socket | None = None
         try:
             async with asyncio.timeout(HANDOFF_TIMEOUT):
-                data, fds = await _recv_with_fds(loop, conn, _LENGTH.size)
+                data, fds = await _recv_with_fds(loop, conn)
                 if fds:
                     client = socket.socket(fileno=fds[0])
                     for extra in fds[1:]:
@@ -289,12 +289,12 @@ class HandoffListener:
 
 
 async def _recv_with_fds(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int
+    loop: asyncio.AbstractEventLoop, sock: socket.socket
 ) -> tuple[bytes, list[int]]:
     """The first bytes of a hand-over and the descriptors that came with them."""
     while True:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, max(size, 65536), 2)
+            data, fds, _flags, _addr = socket.recv_fds(sock, 65536, 2)
         except BlockingIOError:
             await _ready(loop, sock)
             continue

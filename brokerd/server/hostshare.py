@@ -175,6 +175,12 @@ class HostShare:
     def drop(self, i: int) -> None:
         _ENTRY.pack_into(self._map, self._entry(i), 0, 0, 0, 0.0, 0.0)
 
+    def throttled(self) -> int:
+        """Keys the table holds. Call under ``locked``."""
+        return sum(
+            1 for i in range(THROTTLE_SLOTS) if _ENTRY.unpack_from(self._map, self._entry(i))[0]
+        )
+
 
 def clear_worker(path: Path, workers: int, index: int) -> None:
     """Forget a dead worker's connections (the parent, when it reaped it)."""
@@ -209,11 +215,7 @@ class SharedLoginThrottle(LoginThrottle):
 
     def __len__(self) -> int:
         with self.share.locked():
-            return sum(
-                1
-                for i in range(THROTTLE_SLOTS)
-                if _ENTRY.unpack_from(self.share._map, self.share._entry(i))[0]
-            )
+            return self.share.throttled()
 
     def _live_entry(self, key: tuple[str, str], now: float) -> tuple[int, int, float, float, bool]:
         """(index, failures, not before, last failure, found) of a key, forgetting a

@@ -223,6 +223,11 @@ def _check_field_value(data: bytes, pos: int, end: int) -> int:
     return pos
 
 
+def frame(ftype: int, channel: int, payload: bytes) -> bytes:
+    """One frame around ``payload`` (a split frame put back into bytes)."""
+    return _pack_head(ftype, channel, len(payload)) + payload + FRAME_END_BYTE
+
+
 def method_frame(channel: int, method: Method) -> bytes:
     """Encode a pamqp method object as a complete method frame."""
     payload = _method_id.pack(method.index >> 16, method.index & 0xFFFF) + method.marshal()
