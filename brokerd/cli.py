@@ -220,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host-address", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--host-workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--metrics-socket", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--link-ports", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--host-id", default="", help=argparse.SUPPRESS)
     parser.add_argument(
         "--log-level",
         default="info",
@@ -337,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
             "host_share": layout.shared_file,
             "worker_index": args.worker_index,
             "metrics_socket": args.metrics_socket,
+            "link_ports": tuple(int(p) for p in args.link_ports.split(",") if p),
+            "host_id": args.host_id,
         }
     return run(
         ServerOptions(

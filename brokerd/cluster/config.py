@@ -140,11 +140,17 @@ class ClusterConfig:
     queue_leader_locator: str = "client-local"
     #: links over mutual TLS (None: plain links)
     tls: ClusterTLS | None = None
+    #: workers on each host (``brokerd --workers``; not in the file): in the checksum,
+    #: so every host of a cluster runs as many and each weighs the same (hostgroup.py)
+    host_workers: int = 1
 
     @property
     def checksum(self) -> str:
         return known_hosts_checksum(
-            self.known_hosts, self.default_queue_type, tls_links=self.tls is not None
+            self.known_hosts,
+            self.default_queue_type,
+            tls_links=self.tls is not None,
+            workers=self.host_workers,
         )
 
 
@@ -185,15 +191,18 @@ def known_hosts_checksum(
     default_queue_type: str | None = None,
     *,
     tls_links: bool = False,
+    workers: int = 1,
 ) -> str:
     """SHA-256 (first 16 hex digits) of the sorted, lower-cased, de-duplicated list,
-    of the default queue type when one is set, and of TLS on links when on (servers
-    must agree on both too)."""
+    of the default queue type when one is set, of TLS on links when on, and of the
+    workers per host above one (servers must agree on these too)."""
     normalised = "\n".join(sorted({str(h) for h in hosts}))
     if default_queue_type is not None:
         normalised += f"\ndefault_queue_type={default_queue_type}"
     if tls_links:
         normalised += "\ntls_links=required"
+    if workers > 1:
+        normalised += f"\nworkers_per_host={workers}"
     return hashlib.sha256(normalised.encode()).hexdigest()[:16]
 
 

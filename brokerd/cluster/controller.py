@@ -300,13 +300,18 @@ class ClusterController(Membership):
     def known_hosts(self) -> str:
         """The servers a client may reconnect to: the known hosts and every active
         peer's address (connection.open-ok's known-hosts, at most 255 bytes); a worker
-        of ``brokerd --workers`` names its host, never its siblings' link sockets."""
-        if self.client_address is not None:
+        of ``brokerd --workers`` names hosts, never its siblings' or any worker's links."""
+        if self.client_address is not None and self.hostgroup is None:
             return self.client_address
         now = self.clock()
         hosts = dict.fromkeys(sorted(self.known))
         for peer in self.peers.values():
-            if peer.address and self.standing.active(peer, now):
+            if not self.standing.active(peer, now) or peer.status is None:
+                continue
+            if self.hostgroup is not None:  # a host's client address, never a worker's link
+                if peer.status.host_address:
+                    hosts[peer.status.host_address] = None
+            elif peer.address:
                 hosts[peer.address] = None
         text = ""
         for host in hosts:

@@ -32,6 +32,7 @@ from brokerd.cluster.messages import Root, Status
 if TYPE_CHECKING:
     from brokerd.cluster.config import ClusterConfig
     from brokerd.cluster.election import Decision
+    from brokerd.cluster.hostgroup import HostGroup
     from brokerd.cluster.link import Link
     from brokerd.cluster.peers import Peer
     from brokerd.cluster.standing import Standing
@@ -51,6 +52,7 @@ class HeartbeatHost(Protocol):
     listed: bool
     holds_state: bool
     address: str
+    hostgroup: HostGroup | None
     peers: dict[str, Peer]
     cut: set[str]
     clock: Callable[[], float]
@@ -124,6 +126,8 @@ class Heartbeat:
             reply=ask,
             stopping=host.standing.stopping,
             holds_state=host.holds_state,
+            host=host.hostgroup.host_id if host.hostgroup is not None else "",
+            host_address=host.hostgroup.host_address if host.hostgroup is not None else "",
         )
 
     async def _run(self) -> None:

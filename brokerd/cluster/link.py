@@ -176,8 +176,12 @@ class Link:
         on_down: Callable[[Link, str], None],
         connect_timeout: float = 3.0,
         ssl_context: ssl.SSLContext | None = None,
+        discovery: bool = False,
     ) -> None:
         self.address = address
+        #: only asks who answers (a host's port, which any of its workers may take):
+        #: the control lane alone, as a second connection may reach another worker
+        self.discovery = discovery
         credentials = f"{quote(user, safe='')}:{quote(secret, safe='')}"
         scheme = "amqps" if ssl_context is not None else "amqp"
         #: a sibling worker's link socket (None: a TCP address)
@@ -301,7 +305,7 @@ class Link:
     async def _connect(self) -> None:
         """Open the control lane, then the data lane (the peer learns who we are from
         the first; a peer that refuses us refuses it)."""
-        for lane in (self.control, self.data):
+        for lane in (self.control,) if self.discovery else (self.control, self.data):
             await self._connect_lane(lane)
 
     async def _connect_lane(self, lane: Lane) -> None:

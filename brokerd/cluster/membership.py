@@ -51,6 +51,7 @@ from brokerd.cluster import messages
 from brokerd.cluster.config import ClusterConfig
 from brokerd.cluster.election import PRIMARY, SECONDARY, Decision, View
 from brokerd.cluster.heartbeat import Heartbeat
+from brokerd.cluster.hostgroup import HostGroup
 from brokerd.cluster.latency import LatencyWindow
 from brokerd.cluster.link import Link
 from brokerd.cluster.linktls import LinkTLS
@@ -105,6 +106,8 @@ class Membership:
         self.reached: set[str] = set()
         #: the workers of this host, as the election counts them (``siblings.py``)
         self.siblings = Siblings(self)
+        #: a worker of a host in a cluster of hosts (``hostgroup.py``; None: not one)
+        self.hostgroup: HostGroup | None = None
         self.fault_injection = fault_injection
         self.on_ready_change = on_ready_change
         #: close client connections with this reason (this server cannot reach the root)
@@ -198,6 +201,9 @@ class Membership:
     async def start(self) -> None:
         for host in self.config.known_hosts:
             self.add_link(str(host))
+        if self.hostgroup is not None:
+            for socket in self.hostgroup.sibling_sockets():
+                self.add_link(socket)
         self.heartbeat.start()
         log.info(
             "cluster start spid=%s type=%s known_hosts=%s checksum=%s",
@@ -217,13 +223,17 @@ class Membership:
         await asyncio.gather(*(link.stop() for link in self.links.values()), return_exceptions=True)
 
     def identity(self) -> dict[str, Any]:
-        return {
+        identity = {
             "spid": self.spid,
             "type": self.type,
             "callback": self.address,
             "start_time": self.start_time,
             "checksum": self.checksum,
         }
+        if self.hostgroup is not None:
+            # a sibling links back by our socket; other hosts by ``callback``
+            identity |= {"host": self.hostgroup.host_id, "local": self.hostgroup.socket}
+        return identity
 
     def add_link(self, address: str) -> None:
         if address in self.links:
@@ -237,6 +247,8 @@ class Membership:
             on_up=self._link_up,
             on_down=self._link_down,
             ssl_context=self.link_tls.context(self.address) if self.link_tls else None,
+            # a worker's link to a known host: whichever worker answers says who it is
+            discovery=self.hostgroup is not None and address in self.known,
         )
         self.links[address] = link
         link.start()
@@ -256,6 +268,8 @@ class Membership:
             log.info("link self address=%s", link.address)
             self._retire(link, "self")
             return
+        if self.hostgroup is not None and self._discovered(link, spid):
+            return
         peer = self._peer(spid)
         self.reached.add(link.address)
         if link.address not in peer.aliases:
@@ -273,6 +287,36 @@ class Membership:
         log.info("link up address=%s peer=%s", link.address, spid)
         self.heartbeat.send_status(link)
         self.link_ready(spid)
+
+    def _discovered(self, link: Link, spid: str) -> bool:
+        """A worker's link to a known host (a host's client port) reached the worker
+        the kernel chose: that says whose host the name is, and lists every worker
+        of it, each of which we link to by its own port (``hostgroup.py``). The
+        link itself only discovers: it is retired, and never carries messages (a
+        reconnection may land on another worker)."""
+        group = self.hostgroup
+        assert group is not None
+        if link.address not in self.known:
+            return False
+        there = str(link.server_properties.get("host") or "")
+        if group.is_sibling(there):
+            # a known host that is this host: its name is ours, siblings link by socket
+            self.own_addresses.add(link.address)
+            self.listed = True
+            self._retire(link, "own host")
+            return True
+        peer = self._peer(spid)
+        self.reached.add(link.address)
+        peer.aliases.add(link.address)
+        if there:
+            group.hosts_of[spid] = there
+        workers = link.server_properties.get("host_links")
+        for address in workers if isinstance(workers, list) else ():
+            if isinstance(address, str) and address and not group.own_link(address):
+                self.add_link(address)
+        log.info("link discovered host=%s at %s: %s", there, link.address, workers)
+        self._retire(link, "discovery")
+        return True
 
     def _retire(self, link: Link, why: str) -> None:
         link.state = why
@@ -385,6 +429,8 @@ class Membership:
         peer.inbound.add(conn.id)
         peer.gone = False
         peer.type = SECONDARY if props.get("type") == SECONDARY else PRIMARY
+        if self.hostgroup is not None and props.get("host"):
+            self.hostgroup.hosts_of[spid] = str(props["host"])
         start_time = props.get("start_time")
         if isinstance(start_time, int | float) and not isinstance(start_time, bool):
             peer.start_time = float(start_time)
@@ -394,13 +440,16 @@ class Membership:
         peer.address = callback
         if callback:
             peer.aliases.add(callback)
-        stale = self.links.get(callback)
+        back = callback
+        if self.hostgroup is not None and self.hostgroup.is_sibling(props.get("host")):
+            back = str(props.get("local") or "")  # a sibling: by its socket
+        stale = self.links.get(back)
         if stale is not None and not stale.up:
             stale.retry_now()  # it was backing off: the peer is evidently back
-        if (peer.link is None or not peer.link.up) and callback and callback not in self.links:
+        if (peer.link is None or not peer.link.up) and back and back not in self.links:
             # an unknown server linked to us (a secondary, a new primary): link back
-            log.info("link back peer=%s callback=%s", spid, callback)
-            self.add_link(callback)
+            log.info("link back peer=%s callback=%s", spid, back)
+            self.add_link(back)
         return None
 
     def login_refused(self, conn: Connection, reason: str) -> None:
@@ -459,6 +508,8 @@ class Membership:
                 self.echo_rtt.add(rtt)
             if message.address:
                 peer.address = message.address
+            if self.hostgroup is not None and message.host:
+                self.hostgroup.hosts_of[peer.spid] = message.host
             self.status_received(peer.spid, message)
         elif isinstance(message, Root) and peer.status is not None:
             # only the flag: liveness and votes come from statuses, so a stale

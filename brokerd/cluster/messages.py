@@ -79,6 +79,10 @@ class Status:
     reply: bool = False
     #: the sender is on its way out (a planned stop): no queue is moved to it
     stopping: bool = False
+    #: a worker of a host in a cluster of hosts: the host's id for this start, and
+    #: its client address (what clients are told to reconnect to); "" otherwise
+    host: str = ""
+    host_address: str = ""
 
 
 @dataclass
@@ -125,6 +129,8 @@ def decode(kind: str, body: bytes) -> Status | Root:
             raise MessageError(f"{kind}: stopping must be a boolean")
         if not isinstance(message.holds_state, bool):
             raise MessageError(f"{kind}: holds_state must be a boolean")
+        if not isinstance(message.host, str) or not isinstance(message.host_address, str):
+            raise MessageError(f"{kind}: host and host_address must be strings")
         # a place in a root's stream: the state log's, the shared queues' copy's
         _place(kind, "state", message.state_source, message.state_seq)
         _place(kind, "copy", message.copy_source, message.copy_seq)

@@ -51,10 +51,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from brokerd.cluster.election import PRIMARY, Decision, Member, View, decide, holds_lease
+from brokerd.cluster.hostgroup import known_hosts_count
 from brokerd.cluster.messages import Root
 
 if TYPE_CHECKING:
     from brokerd.cluster.config import ClusterConfig
+    from brokerd.cluster.hostgroup import HostGroup
     from brokerd.cluster.link import Link
     from brokerd.cluster.peers import Peer
     from brokerd.cluster.siblings import Siblings
@@ -75,6 +77,8 @@ class StandingHost(Protocol):
     own_addresses: set[str]
     #: the workers of this host (``siblings.Siblings``)
     siblings: Siblings
+    #: a worker of a host in a cluster of hosts (``hostgroup.HostGroup``; None: not one)
+    hostgroup: HostGroup | None
     listed: bool
     #: it recovered shared wiring from its disk at start (``election.choose``)
     holds_state: bool
@@ -261,7 +265,12 @@ class Standing:
         link has resolved yet still counts on its own: never fewer servers than
         there are, only sometimes more, which errs on the safe side. The one
         exception is a sibling worker whose process has ended (``ended``): a
-        dead process never votes, and when it starts again it counts again."""
+        dead process never votes, and when it starts again it counts again.
+
+        A worker of a host in a cluster of hosts counts hosts, W workers each
+        (``hostgroup.py``): the known hosts, merged by the host their names reached."""
+        if self.host.hostgroup is not None:
+            return self._host_workers(now, self.host.hostgroup)
         groups = [self.host.own_addresses & self.host.known]
         groups += [
             p.aliases & self.host.known for p in self.host.peers.values() if self.active(p, now)
@@ -281,6 +290,20 @@ class Standing:
             newcomers = [name for name in self.host.known if self.host.siblings.joining(name)]
             count -= len(newcomers) == 1
         return count
+
+    def _host_workers(self, now: float, group: HostGroup) -> int:
+        """The known hosts, merged by host, times the workers each runs."""
+        own = set(self.host.own_addresses)
+        names: dict[str, set[str]] = {}
+        for peer in self.host.peers.values():
+            there = group.hosts_of.get(peer.spid)
+            if not there or not self.active(peer, now):
+                continue
+            if group.is_sibling(there):
+                own |= peer.aliases
+            else:
+                names.setdefault(there, set()).update(peer.aliases)
+        return known_hosts_count(self.host.known, own, names) * group.workers
 
     # -- the election loop ------------------------------------------------------------
 

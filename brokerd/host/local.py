@@ -14,10 +14,18 @@ brokerd processes that differ only in their index:
   default, as a single RabbitMQ node has;
 - each worker's own data directory, ``DATA_DIR/worker-K``, with its journal
   and control socket.
+
+In a cluster of hosts (``--cluster FILE``) the workers take that file instead
+of the local one, and each gets a TCP link port of its own, where the other
+hosts' workers reach it (``cluster/hostgroup.py``). The ports are chosen at the
+first start and kept in ``DATA_DIR/host/links.json``: quorum groups and a
+recovered queue's home name workers by those addresses, so a restarted host
+must answer at the same ones.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import socket
@@ -26,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from brokerd.cluster.config import MAX_SOCKET_PATH
+from brokerd.cluster.hostgroup import worker_socket
 from brokerd.server.handoff import handoff_path
 
 HOST_DIR = "host"
@@ -65,12 +74,17 @@ class HostLayout:
         return self.data_dir / f"worker-{index}"
 
     def link_socket(self, index: int) -> Path:
-        return self.host_dir / f"worker-{index}.sock"
+        return worker_socket(self.host_dir, index)
 
     def handoff_socket(self, index: int) -> Path:
         """Where worker K takes connections its siblings hand it (``server/handoff.py``,
         which finds it beside the link socket)."""
         return handoff_path(self.link_socket(index))
+
+    @property
+    def links_file(self) -> Path:
+        """The workers' TCP link ports in a cluster of hosts, kept across starts."""
+        return self.host_dir / "links.json"
 
     def metrics_socket(self, index: int) -> Path:
         """Where worker K serves its metrics to the parent (``host/metrics.py``)."""
@@ -113,9 +127,10 @@ def state_problem(data_dir: Path, workers: int) -> str | None:
     return None
 
 
-def prepare(layout: HostLayout) -> None:
+def prepare(layout: HostLayout, *, local_cluster: bool = True) -> None:
     """The host's folders (0700: they hold the secret and the journals) and its
-    local cluster file, written again at each start with a new secret."""
+    local cluster file, written again at each start with a new secret (not for a
+    host of a cluster: its workers take the cluster's file)."""
     layout.data_dir.mkdir(parents=True, exist_ok=True)
     layout.host_dir.mkdir(mode=0o700, exist_ok=True)
     layout.host_dir.chmod(0o700)
@@ -134,6 +149,9 @@ def prepare(layout: HostLayout) -> None:
                 )
     # connections and failed logins are counted afresh by each start's workers
     layout.shared_file.unlink(missing_ok=True)
+    if not local_cluster:
+        layout.cluster_file.unlink(missing_ok=True)
+        return
     hosts = ", ".join(f'"unix:{layout.link_socket(k)}"' for k in range(layout.workers))
     text = (
         "# written by brokerd --workers at each start: the workers of this host\n"
@@ -166,6 +184,39 @@ def hold_port(bind: str, port: int) -> socket.socket:
     return sock
 
 
+def hold_link_ports(layout: HostLayout, bind: str) -> list[socket.socket]:
+    """Each worker's TCP link port in a cluster of hosts, held like the client port:
+    the ports ``links.json`` kept from the last start, or new ones written there."""
+    kept: list[int] = []
+    try:
+        record = json.loads(layout.links_file.read_text())
+        if record.get("bind") == bind and len(record.get("ports", ())) == layout.workers:
+            kept = [int(p) for p in record["ports"]]
+    except (OSError, ValueError, TypeError, AttributeError):
+        kept = []
+    held: list[socket.socket] = []
+    try:
+        for index in range(layout.workers):
+            port = kept[index] if kept else 0
+            try:
+                held.append(hold_port(bind, port))
+            except HostSetupError as exc:
+                raise HostSetupError(
+                    f"worker-{index}'s link port {bind}:{port} (kept in {layout.links_file}, "
+                    f"where the cluster knows this worker) is not free: {exc}"
+                ) from None
+    except HostSetupError:
+        for sock in held:
+            sock.close()
+        raise
+    ports = [sock.getsockname()[1] for sock in held]
+    if ports != kept:
+        tmp = layout.links_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"bind": bind, "ports": ports}))
+        os.replace(tmp, layout.links_file)
+    return held
+
+
 @dataclass(frozen=True)
 class WorkerCommand:
     """The argv of worker K: the host's options, and its own index."""
@@ -182,6 +233,12 @@ class WorkerCommand:
     #: the console each worker links to (the token is in the workers' environment)
     console: str | None = None
     console_cafile: Path | None = None
+    #: a host of a cluster: the cluster's file, each worker's TCP link port, the
+    #: host's id for this start, and the server options the host was given
+    cluster: Path | None = None
+    link_ports: tuple[int, ...] = ()
+    host_id: str = ""
+    fault_injection: bool = False
 
     def __call__(self, index: int) -> list[str]:
         argv = [
@@ -195,7 +252,7 @@ class WorkerCommand:
             "--data-dir",
             str(self.layout.worker_dir(index)),
             "--cluster",
-            str(self.layout.cluster_file),
+            str(self.cluster or self.layout.cluster_file),
             "--log-level",
             self.log_level,
             "--worker-of",
@@ -209,6 +266,11 @@ class WorkerCommand:
         ]
         if self.tls_port is not None:
             argv += ["--tls-port", str(self.tls_port)]
+        if self.cluster is not None:
+            argv += ["--link-ports", ",".join(map(str, self.link_ports))]
+            argv += ["--host-id", self.host_id]
+        if self.fault_injection:
+            argv.append("--enable-fault-injection")
         if self.config is not None:
             argv += ["--config", str(self.config)]
         if self.metrics:

@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import socket
 import sys
 from pathlib import Path
 
 from brokerd.cli import CONSOLE_TOKEN_ENV
+from brokerd.cluster.config import ClusterConfigError, SocketPath, load_cluster_config
 from brokerd.host.local import (
     HostLayout,
     HostSetupError,
     WorkerCommand,
+    hold_link_ports,
     hold_port,
     prepare,
     state_problem,
@@ -28,11 +31,24 @@ log = logging.getLogger("brokerd.host")
 
 
 def not_yet(args: argparse.Namespace) -> str | None:
-    """Options a host of several workers does not take yet (a worker each would
-    act as its own server where the option means the host)."""
-    for option, given in (("--cluster", args.cluster is not None),):
-        if given:
-            return f"{option} is not supported with --workers above 1 yet: run --workers 1"
+    """What a host of several workers does not take yet, in a cluster of hosts:
+    secondaries (their workers would not link to each other) and links over TLS
+    (a certificate names one address; each worker has its own link port)."""
+    if args.cluster is None:
+        return None
+    if args.type != "primary":
+        return "--type secondary is not supported with --workers above 1 yet: run --workers 1"
+    try:
+        cluster = load_cluster_config(args.cluster)
+    except (OSError, ClusterConfigError) as exc:
+        return f"--cluster {args.cluster}: {exc}"
+    if cluster.tls is not None:
+        return (
+            "a cluster whose links run over TLS does not take --workers above 1 yet: "
+            "run --workers 1"
+        )
+    if any(isinstance(host, SocketPath) for host in cluster.known_hosts):
+        return "--cluster: a cluster of hosts names its hosts by host:port, not by socket"
     return None
 
 
@@ -56,7 +72,11 @@ def run_host(
     layout = HostLayout(args.data_dir.resolve(), workers)
     held: list[socket.socket] = []
     try:
-        prepare(layout)
+        prepare(layout, local_cluster=args.cluster is None)
+        links: list[socket.socket] = []
+        if args.cluster is not None:
+            links = hold_link_ports(layout, args.bind)
+            held += links
         port, tls_port = args.port, args.tls_port
         if port == 0:
             held.append(hold_port(args.bind, 0))
@@ -80,6 +100,10 @@ def run_host(
         metrics=args.metrics_port is not None,
         console=args.console,
         console_cafile=console_cafile.resolve() if console_cafile is not None else None,
+        cluster=args.cluster.resolve() if args.cluster is not None else None,
+        link_ports=tuple(sock.getsockname()[1] for sock in links),
+        host_id=secrets.token_hex(8),
+        fault_injection=args.enable_fault_injection,
     )
     env = dict(os.environ)
     if args.console is not None:
@@ -103,13 +127,16 @@ def run_host(
             return 1
         gateway.start()
     log.info(
-        "host pid=%d workers=%d bind=%s port=%s tls_port=%s data_dir=%s",
+        "host pid=%d workers=%d bind=%s port=%s tls_port=%s data_dir=%s%s",
         os.getpid(),
         workers,
         args.bind,
         "off" if port is None else port,
         "off" if tls_port is None else tls_port,
         layout.data_dir,
+        f" cluster={args.cluster} link_ports={','.join(map(str, command.link_ports))}"
+        if args.cluster is not None
+        else "",
     )
     try:
         return Supervisor(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import gc
 import logging
@@ -22,6 +23,7 @@ from brokerd.cluster.config import (
     load_cluster_config,
 )
 from brokerd.cluster.controller import ClusterController, ClusterExchange
+from brokerd.cluster.hostgroup import HostGroup, worker_socket
 from brokerd.cluster.identity import make_spid
 from brokerd.cluster.messages import CLUSTER_EXCHANGE, LINK_PROPERTY
 from brokerd.cluster.wiring.recovered import shared_wiring
@@ -92,6 +94,10 @@ class ServerOptions:
     worker_index: int = 0
     #: a worker's metrics, for the parent's one endpoint (None: --metrics-port, or none)
     metrics_socket: Path | None = None
+    #: a worker of a host in a cluster of hosts: every worker's TCP link port, by
+    #: index, and the host's id for this start (``cluster/hostgroup.py``)
+    link_ports: tuple[int, ...] = ()
+    host_id: str = ""
 
 
 class Server:
@@ -110,6 +116,10 @@ class Server:
         self.cluster_config: ClusterConfig | None = None
         if options.cluster_file is not None:
             self.cluster_config = load_cluster_config(options.cluster_file)
+            if options.link_ports:  # a host of a cluster: every host runs as many workers
+                self.cluster_config = dataclasses.replace(
+                    self.cluster_config, host_workers=options.host_workers
+                )
         #: durable wiring and queue journals under the data directory
         self.store = DiskStore(
             options.data_dir / "store",
@@ -190,7 +200,12 @@ class Server:
 
     def server_properties(self) -> dict[str, Any]:
         name = self.cluster_config.name if self.cluster_config is not None else "standalone"
-        return {"spid": self.spid, "cluster_name": name}
+        properties: dict[str, Any] = {"spid": self.spid, "cluster_name": name}
+        group = self.cluster.hostgroup if self.cluster is not None else None
+        if group is not None:
+            # a link that reached this host's port learns whose it is, and its workers
+            properties |= {"host": group.host_id, "host_links": list(group.links)}
+        return properties
 
     def cluster_summary(self) -> dict[str, Any]:
         """The cluster view for dumps; a standalone server has no root and no peers."""
@@ -438,7 +453,9 @@ class Server:
         # the address peers link to: the AMQPS port when links run over TLS
         links_tls = self.cluster_config is not None and self.cluster_config.tls is not None
         self.address = f"{self.listeners.host()}:{self.tls_port if links_tls else self.port}"
-        if self.options.link_socket is not None:
+        if self.options.link_ports:
+            self.address = f"{self.listeners.host()}:{self.listeners.link_port}"
+        elif self.options.link_socket is not None:
             self.address = str(SocketPath(str(self.options.link_socket)))
         self._ticker_task = loop.create_task(self._ticker())
         self._control = await serve_control(self.options.data_dir, self.control)
@@ -518,6 +535,19 @@ class Server:
             on_flow=self._flow,
             on_detach=self._cluster_detached,
         )
+        options = self.options
+        if options.link_ports and options.link_socket is not None:  # a host of a cluster
+            host_dir = options.link_socket.parent
+            self.cluster.hostgroup = HostGroup(
+                host_id=options.host_id,
+                host_address=options.host_address or "",
+                index=options.worker_index,
+                sockets=tuple(
+                    str(SocketPath(str(worker_socket(host_dir, k))))
+                    for k in range(options.host_workers)
+                ),
+                links=tuple(f"{self.listeners.host()}:{port}" for port in options.link_ports),
+            )
         if self.options.link_socket is not None:  # a worker of a host
             self.mover = Mover(self.cluster)
             self.handoff = HandoffListener(handoff_path(self.options.link_socket), self._adopt)

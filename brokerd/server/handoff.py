@@ -100,6 +100,9 @@ class Mover:
         if owner is None or owner == self.cluster.spid:
             return None
         address = address_of(self.cluster, owner)
+        group = getattr(self.cluster, "hostgroup", None)
+        if group is not None:  # a host of a cluster: its siblings by their sockets
+            address = group.socket_of(address) or ""
         if not address or not address.startswith(UNIX_SCHEME):
             return None  # another host's server: it stays here
         return handoff_path(Path(address[len(UNIX_SCHEME) :]))

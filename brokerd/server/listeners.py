@@ -39,6 +39,9 @@ class ListenerOptions(Protocol):
     reuse_port: bool
     #: a worker's link socket, where its siblings link to it (None: not a worker)
     link_socket: Path | None
+    #: in a cluster of hosts, every worker's TCP link port, and which worker this is
+    link_ports: tuple[int, ...]
+    worker_index: int
 
 
 def make_listeners(
@@ -58,6 +61,7 @@ def make_listeners(
             tls,
             reuse_port=options.reuse_port,
             link_socket=options.link_socket,
+            link_port=options.link_ports[options.worker_index] if options.link_ports else None,
         )
     if options.tls_port is None:
         raise ListenerError("the cluster file runs links over TLS: this server needs --tls-port")
@@ -91,6 +95,7 @@ class Listeners:
         cluster_cert: tuple[Path, Path] | None = None,
         reuse_port: bool = False,
         link_socket: Path | None = None,
+        link_port: int | None = None,
     ) -> None:
         if port is None and tls_port is None:
             raise ListenerError("no listener: --port is off and there is no --tls-port")
@@ -121,6 +126,10 @@ class Listeners:
                 raise ListenerError(str(exc)) from None
         self.reuse_port = reuse_port
         self.link_socket = link_socket
+        #: a worker of a host in a cluster: where the other hosts' workers link to it
+        #: (its parent holds the port, so it refuses while this worker is down)
+        self.link_port = link_port
+        self._link_tcp: asyncio.AbstractServer | None = None
         self._plain: asyncio.AbstractServer | None = None
         self._secure: asyncio.AbstractServer | None = None
         self._links: asyncio.AbstractServer | None = None
@@ -138,6 +147,8 @@ class Listeners:
                 factory, str(self.link_socket), backlog=1024
             )
             self.link_socket.chmod(0o600)
+        if self.link_port is not None:
+            self._link_tcp = await loop.create_server(factory, self.bind, self.link_port, **options)
         if self.port is not None:
             self._plain = await loop.create_server(factory, self.bind, self.port, **options)
             self.port = self._plain.sockets[0].getsockname()[1]
@@ -184,7 +195,7 @@ class Listeners:
         }
 
     def close(self) -> None:
-        for server in (self._plain, self._secure, self._links):
+        for server in (self._plain, self._secure, self._links, self._link_tcp):
             if server is not None:
                 server.close()
         if self._links is not None and self.link_socket is not None:

@@ -167,7 +167,12 @@ class Placer:
         held = Counter(a for q in placed if q.group is not None for a in q.group)
         known = self.members.known_primaries(self.members.clock())
         addresses = [a for _spid, a in live if a]
-        group = group_of(kind.kind, arguments, address, addresses, known, held) if address else None
+        hosts = self._hosts()
+        group = (
+            group_of(kind.kind, arguments, address, addresses, known, held, hosts)
+            if address
+            else None
+        )
         log.info(
             "queue=%s (%s) placed on owner=%s%s",
             entry.name,
@@ -178,6 +183,19 @@ class Placer:
         if group is None:
             return replace(entry, spid=owner)
         return replace(entry, spid=owner, props=sl.freeze(dict(entry.props) | {"group": group}))
+
+    def _hosts(self) -> dict[str, str]:
+        """Each live worker's host by its address, in a cluster of hosts (else empty:
+        every server is a host of its own)."""
+        group = self.members.hostgroup
+        if group is None:
+            return {}
+        hosts = {self.members.address: group.host_id}
+        for peer in self.members.peers.values():
+            there = group.hosts_of.get(peer.spid)
+            if there and peer.address:
+                hosts[peer.address] = there
+        return hosts
 
     def root_changed(self, is_root: bool) -> None:
         self.root_since = self.members.clock() if is_root else None

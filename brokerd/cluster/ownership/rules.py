@@ -112,9 +112,12 @@ def group_of(
     primaries: Sequence[str],
     known: int,
     held: Mapping[str, int],
+    hosts: Mapping[str, str] | None = None,
 ) -> tuple[str, ...] | None:
     """The servers, by address, that keep a new queue's copies: its owner first,
-    then the live ``primaries`` (seniority order) in fewest groups (``held``).
+    then the live ``primaries`` (seniority order) in fewest groups (``held``),
+    each from a host the group has none on yet while there is one (``hosts``:
+    a worker's host by its address; a server not in it is a host of its own).
     None: every primary keeps one (a replicated queue, or a quorum queue whose
     group is as large as the ``known`` primaries): the group names only what
     leaves some out. RabbitMQ forms a quorum queue's group of up to
@@ -126,11 +129,20 @@ def group_of(
     size = group_size(arguments)
     if size >= known:
         return None
-    others = sorted(
+    host = (hosts or {}).get
+    pool = sorted(
         (address for address in primaries if address != owner),
         key=lambda address: (held.get(address, 0), primaries.index(address)),
     )
-    return (owner, *others[: size - 1])
+    group = [owner]
+    used = {host(owner, owner)}
+    while pool and len(group) < size:
+        # another host's first: a host that fails takes one copy, not a majority
+        pick = next((a for a in pool if host(a, a) not in used), pool[0])
+        pool.remove(pick)
+        group.append(pick)
+        used.add(host(pick, pick))
+    return tuple(group)
 
 
 def replica_count(kind: str, group_size: int | None, primaries: int) -> int:
