@@ -575,20 +575,36 @@ def test_a_connection_its_sibling_does_not_take_stays_and_works(
 
 
 @pytest.mark.parametrize(
-    "option",
-    [["--cluster", "x.toml"]],
+    ("option", "hosts", "message"),
+    [
+        (["--type", "secondary"], '"127.0.0.1:5672"', "--type secondary is not supported"),
+        ([], '"unix:/tmp/w.sock"', "names its hosts by host:port"),
+    ],
 )
 def test_options_a_host_of_workers_does_not_take_yet_are_refused(
-    tmp_path: Path, option: list[str]
+    tmp_path: Path, option: list[str], hosts: str, message: str
 ) -> None:
+    cluster = tmp_path / "cluster.toml"
+    cluster.write_text(f'name = "c"\nsecret = "a-long-enough-secret"\nknown_hosts = [{hosts}]\n')
     done = subprocess.run(
-        [sys.executable, "-m", "brokerd", "--workers", "2", "--data-dir", str(tmp_path), *option],
+        [
+            sys.executable,
+            "-m",
+            "brokerd",
+            "--workers",
+            "2",
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--cluster",
+            str(cluster),
+            *option,
+        ],
         capture_output=True,
         text=True,
         timeout=30,
     )
     assert done.returncode == 2
-    assert "not supported with --workers above 1 yet" in done.stderr, done.stderr
+    assert message in done.stderr, done.stderr
 
 
 def test_one_metrics_endpoint_answers_for_every_worker(tmp_path: Path) -> None:

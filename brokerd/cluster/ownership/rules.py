@@ -34,6 +34,7 @@ machine checks these rules against).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -116,8 +117,8 @@ def group_of(
 ) -> tuple[str, ...] | None:
     """The servers, by address, that keep a new queue's copies: its owner first,
     then the live ``primaries`` (seniority order) in fewest groups (``held``),
-    each from a host the group has none on yet while there is one (``hosts``:
-    a worker's host by its address; a server not in it is a host of its own).
+    each from the host with fewest of the group's copies so far (``hosts``: a
+    worker's host by its address; a server not in it is a host of its own).
     None: every primary keeps one (a replicated queue, or a quorum queue whose
     group is as large as the ``known`` primaries): the group names only what
     leaves some out. RabbitMQ forms a quorum queue's group of up to
@@ -135,13 +136,13 @@ def group_of(
         key=lambda address: (held.get(address, 0), primaries.index(address)),
     )
     group = [owner]
-    used = {host(owner, owner)}
+    on = Counter([host(owner, owner)])
     while pool and len(group) < size:
-        # another host's first: a host that fails takes one copy, not a majority
-        pick = next((a for a in pool if host(a, a) not in used), pool[0])
+        # the host with fewest copies so far first: one that fails takes as few as can be
+        pick = min(pool, key=lambda address: on[host(address, address)])
         pool.remove(pick)
         group.append(pick)
-        used.add(host(pick, pick))
+        on[host(pick, pick)] += 1
     return tuple(group)
 
 
