@@ -209,7 +209,9 @@ def _print_queues(result: dict[str, Any]) -> None:
         "replicas"
     )
     for q in result.get("queues", []):
-        owner = _with_address(q.get("owner"), q.get("owner_address")) or "- (away)"
+        # a worker of a cluster of hosts by its name (worker-K@HOST:PORT), else the address
+        where = q.get("owner_worker") or q.get("owner_address")
+        owner = _with_address(q.get("owner"), where) or "- (away)"
         if q.get("owner") and q.get("owner") == me:
             owner += " (here)"
         if q.get("moving"):

@@ -128,6 +128,7 @@ class Heartbeat:
             holds_state=host.holds_state,
             host=host.hostgroup.host_id if host.hostgroup is not None else "",
             host_address=host.hostgroup.host_address if host.hostgroup is not None else "",
+            worker=host.hostgroup.index if host.hostgroup is not None else 0,
         )
 
     async def _run(self) -> None:

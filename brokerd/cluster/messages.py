@@ -83,6 +83,8 @@ class Status:
     #: its client address (what clients are told to reconnect to); "" otherwise
     host: str = ""
     host_address: str = ""
+    #: and its index among its host's workers
+    worker: int = 0
 
 
 @dataclass
@@ -131,6 +133,8 @@ def decode(kind: str, body: bytes) -> Status | Root:
             raise MessageError(f"{kind}: holds_state must be a boolean")
         if not isinstance(message.host, str) or not isinstance(message.host_address, str):
             raise MessageError(f"{kind}: host and host_address must be strings")
+        if not isinstance(message.worker, int) or isinstance(message.worker, bool):
+            raise MessageError(f"{kind}: worker must be an integer")
         # a place in a root's stream: the state log's, the shared queues' copy's
         _place(kind, "state", message.state_source, message.state_seq)
         _place(kind, "copy", message.copy_source, message.copy_seq)

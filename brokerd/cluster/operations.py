@@ -213,6 +213,21 @@ def retired_spids(members: Membership) -> set[str]:
     return {spid for runs in replaced.values() for spid in runs}
 
 
+def worker_name(members: Membership, spid: str | None) -> str | None:
+    """A worker of a cluster of hosts as operators name it, ``worker-K@HOST:PORT``
+    (None: not a cluster of hosts, or a server not heard from)."""
+    group = members.hostgroup
+    if group is None or spid is None:
+        return None
+    if spid == members.spid:
+        return f"worker-{group.index}@{group.host_address}"
+    peer = members.peers.get(spid)
+    status = peer.status if peer is not None else None
+    if status is None or not status.host_address:
+        return None
+    return f"worker-{status.worker}@{status.host_address}"
+
+
 def address_of(members: Membership, spid: str) -> str | None:
     """Where the server ``spid`` listens (``host:port``): this server, a peer, or an
     earlier run of one (where it was); None for a spid this server never linked to."""

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.cluster.messages import LINK_PROPERTY
-from brokerd.cluster.operations import address_of, retired_spids
+from brokerd.cluster.operations import address_of, retired_spids, worker_name
 from brokerd.model.queuetypes import reported_type
 from brokerd.server.host import ServerState
 from brokerd.server.resources import format_bytes
@@ -250,6 +250,8 @@ def queue_table(server: ServerState) -> list[dict[str, Any]]:
                     "replicas": replica_states(q),
                     "moving": moving,
                     "moving_address": where(moving),
+                    # a cluster of hosts: the owner as worker-K@HOST:PORT (else null)
+                    "owner_worker": None if cluster is None else worker_name(cluster, owner),
                     "group": list(group) if (group := getattr(q, "group", None)) else None,
                 }
             )

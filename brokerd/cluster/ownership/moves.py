@@ -252,12 +252,44 @@ class QueueMoves:
     def __init__(self, placer: Placing) -> None:
         self.placer = placer
 
-    def resolve(self, to: str) -> str:
-        """A live primary's spid from its spid or its address (host:port)."""
-        for spid, address in self.placer.primaries():
+    def resolve(self, to: str, name: str = "") -> str:
+        """A live primary's spid from its spid or its address (host:port); in a cluster
+        of hosts also from a host's address (``queue move Q HOST:PORT``): that host's
+        worker that keeps a copy of queue ``name``, else the one owning fewest."""
+        live = self.placer.primaries()
+        for spid, address in live:
             if to in (spid, address):
                 return spid
+        workers = self._on_host(to, [spid for spid, _address in live])
+        if workers:
+            queue = self.placer.queues.shared_queue(name)
+            group = set(queue.group or ()) if queue is not None else set()
+            addresses = dict(live)
+            owned = Counter(q.owner for q in self.placer.queues.placed_queues())
+            return min(workers, key=lambda s: (addresses.get(s) not in group, owned[s], s))
         return to  # not live: the checks say so
+
+    def _on_host(self, address: str, live: list[str]) -> list[str]:
+        """The live workers of the host known by ``address`` (its client address, or a
+        known-host name that reached one of its workers); [] outside a cluster of hosts."""
+        members = self.placer.members
+        group = members.hostgroup
+        if group is None:
+            return []
+        host = None
+        if address in (group.host_address, *members.own_addresses):
+            host = group.host_id
+        for peer in members.peers.values():
+            status = peer.status
+            if status is not None and address in (status.host_address, *peer.aliases):
+                host = group.hosts_of.get(peer.spid, host)
+        if host is None:
+            return []
+        return [
+            spid
+            for spid in live
+            if (group.host_id if spid == members.spid else group.hosts_of.get(spid)) == host
+        ]
 
     def move(self, name: str, to: str, done: Done | None = None) -> dict[str, str]:
         """Ask for queue ``name`` to move to primary ``to`` (a spid or an address).
@@ -265,7 +297,7 @@ class QueueMoves:
         again and ``done`` gets its refusal or its go-ahead."""
         placer = self.placer
         queues = placer.queues
-        target = self.resolve(to)
+        target = self.resolve(to, name)
         mover = placer.mover
         queue = check_move(
             queues.shared_queue(name),
