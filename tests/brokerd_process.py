@@ -33,6 +33,15 @@ def free_port() -> int:
     return ports.free_port(low, high)
 
 
+def process_running(pid: int) -> bool:
+    """The process runs (a zombie waiting for its reaper does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def log_tail(path: Path | None, lines: int = 40) -> str:
     """The last ``lines`` of a process's log, for a failure message."""
     if path is None or not path.exists():

@@ -26,8 +26,9 @@ import pika
 import pika.exceptions
 import pytest
 
-from tests.brokerd_process import BrokerProcess, log_tail
+from tests.brokerd_process import BrokerProcess, log_tail, process_running
 from tests.integration.test_ctl import ctl
+from tests.support.clients import drain_queues, publish_confirmed
 
 pytestmark = pytest.mark.integration
 
@@ -47,11 +48,7 @@ def worker_pids(host: BrokerProcess) -> list[int | None]:
 
 def gone(pid: int) -> bool:
     """The process is dead (a zombie waiting for a reaper counts as dead)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
+    return not process_running(pid)
 
 
 def spid_of(conn: pika.BlockingConnection) -> str:
@@ -289,41 +286,6 @@ def test_bad_worker_counts_are_refused_at_startup(tmp_path: Path, value: str, me
     assert message in done.stderr, done.stderr
 
 
-def _publish_confirmed(
-    host: BrokerProcess, queues: list[str], prefix: str, stop: threading.Event, out: set[str]
-) -> None:
-    """Persistent publishes, each confirmed before the next, round robin over
-    ``queues``; a connection lost with its worker is opened again (wherever it
-    lands). ``out`` gets the bodies the broker confirmed."""
-    n = 0
-    while not stop.is_set():
-        try:
-            conn = connect(host)
-        except pika.exceptions.AMQPConnectionError:
-            time.sleep(0.05)
-            continue
-        try:
-            ch = conn.channel()
-            ch.confirm_delivery()
-            while not stop.is_set():
-                body = f"{prefix}-{n}"
-                n += 1
-                ch.basic_publish(
-                    "",
-                    queues[n % len(queues)],
-                    body.encode(),
-                    pika.BasicProperties(delivery_mode=2),
-                    mandatory=True,
-                )
-                out.add(body)
-        except (pika.exceptions.AMQPError, OSError):
-            continue  # not confirmed: neither counted nor published again
-        finally:
-            if conn.is_open:
-                with contextlib.suppress(Exception):
-                    conn.close()
-
-
 def test_a_workers_kill_under_confirmed_load_loses_no_confirmed_message(
     host: BrokerProcess,
 ) -> None:
@@ -335,7 +297,10 @@ def test_a_workers_kill_under_confirmed_load_loses_no_confirmed_message(
     confirmed: list[set[str]] = [set(), set()]
     stop = threading.Event()
     threads = [
-        threading.Thread(target=_publish_confirmed, args=(host, queues, f"p{i}", stop, out))
+        threading.Thread(
+            target=publish_confirmed,
+            args=(functools.partial(connect, host), queues, f"p{i}", stop, out),
+        )
         for i, out in enumerate(confirmed)
     ]
     for thread in threads:
@@ -354,24 +319,9 @@ def test_a_workers_kill_under_confirmed_load_loses_no_confirmed_message(
             thread.join(30)
     sent = set().union(*confirmed)
     assert len(sent) > at_kill, "no publish was confirmed after the kill"
-    got: list[str] = []
     conn = connect(host)
     try:
-        for name in queues:
-            ch = conn.channel()
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                try:
-                    method, _props, body = ch.basic_get(name, auto_ack=True)
-                except pika.exceptions.ChannelClosedByBroker:
-                    ch = conn.channel()  # its worker is still recovering it
-                    time.sleep(0.2)
-                    continue
-                if method is None:
-                    if ch.queue_declare(name, passive=True).method.message_count == 0:
-                        break
-                    continue
-                got.append(body.decode())
+        got = drain_queues(conn, queues, 20)  # a restarted worker may still recover one
     finally:
         conn.close()
     lost = sent - set(got)

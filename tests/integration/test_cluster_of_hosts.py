@@ -12,6 +12,7 @@ same link addresses).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -25,9 +26,10 @@ import pika.exceptions
 import pytest
 
 from brokerd.server.control import request
-from tests.brokerd_process import BrokerProcess, free_port, log_tail
+from tests.brokerd_process import BrokerProcess, free_port, log_tail, process_running
 from tests.cluster_harness import write_cluster_file
 from tests.integration.test_ctl import ctl
+from tests.support.clients import drain_queues, publish_confirmed
 
 pytestmark = pytest.mark.integration
 
@@ -160,40 +162,35 @@ def _owner_and_group(hosts: Hosts, queue: str) -> tuple[str, list[str]]:
     raise AssertionError(f"{queue} not in {reply}")
 
 
-def test_a_quorum_queue_keeps_a_copy_on_each_host_and_serves_every_host(hosts: Hosts) -> None:
-    a, c = hosts.connect(0), hosts.connect(2)
+def _declare_and_publish(hosts: Hosts, host: int, queue: str, count: int) -> None:
+    """A quorum queue declared through ``host`` and ``count`` confirmed messages in it."""
+    conn = hosts.connect(host)
     try:
-        cha = a.channel()
-        cha.queue_declare("hq-one", durable=True, arguments={"x-queue-type": "quorum"})
-        cha.confirm_delivery()
-        for i in range(100):
-            cha.basic_publish("", "hq-one", f"m{i}".encode(), mandatory=True)
+        ch = conn.channel()
+        ch.queue_declare(queue, durable=True, arguments={"x-queue-type": "quorum"})
+        ch.confirm_delivery()
+        for i in range(count):
+            ch.basic_publish("", queue, f"m{i}".encode(), mandatory=True)
+    finally:
+        conn.close()
+
+
+def test_a_quorum_queue_keeps_a_copy_on_each_host_and_serves_every_host(hosts: Hosts) -> None:
+    _declare_and_publish(hosts, 0, "hq-one", 100)
+    c = hosts.connect(2)
+    try:
         _owner, group = _owner_and_group(hosts, "hq-one")
         host_of = {f"127.0.0.1:{port}": h for h in range(HOSTS) for port in hosts.link_ports(h)}
         assert len(group) == 3, group
         assert sorted(host_of[address] for address in group) == [0, 1, 2], group
-        chc = c.channel()
-        got = []
-        for _ in range(100):
-            method, _props, body = chc.basic_get("hq-one", auto_ack=True)
-            assert method is not None, f"only {len(got)} of 100 came back through host 2"
-            got.append(body.decode())
-        assert got == [f"m{i}" for i in range(100)]
+        # all of them, in order, through another host than the one they were sent to
+        assert drain_queues(c, ["hq-one"], 15) == [f"m{i}" for i in range(100)]
     finally:
-        a.close()
         c.close()
 
 
 def test_ctl_names_workers_by_host_and_moves_a_queue_to_another_host(hosts: Hosts) -> None:
-    conn = hosts.connect(0)
-    try:
-        ch = conn.channel()
-        ch.queue_declare("hq-move", durable=True, arguments={"x-queue-type": "quorum"})
-        ch.confirm_delivery()
-        for i in range(20):
-            ch.basic_publish("", "hq-move", f"m{i}".encode(), mandatory=True)
-    finally:
-        conn.close()
+    _declare_and_publish(hosts, 0, "hq-move", 20)
     table = ctl(hosts.hosts[0], "queues")
     assert table.returncode == 0, table.stderr
     line = next(row for row in table.stdout.splitlines() if " hq-move " in row)
@@ -209,55 +206,12 @@ def test_ctl_names_workers_by_host_and_moves_a_queue_to_another_host(hosts: Host
     assert got == [f"m{i}" for i in range(20)]
 
 
-def _publish_confirmed(
-    hosts: Hosts, host: int, queues: list[str], tag: str, stop: threading.Event, out: set[str]
-) -> None:
-    """Confirmed publishes round the queues until ``stop``, reconnecting after a close."""
-    n = 0
-    while not stop.is_set():
-        try:
-            conn = hosts.connect(host)
-            ch = conn.channel()
-            ch.confirm_delivery()
-            while not stop.is_set():
-                body = f"{tag}-{n}"
-                ch.basic_publish(
-                    "",
-                    queues[n % len(queues)],
-                    body.encode(),
-                    pika.BasicProperties(delivery_mode=2),
-                    mandatory=True,
-                )
-                out.add(body)
-                n += 1
-            conn.close()
-        except (pika.exceptions.AMQPError, OSError):
-            n += 1  # that one is unconfirmed: never counted
-            time.sleep(0.2)
-
-
 def _drain(hosts: Hosts, host: int, queues: list[str], timeout: float = 60.0) -> list[str]:
-    got: list[str] = []
     conn = hosts.connect(host)
     try:
-        for name in queues:
-            ch = conn.channel()
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                try:
-                    method, _props, body = ch.basic_get(name, auto_ack=True)
-                except pika.exceptions.ChannelClosedByBroker:
-                    ch = conn.channel()  # its owner is failing over
-                    time.sleep(0.2)
-                    continue
-                if method is None:
-                    if ch.queue_declare(name, passive=True).method.message_count == 0:
-                        break
-                    continue
-                got.append(body.decode())
+        return drain_queues(conn, queues, timeout)
     finally:
         conn.close()
-    return got
 
 
 def _under_load(hosts: Hosts, queues: list[str], fault: callable) -> tuple[set[str], int]:  # type: ignore[valid-type]
@@ -268,7 +222,10 @@ def _under_load(hosts: Hosts, queues: list[str], fault: callable) -> tuple[set[s
     confirmed: list[set[str]] = [set(), set()]
     stop = threading.Event()
     threads = [
-        threading.Thread(target=_publish_confirmed, args=(hosts, i, queues, f"p{i}", stop, out))
+        threading.Thread(
+            target=publish_confirmed,
+            args=(functools.partial(hosts.connect, i), queues, f"p{i}", stop, out),
+        )
         for i, out in enumerate(confirmed)
     ]
     for thread in threads:
@@ -315,7 +272,7 @@ def test_a_hosts_parent_killed_takes_its_workers_and_the_rest_go_on(hosts: Hosts
 
     sent, at_kill = _under_load(hosts, queues, kill_host)
     deadline = time.monotonic() + 10
-    while any(_running(pid) for pid in pids):
+    while any(process_running(pid) for pid in pids):
         assert time.monotonic() < deadline, f"workers {pids} outlived their parent"
         time.sleep(0.05)
     # two hosts of three (four workers of six) keep a root
@@ -329,14 +286,6 @@ def test_a_hosts_parent_killed_takes_its_workers_and_the_rest_go_on(hosts: Hosts
     lost = sent - set(got)
     assert not lost, f"{len(lost)} of {len(sent)} confirmed messages lost: {sorted(lost)[:5]}"
     assert len(got) == len(set(got)), "messages came back twice"
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_a_host_with_another_worker_count_is_refused(tmp_path: Path) -> None:

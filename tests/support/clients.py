@@ -3,9 +3,14 @@ server that does not answer fails the test instead of hanging it."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pika
+import pika.exceptions
 
 
 def connect(port: int, blocked_timeout: float = 10, **kwargs: Any) -> pika.BlockingConnection:
@@ -20,3 +25,66 @@ def connect(port: int, blocked_timeout: float = 10, **kwargs: Any) -> pika.Block
         **kwargs,
     )
     return pika.BlockingConnection(params)
+
+
+def drain_queues(conn: pika.BlockingConnection, queues: list[str], timeout: float) -> list[str]:
+    """Every body left in ``queues``, got with auto-ack; a queue whose owner is still
+    recovering or failing over (the channel closed: 404) is asked again, each queue
+    for up to ``timeout`` seconds, until it says it is empty."""
+    got: list[str] = []
+    for name in queues:
+        ch = conn.channel()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                method, _props, body = ch.basic_get(name, auto_ack=True)
+            except pika.exceptions.ChannelClosedByBroker:
+                ch = conn.channel()
+                time.sleep(0.2)
+                continue
+            if method is None:
+                if ch.queue_declare(name, passive=True).method.message_count == 0:
+                    break
+                continue
+            got.append(body.decode())
+    return got
+
+
+def publish_confirmed(
+    connect: Callable[[], pika.BlockingConnection],
+    queues: list[str],
+    prefix: str,
+    stop: threading.Event,
+    out: set[str],
+) -> None:
+    """Persistent publishes, each confirmed before the next, round robin over
+    ``queues`` until ``stop``; a connection lost to a fault is opened again.
+    ``out`` gets the bodies the broker confirmed (an unconfirmed one is neither
+    counted nor published again)."""
+    n = 0
+    while not stop.is_set():
+        try:
+            conn = connect()
+        except pika.exceptions.AMQPConnectionError:
+            time.sleep(0.05)
+            continue
+        try:
+            ch = conn.channel()
+            ch.confirm_delivery()
+            while not stop.is_set():
+                body = f"{prefix}-{n}"
+                n += 1
+                ch.basic_publish(
+                    "",
+                    queues[n % len(queues)],
+                    body.encode(),
+                    pika.BasicProperties(delivery_mode=2),
+                    mandatory=True,
+                )
+                out.add(body)
+        except (pika.exceptions.AMQPError, OSError):
+            time.sleep(0.05)
+        finally:
+            if conn.is_open:
+                with contextlib.suppress(Exception):
+                    conn.close()
