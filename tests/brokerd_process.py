@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +56,7 @@ def wait_for_port(
     timeout: float = 15.0,
     proc: subprocess.Popen | None = None,
     log_path: Path | None = None,
+    host: str = "127.0.0.1",
 ) -> None:
     """Wait until something listens on ``port``; if ``proc`` dies first (or nothing
     listens in time) the error carries the tail of ``log_path``, so CI shows why."""
@@ -66,7 +68,7 @@ def wait_for_port(
                 f"its log ({log_path}) ends:\n{log_tail(log_path)}"
             )
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            with socket.create_connection((host, port), timeout=0.5):
                 return
         except OSError:
             time.sleep(0.05)
@@ -106,6 +108,10 @@ class BrokerProcess:
     port: int = field(default_factory=free_port)
     extra_args: list[str] = field(default_factory=list)
     proc: subprocess.Popen | None = None
+    #: the address it binds and is reached at (a network namespace's, on a test bed)
+    host: str = "127.0.0.1"
+    #: runs the command elsewhere (``NetBed.wrap``: in its namespace); None: here
+    wrap: Callable[[list[str]], list[str]] | None = None
 
     @property
     def log_path(self) -> Path:
@@ -113,7 +119,7 @@ class BrokerProcess:
 
     @property
     def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}/"
+        return f"amqp://guest:guest@{self.host}:{self.port}/"
 
     def start(self) -> BrokerProcess:
         """Spawn and wait until the AMQP port listens."""
@@ -131,7 +137,7 @@ class BrokerProcess:
             "-m",
             "brokerd",
             "--bind",
-            "127.0.0.1",
+            self.host,
             "--port",
             str(self.port),
             "--data-dir",
@@ -141,12 +147,14 @@ class BrokerProcess:
             *self.extra_args,
         ]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if self.wrap is not None:
+            cmd = self.wrap(cmd)
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         return self
 
     def wait_listening(self, timeout: float = 15.0) -> None:
-        wait_for_port(self.port, timeout, proc=self.proc, log_path=self.log_path)
+        wait_for_port(self.port, timeout, proc=self.proc, log_path=self.log_path, host=self.host)
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -20,6 +20,7 @@ background and records each sample, so a test can check a safety property
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import shutil
 import signal
@@ -33,10 +34,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from brokerd.model.auth import hash_password
 from brokerd.server.control import request
 from tests.brokerd_process import BrokerProcess, free_port
 from tests.support.certs import Pki
 from tests.support.eventually import eventually
+from tests.support.netbed import NetBed
 
 INTERVAL = 0.3
 TIMEOUT = 1.0
@@ -91,6 +94,11 @@ class Node:
     process: BrokerProcess | None = None
     spid: str | None = None
     paused: bool = False
+    #: its address: loopback, or on a network test bed its namespace's (``bed_slot``:
+    #: which of the bed's namespaces; it stays with the node when ``start_all``
+    #: renumbers the nodes by seniority)
+    host: str = "127.0.0.1"
+    bed_slot: int | None = None
     #: wall-clock times (time.time()) at which a process of this node was paused or ended
     paused_at: list[float] = field(default_factory=list)
     ended_at: dict[str, float] = field(default_factory=dict)
@@ -150,8 +158,11 @@ class Cluster:
         secret: str = SECRET,
         fault_injection: bool = True,
         tls: bool = False,
+        netbed: NetBed | None = None,
     ) -> None:
         self.base = base
+        #: each server in its own network namespace (tests/support/netbed.py), or None
+        self.netbed = netbed
         self.base.mkdir(parents=True, exist_ok=True)
         self.interval = interval
         self.timeout = timeout
@@ -160,6 +171,23 @@ class Cluster:
             Node(i, "primary" if i < primaries else "secondary", free_port(), base / f"n{i}")
             for i in range(primaries + secondaries)
         ]
+        #: brokerd.toml for every server (None: RabbitMQ's defaults)
+        self.config_file: Path | None = None
+        if netbed is not None:
+            if tls:
+                raise ValueError("a test bed cluster runs plain links")
+            for node in self.nodes:
+                node.bed_slot = node.index
+                node.host = netbed.address(node.index)
+            # clients come from the bed's gateway, not from loopback: guest may too
+            self.config_file = base / "brokerd.toml"
+            self.config_file.write_text(
+                '[[vhosts]]\nname = "/"\n\n[[users]]\nname = "guest"\n'
+                f'password_hash = "{hash_password("guest")}"\n'
+                'tags = ["administrator"]\nloopback_only = false\n\n'
+                '[[permissions]]\nuser = "guest"\nvhost = "/"\n'
+                'configure = ".*"\nwrite = ".*"\nread = ".*"\n'
+            )
         #: links over mutual TLS: the cluster CA (tests/support/certs), else None
         self.pki: Pki | None = None
         tls_table = ""
@@ -168,7 +196,7 @@ class Cluster:
             tls_table = self._tls_table(self.pki)
         self.file = write_cluster_file(
             base / "cluster.toml",
-            [n.tls_port or n.port for n in self.nodes[:primaries]],
+            [f"{n.host}:{n.tls_port or n.port}" for n in self.nodes[:primaries]],
             secret=secret,
             interval=interval,
             timeout=timeout,
@@ -206,6 +234,20 @@ class Cluster:
         return [n.port for n in self.nodes]
 
     @property
+    def endpoints(self) -> list[tuple[str, int]]:
+        """Every node's AMQP address, (host, port), by index."""
+        return [(n.host, n.port) for n in self.nodes]
+
+    @property
+    def primary_endpoints(self) -> list[tuple[str, int]]:
+        return [(n.host, n.port) for n in self.nodes if n.kind == "primary"]
+
+    def address(self, index: int) -> str:
+        """A node's ``host:port``, as the cluster (known hosts, quorum groups) names it."""
+        node = self.nodes[index]
+        return f"{node.host}:{node.tls_port or node.port}"
+
+    @property
     def servers(self) -> dict[int, BrokerProcess]:
         """The process of every node started so far, by index."""
         return {n.index: n.process for n in self.nodes if n.process is not None}
@@ -237,7 +279,18 @@ class Cluster:
             args.append("--enable-fault-injection")
         if node.tls_port is not None:
             args += ["--tls-port", str(node.tls_port)]
-        node.process = BrokerProcess(node.home, port=node.port, extra_args=[*args, *(extra or [])])
+        if self.config_file is not None:
+            args += ["--config", str(self.config_file)]
+        wrap = None
+        if self.netbed is not None and node.bed_slot is not None:
+            wrap = functools.partial(self.netbed.wrap, node.bed_slot)
+        node.process = BrokerProcess(
+            node.home,
+            port=node.port,
+            extra_args=[*args, *(extra or [])],
+            host=node.host,
+            wrap=wrap,
+        )
         node.paused = False
         node.process.spawn()
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from tests.faults.checker import check
 from tests.faults.history import History
 from tests.faults.nemesis import DURABLE_KINDS, KILL_ALL, KILL_ALL_WIPE, KINDS
+from tests.faults.network import NETWORK_KINDS
 from tests.faults.run import RunConfig, run
 
 
@@ -85,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="quorum queues' x-quorum-initial-group-size (default: none sent, 3)",
     )
+    parser.add_argument(
+        "--netbed",
+        action="store_true",
+        help="each server in its own network namespace (root only): the network faults "
+        f"({','.join(NETWORK_KINDS)}) are drawn too",
+    )
     parser.add_argument("--dir", type=Path, help="where the servers keep data and logs (kept)")
     parser.add_argument("--json", type=Path, help="write the history and the report here")
     parser.add_argument("--check", type=Path, help="only check a history saved with --json")
@@ -103,8 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--group-size needs --queue-type quorum")
     durable = args.durable or bool(args.queue_type)
     kinds = tuple(k for k in (args.kinds or "").split(",") if k) or (
-        DURABLE_KINDS if durable else KINDS
+        (DURABLE_KINDS if durable else KINDS) + (NETWORK_KINDS if args.netbed else ())
     )
+    if set(kinds) & set(NETWORK_KINDS) and not args.netbed:
+        parser.error("network faults need --netbed")
     for needs_disk in (KILL_ALL, KILL_ALL_WIPE):
         if needs_disk in kinds and not durable:
             parser.error(f"{needs_disk} needs --durable: transient messages do not survive it")
@@ -124,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         flood_publishers=args.flood,
         flood_rate=args.flood_rate,
         flood_size=args.flood_size,
+        netbed=args.netbed,
     )
     base = args.dir or Path(tempfile.mkdtemp(prefix="rookery-faults-"))
     started = time.monotonic()

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 from brokerd.server.control import request
 from tests.cluster_harness import Cluster
+from tests.faults import network
 from tests.faults.history import Fault, Recorder
+from tests.faults.network import CUT_ONE_WAY, CUT_PAIR, HALVES, ISOLATE, NETWORK_KINDS
 from tests.faults.workload import Client
 
 KILL_ROOT = "kill-root"
@@ -66,10 +68,11 @@ def schedule(
     seed: int, count: int, kinds: Sequence[str] = KINDS, timeout: float = 1.0
 ) -> list[Planned]:
     """``count`` faults from ``seed``; holds scale with the heartbeat ``timeout``."""
-    unknown = set(kinds) - set(DURABLE_KINDS)
+    unknown = set(kinds) - set(DURABLE_KINDS) - set(NETWORK_KINDS)
     if unknown or not kinds:
         raise ValueError(
-            f"unknown fault kinds {sorted(unknown)}; known: {', '.join(DURABLE_KINDS)}"
+            f"unknown fault kinds {sorted(unknown)}; known: "
+            f"{', '.join((*DURABLE_KINDS, *NETWORK_KINDS))}"
         )
     rng = random.Random(seed)
     order: list[str] = []
@@ -83,7 +86,7 @@ def schedule(
             hold = rng.uniform(0.3, 0.7) * timeout
         elif kind == PAUSE_LONG:
             hold = rng.uniform(1.5, 3.0) * timeout
-        elif kind == CUT_LINK:
+        elif kind == CUT_LINK or kind in NETWORK_KINDS:
             hold = rng.uniform(0.5, 3.0) * timeout  # some shorter than the timeout, most longer
         elif kind in (MOVE_QUEUE, REBALANCE):
             hold = 0.0  # an operation, not a fault: it takes what it takes
@@ -162,14 +165,16 @@ class Nemesis:
             if not servers:
                 return _choose(everyone, planned.pick), None, "no client connected: any server"
             return _choose(list(servers), planned.pick), None, note  # type: ignore[arg-type]
-        if planned.kind in (MOVE_QUEUE, REBALANCE):  # asked through any server
+        if planned.kind in (MOVE_QUEUE, REBALANCE, HALVES):  # any server
             return _choose(everyone, planned.pick), None, note
+        if planned.kind == ISOLATE:
+            return self._isolated(planned, root)
         # pauses and cuts: the root half of the time, else any other server
         if root is not None and planned.pick < 0.5:
             target = root
         else:
             target = _choose([i for i in everyone if i != root], planned.pick)
-        if planned.kind != CUT_LINK:
+        if planned.kind not in (CUT_LINK, CUT_PAIR, CUT_ONE_WAY):
             return target, None, note
         # secondaries link to primaries only
         linked = self.primaries() if self.cluster.nodes[target].kind == "secondary" else everyone
@@ -216,6 +221,23 @@ class Nemesis:
                 fault.note = (fault.note + "; " if fault.note else "") + f"exit status {code}"
             time.sleep(planned.hold)
             self.restart(target)
+        elif planned.kind in NETWORK_KINDS:
+            bed = cluster.netbed
+            assert bed is not None, "network faults need a test bed (RunConfig.netbed)"
+            try:
+                cut = network.apply(
+                    bed,
+                    planned.kind,
+                    target,
+                    peer,
+                    [n.bed_slot for n in cluster.nodes],  # type: ignore[misc]
+                    self.primaries(),
+                    planned.pick_peer,
+                )
+                fault.note = "; ".join(p for p in (fault.note, cut) if p)
+                time.sleep(planned.hold)
+            finally:
+                bed.heal()
         elif planned.kind.startswith("pause-"):
             cluster.pause(target)
             try:
@@ -248,6 +270,26 @@ class Nemesis:
         time.sleep(planned.gap)
         return fault
 
+    def _isolated(self, planned: Planned, root: int | None) -> tuple[int, None, str]:
+        """Who ``isolate`` cuts off: the root, a queue's owner, a replica (a primary
+        that is neither) or the secondary, in turn by the draw."""
+        aim = network.ISOLATE_TARGETS[int(planned.pick_peer * 4) % 4]
+        primaries = self.primaries()
+        owners = [
+            i for i in primaries if i != root and (self.cluster.status(i) or {}).get("owned_queues")
+        ]
+        secondaries = [n.index for n in self.cluster.nodes if n.kind == "secondary"]
+        if aim == "root" and root is not None:
+            return root, None, "the root"
+        if aim == "owner" and owners:
+            return _choose(owners, planned.pick), None, "a queue's owner"
+        if aim == "secondary" and secondaries:
+            return _choose(secondaries, planned.pick), None, "the secondary"
+        replicas = [i for i in primaries if i != root and i not in owners] or [
+            i for i in primaries if i != root
+        ]
+        return _choose(replicas or primaries, planned.pick), None, "a replica"
+
     def operate(self, planned: Planned) -> str:
         """A move of one of the workload's queues to another primary, or a rebalance,
         asked of the target server under traffic; what it answered, for the record
@@ -272,7 +314,7 @@ class Nemesis:
             others = [i for i in self.primaries() if i not in owners]
             group = self.group_of(owners, queue)
             if group:  # a quorum queue kept by some primaries moves within them
-                others = [i for i in others if f"127.0.0.1:{cluster.ports[i]}" in group] or others
+                others = [i for i in others if cluster.address(i) in group] or others
             to = _choose(others, planned.pick_peer)
             reply = request(data_dir, "queue", ["move", queue, cluster.spid(to)], timeout=30)
             if reply.get("ok"):
@@ -324,6 +366,8 @@ class Nemesis:
 
     def undo_everything(self) -> None:
         """Before the drain: every server running, none paused, no link cut."""
+        if self.cluster.netbed is not None:
+            self.cluster.netbed.heal()
         for node in self.cluster.nodes:
             if node.paused and node.alive():
                 self.cluster.resume(node.index)

@@ -21,7 +21,17 @@ from tests.cluster_harness import INTERVAL, TIMEOUT, Cluster
 from tests.faults.checker import Report, check
 from tests.faults.history import History, Recorder
 from tests.faults.nemesis import KINDS, Nemesis, schedule
-from tests.faults.workload import Client, Consumer, Flooder, Publisher, declare, depths, sweep
+from tests.faults.workload import (
+    Client,
+    Consumer,
+    Endpoint,
+    Flooder,
+    Publisher,
+    declare,
+    depths,
+    sweep,
+)
+from tests.support.netbed import NetBed
 
 
 @dataclass
@@ -54,6 +64,9 @@ class RunConfig:
     flood_publishers: int = 0
     flood_rate: float = 2000.0
     flood_size: int = 128
+    #: each server in its own network namespace (tests/support/netbed.py): the network
+    #: faults can be drawn, and clients reach the servers through a real bridge
+    netbed: bool = False
 
 
 @dataclass
@@ -76,8 +89,16 @@ class Outcome:
 
 def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Outcome:
     """One run in ``base`` (data directories and logs stay there)."""
+    bed = NetBed(4) if config.netbed else None
+    if bed is not None:
+        bed.start()
     cluster = Cluster(
-        base, primaries=3, secondaries=1, interval=config.interval, timeout=config.timeout
+        base,
+        primaries=3,
+        secondaries=1,
+        interval=config.interval,
+        timeout=config.timeout,
+        netbed=bed,
     )
     recorder = Recorder()
     history = recorder.history
@@ -86,7 +107,7 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
     publishers = [
         Publisher(
             f"p{i}",
-            cluster.ports,
+            cluster.endpoints,
             i,
             recorder,
             queues,
@@ -100,7 +121,7 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
     consumers = [
         Consumer(
             f"c{i}",
-            cluster.ports,
+            cluster.endpoints,
             i + 1,
             recorder,
             queues[i % len(queues)],
@@ -113,7 +134,7 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
     flooders = [
         Flooder(
             f"f{i}",
-            cluster.ports,
+            cluster.endpoints,
             i + 2,
             recorder,
             queues,
@@ -132,7 +153,7 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
     try:
         cluster.start_all()
         cluster.wait_until(cluster.settled_root, timeout=30, what="a settled root")
-        declare(cluster.primary_ports, queues, config.queue_type, config.group_size)
+        declare(cluster.primary_endpoints, queues, config.queue_type, config.group_size)
         for client in clients:
             client.start()
         time.sleep(config.warmup)
@@ -156,8 +177,8 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
             consumer.rate = None
         nemesis.undo_everything()
         cluster.wait_until(cluster.settled_root, timeout=30, what="a settled root for the drain")
-        history.drained = drain(cluster.ports, queues, consumers, recorder, config)
-        swept = sweep(cluster.ports, queues, recorder)
+        history.drained = drain(cluster.endpoints, queues, consumers, recorder, config)
+        swept = sweep(cluster.endpoints, queues, recorder)
         history.drain_end = time.time()
         history.meta["swept"] = swept
         log(f"drain {'done' if history.drained else 'TIMED OUT'}, {swept} left for the sweep")
@@ -180,6 +201,8 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
         history.meta["crashes"] = nemesis.crashes if nemesis is not None else []
         describe = describe or cluster.describe()
         cluster.close()
+        if bed is not None:
+            bed.close()
     return Outcome(
         history,
         check(history),
@@ -195,7 +218,7 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
 
 
 def drain(
-    ports: list[int],
+    ports: list[Endpoint],
     queues: list[str],
     consumers: list[Consumer],
     recorder: Recorder,

@@ -55,10 +55,15 @@ FLOOD_SLACK = 0.002
 logging.getLogger("pika").setLevel(logging.WARNING)
 
 
-def connect(port: int) -> BlockingConnection:
+#: where a server is: its port on loopback, or (host, port) on a network test bed
+Endpoint = int | tuple[str, int]
+
+
+def connect(endpoint: Endpoint) -> BlockingConnection:
+    host, port = ("127.0.0.1", endpoint) if isinstance(endpoint, int) else endpoint
     return BlockingConnection(
         pika.ConnectionParameters(
-            "127.0.0.1",
+            host,
             port,
             heartbeat=CLIENT_HEARTBEAT,
             blocked_connection_timeout=BLOCKED_TIMEOUT,
@@ -78,7 +83,7 @@ def close_quietly(conn: BlockingConnection | None) -> None:
 class Client(threading.Thread):
     """Reconnects through ``ports`` in turn, from ``home``; ``server`` is where it is now."""
 
-    def __init__(self, name: str, ports: Sequence[int], home: int, recorder: Recorder) -> None:
+    def __init__(self, name: str, ports: Sequence[Endpoint], home: int, recorder: Recorder) -> None:
         super().__init__(name=name, daemon=True)
         self.ports = list(ports)
         self.next = home % len(self.ports)
@@ -151,7 +156,7 @@ class Publisher(Client):
     def __init__(
         self,
         name: str,
-        ports: Sequence[int],
+        ports: Sequence[Endpoint],
         home: int,
         recorder: Recorder,
         queues: Sequence[str],
@@ -216,7 +221,7 @@ class Flooder(Client):
     def __init__(
         self,
         name: str,
-        ports: Sequence[int],
+        ports: Sequence[Endpoint],
         home: int,
         recorder: Recorder,
         queues: Sequence[str],
@@ -282,7 +287,7 @@ class Consumer(Client):
     def __init__(
         self,
         name: str,
-        ports: Sequence[int],
+        ports: Sequence[Endpoint],
         home: int,
         recorder: Recorder,
         queue: str,
@@ -336,7 +341,7 @@ class Consumer(Client):
             self.consuming = False
 
 
-def sweep(ports: Sequence[int], queues: Sequence[str], recorder: Recorder) -> int:
+def sweep(ports: Sequence[Endpoint], queues: Sequence[str], recorder: Recorder) -> int:
     """Take whatever is left in ``queues`` with basic.get, through the first server
     that serves; returns how many. Recorded as consumer ``sweep``, one session per
     queue (order holds per queue, not across them)."""
@@ -378,7 +383,7 @@ def sweep(ports: Sequence[int], queues: Sequence[str], recorder: Recorder) -> in
     raise RuntimeError("no server answered the sweep")
 
 
-def depths(ports: Sequence[int], queues: Sequence[str]) -> dict[str, int] | None:
+def depths(ports: Sequence[Endpoint], queues: Sequence[str]) -> dict[str, int] | None:
     """Each queue's ready count as the root has it, asked of the first server that answers."""
     for port in ports:
         try:
@@ -396,7 +401,7 @@ def depths(ports: Sequence[int], queues: Sequence[str]) -> dict[str, int] | None
 
 
 def declare(
-    ports: Sequence[int], queues: Sequence[str], queue_type: str = "", group_size: int = 0
+    ports: Sequence[Endpoint], queues: Sequence[str], queue_type: str = "", group_size: int = 0
 ) -> None:
     """The shared queues. They are durable, so replicated, whether the messages are
     persistent or not: a transient shared queue is classic, lost with its owner, and
