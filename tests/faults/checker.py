@@ -68,6 +68,7 @@ from tests.faults.history import (
     History,
     Publish,
 )
+from tests.faults.timing import Timing, measure
 
 NO_FAULT = "none"
 EXAMPLES = 10
@@ -110,6 +111,9 @@ class Report:
     unconfirmed_lost_read: int = 0  # of those, read by the broker before it lost them
     unconfirmed_lost_by_fault: dict[str, int] = field(default_factory=dict)
     unconfirmed_lost_read_by_fault: dict[str, int] = field(default_factory=dict)
+    #: what clients felt: outages per fault kind, and how long a cut-off server still
+    #: confirmed (``timing.py``; measured, never must-be-zero)
+    timing: Timing = field(default_factory=Timing)
 
     @property
     def order_violation_total(self) -> int:
@@ -127,7 +131,7 @@ class Report:
         return self.drained and not any(self.must_be_zero().values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "ok": self.ok()}
+        return {**self.__dict__, "timing": self.timing.to_dict(), "ok": self.ok()}
 
     def format(self) -> str:
         lines = [
@@ -161,6 +165,7 @@ class Report:
                 f"{rec.get('median', float('nan')):>15.2f}s{rec.get('max', float('nan')):>6.2f}s"
                 + (f"{self.unconfirmed_lost_by_fault.get(kind, 0):>13}" if flood else "")
             )
+        lines += self.timing.lines()
         for name, items in self.examples.items():
             if items:
                 lines.append(f"{name}: " + "; ".join(items))
@@ -269,6 +274,7 @@ def check(history: History) -> Report:
         for entry, count in zip(report.per_fault, per_fault, strict=True):
             entry["unconfirmed_lost"] = count
     report.examples = dict(examples)
+    report.timing = measure(history)
     return report
 
 

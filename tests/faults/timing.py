@@ -1,0 +1,116 @@
+"""What clients felt of each fault, read from the history (issue 41).
+
+- **Outage**: for each fault and each confirmed publisher, the longest time
+  without a confirm that overlaps the fault (from its start to its recovery):
+  what an application publishing through it saw, reconnection included.
+  Reported per fault kind as median, p99 and max.
+- **Stop confirming**: for a fault that cuts one server off from the others
+  (``isolate``, ``unplug``, the minority of a ``split``), how long after the
+  cut that server still confirmed publishes: its clients stay connected to it
+  (bar ``unplug``), and it must stop once it cannot reach a majority, within
+  its lease.
+
+Both are measurements, not pass or fail; the checker's counts stay the verdict.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from tests.faults.history import ACK, Fault, History, Publish, is_flood
+
+#: the faults that leave one server on its own, its clients connected to it
+CUT_OFF = ("isolate", "unplug", "split")
+
+
+@dataclass
+class Timing:
+    #: per fault kind: every (fault, publisher) outage, seconds
+    outages: dict[str, list[float]] = field(default_factory=dict)
+    #: per fault kind: per fault, seconds from the cut to the cut-off server's last confirm
+    #: (0.0: it confirmed nothing after the cut)
+    stop_confirming: dict[str, list[float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, dict[str, float]]:
+        return {
+            "outage": {k: summary(v) for k, v in self.outages.items()},  # type: ignore[dict-item]
+            "stop_confirming": {k: summary(v) for k, v in self.stop_confirming.items()},  # type: ignore[dict-item]
+        }
+
+    def lines(self) -> list[str]:
+        out = [f"{'client outage':<22}{'n':>6}{'median':>9}{'p99':>8}{'max':>8}"]
+        for kind in sorted(self.outages):
+            s = summary(self.outages[kind])
+            out.append(
+                f"{kind:<22}{int(s['n']):>6}{s['median']:>8.2f}s{s['p99']:>7.2f}s{s['max']:>7.2f}s"
+            )
+        if self.stop_confirming:
+            out.append(f"{'cut-off server confirms':<22}{'n':>6}{'median':>9}{'p99':>8}{'max':>8}")
+            for kind in sorted(self.stop_confirming):
+                s = summary(self.stop_confirming[kind])
+                out.append(
+                    f"{kind:<22}{int(s['n']):>6}{s['median']:>8.2f}s"
+                    f"{s['p99']:>7.2f}s{s['max']:>7.2f}s"
+                )
+        return out
+
+
+def summary(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0, "median": float("nan"), "p99": float("nan"), "max": float("nan")}
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return {
+        "n": len(ordered),
+        "median": statistics.median(ordered),
+        "p99": p99,
+        "max": ordered[-1],
+    }
+
+
+def measure(history: History) -> Timing:
+    acks: dict[str, list[Publish]] = defaultdict(list)
+    for publish in history.publishes:
+        if publish.outcome == ACK and not is_flood(publish.publisher):
+            acks[publish.publisher].append(publish)
+    for confirmed in acks.values():
+        confirmed.sort(key=lambda p: p.done)
+    timing = Timing()
+    for fault in history.faults:
+        end = fault.recovered or fault.end or fault.start
+        for confirmed in acks.values():
+            gap = _longest_gap([p.done for p in confirmed], fault.start, end)
+            if gap is not None:
+                timing.outages.setdefault(fault.kind, []).append(gap)
+        if fault.kind in CUT_OFF:
+            late = _last_confirm_after(fault, acks.values())
+            timing.stop_confirming.setdefault(fault.kind, []).append(late)
+    return timing
+
+
+def _longest_gap(times: list[float], start: float, end: float) -> float | None:
+    """The longest interval between consecutive confirms that overlaps [start, end]
+    (None: the publisher confirmed nothing before the fault, or nothing after it)."""
+    before = [t for t in times if t <= start]
+    after = [t for t in times if t >= end]
+    if not before or not after:
+        return None
+    inside = [t for t in times if start < t < end]
+    points = [before[-1], *inside, after[0]]
+    return max(b - a for a, b in itertools.pairwise(points))
+
+
+def _last_confirm_after(fault: Fault, acks: Iterable[list[Publish]]) -> float:
+    """Seconds from the cut to the last confirm the cut-off server gave while it was
+    cut off (0.0: none)."""
+    end = fault.end or fault.start
+    last = 0.0
+    for confirmed in acks:
+        for p in confirmed:
+            if p.server == fault.target and fault.start < p.done <= end:
+                last = max(last, p.done - fault.start)
+    return last

@@ -1,0 +1,46 @@
+"""The fault harness's timing measures (tests/faults/timing.py): client outages per
+fault kind and how long a cut-off server still confirmed."""
+
+from __future__ import annotations
+
+import math
+
+from tests.faults.history import ACK, UNKNOWN, Fault, History, Publish
+from tests.faults.timing import measure, summary
+
+
+def _acks(publisher: str, server: int, times: list[float]) -> list[Publish]:
+    return [Publish(publisher, seq, "q", server, t - 0.01, t, ACK) for seq, t in enumerate(times)]
+
+
+def test_the_outage_is_the_longest_silence_overlapping_the_fault() -> None:
+    history = History(
+        publishes=[
+            *_acks("p0", 0, [1.0, 2.0, 5.5, 6.0]),  # silent 2.0 -> 5.5 across the fault
+            *_acks("p1", 1, [1.0, 2.5, 3.0, 3.5, 4.0, 7.0]),  # 4.0 -> 7.0 ends after it
+            Publish("p1", 99, "q", 1, 4.5, 4.6, UNKNOWN),  # not a confirm: no matter
+        ],
+        faults=[Fault("isolate", 0, "root", 3.0, end=4.0, recovered=5.0)],
+    )
+    timing = measure(history)
+    assert sorted(timing.outages["isolate"]) == [3.0, 3.5]
+
+
+def test_a_cut_off_server_confirming_late_is_measured_from_the_cut() -> None:
+    history = History(
+        publishes=[*_acks("p0", 0, [1.0, 3.2, 3.4]), *_acks("p1", 1, [3.9])],
+        faults=[
+            Fault("isolate", 0, "primary", 3.0, end=6.0, recovered=6.5),
+            Fault("unplug", 1, "primary", 10.0, end=11.0, recovered=12.0),
+        ],
+    )
+    timing = measure(history)
+    assert math.isclose(timing.stop_confirming["isolate"][0], 0.4)
+    assert timing.stop_confirming["unplug"] == [0.0]  # nothing after its cut
+    assert "cut-off server confirms" in "\n".join(timing.lines())
+
+
+def test_summary_of_nothing_is_not_a_number() -> None:
+    assert summary([])["n"] == 0 and math.isnan(summary([])["max"])
+    s = summary([float(i) for i in range(1, 101)])
+    assert (s["median"], s["p99"], s["max"]) == (50.5, 100.0, 100.0)
