@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import math
 import random
 import ssl
 from collections.abc import Callable, Iterator
@@ -153,6 +154,15 @@ class Lane:
         self.writer = None
 
 
+def link_heartbeat(timeout: float) -> int:
+    """The AMQP heartbeat a link's lanes ask for: twice the cluster's heartbeat
+    timeout, whole seconds, at least 2. The peer closes a lane it has heard nothing
+    on for two heartbeats, aiormq after three, so a half-open lane lasts seconds, not
+    the default 60 s heartbeat's two minutes; a peer merely paused past its timeout
+    is out of the view already (the statuses decide that, not the lanes)."""
+    return max(2, math.ceil(2 * timeout))
+
+
 class Link:
     """One outgoing link; ``on_up(link)`` / ``on_down(link, reason)`` report its state.
 
@@ -177,6 +187,7 @@ class Link:
         connect_timeout: float = 3.0,
         ssl_context: ssl.SSLContext | None = None,
         discovery: bool = False,
+        heartbeat: int = 0,
     ) -> None:
         self.address = address
         #: only asks who answers (a host's port, which any of its workers may take):
@@ -189,6 +200,11 @@ class Link:
         # a Unix socket has no host or port for the URL to name: the transport ignores them
         where = "localhost" if self.socket_path is not None else address
         self.url = f"{scheme}://{credentials}@{where}/{quote(vhost, safe='')}"
+        if heartbeat:
+            # each lane's own liveness: a lane whose far end is gone without a FIN or
+            # RST (a half-open connection) is closed by either side within a few
+            # heartbeats, instead of carrying messages into nothing (link_heartbeat)
+            self.url += f"?heartbeat={heartbeat}"
         #: links over mutual TLS: the cluster CA, and this server's certificate
         self.ssl_context = ssl_context
         self.identity = identity

@@ -53,7 +53,7 @@ from brokerd.cluster.election import PRIMARY, SECONDARY, Decision, View
 from brokerd.cluster.heartbeat import Heartbeat
 from brokerd.cluster.hostgroup import HostGroup
 from brokerd.cluster.latency import LatencyWindow
-from brokerd.cluster.link import Link
+from brokerd.cluster.link import Link, link_heartbeat
 from brokerd.cluster.linktls import LinkTLS
 from brokerd.cluster.messages import LINK_PROPERTY, MessageError, Root, Status
 from brokerd.cluster.peers import Alarm, Peer
@@ -249,6 +249,7 @@ class Membership:
             ssl_context=self.link_tls.context(self.address) if self.link_tls else None,
             # a worker's link to a known host: whichever worker answers says who it is
             discovery=self.hostgroup is not None and address in self.known,
+            heartbeat=link_heartbeat(self.config.heartbeat_timeout),
         )
         self.links[address] = link
         link.start()

@@ -279,6 +279,10 @@ class AMQPProtocol(asyncio.Protocol):
         machine = self.machine
         if machine is None:
             return
+        if self._holds:
+            # not reading it is our choice (flow control, a move): what it sends waits
+            # in the socket, its heartbeats too, and its silence says nothing
+            machine.last_received = now
         machine.tick(now)
         if machine.closed:
             self.flush()

@@ -52,6 +52,11 @@ from brokerd.server.worker import host_stopping
 from brokerd.store.disk import DiskStore
 from brokerd.tls import TLSSettings
 
+#: a ticker turn this late (seconds since the last) follows a stall: the sockets are
+#: read for ``STALL_READ`` seconds before heartbeats are judged (``Server._ticker``)
+TICK_STALL = 1.5
+STALL_READ = 0.05
+
 log = logging.getLogger("brokerd.server")
 
 #: how long a stopping server waits for its clients' close-ok before it drops them:
@@ -677,11 +682,17 @@ class Server:
         log.info("stopped spid=%s", self.spid)
 
     async def _ticker(self) -> None:
+        ticked = time.monotonic()
         while True:
             await asyncio.sleep(1.0)
+            if time.monotonic() - ticked > TICK_STALL:
+                # the loop stalled (a pause, a long turn): what peers sent meanwhile waits
+                # unread in the sockets; read it before any silence is judged
+                await asyncio.sleep(STALL_READ)
             now = time.monotonic()
             for proto in list(self.connections.values()):
                 proto.tick(now)
+            ticked = now
             then, last = self._last_counters
             counters = self.broker.counters()
             span = max(now - then, 1e-6)
