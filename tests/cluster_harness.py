@@ -40,6 +40,7 @@ from tests.brokerd_process import BrokerProcess, free_port
 from tests.support.certs import Pki
 from tests.support.eventually import eventually
 from tests.support.netbed import NetBed
+from tests.support.slowlink import SlowLink
 
 INTERVAL = 0.3
 TIMEOUT = 1.0
@@ -99,6 +100,8 @@ class Node:
     #: renumbers the nodes by seniority)
     host: str = "127.0.0.1"
     bed_slot: int | None = None
+    #: the proxy every other server's link to it passes through (``slow_links``)
+    slow: SlowLink | None = None
     #: wall-clock times (time.time()) at which a process of this node was paused or ended
     paused_at: list[float] = field(default_factory=list)
     ended_at: dict[str, float] = field(default_factory=dict)
@@ -159,6 +162,7 @@ class Cluster:
         fault_injection: bool = True,
         tls: bool = False,
         netbed: NetBed | None = None,
+        slow_links: bool = False,
     ) -> None:
         self.base = base
         #: each server in its own network namespace (tests/support/netbed.py), or None
@@ -194,9 +198,23 @@ class Cluster:
         if tls:
             self.pki = Pki(base / "pki", name="cluster")
             tls_table = self._tls_table(self.pki)
+        if slow_links:
+            # the known hosts are proxies (tests/support/slowlink.py): every link to a
+            # primary passes through its own, which the nemesis slows or stalls
+            if tls:
+                raise ValueError("slow links carry plain links")
+            listen = netbed.gateway if netbed is not None else "127.0.0.1"
+            for node in self.nodes[:primaries]:
+                node.slow = SlowLink((listen, 0), (node.host, node.port)).start()
+        known = [
+            f"{n.slow.address[0]}:{n.slow.address[1]}"
+            if n.slow is not None
+            else f"{n.host}:{n.tls_port or n.port}"
+            for n in self.nodes[:primaries]
+        ]
         self.file = write_cluster_file(
             base / "cluster.toml",
-            [f"{n.host}:{n.tls_port or n.port}" for n in self.nodes[:primaries]],
+            known,
             secret=secret,
             interval=interval,
             timeout=timeout,
@@ -381,6 +399,9 @@ class Cluster:
                 except Exception:  # keep stopping the others
                     if node.process.proc is not None:
                         node.process.proc.kill()
+        for node in self.nodes:
+            if node.slow is not None:
+                node.slow.close()
 
     # -- views -------------------------------------------------------------------
 

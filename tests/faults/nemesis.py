@@ -21,7 +21,14 @@ from brokerd.server.control import request
 from tests.cluster_harness import Cluster
 from tests.faults import network
 from tests.faults.history import Fault, Recorder
-from tests.faults.network import CUT_ONE_WAY, CUT_PAIR, HALVES, ISOLATE, NETWORK_KINDS
+from tests.faults.network import (
+    CUT_ONE_WAY,
+    CUT_PAIR,
+    HALVES,
+    ISOLATE,
+    NETWORK_KINDS,
+    SLOW_LINK,
+)
 from tests.faults.workload import Client
 
 KILL_ROOT = "kill-root"
@@ -169,6 +176,10 @@ class Nemesis:
             return _choose(everyone, planned.pick), None, note
         if planned.kind == ISOLATE:
             return self._isolated(planned, root)
+        if planned.kind == SLOW_LINK:  # a primary: the root half of the time
+            if root is not None and planned.pick < 0.5:
+                return root, None, note
+            return _choose([i for i in self.primaries() if i != root], planned.pick), None, note
         # pauses and cuts: the root half of the time, else any other server
         if root is not None and planned.pick < 0.5:
             target = root
@@ -221,6 +232,15 @@ class Nemesis:
                 fault.note = (fault.note + "; " if fault.note else "") + f"exit status {code}"
             time.sleep(planned.hold)
             self.restart(target)
+        elif planned.kind == SLOW_LINK:
+            link = cluster.nodes[target].slow
+            assert link is not None, "slow-link needs a cluster with slow links"
+            try:
+                shape = network.slow(link, planned.pick_peer)
+                fault.note = "; ".join(p for p in (fault.note, shape) if p)
+                time.sleep(planned.hold)
+            finally:
+                link.clear()
         elif planned.kind in NETWORK_KINDS:
             bed = cluster.netbed
             assert bed is not None, "network faults need a test bed (RunConfig.netbed)"
@@ -368,6 +388,9 @@ class Nemesis:
         """Before the drain: every server running, none paused, no link cut."""
         if self.cluster.netbed is not None:
             self.cluster.netbed.heal()
+        for node in self.cluster.nodes:
+            if node.slow is not None:
+                node.slow.clear()
         for node in self.cluster.nodes:
             if node.paused and node.alive():
                 self.cluster.resume(node.index)

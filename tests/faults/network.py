@@ -12,7 +12,11 @@ switch or a cable does, and the broker is not told:
 - ``split``: a minority (one primary, the secondary with it half the time) and
   the majority;
 - ``halves``: the servers drawn into two random halves;
-- ``unplug``: one server's interface down: its clients lose it too.
+- ``unplug``: one server's interface down: its clients lose it too;
+- ``slow-link``: every link into one primary passes through a proxy
+  (tests/support/slowlink.py) that now delays each chunk (50-500 ms), caps the
+  bandwidth (50-500 kB/s), or stalls outright: kernel buffers fill and the
+  senders' writes back up while they believe they are sending.
 
 Every fault is healed after its hold; the harness then waits for a settled root.
 """
@@ -23,6 +27,7 @@ import random
 from collections.abc import Sequence
 
 from tests.support.netbed import NetBed
+from tests.support.slowlink import SlowLink
 
 ISOLATE = "isolate"
 CUT_PAIR = "cut-pair"
@@ -30,7 +35,8 @@ CUT_ONE_WAY = "cut-one-way"
 SPLIT = "split"
 HALVES = "halves"
 UNPLUG = "unplug"
-NETWORK_KINDS = (ISOLATE, CUT_PAIR, CUT_ONE_WAY, SPLIT, HALVES, UNPLUG)
+SLOW_LINK = "slow-link"
+NETWORK_KINDS = (ISOLATE, CUT_PAIR, CUT_ONE_WAY, SPLIT, HALVES, UNPLUG, SLOW_LINK)
 #: what ``isolate`` aims at, drawn in turn
 ISOLATE_TARGETS = ("root", "owner", "replica", "secondary")
 
@@ -81,3 +87,18 @@ def apply(
         bed.partition([[slot(i) for i in half] for half in halves])
         return f"halves {halves[0]} | {halves[1]}"
     raise ValueError(f"not a network fault: {kind}")
+
+
+def slow(link: SlowLink, draw: float) -> str:
+    """Shape the links into one primary by the draw: a delay, a bandwidth cap or a
+    stall; ``link.clear()`` undoes it."""
+    if draw < 1 / 3:
+        delay = 0.05 + 0.45 * (3 * draw)
+        link.set(delay=delay)
+        return f"delay {delay * 1000:.0f} ms"
+    if draw < 2 / 3:
+        rate = 50_000 + 450_000 * (3 * draw - 1)
+        link.set(rate=rate)
+        return f"capped at {rate / 1000:.0f} kB/s"
+    link.stall()
+    return "stalled"

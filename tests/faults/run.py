@@ -99,6 +99,7 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
         interval=config.interval,
         timeout=config.timeout,
         netbed=bed,
+        slow_links=config.netbed,
     )
     recorder = Recorder()
     history = recorder.history
