@@ -8,10 +8,11 @@ chose once and keeps (``DATA_DIR/host/links.json``: a quorum group names its
 members by those addresses, so they must outlive a restart).
 
 A worker learns the other hosts' workers from the cluster: its link to a known
-host lands on one of that host's workers, whose statuses list every link
-address of its host (``Status.host_links``); it links to each, and they link
-back. That first link only discovers (what it reaches is chance); a known host
-that reaches a sibling, or itself, is this host's own name.
+host lands on one of that host's workers, whose server properties carry its
+host's id and every link address of that host (``host``, ``host_links``); it
+links to each, and they link back. That first link only discovers (what it
+reaches is chance: ``Membership._discovered`` retires it); a known host that
+reaches a sibling, or itself, is this host's own name.
 
 Hosts, not workers, are the failure domain. Every host of a cluster runs the
 same number of workers: the count is in the checksum, so a host started with

@@ -56,7 +56,7 @@ import time
 import traceback
 from pathlib import Path
 
-from tests.brokerd_process import BrokerProcess, free_port, log_tail
+from tests.brokerd_process import BrokerProcess, free_port, log_tail, process_running
 from tests.cluster_harness import write_cluster_file
 from tests.faults.checker import check
 from tests.faults.history import Fault, Recorder
@@ -267,20 +267,12 @@ def _gone(pids: list[int | None], timeout: float = 5.0) -> None:
     waiting for its reaper counts as gone."""
     deadline = time.monotonic() + timeout
     while True:
-        alive = [p for p in pids if p is not None and _running(p)]
+        alive = [p for p in pids if p is not None and process_running(p)]
         if not alive:
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"workers {alive} outlived their parent")
         time.sleep(0.05)
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _summary(exc: BaseException) -> str:
