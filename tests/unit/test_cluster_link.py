@@ -168,3 +168,27 @@ async def test_a_post_on_a_closing_lane_drops_the_link_and_later_posts_are_refus
     assert not link.up and downs == ["data lane: its connection is closing"]
     assert not link.post("cluster.data", b"three")  # down: dropped
     peer.close()
+
+
+def test_lanes_ask_for_a_heartbeat_of_twice_the_cluster_timeout() -> None:
+    from brokerd.cluster.link import link_heartbeat
+
+    assert [link_heartbeat(t) for t in (0.3, 1.0, 1.2, 3.0)] == [2, 2, 3, 6]
+
+    def noop(*_: object) -> None:
+        return None
+
+    def make(heartbeat: int) -> Link:
+        return Link(
+            "10.0.0.1:5672",
+            user="cluster",
+            secret="s",
+            vhost="/",
+            identity=dict,
+            on_up=noop,
+            on_down=noop,
+            heartbeat=heartbeat,
+        )
+
+    assert make(6).url.endswith("/%2F?heartbeat=6")
+    assert "heartbeat" not in make(0).url  # aiormq's default then
