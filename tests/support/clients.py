@@ -31,7 +31,15 @@ def drain_queues(conn: pika.BlockingConnection, queues: list[str], timeout: floa
     """Every body left in ``queues``, got with auto-ack; a queue whose owner is still
     recovering or failing over (the channel closed: 404) is asked again, each queue
     for up to ``timeout`` seconds, until it says it is empty."""
-    got: list[str] = []
+    return [body for body, _redelivered in drain_flagged(conn, queues, timeout)]
+
+
+def drain_flagged(
+    conn: pika.BlockingConnection, queues: list[str], timeout: float
+) -> list[tuple[str, bool]]:
+    """``drain_queues`` with each body's redelivered flag: a message may come twice
+    after a fault (at least once), never twice unflagged."""
+    got: list[tuple[str, bool]] = []
     for name in queues:
         ch = conn.channel()
         deadline = time.monotonic() + timeout
@@ -46,7 +54,7 @@ def drain_queues(conn: pika.BlockingConnection, queues: list[str], timeout: floa
                 if ch.queue_declare(name, passive=True).method.message_count == 0:
                     break
                 continue
-            got.append(body.decode())
+            got.append((body.decode(), bool(method.redelivered)))
     return got
 
 
