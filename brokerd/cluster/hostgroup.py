@@ -28,8 +28,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from brokerd.cluster.peers import Peer
 
 
 def worker_socket(host_dir: Path, index: int) -> Path:
@@ -51,8 +55,6 @@ class HostGroup:
     sockets: tuple[str, ...]
     #: the TCP link address of each worker of the host, by index
     links: tuple[str, ...]
-    #: peers seen on another host: spid -> host id (from their statuses and links)
-    hosts_of: dict[str, str] = field(default_factory=dict)
 
     @property
     def workers(self) -> int:
@@ -75,6 +77,12 @@ class HostGroup:
     def own_link(self, address: str) -> bool:
         """One of this host's link addresses (a worker of ours, by TCP or socket)."""
         return address in self.links or address in self.sockets
+
+
+def peer_host(peer: Peer) -> str:
+    """The host id a peer's latest status names ("" before its first, or not a worker
+    of a cluster of hosts): the election counts only peers it has statuses from."""
+    return peer.status.host if peer.status is not None else ""
 
 
 def known_hosts_count(

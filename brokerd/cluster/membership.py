@@ -309,8 +309,6 @@ class Membership:
         peer = self._peer(spid)
         self.reached.add(link.address)
         peer.aliases.add(link.address)
-        if there:
-            group.hosts_of[spid] = there
         workers = link.server_properties.get("host_links")
         for address in workers if isinstance(workers, list) else ():
             if isinstance(address, str) and address and not group.own_link(address):
@@ -430,8 +428,6 @@ class Membership:
         peer.inbound.add(conn.id)
         peer.gone = False
         peer.type = SECONDARY if props.get("type") == SECONDARY else PRIMARY
-        if self.hostgroup is not None and props.get("host"):
-            self.hostgroup.hosts_of[spid] = str(props["host"])
         start_time = props.get("start_time")
         if isinstance(start_time, int | float) and not isinstance(start_time, bool):
             peer.start_time = float(start_time)
@@ -509,8 +505,6 @@ class Membership:
                 self.echo_rtt.add(rtt)
             if message.address:
                 peer.address = message.address
-            if self.hostgroup is not None and message.host:
-                self.hostgroup.hosts_of[peer.spid] = message.host
             self.status_received(peer.spid, message)
         elif isinstance(message, Root) and peer.status is not None:
             # only the flag: liveness and votes come from statuses, so a stale

@@ -51,7 +51,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from brokerd.cluster.election import PRIMARY, Decision, Member, View, decide, holds_lease
-from brokerd.cluster.hostgroup import known_hosts_count
+from brokerd.cluster.hostgroup import known_hosts_count, peer_host
 from brokerd.cluster.messages import Root
 
 if TYPE_CHECKING:
@@ -296,7 +296,7 @@ class Standing:
         own = set(self.host.own_addresses)
         names: dict[str, set[str]] = {}
         for peer in self.host.peers.values():
-            there = group.hosts_of.get(peer.spid)
+            there = peer_host(peer)
             if not there or not self.active(peer, now):
                 continue
             if group.is_sibling(there):

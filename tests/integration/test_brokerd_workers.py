@@ -28,7 +28,7 @@ import pytest
 
 from tests.brokerd_process import BrokerProcess, log_tail, process_running
 from tests.integration.test_ctl import ctl
-from tests.support.clients import drain_queues, publish_confirmed
+from tests.support.clients import confirmed_publishers, drain_queues
 
 pytestmark = pytest.mark.integration
 
@@ -294,18 +294,7 @@ def test_a_workers_kill_under_confirmed_load_loses_no_confirmed_message(
     for name in queues:
         setup.channel().queue_declare(name, durable=True)  # balanced: two per worker
     setup.close()
-    confirmed: list[set[str]] = [set(), set()]
-    stop = threading.Event()
-    threads = [
-        threading.Thread(
-            target=publish_confirmed,
-            args=(functools.partial(connect, host), queues, f"p{i}", stop, out),
-        )
-        for i, out in enumerate(confirmed)
-    ]
-    for thread in threads:
-        thread.start()
-    try:
+    with confirmed_publishers([functools.partial(connect, host)] * 2, queues, 30) as confirmed:
         time.sleep(1.5)
         assert all(confirmed), "no publisher got a confirm before the kill"
         victim = worker_pids(host)[0]
@@ -313,10 +302,6 @@ def test_a_workers_kill_under_confirmed_load_loses_no_confirmed_message(
         os.kill(victim, signal.SIGKILL)
         at_kill = sum(len(out) for out in confirmed)
         time.sleep(2.5)  # the worker restarts meanwhile; publishers go on
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(30)
     sent = set().union(*confirmed)
     assert len(sent) > at_kill, "no publish was confirmed after the kill"
     conn = connect(host)

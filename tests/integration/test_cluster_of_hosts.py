@@ -16,7 +16,6 @@ import functools
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +28,7 @@ from brokerd.server.control import request
 from tests.brokerd_process import BrokerProcess, free_port, log_tail, process_running
 from tests.cluster_harness import write_cluster_file
 from tests.integration.test_ctl import ctl
-from tests.support.clients import drain_flagged, drain_queues, publish_confirmed
+from tests.support.clients import confirmed_publishers, drain_flagged, drain_queues
 
 pytestmark = pytest.mark.integration
 
@@ -227,27 +226,13 @@ def _under_load(hosts: Hosts, queues: list[str], fault: callable) -> tuple[set[s
     for name in queues:
         setup.channel().queue_declare(name, durable=True, arguments={"x-queue-type": "quorum"})
     setup.close()
-    confirmed: list[set[str]] = [set(), set()]
-    stop = threading.Event()
-    threads = [
-        threading.Thread(
-            target=publish_confirmed,
-            args=(functools.partial(hosts.connect, i), queues, f"p{i}", stop, out),
-        )
-        for i, out in enumerate(confirmed)
-    ]
-    for thread in threads:
-        thread.start()
-    try:
+    connects = [functools.partial(hosts.connect, i) for i in range(2)]
+    with confirmed_publishers(connects, queues) as confirmed:
         time.sleep(1.5)
         assert all(confirmed), f"no publisher got a confirm before the fault\n{hosts.logs()}"
         fault()
         at_fault = sum(len(out) for out in confirmed)
         time.sleep(3.0)
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(60)
     return set().union(*confirmed), at_fault
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pika
@@ -96,3 +96,26 @@ def publish_confirmed(
             if conn.is_open:
                 with contextlib.suppress(Exception):
                     conn.close()
+
+
+@contextlib.contextmanager
+def confirmed_publishers(
+    connects: list[Callable[[], pika.BlockingConnection]], queues: list[str], join: float = 60
+) -> Iterator[list[set[str]]]:
+    """One ``publish_confirmed`` thread per connection factory (publishers ``p0``,
+    ``p1``...), running for the block; yields the sets of bodies each has had
+    confirmed, and stops and joins them on the way out."""
+    confirmed: list[set[str]] = [set() for _ in connects]
+    stop = threading.Event()
+    threads = [
+        threading.Thread(target=publish_confirmed, args=(c, queues, f"p{i}", stop, out))
+        for i, (c, out) in enumerate(zip(connects, confirmed, strict=True))
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        yield confirmed
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(join)

@@ -115,8 +115,6 @@ def _heard(members: Membership, spid: str, host: str, aliases: set[str], now: fl
         host=host,
     )
     peer.last_seen = now
-    assert members.hostgroup is not None
-    members.hostgroup.hosts_of[spid] = host
 
 
 def test_a_worker_counts_hosts_times_their_workers() -> None:

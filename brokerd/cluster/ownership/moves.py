@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from brokerd.cluster.hostgroup import peer_host
 from brokerd.cluster.wiring import entries as rep
 from brokerd.model.errors import NOT_FOUND, PRECONDITION_FAILED, AMQPError
 
@@ -282,13 +283,14 @@ class QueueMoves:
         for peer in members.peers.values():
             status = peer.status
             if status is not None and address in (status.host_address, *peer.aliases):
-                host = group.hosts_of.get(peer.spid, host)
+                host = status.host or host
         if host is None:
             return []
+        peers = members.peers
         return [
             spid
             for spid in live
-            if (group.host_id if spid == members.spid else group.hosts_of.get(spid)) == host
+            if (group.host_id if spid == members.spid else peer_host(peers[spid])) == host
         ]
 
     def move(self, name: str, to: str, done: Done | None = None) -> dict[str, str]:

@@ -45,6 +45,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from brokerd.cluster.election import PRIMARY
+from brokerd.cluster.hostgroup import peer_host
 from brokerd.cluster.ownership.moves import Mover
 from brokerd.cluster.ownership.rules import choose_owner, group_of, kind_of, locator_of
 from brokerd.cluster.queues.kinds import KINDS
@@ -192,7 +193,7 @@ class Placer:
             return {}
         hosts = {self.members.address: group.host_id}
         for peer in self.members.peers.values():
-            there = group.hosts_of.get(peer.spid)
+            there = peer_host(peer)
             if there and peer.address:
                 hosts[peer.address] = there
         return hosts
