@@ -338,10 +338,17 @@ class ClusterController(Membership):
         self.queues.proxy.session_check()
 
     def in_sync(self, root: str) -> bool:
-        return self.wiring.in_sync(root)
+        return self.wiring.in_sync(root, self.term_of(root))
+
+    def term_of(self, spid: str) -> int:
+        """The term a server acts in, as its latest status says (ours: our own)."""
+        if spid == self.spid:
+            return self.standing.term.number
+        peer = self.peers.get(spid)
+        return peer.status.term if peer is not None and peer.status is not None else 0
 
     def want_sync(self, root: str) -> None:
-        self.wiring.want_sync(root)
+        self.wiring.want_sync(root, self.term_of(root))
 
     def root_changed(self, old: str | None, new: str | None) -> None:
         if new != self.spid:
@@ -414,6 +421,12 @@ class ClusterController(Membership):
     def state_source(self) -> str | None:
         return self.wiring.synced_root
 
+    def state_term(self) -> int:
+        # a root's log is its own, under the term it acts in (renewed terms included)
+        if self.standing.role_root:
+            return self.standing.term.number
+        return self.wiring.synced_term
+
     def lease_renewed(self) -> None:
         self.queues.stream.resume()
 
@@ -469,6 +482,8 @@ class ClusterController(Membership):
         out.update(
             {
                 "state_seq": self.wiring.last_seq,
+                "state_term": self.state_term(),
+                "term": self.standing.term.number,
                 "state_log": len(self.wiring.log),
                 "synced_with": self.wiring.synced_root,
                 "pending_changes": len(self.wiring.pending),

@@ -5,10 +5,11 @@ Every server runs the same election over its own view:
 - candidates are the active primaries with root enabled and a matching
   checksum; a server that is root stays the choice while it remains a
   candidate (enabling a more senior server does not steal root), otherwise
-  the candidate with the best copy of the shared queues is chosen: a whole
-  copy before one still taking a snapshot, then the copy furthest along the
-  last root's replication stream (``copy``), then the most senior (earliest
-  start, then lowest spid);
+  the candidate whose state log ranks first by (term, sequence) is chosen
+  (``terms.py``), then the one with the best copy of the shared queues: a
+  whole copy before one still taking a snapshot, then the copy furthest along
+  the leading root's replication stream (``copy``), then the most senior
+  (earliest start, then lowest spid);
 - a server is root when it is its own choice, every active primary votes
   for it (unanimity), and the active primaries are more than half of the
   known primaries (quorum).
@@ -38,7 +39,8 @@ echo proves that the follower heard the root at that send time, so it sees
 the root active, and keeps voting for it, until at least that send time plus
 its timeout: no other server can gather a majority before the lease runs
 out, however late the root itself reads its input (a paused root reads old
-votes as new; their echoes are as old as they are).
+votes as new; their echoes are as old as they are). The backing statuses must
+also back it in its term (``terms.py``): two servers never act in one term.
 """
 
 from __future__ import annotations
@@ -79,6 +81,12 @@ class Member:
     #: last entry it applied); the root itself: (itself, its last entry). None:
     #: never synced since it started
     state: tuple[str, int] | None = None
+    #: the term of the root that log follows (``terms.py``): places compare as
+    #: (state_term, seq), alike on every server
+    state_term: int = 0
+    #: its term, and whom it backs in it (``terms.Term``; the root: itself)
+    term: int = 0
+    term_for: str | None = None
 
     @property
     def voter(self) -> bool:
@@ -131,10 +139,11 @@ def has_quorum(view: View) -> bool:
     return 2 * len(view.active_primaries()) > view.known_primaries
 
 
-def holds_lease(view: View, window: float) -> bool:
-    """More than half of the known primaries back this server: itself, and active
-    peers whose latest status votes for it and echoes one of its statuses sent
-    less than ``window`` seconds ago (see the module docstring)."""
+def holds_lease(view: View, window: float, term: int) -> bool:
+    """More than half of the known primaries back this server in ``term``: itself,
+    and active peers whose latest status votes for it, backs it in that term, and
+    echoes one of its statuses sent less than ``window`` seconds ago (see the
+    module docstring and ``terms.py``)."""
     me = view.me
     backing = 1 + sum(
         1
@@ -142,55 +151,61 @@ def holds_lease(view: View, window: float) -> bool:
         if m.voter
         and m.active
         and m.vote == me.spid
+        and m.term == term
+        and m.term_for == me.spid
         and m.echo_age is not None
         and m.echo_age < window
     )
     return 2 * backing > view.known_primaries
 
 
-def copy_rank(member: Member, last_root: str | None) -> int:
-    """How far along the last root's stream the member's copy is (-1: its copy
-    follows another stream, or it has none: it cannot be compared, and ranks last)."""
+def copy_rank(member: Member, stream: str | None) -> int:
+    """How far along ``stream`` (a root's replication stream) the member's copy is
+    (-1: its copy follows another stream, or it has none: it ranks last)."""
     copy = member.copy
-    if copy is None or last_root is None or copy[0] != last_root:
+    if copy is None or stream is None or copy[0] != stream:
         return -1
     return copy[1]
 
 
-def state_rank(member: Member, last_root: str | None) -> int:
-    """How far along the last root's state log the member is (-1: it follows
-    another root's log, or none: not comparable, ranks last)."""
-    state = member.state
-    if state is None or last_root is None or state[0] != last_root:
-        return -1
-    return state[1]
+def state_rank(member: Member) -> tuple[int, int]:
+    """Its state log's place, (term, last entry), ordered alike on every server
+    (``terms.py``); (-1, -1): never synced since it started, ranks last."""
+    if member.state is None:
+        return (-1, -1)
+    return (member.state_term, member.state[1])
 
 
-def followed_log(view: View) -> str | None:
-    """The root whose state log the members' furthest log follows (None: no member
-    follows one, as after a whole-cluster restart)."""
-    states = [m.state for m in view.members() if m.state is not None]
-    return max(states, key=lambda state: state[1])[0] if states else None
+def leading_log(view: View) -> str | None:
+    """The root whose log ranks first among the members (None: nobody follows one,
+    as after a whole-cluster restart): the stream the copies are compared along."""
+    synced = [m for m in view.members() if m.state is not None]
+    if not synced:
+        return view.last_root
+    best = max(synced, key=state_rank).state
+    return best[0] if best is not None else None
 
 
 def choose(view: View) -> str | None:
     """The spid this server votes for: the sitting root if still eligible, else the
-    candidate furthest along the last root's state log, then the one with the best
-    copy (whole, then furthest along), then, among those with no copy of the last
-    root's stream, one that recovered cluster state from its disk, then the eldest.
+    candidate whose state log ranks first, then the one with the best copy (whole,
+    then furthest along), then, among those with no copy of the leading root's
+    stream, one that recovered cluster state from its disk, then the eldest.
 
     The state log first: a new root's log becomes every server's (they sync from
-    it), so one that missed entries the last root ordered would undo them. A
+    it), so one that missed entries an earlier root ordered would undo them. A
     primary cut off while the root fenced it and failed its queues over, then
     elected on its better copy when the root died, took back queues that their new
     owner was already confirming: two owners, confirmed messages lost (seed 94).
     Of the servers that applied an entry, one is among any majority that elects,
-    so the furthest of them holds it.
+    so the furthest of them holds it. Logs rank by (term, sequence), which every
+    server computes alike: ranked by each server's own last root, two servers
+    once voted for each other for as long as the partition's aftermath lasted.
 
-    After a whole-cluster restart no copy ranks (none follows a live stream):
-    the root seeds the cluster's state log from its own disk and the others drop
-    what it lacks, so a server that recovered nothing (its disk lost, or new)
-    must not win on seniority alone, as it did: every queue was dropped."""
+    After a whole-cluster restart no log ranks (nobody has synced): the root
+    seeds the cluster's state log from its own disk and the others drop what it
+    lacks, so a server that recovered nothing (its disk lost, or new) must not
+    win on seniority alone, as it did: every queue was dropped."""
     checksum = view.me.checksum
     candidates = [m for m in view.members() if is_candidate(m, checksum)]
     if not candidates:
@@ -199,16 +214,13 @@ def choose(view: View) -> str | None:
         for member in candidates:
             if member.spid == view.current_root:
                 return member.spid
-    last = view.last_root
-    # a server that has followed no root yet (it just restarted) ranks the logs by
-    # the root its peers' logs follow: else it would prefer its own disk's state and
-    # vote against a peer holding the live log, and neither would ever win
-    logs = last or followed_log(view)
+    stream = leading_log(view)
 
-    def rank(m: Member) -> tuple[int, bool, int, bool, tuple[float, str]]:
-        copy = copy_rank(m, last)
-        # state from disk counts only where no copy of the last root's stream does
-        return (-state_rank(m, logs), m.syncing, -copy, copy < 0 and not m.holds_state, m.seniority)
+    def rank(m: Member) -> tuple[int, int, bool, int, bool, tuple[float, str]]:
+        copy = copy_rank(m, stream)
+        term, seq = state_rank(m)
+        # state from disk counts only where no copy of the leading stream does
+        return (-term, -seq, m.syncing, -copy, copy < 0 and not m.holds_state, m.seniority)
 
     return min(candidates, key=rank).spid
 

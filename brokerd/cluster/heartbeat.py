@@ -68,6 +68,7 @@ class HeartbeatHost(Protocol):
     def recovered_copies(self) -> dict[str, int]: ...
     def state_seq(self) -> int: ...
     def state_source(self) -> str | None: ...
+    def state_term(self) -> int: ...
     def link_to(self, spid: str | None) -> Link | None: ...
     def before_send(self, spid: str) -> None: ...
 
@@ -111,6 +112,9 @@ class Heartbeat:
             load=host.load(),
             state_seq=host.state_seq(),
             state_source=host.state_source(),
+            state_term=host.state_term(),
+            term=host.standing.term.number,
+            term_for=host.standing.term.backs,
             sent_at=wall,
             echo={
                 p.spid: (p.status.sent_at, round(wall - p.received_at, 6))
@@ -174,7 +178,14 @@ class Heartbeat:
     def _telling(self) -> tuple[Any, ...]:
         """What peers elect on, as our status says it now (see ``_told``)."""
         s = self.host.standing
-        return (s.decision.vote, s.role_root, s.candidate, s.current_root, self.host.checksum)
+        return (
+            s.decision.vote,
+            s.role_root,
+            s.candidate,
+            s.current_root,
+            self.host.checksum,
+            s.term,
+        )
 
     def answer(self, peer: Peer) -> None:
         """A peer asked for our status: send it to that peer only (an answer never

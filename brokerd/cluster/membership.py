@@ -45,6 +45,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster import messages
@@ -93,8 +94,11 @@ class Membership:
         load: Callable[[], dict[str, Any]] | None = None,
         broker: Broker | None = None,
         on_detach: Callable[[str], None] | None = None,
+        term_path: Path | None = None,
     ) -> None:
         self.config = config
+        #: where the election's term is kept through restarts (``terms.py``)
+        self.term_path = term_path
         self.spid = spid
         self.type = server_type
         self.start_time = start_time
@@ -610,6 +614,10 @@ class Membership:
     def state_source(self) -> str | None:
         """The root whose state log this server follows (None: not synced)."""
         return None
+
+    def state_term(self) -> int:
+        """The term of that root when this server synced with it (``terms.py``)."""
+        return 0
 
     # -- posting to links -----------------------------------------------------------
 

@@ -48,6 +48,12 @@ class Status:
     #: the root whose state log that is (itself, if root; None: not synced yet): the
     #: election prefers the server furthest along the last root's log
     state_source: str | None = None
+    #: the term of that root (``terms.py``): logs rank by (state_term, state_seq)
+    state_term: int = 0
+    #: the sender's term, and whom it backs in it (the root: itself; a root acts only
+    #: while a majority back it in its term)
+    term: int = 0
+    term_for: str | None = None
     sent_at: float = 0.0
     #: per peer spid: (that peer's latest ``sent_at``, seconds we held it) for round trips
     #: and for the root's lease (a follower's echo proves it heard the root then)
@@ -135,6 +141,12 @@ def decode(kind: str, body: bytes) -> Status | Root:
             raise MessageError(f"{kind}: host and host_address must be strings")
         if not isinstance(message.worker, int) or isinstance(message.worker, bool):
             raise MessageError(f"{kind}: worker must be an integer")
+        for name in ("term", "state_term"):
+            value = getattr(message, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise MessageError(f"{kind}: {name} must be a count")
+        if message.term_for is not None and not isinstance(message.term_for, str):
+            raise MessageError(f"{kind}: term_for must be a spid or null")
         # a place in a root's stream: the state log's, the shared queues' copy's
         _place(kind, "state", message.state_source, message.state_seq)
         _place(kind, "copy", message.copy_source, message.copy_seq)

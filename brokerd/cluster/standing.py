@@ -50,11 +50,14 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from brokerd.cluster import terms
 from brokerd.cluster.election import PRIMARY, Decision, Member, View, decide, holds_lease
 from brokerd.cluster.hostgroup import known_hosts_count, peer_host
 from brokerd.cluster.messages import Root
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from brokerd.cluster.config import ClusterConfig
     from brokerd.cluster.hostgroup import HostGroup
     from brokerd.cluster.link import Link
@@ -85,12 +88,15 @@ class StandingHost(Protocol):
     root_enabled: bool
     peers: dict[str, Peer]
     clock: Callable[[], float]
+    #: where this server keeps its term through restarts (None: nowhere, in tests)
+    term_path: Path | None
 
     def link_to(self, spid: str | None) -> Link | None: ...
     def copy_complete(self) -> bool: ...
     def copy_position(self) -> tuple[str, int] | None: ...
     def state_seq(self) -> int: ...
     def state_source(self) -> str | None: ...
+    def state_term(self) -> int: ...
     def in_sync(self, root: str) -> bool: ...
 
 
@@ -131,7 +137,7 @@ class Standing:
         #: our own statuses: wall-clock ``sent_at`` -> our clock at sending (for echoes)
         self._sent: dict[float, float] = {}
         #: our vote and candidacy, and when they last changed (our clock)
-        self._stance: tuple[str | None, bool] = (None, host.root_enabled)
+        self._stance: tuple[str | None, bool, int] = (None, host.root_enabled, 0)
         self.stance_at = float("-inf")
         self.ready = False
         self.not_ready_reason = "no root elected yet"
@@ -144,6 +150,8 @@ class Standing:
         self.last_root: str | None = None
         #: peers active at the last evaluation (peer_lost fires when one drops out)
         self._was_active: set[str] = set()
+        #: our term and whom we back in it (``terms.py``), kept through restarts
+        self.term = terms.load(host.term_path)
 
     @property
     def acting(self) -> bool:
@@ -230,6 +238,9 @@ class Standing:
                     state=None
                     if status.state_source is None
                     else (status.state_source, status.state_seq),
+                    state_term=status.state_term,
+                    term=status.term,
+                    term_for=status.term_for,
                 )
             )
         if self.role_root:
@@ -248,6 +259,9 @@ class Standing:
             copy=self.host.copy_position(),
             holds_state=self.host.holds_state,
             state=None if source is None else (source, self.host.state_seq()),
+            state_term=self.host.state_term(),
+            term=self.term.number,
+            term_for=self.term.backs,
         )
         return View(me, tuple(members), self.known_primaries(now), sitting, self.last_root)
 
@@ -352,19 +366,20 @@ class Standing:
         now = self.host.clock()
         view = self.view(now)
         decision = self.elect(view, now)
-        stance = (decision.vote, self.candidate)
+        self._take_term(view, decision)
+        stance = (decision.vote, self.candidate, self.term.number)
         if stance != self._stance:
             # votes for us from before this change no longer count (see echo_age)
             self._stance, self.stance_at = stance, now
             view = self.view(now)
         self.elected = decision.is_root
-        if decision.is_root and not holds_lease(view, self.lease):
+        if decision.is_root and not holds_lease(view, self.lease, self.term.number):
             decision = Decision(
                 decision.vote,
                 False,
                 decision.quorum,
-                f"lease: fewer than a quorum of primaries echoed a status of this "
-                f"server sent within {self.lease:.2f}s",
+                f"lease: fewer than a quorum of primaries backed this server in term "
+                f"{self.term.number} and echoed a status of it sent within {self.lease:.2f}s",
             )
         self.decision = decision
         self._settle_role(now)
@@ -395,6 +410,23 @@ class Standing:
             or (self._unreached is not None and self.detached is None),
         )
         return decision
+
+    def _take_term(self, view: View, decision: Decision) -> None:
+        """Claim a term when elected, else back the candidate we vote for in the term
+        it claims (``terms.py``); a new term is on disk before any status says it."""
+        me = self.host.spid
+        if decision.is_root:
+            heard = [terms.Term(m.term, m.term_for) for m in view.peers if m.voter]
+            term = terms.claim(self.term, me, heard, floor=self.host.state_term())
+        else:
+            voted = next((m for m in view.peers if m.spid == decision.vote), None)
+            claimed = voted.term if voted is not None and voted.term_for == voted.spid else None
+            term = terms.adopt(self.term, decision.vote, claimed)
+        if term != self.term:
+            terms.save(self.host.term_path, term)
+            if term.backs == me:
+                log.warning("term claimed spid=%s term=%d", me, term.number)
+            self.term = term
 
     def _settle_role(self, now: float) -> None:
         """Turn the decision into the announced role (see the module docstring)."""
@@ -482,12 +514,20 @@ class Standing:
         return f"no root: {decision.reason}"
 
     def root(self, view: View | None = None, now: float | None = None) -> str | None:
-        """The root this server recognises: itself, or an active peer that says it is."""
+        """The root this server recognises: itself, or an active peer that says it is,
+        in a term not below ours (a root of an earlier term lost its majority to a
+        later one, whatever its last status still says)."""
         if self.role_root:
             return self.host.spid
         now = self.host.clock() if now is None else now
         for peer in self.host.peers.values():
-            if peer.status is not None and peer.status.is_root and self.active(peer, now):
+            status = peer.status
+            if (
+                status is not None
+                and status.is_root
+                and status.term >= self.term.number
+                and self.active(peer, now)
+            ):
                 return peer.spid
         return None
 

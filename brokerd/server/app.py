@@ -539,6 +539,7 @@ class Server:
             on_block=self.block_publishers,
             on_flow=self._flow,
             on_detach=self._cluster_detached,
+            term_path=self.options.data_dir / "cluster" / "term.json",
         )
         options = self.options
         if options.link_ports and options.link_socket is not None:  # a host of a cluster

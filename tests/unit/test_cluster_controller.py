@@ -54,7 +54,8 @@ def status(ctl: ClusterController, conn_id: int, spid: str, start: float, **kw: 
     """Deliver a status; a peer heard for the first time counts as settled (as if it
     had been heard for a while), so tests can focus on votes. Unless ``echo`` is
     given, the peer echoes a status the controller sends just now (it heard us)."""
-    if "echo" not in kw:
+    explicit_echo = "echo" in kw
+    if not explicit_echo:
         kw["echo"] = {ctl.spid: (ctl.status_message().sent_at, 0.0)}
     fields = {
         "type": "primary",
@@ -72,6 +73,17 @@ def status(ctl: ClusterController, conn_id: int, spid: str, start: float, **kw: 
     if peer.active_since == ctl.clock():
         peer.active_since -= CONFIG.heartbeat_timeout
         ctl.evaluate()
+    term = ctl.standing.term
+    if kw.get("vote") == ctl.spid and "term" not in kw and term.backs == ctl.spid:
+        # it votes for us and hears the term we claimed: it backs us in it, and says so
+        back = {**kw, "term": term.number, "term_for": ctl.spid}
+        if not explicit_echo:
+            back["echo"] = {ctl.spid: (ctl.status_message().sent_at, 0.0)}
+        if peer.status is None or (peer.status.term, peer.status.term_for) != (
+            term.number,
+            ctl.spid,
+        ):
+            status(ctl, conn_id, spid, start, **back)
 
 
 def test_most_senior_becomes_root_once_every_active_primary_votes_for_it() -> None:
@@ -104,10 +116,11 @@ def test_a_stalled_server_abstains_before_voting_again() -> None:
     clock.now += 5 * CONFIG.heartbeat_timeout  # SIGSTOP: nothing ran for a while
     ctl.evaluate()
     assert ctl.decision.vote is None and not ctl.decision.is_root
+    taken = {"term": ctl.standing.term.number + 1, "term_for": "s2"}  # in a later term
     for _ in range(5):  # s2 took over meanwhile; heartbeats go on
-        status(ctl, 11, "s2", 2.0, vote="s2", is_root=True)
+        status(ctl, 11, "s2", 2.0, vote="s2", is_root=True, **taken)
         clock.now += CONFIG.heartbeat_interval
-    status(ctl, 11, "s2", 2.0, vote="s2", is_root=True)
+    status(ctl, 11, "s2", 2.0, vote="s2", is_root=True, **taken)
     assert ctl.decision.vote == "s2" and ctl.root() == "s2"  # follows, does not steal
 
 
@@ -261,7 +274,10 @@ def test_names_that_led_to_the_same_server_count_once_in_the_quorum() -> None:
     status(ctl, 11, "s2", 2.0, vote="s1")
     ctl.peers["s2"].aliases |= {"h2:2", "h2-alias:2"}
     assert ctl.known_primaries(clock.now) == 3
-    # with s1 and s2 active, 2 of 3 servers is a quorum (it would not be 2 of 5)
+    # with s1 and s2 active, 2 of 3 servers is a quorum (it would not be 2 of 5): s1
+    # claims a term, s2 backs it there
+    ctl.evaluate()
+    status(ctl, 11, "s2", 2.0, vote="s1")
     assert ctl.evaluate().is_root
     # a name claimed by two live servers is ambiguous and merges nothing
     link_from(ctl, 12, "s3", 3.0)
@@ -353,3 +369,20 @@ def test_the_root_keeps_its_quorum_while_one_restarted_sibling_joins() -> None:
     ctl.standing.current_root = None
     link_from(ctl, 32, "s6", 6.0, callback=sockets[1])
     assert ctl.known_primaries(clock.now) == 2
+
+
+def test_a_root_of_an_earlier_term_is_not_recognised_from_its_stale_status() -> None:
+    """The livelock's second half (tests/unit/test_election_livelock.py): a server that
+    backed a later term took an earlier root's last status, still saying root, for a
+    root again, and applied its entries. A root's term must not be below ours."""
+    ctl, _clock = make("s1", 1.0)
+    link_from(ctl, 11, "s2", 2.0)
+    link_from(ctl, 12, "s3", 3.0)
+    log = {"state_source": "s3", "state_seq": 10, "state_term": 5}  # the log ranking first
+    status(ctl, 12, "s3", 3.0, vote="s3", term=5, term_for="s3", **log)
+    status(ctl, 11, "s2", 2.0, vote="s3", term=5, term_for="s3")
+    assert ctl.decision.vote == "s3" and ctl.standing.term.number == 5  # it backs s3 in 5
+    status(ctl, 11, "s2", 2.0, vote="s2", is_root=True, term=4, term_for="s2")
+    assert ctl.root() is None
+    status(ctl, 12, "s3", 3.0, vote="s3", is_root=True, term=5, term_for="s3", **log)
+    assert ctl.root() == "s3"

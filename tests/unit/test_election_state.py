@@ -26,12 +26,16 @@ def test_the_seed_94_cut_primary_does_not_win_on_its_copy() -> None:
         assert choose(View(me, (peer,), 3, current_root=None, last_root=ROOT)) == "c9b39"
 
 
-def test_only_the_last_roots_log_compares() -> None:
-    other_log = Member("s1", start_time=0.5, state=("old-root", 500))
+def test_logs_rank_by_their_roots_term_then_their_place() -> None:
+    # a longer log of an earlier root's term ranks below a shorter one of a later term
+    other_log = Member("s1", start_time=0.5, state=("old-root", 500), state_term=1)
     unsynced = Member("s2", start_time=1.0, state=None)
-    behind = Member("s3", start_time=3.0, state=(ROOT, 4))
-    assert state_rank(other_log, ROOT) == state_rank(unsynced, ROOT) == -1
-    assert choose(View(other_log, (unsynced, behind), 3, last_root=ROOT)) == "s3"
+    behind = Member("s3", start_time=3.0, state=(ROOT, 4), state_term=2)
+    assert state_rank(unsynced) < state_rank(other_log) < state_rank(behind)
+    assert choose(View(other_log, (unsynced, behind), 3)) == "s3"
+    # whatever root each server remembers last
+    for last in (None, "old-root", ROOT):
+        assert choose(View(unsynced, (other_log, behind), 3, last_root=last)) == "s3"
     # the sitting root stays the choice, whatever its log
     assert choose(View(other_log, (behind,), 3, current_root="s1", last_root=ROOT)) == "s1"
     # after a whole-cluster restart nobody follows a root: the log decides nothing
@@ -72,12 +76,14 @@ def test_a_restarted_server_votes_for_the_peer_holding_the_live_log() -> None:
     """CI found the split vote: after the root and one primary were killed, the
     root came back (no root followed yet, its disk's wiring recovered) and voted
     for itself on ``holds_state``, while the surviving primary voted for itself on
-    its log of the dead root's entries. Neither ever had every vote. The restarted
-    one now ranks logs by the root its peers' logs follow."""
+    its log of the dead root's entries. Neither ever had every vote. Logs rank by
+    their terms, alike everywhere."""
     back = Member("s0", start_time=5.0, syncing=True, holds_state=True, state=None)
-    survivor = Member("s2", start_time=2.0, syncing=True, holds_state=False, state=(ROOT, 7))
+    survivor = Member(
+        "s2", start_time=2.0, syncing=True, holds_state=False, state=(ROOT, 7), state_term=2
+    )
     assert choose(View(back, (survivor,), 3, last_root=None)) == "s2"
     assert choose(View(survivor, (back,), 3, last_root=ROOT)) == "s2"
-    # two peers on two roots' logs: the furthest log's root is the one compared
-    other = Member("s3", start_time=1.0, state=("older-root", 3))
+    # two peers on two roots' logs: the later root's term ranks first
+    other = Member("s3", start_time=1.0, state=("older-root", 9), state_term=1)
     assert choose(View(back, (survivor, other), 4, last_root=None)) == "s2"

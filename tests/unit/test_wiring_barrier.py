@@ -29,12 +29,16 @@ class Members:
         self.wire = wire
         self.config = SimpleNamespace(vhost="/", open_timeout=10.0, heartbeat_timeout=3.0)
         self.is_root = spid == "root"
+        self.standing = SimpleNamespace(term=SimpleNamespace(number=1))  # the root's term
 
     def root_now(self) -> bool:
         return self.is_root
 
     def root(self) -> str:
         return "root"
+
+    def term_of(self, spid: str) -> int:
+        return 1
 
     def clock(self) -> float:
         return 0.0
@@ -58,7 +62,7 @@ def pair() -> tuple[WiringReplication, WiringReplication, deque[tuple[str, str, 
     root = WiringReplication(Members("root", wire), None, None)  # type: ignore[arg-type]
     follower = WiringReplication(Members("follower", wire), None, None)  # type: ignore[arg-type]
     root.became_root()
-    follower.synced_root = "root"
+    follower.synced_root, follower.synced_term = "root", 1
     return root, follower, wire
 
 

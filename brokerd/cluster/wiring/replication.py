@@ -84,7 +84,10 @@ class WiringReplication:
         self.log: list[Entry] = []
         self.last_seq = 0
         self.synced_root: str | None = None
-        self._sync_asked: tuple[str, float] | None = None
+        #: the root's term when this server synced with it (``terms.py``): entries of
+        #: another term are not its log's, and its log ranks by this term
+        self.synced_term = 0
+        self._sync_asked: tuple[str, int, float] | None = None
         self.pending: dict[str, PendingChange] = {}
         self._request_seq = 0
         self._compacted_size = 0
@@ -190,7 +193,7 @@ class WiringReplication:
         if self.members.root_now():
             return False
         root = self.members.root()
-        if root is None or not self.in_sync(root):
+        if root is None or not self.in_sync(root, self.members.term_of(root)):
             return False
         barrier = Entry(0, sl.BARRIER, self.members.config.vhost, origin=self.spid)
         self._request(barrier, lambda _error, _result: resume())
@@ -371,7 +374,12 @@ class WiringReplication:
             vhost = self._vhost()
             if vhost is not None:  # the channel declared it here first: its owner now
                 rep.apply_placement(vhost, ordered)
-        header = {**rep.entry_header(ordered), "request": request, "result": result}
+        header = {
+            **rep.entry_header(ordered),
+            "request": request,
+            "result": result,
+            "term": self._term(),
+        }
         if ack:
             header["ack"] = True
         self.members._send_all(STATE, rep.encode_bucket(header, [ordered.frame]))
@@ -442,6 +450,14 @@ class WiringReplication:
     def _on_state(self, spid: str, header: dict[str, Any], frames: list[bytes]) -> None:
         if spid != self.members.root() or self.synced_root != spid:
             return  # only the root's stream counts, once synced with it
+        term = int(header.get("term", self.synced_term))
+        if term != self.synced_term:
+            if term > self.synced_term:  # the root acts in a later term: its log anew
+                log.warning("state of term=%d, synced in term=%d: resync", term, self.synced_term)
+                self.synced_root = None
+                self._sync_asked = None
+                self.members.evaluate()
+            return
         entry = rep.entry_from_header(header, frames[0] if frames else b"")
         if entry.seq <= self.last_seq:
             return
@@ -524,6 +540,7 @@ class WiringReplication:
     def became_root(self) -> None:
         self.acks.release()  # followers of an earlier tenure sync again first
         self.synced_root = self.spid  # a new root's own log is the cluster state
+        self.synced_term = self._term()
         if not self.log and self.last_seq == 0:
             self._seed_from_model()
 
@@ -545,20 +562,26 @@ class WiringReplication:
         if methods:
             log.warning("root seeded its state log with %d recovered wiring entries", len(methods))
 
-    def in_sync(self, root: str) -> bool:
-        return self.synced_root == root
+    def _term(self) -> int:
+        """This server's term (the one it orders under while it is root)."""
+        return self.members.standing.term.number
 
-    def want_sync(self, root: str) -> None:
+    def in_sync(self, root: str, term: int) -> bool:
+        """Holds ``root``'s log as of its ``term`` (a root acting again in a later term
+        may have followed another root meanwhile: its log is taken again)."""
+        return self.synced_root == root and (root == self.spid or self.synced_term == term)
+
+    def want_sync(self, root: str, term: int = 0) -> None:
         now = self.members.clock()
         if (
             self._sync_asked is not None
-            and self._sync_asked[0] == root
-            and (now - self._sync_asked[1] < self.members.config.heartbeat_timeout)
+            and self._sync_asked[:2] == (root, term)
+            and (now - self._sync_asked[2] < self.members.config.heartbeat_timeout)
         ):
             return
         if self.members.post(root, SYNC_REQUEST, rep.encode_bucket({}, [])):
-            self._sync_asked = (root, now)
-            log.info("sync requested root=%s", root)
+            self._sync_asked = (root, term, now)
+            log.info("sync requested root=%s term=%d", root, term)
 
     def _on_sync_request(self, spid: str) -> None:
         if not self.members.root_now():
@@ -566,7 +589,11 @@ class WiringReplication:
             return
         self.log = compact(self.log)
         self._compacted_size = len(self.log)
-        header = {"seq": self.last_seq, "entries": [rep.entry_header(e) for e in self.log]}
+        header = {
+            "seq": self.last_seq,
+            "term": self._term(),
+            "entries": [rep.entry_header(e) for e in self.log],
+        }
         frames = [e.frame for e in self.log]
         if self.members.post(spid, SYNC, rep.encode_bucket(header, frames)):
             self.acks.follow(spid)
@@ -589,8 +616,15 @@ class WiringReplication:
         self._compacted_size = len(entries)
         self.last_seq = int(header.get("seq", 0))
         self.synced_root = spid
+        self.synced_term = int(header.get("term", 0))
         self._claimed = 0
-        log.warning("sync done root=%s entries=%d seq=%d", spid, len(entries), self.last_seq)
+        log.warning(
+            "sync done root=%s term=%d entries=%d seq=%d",
+            spid,
+            self.synced_term,
+            len(entries),
+            self.last_seq,
+        )
         self._announce_private(replay(entries))
         for request in list(self.pending):
             self.pending[request].sent_to = None  # resend to this root
