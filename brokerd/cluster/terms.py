@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+
 @dataclass(frozen=True)
 class Term:
     """A server's term and whom it backs in it (None: nobody yet)."""
@@ -63,9 +64,13 @@ def claim(own: Term, me: str, heard: Iterable[Term], floor: int = 0) -> Term:
     server it hears is past it or backs another in it; else one above every term
     it hears, its own, and ``floor`` (the term of the log it holds)."""
     heard = list(heard)
-    if own.claimed_by(me) and own.number >= floor and all(
-        t.number < own.number or (t.number == own.number and t.backs in (None, me))
-        for t in heard
+    if (
+        own.claimed_by(me)
+        and own.number >= floor
+        and all(
+            t.number < own.number or (t.number == own.number and t.backs in (None, me))
+            for t in heard
+        )
     ):
         return own
     top = max([own.number, floor, *(t.number for t in heard)])

@@ -86,7 +86,7 @@ class Server:
 class Heard:
     """What one server last heard of another."""
 
-    term: Term = Term()
+    term: Term = field(default_factory=Term)
     place: tuple[int, int] = (-1, -1)
     acting: bool = False
 
