@@ -77,6 +77,7 @@ class Queue(QueueExpiry):
         "_checked", "_dead_letter_refused", "_head_pos", "_paged_bytes", "_positions",
         "_redelivered", "_returned", "_rr", "arguments", "auto_delete", "bindings", "bytes",
         "consumers", "dead_letter_exchange", "dead_letter_routing_key", "dead_letters", "deleted",
+        "delivering",
         "durable", "exclusive_owner", "face", "had_consumers", "max_length", "max_length_bytes",
         "messages", "name", "on_unused", "page_limit", "reject_publish", "stats_corrupt",
         "stats_dead_lettered", "stats_dropped", "stats_expired", "stats_in", "stats_out", "store",
@@ -125,6 +126,9 @@ class Queue(QueueExpiry):
         self.consumers: list[ConsumerSink] = []
         self.bindings: dict[tuple[Any, ...], Any] = {}
         self.had_consumers = False
+        #: offers messages to its consumers (False: a queue being handed to another
+        #: server delivers nothing, whatever frees a consumer's credit meanwhile)
+        self.delivering = True
         self.deleted = False
         self._rr = 0
         self.max_length: int | None = self.arguments.get("x-max-length")
@@ -190,7 +194,7 @@ class Queue(QueueExpiry):
         publish (``waiter``) until the store has a persistent message on disk."""
         self.stats_in += 1
         store = self.store
-        if self.consumers and not self.messages and not self._returned:
+        if self.consumers and self.delivering and not self.messages and not self._returned:
             consumer = self._next_ready(message)
             if consumer is not None:
                 if not consumer.no_ack:  # a position for a requeue (none can come back)
@@ -470,6 +474,8 @@ class Queue(QueueExpiry):
 
     def dispatch(self) -> None:
         """Hand queued messages to ready consumers until one side runs out."""
+        if not self.delivering:
+            return
         messages = self.messages
         returned = self._returned
         deadlines = self._deadlines

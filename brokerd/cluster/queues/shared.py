@@ -411,6 +411,9 @@ class SharedQueue:
             services.handovers.started(self)
         elif was_moving is not None:
             self._moved()
+        # an owner handing the queue over delivers nothing, not even when an ack or a
+        # credit frees a consumer (the model queue dispatches on those by itself)
+        self.inner.delivering = not (self.local and self.moving is not None)
         services.placements_changed()
         services.orphans.send()  # publishes kept for its next owner
 
@@ -418,6 +421,7 @@ class SharedQueue:
         """The move is over (the target owns the queue, or the root called it off):
         what waited for it goes on, wherever the queue is now."""
         self.frozen = False
+        self.inner.delivering = True
         self.services.handovers.ended(self)
         deferred, self.deferred = self.deferred, []
         for call in deferred:
