@@ -114,6 +114,10 @@ class Report:
     #: what clients felt: outages per fault kind, and how long a cut-off server still
     #: confirmed (``timing.py``; measured, never must-be-zero)
     timing: Timing = field(default_factory=Timing)
+    #: pairs of servers whose terms as root overlapped (their own logs, to the ms)
+    two_roots: int = 0
+    #: a queue's owner that confirmed after its successor had (``owners.py``)
+    two_owners: list[str] = field(default_factory=list)
 
     @property
     def order_violation_total(self) -> int:
@@ -125,6 +129,8 @@ class Report:
             "unflagged_duplicates": self.unflagged_duplicates,
             "order_violations": self.order_violation_total,
             "unknown": self.unknown,
+            "two_roots": self.two_roots,
+            "two_owners_confirming": len(self.two_owners),
         }
 
     def ok(self) -> bool:
@@ -169,6 +175,8 @@ class Report:
         for name, items in self.examples.items():
             if items:
                 lines.append(f"{name}: " + "; ".join(items))
+        if self.two_owners:
+            lines.append("two owners confirming: " + "; ".join(self.two_owners[:5]))
         lines.append("OK" if self.ok() else "NOT OK")
         return "\n".join(lines)
 
@@ -193,6 +201,8 @@ class Report:
 def check(history: History) -> Report:
     """Everything the report says, from the history alone."""
     report = Report(drained=history.drained)
+    report.two_roots = int(history.meta.get("root_overlaps", 0))
+    report.two_owners = list(history.meta.get("owner_overlaps", []))
     published: dict[tuple[str, int], Publish] = {}
     for p in history.publishes:
         published[(p.publisher, p.seq)] = p

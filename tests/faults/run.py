@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.cluster_harness import INTERVAL, TIMEOUT, Cluster
+from tests.faults import owners
 from tests.faults.checker import Report, check
 from tests.faults.history import History, Recorder
 from tests.faults.nemesis import KINDS, Nemesis, schedule
@@ -85,6 +86,15 @@ class Outcome:
     def crashes(self) -> list[dict[str, float | int | None]]:
         """Servers that exited without being killed (must be none)."""
         return list(self.history.meta.get("crashes", []))
+
+
+def owner_overlaps(cluster: Cluster) -> list[owners.Overlap]:
+    """Owners that confirmed after their successor began to (``owners.py``)."""
+    found = []
+    for node in cluster.nodes:
+        if node.process is not None:
+            found += owners.marks(f"[{node.index}]", node.process.log_text())
+    return owners.overlaps(found)
 
 
 def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Outcome:
@@ -199,6 +209,7 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
         history.meta["client_errors"] = {c.name: dict(c.errors) for c in clients}
         history.meta["slowest_confirm"] = max((p.slowest for p in publishers), default=0.0)
         history.meta["root_overlaps"] = len(cluster.root_overlaps())
+        history.meta["owner_overlaps"] = [str(o) for o in owner_overlaps(cluster)]
         history.meta["crashes"] = nemesis.crashes if nemesis is not None else []
         describe = describe or cluster.describe()
         cluster.close()

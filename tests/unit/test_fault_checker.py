@@ -57,6 +57,8 @@ def test_a_clean_history_is_ok() -> None:
         "unflagged_duplicates": 0,
         "order_violations": 0,
         "unknown": 0,
+        "two_roots": 0,
+        "two_owners_confirming": 0,
     }
 
 
@@ -264,3 +266,14 @@ def test_a_publish_whose_connection_failed_may_come_after_the_next_connections()
     assert report.examples["order_violations"] == ["c0/1 got p0:4 after p0:5"]
     assert report.unknown_late == 1
     assert "1 of those after the next connection's" in report.format()
+
+
+def test_two_roots_or_two_owners_confirming_are_not_ok() -> None:
+    h = history([pub("p0", 1)], [got("p0", 1)])
+    h.meta["root_overlaps"] = 1
+    assert not check(h).ok()
+    h.meta["root_overlaps"] = 0
+    h.meta["owner_overlaps"] = ["q: epoch 1 on [0] confirmed 40 ms after epoch 2 on [1] had"]
+    report = check(h)
+    assert not report.ok() and report.must_be_zero()["two_owners_confirming"] == 1
+    assert "two owners confirming: q: epoch 1" in report.format()

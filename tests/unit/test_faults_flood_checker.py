@@ -78,6 +78,8 @@ def test_flood_messages_delivered_once_are_fine_and_leave_confirmed_figures_alon
         "unflagged_duplicates": 0,
         "order_violations": 0,
         "unknown": 0,
+        "two_roots": 0,
+        "two_owners_confirming": 0,
     }
     assert (report.publishes, report.confirmed, report.not_confirmed) == (1, 1, {})
     assert (report.deliveries, report.received, report.received_unconfirmed) == (1, 1, 0)

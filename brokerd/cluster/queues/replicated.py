@@ -15,6 +15,7 @@ from typing import Any
 
 from brokerd.cluster.queues.replication.copies import QueueCopy
 from brokerd.cluster.queues.replication.entry import Entry
+from brokerd.cluster.queues.replication.marks import ConfirmMarks
 from brokerd.cluster.queues.replication.store import ReplicatingStore
 from brokerd.cluster.queues.shared import SharedQueue
 from brokerd.model.interfaces import PublishWaiter
@@ -58,7 +59,9 @@ class ReplicatedQueue(SharedQueue):
         """Its store numbers on from the copy and replicates every event; the replicas
         are reset to this server's copy."""
         stream = self.services.stream
-        store = ReplicatingStore(self.name, stream, self.journal_store, entries)
+        owning = self.epoch  # the placement it owns by: a later one is its successor's
+        marks = ConfirmMarks(self.name, owning) if ConfirmMarks.enabled() else None
+        store = ReplicatingStore(self.name, stream, self.journal_store, entries, marks)
         if copy is not None:
             store.next_mid = max(store.next_mid, copy.top + 1)
         self.replicated = store

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.plane import records as rec
 from brokerd.cluster.queues.replication.entry import Entry
+from brokerd.cluster.queues.replication.marks import ConfirmMarks
 from brokerd.model.message import Message
 from brokerd.model.storage import CorruptMessage, Paged
 from brokerd.wire.codec import delivery_mode
@@ -33,8 +34,11 @@ class ReplicatingStore:
         stream: Stream,
         local: JournalQueueStore | None,
         entries: dict[int, Entry] | None = None,
+        marks: ConfirmMarks | None = None,
     ) -> None:
         self.name = name
+        #: confirm marks for the fault harness's two-owner check (None: not logged)
+        self.marks = marks
         self.stream = stream
         self.local = local
         #: mid -> entry, in mid order (dicts keep insertion order; mids only grow)
@@ -63,7 +67,10 @@ class ReplicatingStore:
             self.local.enqueued(message, waiter, jid=mid, redelivered=redelivered)
         seq = self.stream.emit(rec.R_ENQUEUE, self.name, mid, message, entry.flags)
         if seq and waiter is not None:
-            self.stream.wait(seq, waiter.defer(), self.stream.group_of(self.name))
+            done = waiter.defer()
+            if self.marks is not None:
+                done = self.marks.wrap(done)
+            self.stream.wait(seq, done, self.stream.group_of(self.name))
         elif seq:
             self.stream.tail.append((seq, self.name, message))
 

@@ -1,0 +1,40 @@
+"""The two-owner check of the fault harness (tests/faults/owners.py)."""
+
+from __future__ import annotations
+
+from tests.faults.owners import Mark, marks, overlaps
+
+LOG = """\
+2026-11-29 10:00:00,000 INFO brokerd.cluster.confirms: confirms queue=q epoch=2
+2026-11-29 10:00:00,500 WARNING brokerd.cluster: root taken spid=x reason=root
+2026-11-29 10:00:01,020 INFO worker-1 brokerd.cluster.confirms: confirms queue=q epoch=3
+"""
+
+
+def test_marks_are_read_with_their_time_queue_and_epoch() -> None:
+    read = marks("n0", LOG)
+    assert [(m.queue, m.epoch, m.server) for m in read] == [("q", 2, "n0"), ("q", 3, "n0")]
+    assert round(read[1].at - read[0].at, 3) == 1.02
+
+
+def test_owners_in_turn_do_not_overlap() -> None:
+    turn = [Mark(1.0, "q", 1, "a"), Mark(1.5, "q", 1, "a"), Mark(2.0, "q", 2, "b")]
+    assert overlaps([*turn, Mark(1.2, "other", 7, "c"), Mark(1.9, "other", 7, "c")]) == []
+    # the same instant (ms timestamps) is not an overlap
+    assert overlaps([Mark(2.0, "q", 2, "b"), Mark(2.0, "q", 1, "a")]) == []
+
+
+def test_an_old_owner_confirming_after_its_successor_is_found() -> None:
+    found = overlaps(
+        [
+            Mark(1.0, "q", 1, "a"),
+            Mark(2.0, "q", 2, "b"),
+            Mark(2.3, "q", 1, "a"),
+            Mark(2.5, "q", 1, "a"),
+            Mark(2.6, "q", 2, "b"),
+        ]
+    )
+    assert len(found) == 1
+    [overlap] = found
+    assert (overlap.early.epoch, overlap.late.epoch, overlap.late.at) == (2, 1, 2.5)
+    assert round(overlap.seconds, 3) == 0.5 and "epoch 1 on a" in str(overlap)
