@@ -96,3 +96,25 @@ def test_a_root_or_a_server_following_none_does_not_wait() -> None:
     other = SimpleNamespace(vhost=SimpleNamespace(name="other"))
     follower.synced_root = "root"
     assert not follower.catch_up(other, lambda: None)  # type: ignore[arg-type]
+
+
+def test_a_follower_takes_entries_of_the_term_it_synced_in_only() -> None:
+    """Entries of another term are not its log's: a root acting again in a later term
+    may have followed another root meanwhile (its log replaced); one of an earlier
+    term is a root that lost its majority. A later term means syncing again."""
+    root, follower, wire = pair()
+    servers = {"root": root, "follower": follower}
+    method = commands.Exchange.Declare(exchange="x", exchange_type="fanout")
+    method.raw_payload = None
+    root._order(rep.entry_for(method, "/", origin="root"), None)
+    deliver(servers, wire)
+    assert follower.last_seq == 1 and follower.synced_root == "root"
+    assert follower.in_sync("root", 1) and not follower.in_sync("root", 2)
+    for term, resync in ((0, False), (2, True)):
+        root.members.standing.term.number = term  # type: ignore[attr-defined]
+        method = commands.Exchange.Declare(exchange=f"y{term}", exchange_type="fanout")
+        method.raw_payload = None
+        root._order(rep.entry_for(method, "/", origin="root"), None)
+        deliver(servers, wire)
+        assert follower.last_seq == 1, term  # not applied
+        assert (follower.synced_root is None) is resync, term
