@@ -9,6 +9,9 @@
   cut that server still confirmed publishes: its clients stay connected to it
   (bar ``unplug``), and it must stop once it cannot reach a majority, within
   its lease.
+- **Stop delivering**: the same for deliveries to its consumers: an owner cut
+  off delivers only what its replicas acked (the replication gate), and the
+  queues it owned are soon another server's.
 
 Both are measurements, not pass or fail; the checker's counts stay the verdict.
 """
@@ -34,11 +37,14 @@ class Timing:
     #: per fault kind: per fault, seconds from the cut to the cut-off server's last confirm
     #: (0.0: it confirmed nothing after the cut)
     stop_confirming: dict[str, list[float]] = field(default_factory=dict)
+    #: the same for its last delivery to a consumer connected to it
+    stop_delivering: dict[str, list[float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, dict[str, float]]:
         return {
             "outage": {k: summary(v) for k, v in self.outages.items()},  # type: ignore[dict-item]
             "stop_confirming": {k: summary(v) for k, v in self.stop_confirming.items()},  # type: ignore[dict-item]
+            "stop_delivering": {k: summary(v) for k, v in self.stop_delivering.items()},  # type: ignore[dict-item]
         }
 
     def lines(self) -> list[str]:
@@ -48,10 +54,15 @@ class Timing:
             out.append(
                 f"{kind:<22}{int(s['n']):>6}{s['median']:>8.2f}s{s['p99']:>7.2f}s{s['max']:>7.2f}s"
             )
-        if self.stop_confirming:
-            out.append(f"{'cut-off server confirms':<22}{'n':>6}{'median':>9}{'p99':>8}{'max':>8}")
-            for kind in sorted(self.stop_confirming):
-                s = summary(self.stop_confirming[kind])
+        for title, values in (
+            ("cut-off server confirms", self.stop_confirming),
+            ("cut-off server delivers", self.stop_delivering),
+        ):
+            if not values:
+                continue
+            out.append(f"{title:<22}{'n':>6}{'median':>9}{'p99':>8}{'max':>8}")
+            for kind in sorted(values):
+                s = summary(values[kind])
                 out.append(
                     f"{kind:<22}{int(s['n']):>6}{s['median']:>8.2f}s"
                     f"{s['p99']:>7.2f}s{s['max']:>7.2f}s"
@@ -87,8 +98,12 @@ def measure(history: History) -> Timing:
             if gap is not None:
                 timing.outages.setdefault(fault.kind, []).append(gap)
         if fault.kind in CUT_OFF:
-            late = _last_confirm_after(fault, acks.values())
-            timing.stop_confirming.setdefault(fault.kind, []).append(late)
+            confirms = (
+                p.done for confirmed in acks.values() for p in confirmed if p.server == fault.target
+            )
+            timing.stop_confirming.setdefault(fault.kind, []).append(_last_after(fault, confirms))
+            handed = (d.at for d in history.deliveries if d.server == fault.target)
+            timing.stop_delivering.setdefault(fault.kind, []).append(_last_after(fault, handed))
     return timing
 
 
@@ -104,13 +119,8 @@ def _longest_gap(times: list[float], start: float, end: float) -> float | None:
     return max(b - a for a, b in itertools.pairwise(points))
 
 
-def _last_confirm_after(fault: Fault, acks: Iterable[list[Publish]]) -> float:
-    """Seconds from the cut to the last confirm the cut-off server gave while it was
-    cut off (0.0: none)."""
+def _last_after(fault: Fault, times: Iterable[float]) -> float:
+    """Seconds from the cut to the cut-off server's last confirm or delivery while it
+    was cut off (0.0: none)."""
     end = fault.end or fault.start
-    last = 0.0
-    for confirmed in acks:
-        for p in confirmed:
-            if p.server == fault.target and fault.start < p.done <= end:
-                last = max(last, p.done - fault.start)
-    return last
+    return max((t - fault.start for t in times if fault.start < t <= end), default=0.0)

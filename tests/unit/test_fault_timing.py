@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from tests.faults.history import ACK, UNKNOWN, Fault, History, Publish
+from tests.faults.history import ACK, UNKNOWN, Delivery, Fault, History, Publish
 from tests.faults.timing import measure, summary
 
 
@@ -38,6 +38,20 @@ def test_a_cut_off_server_confirming_late_is_measured_from_the_cut() -> None:
     assert math.isclose(timing.stop_confirming["isolate"][0], 0.4)
     assert timing.stop_confirming["unplug"] == [0.0]  # nothing after its cut
     assert "cut-off server confirms" in "\n".join(timing.lines())
+
+
+def test_a_cut_off_server_delivering_late_is_measured_from_the_cut() -> None:
+    history = History(
+        deliveries=[
+            Delivery("c0", 1, 0, "p0", 1, False, 3.25),  # server 0, 0.25 s after its cut
+            Delivery("c1", 1, 1, "p0", 2, False, 3.9),  # another server
+            Delivery("c0", 2, 0, "p0", 3, False, 7.0),  # after the heal
+        ],
+        faults=[Fault("split", 0, "root", 3.0, end=6.0, recovered=6.5)],
+    )
+    timing = measure(history)
+    assert math.isclose(timing.stop_delivering["split"][0], 0.25)
+    assert "cut-off server delivers" in "\n".join(timing.lines())
 
 
 def test_summary_of_nothing_is_not_a_number() -> None:
