@@ -9,9 +9,12 @@
   cut that server still confirmed publishes: its clients stay connected to it
   (bar ``unplug``), and it must stop once it cannot reach a majority, within
   its lease.
-- **Stop delivering**: the same for deliveries to its consumers: an owner cut
-  off delivers only what its replicas acked (the replication gate), and the
-  queues it owned are soon another server's.
+- **Stop delivering**: the same for deliveries to its consumers, as the
+  consumers handled them: an upper bound, since a consumer handles what its
+  prefetch buffer held after the server sent it (at the workload's consume
+  rate, up to a second or so later). An owner cut off sends only what its
+  replicas acked (the replication gate), and its queues are soon another
+  server's.
 
 Both are measurements, not pass or fail; the checker's counts stay the verdict.
 """
