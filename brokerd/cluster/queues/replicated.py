@@ -59,8 +59,9 @@ class ReplicatedQueue(SharedQueue):
         """Its store numbers on from the copy and replicates every event; the replicas
         are reset to this server's copy."""
         stream = self.services.stream
-        owning = self.epoch  # the placement it owns by: a later one is its successor's
-        marks = ConfirmMarks(self.name, owning) if ConfirmMarks.enabled() else None
+        marks = None
+        if ConfirmMarks.enabled():  # a fault drill's server: the placement it owns by
+            marks = ConfirmMarks(self.name, self.epoch, self.services.members.state_term())
         store = ReplicatingStore(self.name, stream, self.journal_store, entries, marks)
         if copy is not None:
             store.next_mid = max(store.next_mid, copy.top + 1)
@@ -75,6 +76,10 @@ class ReplicatedQueue(SharedQueue):
         store, self.replicated = self.replicated, None
         if store is None:
             return copy
+        if store.marks is not None:
+            # what it held unconfirmed goes on to the next owner, whose confirm completes
+            # the same publish: that one is not this owner's to mark
+            store.marks.retire()
         # what no quorum of its group holds yet, before the stream forgets the group
         services.orphans.adopt(services.stream.unreplicated(self.name, store))
         services.stream.disown(self.name)

@@ -4,7 +4,7 @@ A queue must never have two owners that both confirm: a confirm from an owner
 that another server has already replaced is one the new owner may not hold.
 The fault harness checks this from the servers' own logs
 (``tests/faults/owners.py``): per queue, the marks must come in the order of
-the owners' epochs. A mark is written at most every ``MARK_EVERY`` seconds per
+the owners' (term, epoch). A mark is written at most every ``MARK_EVERY`` seconds per
 queue, on the ``brokerd.cluster.confirms`` logger, which only servers started
 with ``--enable-fault-injection`` log at INFO (others: nothing, and the
 publish path pays one attribute test).
@@ -25,14 +25,19 @@ MARK_EVERY = 0.02
 
 
 class ConfirmMarks:
-    """The marks of one queue on its owner, which owns it by placement ``epoch`` (the
-    one it took the queue at: marks of a later owner carry a later one)."""
+    """The marks of one queue on its owner, which took it at placement ``epoch`` of the
+    state log of term ``term`` (``terms.py``). Epochs grow along one log, and a log
+    seeded anew (a whole-cluster restart) has a later term, so a later owner's
+    marks carry a later (term, epoch)."""
 
-    __slots__ = ("_last", "epoch", "queue")
+    __slots__ = ("_last", "epoch", "queue", "retired", "term")
 
-    def __init__(self, queue: str, epoch: int) -> None:
+    def __init__(self, queue: str, epoch: int, term: int) -> None:
         self.queue = queue
         self.epoch = epoch
+        self.term = term
+        #: the owner let the queue go: confirms still to come are the next owner's
+        self.retired = False
         self._last = float("-inf")
 
     @staticmethod
@@ -49,8 +54,13 @@ class ConfirmMarks:
 
         return marked
 
+    def retire(self) -> None:
+        self.retired = True
+
     def confirmed(self) -> None:
+        if self.retired:
+            return
         now = time.monotonic()
         if now - self._last >= MARK_EVERY:
             self._last = now
-            log.info("confirms queue=%s epoch=%d", self.queue, self.epoch)
+            log.info("confirms queue=%s term=%d epoch=%d", self.queue, self.term, self.epoch)
