@@ -67,6 +67,10 @@ class Members:
     def clock(self) -> float:
         return self.now
 
+    def state_term(self) -> int:
+        """The term of the state log followed (one log here: the net's placements)."""
+        return 1
+
     @property
     def current_root(self) -> str | None:
         return self.net.root
