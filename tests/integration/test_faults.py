@@ -112,9 +112,8 @@ def test_nothing_delivered_that_was_not_published(outcome: Outcome) -> None:
 def test_no_confirmed_message_is_lost(outcome: Outcome) -> None:
     if outcome.report.lost and outcome.history.meta["config"].get("netbed"):
         # known and open (issue 41): on the network bed a confirmed message is lost now
-        # and then (1 in about 4 runs of this seed in the session that found it, with no
-        # second owner confirming); reported as an expected failure, with the report,
-        # until it is found and fixed
+        # and then (2 runs of this seed in 7 in the session that found it); reported
+        # as an expected failure, with the report, until it is found and fixed
         pytest.xfail(f"known loss on the network bed (issue 41)\n{context(outcome)}")
     assert outcome.report.lost == 0, context(outcome)
 
