@@ -179,11 +179,8 @@ def state_rank(member: Member) -> tuple[int, int]:
 def leading_log(view: View) -> str | None:
     """The root whose log ranks first among the members (None: nobody follows one,
     as after a whole-cluster restart): the stream the copies are compared along."""
-    synced = [m for m in view.members() if m.state is not None]
-    if not synced:
-        return view.last_root
-    best = max(synced, key=state_rank).state
-    return best[0] if best is not None else None
+    synced = [(state_rank(m), m.state[0]) for m in view.members() if m.state is not None]
+    return max(synced)[1] if synced else view.last_root
 
 
 def choose(view: View) -> str | None:

@@ -571,7 +571,7 @@ class WiringReplication:
         may have followed another root meanwhile: its log is taken again)."""
         return self.synced_root == root and (root == self.spid or self.synced_term == term)
 
-    def want_sync(self, root: str, term: int = 0) -> None:
+    def want_sync(self, root: str, term: int) -> None:
         now = self.members.clock()
         if (
             self._sync_asked is not None
