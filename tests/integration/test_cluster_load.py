@@ -181,6 +181,15 @@ def _dump_lines(node: Any, product: str) -> list[str]:
     return [line for line in reply["result"]["dump"].splitlines() if f"client={product} " in line]
 
 
+def _stop_for(pid: int, seconds: float) -> None:
+    """SIGSTOP ``pid`` for ``seconds``: a server that is slow, not dead."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(seconds)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
 def test_a_hot_queue_paces_its_own_publisher_not_a_light_one_to_another_queue(
     cluster: Target,
 ) -> None:
@@ -215,9 +224,13 @@ def test_a_hot_queue_paces_its_own_publisher_not_a_light_one_to_another_queue(
     thread.start()
     body = b"h" * 16_384
     sent = 0
+    # the owner (the root) is made slow for a moment, well under the 3 s timeout: on a
+    # fast machine the link kept up with 20,000 messages and nothing fell behind
+    owner_pid = cluster.nodes[0].proc.pid  # type: ignore[union-attr]
+    slowed = threading.Timer(0.3, _stop_for, args=(owner_pid, 1.2))
+    slowed.start()
     try:
-        # until its connection is paused: how soon depends on how fast this machine
-        # runs the client against the links (6,000 messages were not always enough)
+        # until its connection is paused
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and sent < 20_000:
             for _ in range(250):
@@ -227,6 +240,8 @@ def test_a_hot_queue_paces_its_own_publisher_not_a_light_one_to_another_queue(
                 break
         time.sleep(0.5)  # the trickle goes on while the flood's backlog drains
     finally:
+        slowed.join()
+        os.kill(owner_pid, signal.SIGCONT)
         stop.set()
         thread.join(10)
     hot_lines, cool_lines = _dump_lines(node, "hot"), _dump_lines(node, "cool")
