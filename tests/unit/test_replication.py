@@ -528,3 +528,28 @@ def test_a_reset_behind_stale_events_in_one_batch_is_applied(net: Net) -> None:
     live = rec.Replicate(seq + 1, rec.R_SETTLE, "q", 0)
     side.receive(net.servers["C"].queues.transport.out("A"), [stale, reset, live])
     assert stream.joined and stream.applied == seq + 1
+
+
+def test_a_publish_to_a_fenced_owner_is_confirmed_by_the_next_owner_only(net: Net) -> None:
+    """A publish reaching an owner after its fence and before its queue is placed
+    elsewhere (the soak's seed-3 loss, issue 41): it must not wait on the fenced
+    stream, whose numbers go on under the next generation, where a replica that
+    joins with nothing of the queue acks past it. It is kept for the next owner,
+    and confirmed when that owner holds it."""
+    owner = net.servers["A"]
+    net.queue("A", "q").push(message(b"1"))
+    net.pump()
+    net.wire.clear()  # A is cut off: the others fence it
+    for spid in ("B", "C"):
+        owner.queues.peer_lost(spid, "inactive")
+    owner.queues.fence("A", 1, net.log_seq + 1)
+    late = Waiter()
+    net.queue("A", "q").push(message(b"late"), late)  # still placed on A here
+    net.pump()
+    assert late.answers == []
+    net.fail_over("A")  # the placement on another server reaches A: its stream restarts
+    net.pump()
+    heir = owner_queue(net, "q")
+    assert heir.services.spid != "A"
+    held = [m.body for m, _r in heir.ready()]
+    assert late.answers == [(True, 1)] and b"late" in held, (late.answers, held)

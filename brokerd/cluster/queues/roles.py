@@ -41,9 +41,15 @@ class Owner:
         self.inner = inner
 
     def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool:
-        if self.queue.moving is None:
+        queue = self.queue
+        if queue.replicated_kind and queue.services.stream.fenced:
+            # fenced: the queue is about to fail over, and a confirm through this
+            # stream would be given by the numbers of its next generation, which
+            # replicas holding nothing of the queue ack: kept for its next owner
+            return queue.services.orphans.hold(message, ("", queue.name), waiter)
+        if queue.moving is None:
             return self.inner.push(message, waiter)
-        return self.queue.push_moving(message, waiter)
+        return queue.push_moving(message, waiter)
 
     def get(self, no_ack: bool, reply: Reply, recipient: Any = None) -> None:
         queue = self.queue

@@ -531,6 +531,9 @@ class Stream:
         left of the fenced one), and it may own replicated queues again."""
         self.fenced = False
         log.warning("this server's replication stream restarts: generation %d", self.generation)
+        # nothing may still wait on the fenced generation's numbers: the next one's
+        # replicas join with none of its queues and would ack past them
+        self._fail_waiting()
         for spid in self.peers.replica_peers():
             self.add(self.transport.out(spid), self.owned_replicated())
 
@@ -548,6 +551,10 @@ class Stream:
         self.replicas.clear()
         self.stalled.clear()
         self.reset_feeders()
+        self._fail_waiting()
+
+    def _fail_waiting(self) -> None:
+        """Nack every confirm waiting on this stream and fail its held deliveries."""
         confirms, self._confirms = self._confirms, {}
         gates, self._gates = self._gates, {}
         self._gate = {}
