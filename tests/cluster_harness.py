@@ -203,9 +203,13 @@ class Cluster:
             # primary passes through its own, which the nemesis slows or stalls
             if tls:
                 raise ValueError("slow links carry plain links")
-            listen = netbed.gateway if netbed is not None else "127.0.0.1"
+            # on the test bed each proxy is in its server's namespace, on its address:
+            # a cut drops the proxied links too, as it would on a real network
             for node in self.nodes[:primaries]:
-                node.slow = SlowLink((listen, 0), (node.host, node.port)).start()
+                namespace = None
+                if netbed is not None and node.bed_slot is not None:
+                    namespace = netbed.namespace(node.bed_slot)
+                node.slow = SlowLink((node.host, 0), (node.host, node.port), namespace).start()
         known = [
             f"{n.slow.address[0]}:{n.slow.address[1]}"
             if n.slow is not None

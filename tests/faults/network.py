@@ -14,7 +14,8 @@ switch or a cable does, and the broker is not told:
 - ``halves``: the servers drawn into two random halves;
 - ``unplug``: one server's interface down: its clients lose it too;
 - ``slow-link``: every link into one primary passes through a proxy
-  (tests/support/slowlink.py) that now delays each chunk (50-500 ms), caps the
+  (tests/support/slowlink.py; it listens in that primary's namespace, so the
+  cuts above drop what it carries too) that now delays each chunk (50-500 ms), caps the
   bandwidth (50-500 kB/s), or stalls outright: kernel buffers fill and the
   senders' writes back up while they believe they are sending.
 

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.support.netbed import NetBed, ip, unavailable
+from tests.support.slowlink import SlowLink
 
 pytestmark = [
     pytest.mark.integration,
@@ -32,7 +33,8 @@ while True:
 PROBE = """
 import socket, sys
 try:
-    c = socket.create_connection((sys.argv[1], 7000), timeout=float(sys.argv[2]))
+    port = int(sys.argv[3]) if len(sys.argv) > 3 else 7000
+    c = socket.create_connection((sys.argv[1], port), timeout=float(sys.argv[2]))
     print(c.recv(5).decode())
 except OSError as exc:
     print(type(exc).__name__)
@@ -49,9 +51,12 @@ def _serve(bed: NetBed, index: int) -> subprocess.Popen[str]:
     return proc
 
 
-def _probe(bed: NetBed, source: int, target: int, timeout: float = 1.0) -> str:
+def _probe(bed: NetBed, source: int, target: int, timeout: float = 1.0, port: int = 7000) -> str:
     done = subprocess.run(
-        bed.wrap(source, [sys.executable, "-c", PROBE, bed.address(target), str(timeout)]),
+        bed.wrap(
+            source,
+            [sys.executable, "-c", PROBE, bed.address(target), str(timeout), str(port)],
+        ),
         capture_output=True,
         text=True,
         timeout=30,
@@ -112,3 +117,24 @@ def test_an_established_connection_is_left_half_open_by_a_cut() -> None:
             conn.settimeout(1.0)
             with pytest.raises(TimeoutError):
                 conn.recv(1)
+
+
+def test_a_slow_link_proxy_lives_in_its_server_s_namespace_and_is_cut_with_it() -> None:
+    """The known host of a server on the bed is its proxy, one more port of its own
+    address: a cut between two servers drops the proxied path too (a proxy in the
+    test's namespace once carried links across every partition)."""
+    with NetBed(2) as bed:
+        server = _serve(bed, 1)
+        proxy = SlowLink((bed.address(1), 0), (bed.address(1), 7000), bed.namespace(1)).start()
+        try:
+            port = proxy.address[1]
+            assert proxy.address[0] == bed.address(1)
+            assert _probe(bed, 0, 1, port=port) == "hello"
+            bed.cut(0, 1)
+            assert _probe(bed, 0, 1, timeout=1.0, port=port) in ("TimeoutError", "timeout")
+            bed.heal()
+            assert _probe(bed, 0, 1, port=port) == "hello"
+        finally:
+            proxy.close()
+            server.kill()
+            server.wait(5)

@@ -19,9 +19,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import os
 import threading
 import time
 from dataclasses import dataclass
+
+#: setns(2)'s flag for a network namespace
+CLONE_NEWNET = 0x40000000
+
+
+def enter_namespace(name: str) -> None:
+    """Move the calling thread into the named network namespace (``ip netns``'s)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    try:
+        if libc.setns(fd, CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns into {name}: {os.strerror(errno)}")
+    finally:
+        os.close(fd)
+
 
 #: chunks one direction holds before its reader stops reading (backpressure)
 QUEUE_CHUNKS = 64
@@ -40,13 +58,22 @@ class Shape:
 class SlowLink:
     """``listen`` (host, port 0 for any) forwarding to ``target``; ``address`` once started."""
 
-    def __init__(self, listen: tuple[str, int], target: tuple[str, int]) -> None:
+    def __init__(
+        self, listen: tuple[str, int], target: tuple[str, int], namespace: str | None = None
+    ) -> None:
         self.listen = listen
         self.target = target
+        #: the network namespace the proxy's sockets live in (None: the test's own).
+        #: On the test bed it is the target server's: the proxy is then one more port
+        #: of that server's address, and a cut (a route in the sender's namespace)
+        #: drops what goes through it as it drops the rest
+        self.namespace = namespace
         self.shape = Shape()
         self.address: tuple[str, int] = listen
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._entered = threading.Event()
+        self._entry_error: OSError | None = None
         self._server: asyncio.AbstractServer | None = None
         self._moving = asyncio.Event()
         self._pipes: set[asyncio.Task[None]] = set()
@@ -55,8 +82,24 @@ class SlowLink:
 
     def start(self) -> SlowLink:
         self._thread.start()
+        self._entered.wait(10)
+        if self._entry_error is not None:
+            raise self._entry_error
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
         return self
+
+    def _run(self) -> None:
+        """The proxy's thread: into its namespace (a thread may join one of its own:
+        sockets it makes from then on are that namespace's), then the loop."""
+        try:
+            if self.namespace is not None:
+                enter_namespace(self.namespace)
+        except OSError as exc:
+            self._entry_error = exc
+            self._entered.set()
+            return
+        self._entered.set()
+        self._loop.run_forever()
 
     def set(self, delay: float = 0.0, rate: float = 0.0) -> None:
         self._call(self._set, delay, rate)
