@@ -359,6 +359,23 @@ class Membership:
         )
         self.evaluate()
 
+    def ended_primaries(self, now: float) -> int:
+        """Known hosts, other than this server, whose process has ended: no active peer
+        answers to the name, and its link's port refuses, or the peer that answered
+        to it is gone (``check_gone``). A silent one (cut off, paused) is not ended."""
+        heard: set[str] = set()
+        for peer in self.peers.values():
+            if self.standing.active(peer, now):
+                heard |= peer.aliases
+        ended = 0
+        for address in self.known - self.own_addresses - heard:
+            link = self.links.get(address)
+            if (link is not None and not link.up and link.refused) or any(
+                peer.gone and address in peer.aliases for peer in self.peers.values()
+            ):
+                ended += 1
+        return ended
+
     def _log_restart(self, peer: Peer, address: str) -> None:
         """A new spid at an older one's address: that server restarted. The views
         retire the old spid (``operations.servers``); failover still reads its record."""
@@ -394,7 +411,7 @@ class Membership:
                 NOT_ALLOWED, f"this cluster serves vhost '{self.config.vhost}' only"
             )
         self.evaluate()
-        if self.standing.detached is not None:
+        if self.standing.sends_clients_away:
             # waiting here would last as long as the cut: send the client elsewhere now
             raise ConnectionError_(CONNECTION_FORCED, f"cluster: {self.standing.not_ready_reason}")
         if not self.standing.ready:

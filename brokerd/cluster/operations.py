@@ -126,6 +126,8 @@ class OperatorCommands:
             "suspended": members.standing.suspended_since is not None,
             # the root this server cannot reach while others do (clients sent elsewhere)
             "detached": members.detached,
+            # cut off in a minority a majority may serve without (clients sent elsewhere)
+            "partitioned": members.standing.partition.reason,
             "ready": members.ready,
             "root_enabled": members.root_enabled,
             "checksum": members.checksum,

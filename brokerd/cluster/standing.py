@@ -54,6 +54,7 @@ from brokerd.cluster import terms
 from brokerd.cluster.election import PRIMARY, Decision, Member, View, decide, holds_lease
 from brokerd.cluster.hostgroup import known_hosts_count, peer_host
 from brokerd.cluster.messages import Root
+from brokerd.cluster.partition import Partition
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -98,6 +99,7 @@ class StandingHost(Protocol):
     def state_source(self) -> str | None: ...
     def state_term(self) -> int: ...
     def in_sync(self, root: str) -> bool: ...
+    def ended_primaries(self, now: float) -> int: ...
 
 
 class StandingEvents(Protocol):
@@ -132,6 +134,8 @@ class Standing:
         self.detached: str | None = None
         #: the root ``unreachable_root`` names, and since when (detached after a grace)
         self._unreached: tuple[str, float] | None = None
+        #: left in a minority a majority may be serving without (``partition.py``)
+        self.partition = Partition()
         #: leaving the election (``step_down``): it abstains and is no candidate
         self.stopping = False
         #: our own statuses: wall-clock ``sent_at`` -> our clock at sending (for echoes)
@@ -477,9 +481,12 @@ class Standing:
                 _soon(self.events.detach, f"cluster: {self.detached_reason()}")
             else:
                 log.warning("reattached spid=%s root=%s", self.host.spid, root)
+        partitioned = self._partition_check(view, root, now)
         ready = in_sync and detached is None
         if detached is not None:
             reason = self.detached_reason()
+        elif partitioned is not None:
+            reason = partitioned
         elif root is None:
             reason = self.no_root_reason(view, self.decision)
         elif not in_sync:
@@ -498,6 +505,30 @@ class Standing:
             self.not_ready_reason = reason
             self.events.ready_changed(ready, reason)
         self.not_ready_reason = reason
+
+    def _partition_check(self, view: View, root: str | None, now: float) -> str | None:
+        """Partitioned off in a minority (``partition.py``): its clients go elsewhere."""
+        was = self.partition.reason
+        reason = self.partition.check(
+            had_root=self.last_root is not None,
+            root=root,
+            voters=sum(1 for m in view.members() if m.voter and m.active),
+            known=view.known_primaries,
+            ended=lambda: self.host.ended_primaries(now),
+            now=now,
+            grace=self.host.config.heartbeat_interval / 2,
+        )
+        if reason is not None and was is None:
+            log.warning("partitioned spid=%s: %s", self.host.spid, reason)
+            _soon(self.events.detach, f"cluster: {reason}")
+        elif reason is None and was is not None:
+            log.warning("partition over spid=%s root=%s", self.host.spid, root)
+        return reason
+
+    @property
+    def sends_clients_away(self) -> bool:
+        """Detached or partitioned: a client is refused at once (320), not held."""
+        return self.detached is not None or self.partition.reason is not None
 
     def no_root_reason(self, view: View, decision: Decision) -> str:
         """Why there is no root, in words that name the cause (the 541 text)."""

@@ -146,24 +146,79 @@ def test_answers_never_ask_back_and_are_rate_limited() -> None:
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_a_healed_server_hearing_a_witness_before_the_root_does_not_detach(seed: int) -> None:
-    """Cut off from both others past the timeout (no root, no witness: it waits), then
-    healed: the other follower's status may arrive first, naming a root not heard
-    for long. The detach waits half an interval and asks; the root answers at once."""
+    """Cut off from both others past the timeout (no root, no witness: partitioned, it
+    sends its clients away), then healed: the other follower's status may arrive
+    first, naming a root not heard for long. The detach waits half an interval and
+    asks; the root answers at once: no second sending away."""
     net = formed(seed)
     net.cut(2, 0)
     net.cut(2, 1)
     net.run(2 * TIMEOUT)
     lonely = net.nodes[2]
     assert lonely.current_root is None and not lonely.ready and lonely.detached is None
+    assert [reason for _, reason in lonely.detaches] == [
+        f"cluster: {lonely.standing.partition.reason}"
+    ]
     net.heal()
     net.nodes[1]._send_status_all(net.clock.now, ask=False)  # the witness speaks first
     net.run_until(lambda: lonely.ready, limit=TIMEOUT)
-    assert lonely.current_root == "s0" and lonely.detaches == []
+    assert lonely.current_root == "s0" and len(lonely.detaches) == 1
+    assert lonely.standing.partition.reason is None
+
+
+def test_a_server_cut_off_in_a_minority_sends_its_clients_away_the_majority_serves() -> None:
+    """RabbitMQ's pause_minority: cut off from both others, it cannot tell a partition
+    from a majority serving without it, so once it has lost its root (the timeout)
+    it refuses clients at once with 320 instead of holding them blocked."""
+    net = formed()
+    net.cut(2, 0)
+    net.cut(2, 1)
+    lonely = net.nodes[2]
+    took = net.run_until(lambda: lonely.standing.partition.reason is not None, limit=2 * TIMEOUT)
+    # both others silent past the timeout after their next beat was due, then half an
+    # interval of grace
+    assert TIMEOUT <= took <= TIMEOUT + 1.5 * INTERVAL + 0.1, took
+    assert "partitioned" in lonely.detaches[0][1]
+    with pytest.raises(AMQPError) as info:
+        lonely.admit(Conn(1, User("guest")))  # type: ignore[arg-type]
+    assert info.value.reply_code == 320 and "another server" in info.value.text
+    net.run(TIMEOUT)
+    assert net.root() == 0 and net.nodes[1].ready
+    assert all(n.standing.partition.reason is None for n in net.nodes[:2])
+    net.heal()
+    net.run_until(lambda: lonely.ready, limit=2 * TIMEOUT)
+    assert lonely.standing.partition.reason is None and len(lonely.detaches) == 1
+    assert lonely.admit(Conn(2, User("guest"))) is None  # type: ignore[arg-type]
+
+
+def test_a_survivor_of_ended_primaries_holds_its_clients_as_design_md_says() -> None:
+    """The two others' processes ended (their ports refuse): no majority can be serving
+    anywhere, so the survivor is not partitioned: its clients wait for a root."""
+    net = formed()
+    net.kill(0)
+    net.kill(1)
+    net.run(3 * TIMEOUT)
+    survivor = net.nodes[2]
+    assert survivor.current_root is None and not survivor.ready
+    assert survivor.standing.partition.reason is None and survivor.detaches == []
+    assert survivor.admit(Conn(1, User("guest"))) is not None  # type: ignore[arg-type]  # waits
+
+
+def test_a_server_that_never_had_a_root_waits_for_its_peers() -> None:
+    """Starting alone (its peers not up yet) is not a partition."""
+    net = Net(3, seed=1)
+    for index in (0, 1):
+        net.pause(index)
+    net.run(3 * TIMEOUT)
+    alone = net.nodes[2]
+    assert alone.current_root is None and alone.standing.partition.reason is None
+    assert alone.detaches == []
 
 
 def test_a_server_healed_towards_the_others_only_detaches() -> None:
     """Healed towards the follower but still cut from the root: it cannot reach the
-    root the follower reaches, so it sends its clients away."""
+    root the follower reaches, so it sends its clients away (again: partitioned
+    while cut from both, it had already)."""
     net = formed()
     net.cut(2, 0)
     net.cut(2, 1)
@@ -172,4 +227,5 @@ def test_a_server_healed_towards_the_others_only_detaches() -> None:
     net.nodes[2].cut.discard("s1")
     took = net.run_until(lambda: net.nodes[2].detached == "s0", limit=2 * TIMEOUT)
     assert took < 2 * INTERVAL, took
-    assert len(net.nodes[2].detaches) == 1
+    reasons = [reason for _, reason in net.nodes[2].detaches]
+    assert len(reasons) == 2 and "partitioned" in reasons[0] and "cannot reach root" in reasons[1]
