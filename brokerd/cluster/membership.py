@@ -361,17 +361,24 @@ class Membership:
 
     def ended_primaries(self, now: float) -> int:
         """Known hosts, other than this server, whose process has ended: no active peer
-        answers to the name, and its link's port refuses, or the peer that answered
-        to it is gone (``check_gone``). A silent one (cut off, paused) is not ended."""
+        answers to the name, and its link's port refuses, or the latest server that
+        answered to it is gone (``check_gone``; spids sort by start time, and a
+        restarted server's earlier records stay gone). A silent one (cut off,
+        paused) is not ended."""
         heard: set[str] = set()
+        latest: dict[str, Peer] = {}
         for peer in self.peers.values():
             if self.standing.active(peer, now):
                 heard |= peer.aliases
+            for address in peer.aliases:
+                if address not in latest or latest[address].spid < peer.spid:
+                    latest[address] = peer
         ended = 0
         for address in self.known - self.own_addresses - heard:
             link = self.links.get(address)
-            if (link is not None and not link.up and link.refused) or any(
-                peer.gone and address in peer.aliases for peer in self.peers.values()
+            peer = latest.get(address)
+            if (link is not None and not link.up and link.refused) or (
+                peer is not None and peer.gone
             ):
                 ended += 1
         return ended

@@ -191,6 +191,26 @@ def test_a_server_cut_off_in_a_minority_sends_its_clients_away_the_majority_serv
     assert lonely.admit(Conn(2, User("guest"))) is None  # type: ignore[arg-type]
 
 
+def test_a_restarted_peer_s_earlier_record_does_not_make_its_address_look_ended() -> None:
+    """A peer that restarted leaves a record of its earlier process, gone, with the same
+    address: only the latest server at an address says whether it has ended, so a
+    server cut off after such a restart is still partitioned."""
+    from dataclasses import replace
+
+    net = formed()
+    lonely = net.nodes[2]
+    for spid in ("s0", "s1"):
+        now = lonely.peers[spid]
+        # an earlier process at the same address (spids sort by start time)
+        lonely.peers["r" + spid[1:]] = replace(
+            now, spid="r" + spid[1:], aliases=set(now.aliases), gone=True, link=None
+        )
+    net.cut(2, 0)
+    net.cut(2, 1)
+    net.run_until(lambda: lonely.standing.partition.reason is not None, limit=2 * TIMEOUT)
+    assert lonely.ended_primaries(net.clock.now) == 0
+
+
 def test_a_survivor_of_ended_primaries_holds_its_clients_as_design_md_says() -> None:
     """The two others' processes ended (their ports refuse): no majority can be serving
     anywhere, so the survivor is not partitioned: its clients wait for a root."""
