@@ -361,24 +361,30 @@ class Membership:
 
     def ended_primaries(self, now: float) -> int:
         """Known hosts, other than this server, whose process has ended: no active peer
-        answers to the name, and its link's port refuses, or the latest server that
-        answered to it is gone (``check_gone``; spids sort by start time, and a
-        restarted server's earlier records stay gone). A silent one (cut off,
-        paused) is not ended."""
+        answers to the name, and its link's port refuses, or the latest run of the
+        server that answered to it is gone (``check_gone``). A restarted server's
+        earlier records stay gone, and its new one may never have answered to the
+        name (a duplicate link is not tried again), so runs are told apart by their
+        callback address as the views do (``operations.servers``; spids sort by start
+        time). A silent one (cut off, paused) is not ended."""
+
+        def server(peer: Peer) -> str:
+            return peer.address or min(peer.aliases, default="") or peer.spid
+
         heard: set[str] = set()
         latest: dict[str, Peer] = {}
         for peer in self.peers.values():
             if self.standing.active(peer, now):
                 heard |= peer.aliases
-            for address in peer.aliases:
-                if address not in latest or latest[address].spid < peer.spid:
-                    latest[address] = peer
+            key = server(peer)
+            if key not in latest or latest[key].spid < peer.spid:
+                latest[key] = peer
         ended = 0
         for address in self.known - self.own_addresses - heard:
             link = self.links.get(address)
-            peer = latest.get(address)
+            runs = [latest[server(p)] for p in self.peers.values() if address in p.aliases]
             if (link is not None and not link.up and link.refused) or (
-                peer is not None and peer.gone
+                runs and all(run.gone for run in runs)
             ):
                 ended += 1
         return ended

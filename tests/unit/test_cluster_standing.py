@@ -193,18 +193,24 @@ def test_a_server_cut_off_in_a_minority_sends_its_clients_away_the_majority_serv
 
 def test_a_restarted_peer_s_earlier_record_does_not_make_its_address_look_ended() -> None:
     """A peer that restarted leaves a record of its earlier process, gone, with the same
-    address: only the latest server at an address says whether it has ended, so a
-    server cut off after such a restart is still partitioned."""
+    address; the new one may never have answered to the known host's name (a
+    duplicate link is not tried again). Only the latest run of a server says
+    whether it has ended, so a server cut off after such a restart is still
+    partitioned."""
     from dataclasses import replace
 
     net = formed()
     lonely = net.nodes[2]
     for spid in ("s0", "s1"):
         now = lonely.peers[spid]
-        # an earlier process at the same address (spids sort by start time)
+        # its callback address differs from the known host's name (a proxy, a DNS
+        # name); an earlier process at the same callback address (spids sort by start
+        # time) alone answered to the known name
+        now.address = f"direct-{spid}:1"
         lonely.peers["r" + spid[1:]] = replace(
-            now, spid="r" + spid[1:], aliases=set(now.aliases), gone=True, link=None
+            now, spid="r" + spid[1:], aliases={now.address, *now.aliases}, gone=True, link=None
         )
+        now.aliases = {now.address}
     net.cut(2, 0)
     net.cut(2, 1)
     net.run_until(lambda: lonely.standing.partition.reason is not None, limit=2 * TIMEOUT)
