@@ -51,6 +51,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from brokerd.cluster import terms
+from brokerd.cluster.detachment import Detachment
 from brokerd.cluster.election import PRIMARY, Decision, Member, View, decide, holds_lease
 from brokerd.cluster.hostgroup import known_hosts_count, peer_host
 from brokerd.cluster.messages import Root
@@ -130,10 +131,8 @@ class Standing:
         self.elected = False
         #: when the lease ran out while still elected (None: not suspended)
         self.suspended_since: float | None = None
-        #: the root this server cannot reach while others can (None: not detached)
-        self.detached: str | None = None
-        #: the root ``unreachable_root`` names, and since when (detached after a grace)
-        self._unreached: tuple[str, float] | None = None
+        #: the root this server cannot reach while others can (``detachment.py``)
+        self.detachment = Detachment(host, self.active)
         #: left in a minority a majority may be serving without (``partition.py``)
         self.partition = Partition()
         #: leaving the election (``step_down``): it abstains and is no candidate
@@ -411,7 +410,7 @@ class Standing:
             now,
             ask=(self.elected and not decision.is_root)
             or self.suspect(now)
-            or (self._unreached is not None and self.detached is None),
+            or self.detachment.pending,
         )
         return decision
 
@@ -471,20 +470,19 @@ class Standing:
 
     def _settle_readiness(self, view: View, root: str | None, now: float) -> None:
         in_sync = root is not None and (root == self.host.spid or self.host.in_sync(root))
-        detached = self._detach_check(
-            None if root == self.host.spid else self.unreachable_root(now), now
-        )
-        if detached != self.detached:
-            self.detached = detached
+        detachment = self.detachment
+        was = detachment.root
+        detached = detachment.check(root, now)
+        if detached != was:
             if detached is not None:
-                log.warning("detached spid=%s: %s", self.host.spid, self.detached_reason())
-                _soon(self.events.detach, f"cluster: {self.detached_reason()}")
+                log.warning("detached spid=%s: %s", self.host.spid, detachment.reason())
+                _soon(self.events.detach, f"cluster: {detachment.reason()}")
             else:
                 log.warning("reattached spid=%s root=%s", self.host.spid, root)
         partitioned = self._partition_check(view, root, now)
         ready = in_sync and detached is None
         if detached is not None:
-            reason = self.detached_reason()
+            reason = detachment.reason()
         elif partitioned is not None:
             reason = partitioned
         elif root is None:
@@ -524,6 +522,11 @@ class Standing:
         elif reason is None and was is not None:
             log.warning("partition over spid=%s root=%s", self.host.spid, root)
         return reason
+
+    @property
+    def detached(self) -> str | None:
+        """The root this server cannot reach while others do (None: not detached)."""
+        return self.detachment.root
 
     @property
     def sends_clients_away(self) -> bool:
@@ -601,56 +604,6 @@ class Standing:
             m.root_enabled and m.checksum == self.host.checksum for m in voters
         )
 
-    # -- a root others reach and this server does not -----------------------------------
-
-    def unreachable_root(self, now: float) -> str | None:
-        """The root this server cannot reach while another server demonstrably does.
-
-        We have not heard root X for more than an interval (two of its half-interval
-        beats) with our link to it down, or for more than two intervals with the
-        link nominally up (a silent partition); and an active peer P, heard within
-        two intervals, recognises X as root and echoes a status of X sent at least
-        an interval (two beats) after the newest one we have. Both ``sent_at``
-        values are X's own clock, so the comparison needs no clock agreement. A
-        root that died is heard by nobody (its very last status may reach some
-        servers and not others: one beat, not two), so this never fires on a
-        failover; a server cut off from everyone has no witness, and waits (not
-        ready) instead."""
-        interval = self.host.config.heartbeat_interval
-        for witness in self.host.peers.values():
-            status = witness.status
-            root = status.root if status is not None else None
-            if status is None or root in (None, self.host.spid, witness.spid):
-                continue
-            if not self.active(witness, now) or now - witness.last_seen > 2 * interval:
-                continue
-            peer = self.host.peers.get(root) if root is not None else None
-            if peer is None or peer.status is None or peer.gone:
-                continue
-            silent = now - peer.last_seen
-            if silent <= (interval if self.host.link_to(root) is None else 2 * interval):
-                continue
-            echo = status.echo.get(peer.spid)
-            if echo is not None and echo[0] - peer.status.sent_at >= interval:
-                return peer.spid
-        return None
-
-    def _detach_check(self, unreached: str | None, now: float) -> str | None:
-        """The root to detach from: ``unreachable_root`` must name it for half an
-        interval, during which we ask everyone for a status. Right after a cut
-        heals, a witness's status may arrive before the root's own (links come
-        back one by one); the root, if we can reach it, answers the ask at once."""
-        if unreached is None:
-            self._unreached = None
-            return None
-        if self.detached == unreached:
-            return unreached
-        if self._unreached is None or self._unreached[0] != unreached:
-            self._unreached = (unreached, now)
-        if now - self._unreached[1] >= self.host.config.heartbeat_interval / 2:
-            return unreached
-        return None
-
     def suspect(self, now: float) -> bool:
         """We have not heard our root for over an interval: ask peers for statuses, so
         that ``unreachable_root`` learns at once whether they still hear it."""
@@ -659,17 +612,6 @@ class Standing:
         if peer is None or peer.status is None:
             return False
         return now - peer.last_seen > self.host.config.heartbeat_interval
-
-    def detached_reason(self) -> str:
-        witnesses = [
-            p.spid
-            for p in self.host.peers.values()
-            if p.status is not None and p.status.root == self.detached and p.spid != self.detached
-        ]
-        return (
-            f"this server cannot reach root {self.detached} (reached by "
-            f"{', '.join(sorted(witnesses)) or 'others'}): connect to another server"
-        )
 
 
 def _soon(callback: Callable[[str], None], arg: str) -> None:

@@ -1,0 +1,101 @@
+"""Detachment: a server that cannot reach the root the others reach sends its
+clients elsewhere (320) rather than holding them for as long as the cut lasts.
+
+The election (``standing.py``) asks ``check`` at every evaluation; this module
+decides from the peers' statuses and echoes alone (``unreachable_root``), with
+a grace of half an interval so that a witness heard before the root right
+after a heal does not detach anyone. Its sibling for a server that hears no
+witness at all is ``partition.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from brokerd.cluster.peers import Peer
+    from brokerd.cluster.standing import StandingHost
+
+
+class Detachment:
+    """The root this server cannot reach while another server demonstrably does."""
+
+    def __init__(self, host: StandingHost, active: Callable[[Peer, float], bool]) -> None:
+        self.host = host
+        self.active = active
+        #: the root detached from (None: not detached)
+        self.root: str | None = None
+        #: the root ``unreachable_root`` names, and since when (detached after a grace)
+        self._unreached: tuple[str, float] | None = None
+
+    @property
+    def pending(self) -> bool:
+        """A root looks unreachable and the grace runs: ask everyone for a status."""
+        return self._unreached is not None and self.root is None
+
+    def check(self, root: str | None, now: float) -> str | None:
+        """The root to be detached from now (``root``: the one this server recognises,
+        if any; a root is never detached from itself)."""
+        unreached = None if root == self.host.spid else self.unreachable_root(now)
+        self.root = self._settle(unreached, now)
+        return self.root
+
+    def unreachable_root(self, now: float) -> str | None:
+        """The root this server cannot reach while another server demonstrably does.
+
+        We have not heard root X for more than an interval (two of its half-interval
+        beats) with our link to it down, or for more than two intervals with the
+        link nominally up (a silent partition); and an active peer P, heard within
+        two intervals, recognises X as root and echoes a status of X sent at least
+        an interval (two beats) after the newest one we have. Both ``sent_at``
+        values are X's own clock, so the comparison needs no clock agreement. A
+        root that died is heard by nobody (its very last status may reach some
+        servers and not others: one beat, not two), so this never fires on a
+        failover; a server cut off from everyone has no witness (``partition.py``
+        decides for it)."""
+        interval = self.host.config.heartbeat_interval
+        for witness in self.host.peers.values():
+            status = witness.status
+            root = status.root if status is not None else None
+            if status is None or root in (None, self.host.spid, witness.spid):
+                continue
+            if not self.active(witness, now) or now - witness.last_seen > 2 * interval:
+                continue
+            peer = self.host.peers.get(root) if root is not None else None
+            if peer is None or peer.status is None or peer.gone:
+                continue
+            silent = now - peer.last_seen
+            if silent <= (interval if self.host.link_to(root) is None else 2 * interval):
+                continue
+            echo = status.echo.get(peer.spid)
+            if echo is not None and echo[0] - peer.status.sent_at >= interval:
+                return peer.spid
+        return None
+
+    def _settle(self, unreached: str | None, now: float) -> str | None:
+        """The root to detach from: ``unreachable_root`` must name it for half an
+        interval, during which we ask everyone for a status. Right after a cut
+        heals, a witness's status may arrive before the root's own (links come
+        back one by one); the root, if we can reach it, answers the ask at once."""
+        if unreached is None:
+            self._unreached = None
+            return None
+        if self.root == unreached:
+            return unreached
+        if self._unreached is None or self._unreached[0] != unreached:
+            self._unreached = (unreached, now)
+        if now - self._unreached[1] >= self.host.config.heartbeat_interval / 2:
+            return unreached
+        return None
+
+    def reason(self) -> str:
+        witnesses = [
+            p.spid
+            for p in self.host.peers.values()
+            if p.status is not None and p.status.root == self.root and p.spid != self.root
+        ]
+        return (
+            f"this server cannot reach root {self.root} (reached by "
+            f"{', '.join(sorted(witnesses)) or 'others'}): connect to another server"
+        )
