@@ -603,7 +603,11 @@ class WiringReplication:
             log.warning("sync request from=%s not answered: no link up to it", spid)
 
     def _on_sync(self, spid: str, header: dict[str, Any], frames: list[bytes]) -> None:
-        if spid != self.members.root():
+        root = self.members.root()
+        if spid != root:
+            # said, not silent: a server that asks every second and never takes the
+            # answer is otherwise indistinguishable from one whose answers are lost
+            log.info("sync from=%s ignored: the root recognised here is %s", spid, root)
             return
         headers = header.get("entries") or []
         if len(headers) != len(frames):
