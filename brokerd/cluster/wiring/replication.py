@@ -26,6 +26,7 @@ from pamqp import commands
 from pamqp.base import Frame as Method
 
 from brokerd.cluster.wiring import entries as rep
+from brokerd.cluster.wiring import local
 from brokerd.cluster.wiring import statelog as sl
 from brokerd.cluster.wiring.applied import Acknowledgements
 from brokerd.cluster.wiring.recovered import shared_wiring
@@ -38,8 +39,6 @@ from brokerd.model.errors import (
     ChannelError,
     ConnectionError_,
 )
-from brokerd.model.exchange import Exchange
-from brokerd.model.muxers import Binding
 
 if TYPE_CHECKING:
     from brokerd.cluster.membership import Membership
@@ -125,7 +124,7 @@ class WiringReplication:
         vhost = conn.vhost
         if vhost is None or vhost.name != self.members.config.vhost:
             return False
-        if type(method) not in rep.OPERATIONS or not _would_change(vhost, method):
+        if type(method) not in rep.OPERATIONS or not local.would_change(vhost, method):
             return False
         if isinstance(method, commands.Queue.Delete) and self._owned_elsewhere(vhost, method, done):
             return True
@@ -210,7 +209,7 @@ class WiringReplication:
         if isinstance(method, commands.Queue.Declare) and method.exclusive:
             # a private queue stays on its server; the others learn its name, so a
             # publish to it through the default exchange reaches it from anywhere
-            method = default_binding(commands.Queue.Bind, method.queue)
+            method = local.default_binding(commands.Queue.Bind, method.queue)
         meta = ""
         if isinstance(method, commands.Queue.Bind | commands.Queue.Unbind):
             queue = vhost.queues.get(method.queue)
@@ -228,7 +227,7 @@ class WiringReplication:
         """VirtualHost hook: a private queue went; withdraw its meta-bindings."""
         if not queue.exclusive or queue.vhost != self.members.config.vhost:
             return
-        methods = [default_binding(commands.Queue.Unbind, queue.name)]
+        methods = [local.default_binding(commands.Queue.Unbind, queue.name)]
         methods += [
             commands.Queue.Unbind(
                 queue=queue.name,
@@ -613,7 +612,10 @@ class WiringReplication:
         if len(headers) != len(frames):
             raise rep.BucketError("sync entries and frames differ in number")
         entries = [rep.entry_from_header(h, f) for h, f in zip(headers, frames, strict=True)]
-        self._reconcile(entries)
+        wiring = replay(entries)
+        vhost = self._vhost()
+        if vhost is not None:
+            local.reconcile(vhost, wiring)
         for entry in entries:
             self._apply(entry)
         self.log = entries
@@ -629,120 +631,17 @@ class WiringReplication:
             len(entries),
             self.last_seq,
         )
-        self._announce_private(replay(entries))
+        if vhost is not None:
+            # meta-bindings of private queues the root withdrew while this server was
+            # away: told again
+            for method in local.missing_meta_bindings(vhost, wiring, self.spid):
+                self._request(
+                    rep.entry_for(method, vhost.name, origin=self.spid, meta_spid=self.spid), None
+                )
         for request in list(self.pending):
             self.pending[request].sent_to = None  # resend to this root
         self.members.evaluate()
         self.members.synced(spid)
 
-    def _announce_private(self, wiring: sl.Wiring) -> None:
-        """Meta-bindings of this server's private queues that the root's state lacks (it
-        withdrew them while this server was away): tell the root again."""
-        vhost = self._vhost()
-        if vhost is None:
-            return
-        for queue in vhost.queues.values():
-            if not queue.exclusive:
-                continue
-            implicit = [default_binding(commands.Queue.Bind, queue.name)]
-            for method in implicit + [
-                commands.Queue.Bind(
-                    queue=queue.name,
-                    exchange=binding.source.name,
-                    routing_key=binding.routing_key,
-                    arguments=binding.arguments,
-                )
-                for binding in queue.bindings.values()
-            ]:
-                key = (
-                    vhost.name,
-                    method.exchange,
-                    queue.name,
-                    method.routing_key,
-                    freeze(method.arguments or {}),
-                    self.spid,
-                )
-                if key in wiring.meta_bindings:
-                    continue
-                entry = rep.entry_for(method, vhost.name, origin=self.spid, meta_spid=self.spid)
-                self._request(entry, None)
-
-    def _reconcile(self, entries: list[Entry]) -> None:
-        """Drop local shared wiring (and meta-bindings) that the root's state lacks."""
-        vhost = self._vhost()
-        if vhost is None:
-            return
-        wiring = replay(entries)
-        for queue in list(vhost.queues.values()):
-            if not queue.exclusive and (vhost.name, queue.name) not in wiring.queues:
-                log.info("sync drops queue=%s", queue.name)
-                vhost.remove_queue(queue)
-        for name in list(vhost.exchanges):
-            if name and not name.startswith("amq.") and (vhost.name, name) not in wiring.exchanges:
-                log.info("sync drops exchange=%s", name)
-                vhost.delete_exchange(name)
-        for exchange in list(vhost.exchanges.values()):
-            for binding in list(exchange.bindings.values()):
-                if not _known_binding(vhost.name, exchange, binding, wiring):
-                    vhost._drop_binding(binding)
-        for name, dest in list(vhost.elsewhere.items()):
-            spid = getattr(dest, "spid", "")
-            if (vhost.name, "", name, name, freeze({}), spid) not in wiring.meta_bindings:
-                del vhost.elsewhere[name]
-
-
-def _known_binding(vhost: str, exchange: Exchange, binding: Binding, wiring: sl.Wiring) -> bool:
-    """Is a local binding part of the replayed cluster state (or private to this server)?"""
-    if not exchange.name:
-        return True  # the default exchange's implicit bindings
-    dest = binding.destination
-    args = freeze(binding.arguments)
-    if isinstance(dest, Exchange):
-        key = (vhost, exchange.name, dest.name, binding.routing_key, args, "")
-        return key in wiring.exchange_bindings
-    spid = getattr(dest, "spid", None)
-    if spid is not None:  # a stand-in for another server's private queue
-        key = (vhost, exchange.name, dest.name, binding.routing_key, args, spid)
-        return key in wiring.meta_bindings
-    if getattr(dest, "exclusive", False):
-        return True  # this server's private queue: its own binding
-    key = (vhost, exchange.name, dest.name, binding.routing_key, args, "")
-    return key in wiring.queue_bindings
-
-
-def _would_change(vhost: VirtualHost, m: Method) -> bool:
-    """Whether a shared wiring method would alter this server's state: only those go
-    to the root; the others (declaring what exists, with its equivalence checks;
-    deleting what is not there) are answered here."""
-    if isinstance(m, commands.Exchange.Declare):
-        return m.exchange not in vhost.exchanges
-    if isinstance(m, commands.Exchange.Delete):
-        return m.exchange in vhost.exchanges
-    if isinstance(m, commands.Queue.Declare):
-        return not m.exclusive and m.queue not in vhost.queues
-    queue = vhost.queues.get(getattr(m, "queue", "")) if hasattr(m, "queue") else None
-    if isinstance(m, commands.Queue.Delete):
-        return queue is not None and not queue.exclusive
-    if isinstance(m, commands.Queue.Bind | commands.Queue.Unbind):
-        source = vhost.exchanges.get(m.exchange)
-        if queue is None or queue.exclusive or source is None:
-            return False  # private (meta-bound after), or the error is answered here
-        present = Binding(source, queue, m.routing_key, m.arguments or {}).key in source.bindings
-        return present != isinstance(m, commands.Queue.Bind)
-    if isinstance(m, commands.Exchange.Bind | commands.Exchange.Unbind):
-        source = vhost.exchanges.get(m.source)
-        destination = vhost.exchanges.get(m.destination)
-        if source is None or destination is None:
-            return False
-        probe = Binding(source, destination, m.routing_key, m.arguments or {})
-        return (probe.key in source.bindings) != isinstance(m, commands.Exchange.Bind)
-    return False
-
 
 __all__ = ["KINDS", "WiringReplication"]
-
-
-def default_binding(kind: type[Any], queue: str) -> Any:
-    """A private queue's implicit binding to the default exchange (by its name), as the
-    meta-binding other servers turn into a stand-in the default exchange reaches."""
-    return kind(queue=queue, exchange="", routing_key=queue, arguments={})
