@@ -40,6 +40,7 @@ from pamqp import commands
 
 from brokerd.cluster.config import UNIX_SCHEME
 from brokerd.cluster.messages import CLUSTER_EXCHANGE, CONTROL_KINDS, LINK_PROPERTY
+from brokerd.cluster.probes import LaneProbe
 from brokerd.wire.codec import content_parts, encode_properties, method_frame
 
 log = logging.getLogger("brokerd.cluster.link")
@@ -219,6 +220,8 @@ class Link:
         self.refused = False
         self.control = Lane(CONTROL)
         self.data = Lane(DATA_LANE)
+        #: does the data lane deliver, end to end (``probes.py``)
+        self.probe = LaneProbe()
         self._task: asyncio.Task[None] | None = None
         self._closed = asyncio.Event()
         self._wake = asyncio.Event()
@@ -311,6 +314,7 @@ class Link:
             quick = 0
             self.refused = False
             self.state = "up"
+            self.probe.restart()
             self.last_error = ""
             for lane in (self.control, self.data):
                 lane.sent = 0
@@ -391,6 +395,9 @@ class Link:
             "control_backlog": self.control.backlog,
             "sent": self.data.sent,
             "control_sent": self.control.sent,
+            # data-lane probes sent for the link's life, and those not echoed yet
+            "probes": self.probe.sent,
+            "probes_owed": len(self.probe.waiting),
         }
 
 

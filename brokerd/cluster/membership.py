@@ -48,7 +48,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from brokerd.cluster import messages
+from brokerd.cluster import messages, probes
 from brokerd.cluster.config import ClusterConfig
 from brokerd.cluster.election import PRIMARY, SECONDARY, Decision, View
 from brokerd.cluster.heartbeat import Heartbeat
@@ -359,6 +359,19 @@ class Membership:
         )
         self.evaluate()
 
+    def probe_links(self, now: float) -> None:
+        """Once a heartbeat: does each link carrying messages deliver on its data lane
+        (``probes.py``)? A discovery link has no data lane; a cut one is not probed."""
+        probes.probe_links(
+            (
+                peer.link
+                for spid, peer in self.peers.items()
+                if peer.link is not None and not peer.link.discovery and spid not in self.cut
+            ),
+            now,
+            self.config.heartbeat_timeout,
+        )
+
     def ended_primaries(self, now: float) -> int:
         """Known hosts, other than this server, whose process has ended: no active peer
         answers to the name, and its link's port refuses, or the latest run of the
@@ -510,6 +523,16 @@ class Membership:
         if spid in self.cut or spid == self.spid:
             return
         self._carrier[(spid, self.lanes.get(connection_id, "data"))] = connection_id
+        if kind == probes.PROBE:  # its data lane delivers: echoed on our control lane
+            back = self.link_to(spid)
+            if back is not None:
+                back.post(probes.ECHO, body, control=True)
+            return
+        if kind == probes.ECHO:
+            peer = self.peers.get(spid)
+            if peer is not None and peer.link is not None:
+                peer.link.probe.echo(body)
+            return
         if kind not in messages.KINDS:
             self.receive_plane(spid, kind, body)
             return

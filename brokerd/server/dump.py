@@ -103,7 +103,8 @@ def full(server: DumpHost) -> str:
             lines.append(
                 f"  link {spid} state={lane['state']} backlog={lane.get('backlog', 0)} "
                 f"control_backlog={lane.get('control_backlog', 0)} "
-                f"unsettled={lane['unsettled']} replica_lag={lane['replica_lag']}"
+                f"unsettled={lane['unsettled']} replica_lag={lane['replica_lag']} "
+                f"probes={lane.get('probes', 0)} probes_owed={lane.get('probes_owed', 0)}"
             )
     if server.blocked_reason is not None:
         lines.append(f"publishers blocked: {server.blocked_reason}")

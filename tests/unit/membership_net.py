@@ -26,6 +26,7 @@ from typing import Any
 from brokerd.cluster.config import parse_cluster_config
 from brokerd.cluster.membership import Membership
 from brokerd.cluster.messages import LINK_PROPERTY
+from brokerd.cluster.probes import LaneProbe
 from tests.support.fakes import Clock, Conn, User
 
 
@@ -40,16 +41,25 @@ class SimLink:
         self.refused = False
         self.backlog = 0
         self.pending = False
+        self.discovery = False
+        self.probe = LaneProbe()
+        #: why the link was dropped (``probes``: a stalled data lane), in order
+        self.dropped: list[str] = []
 
     @property
     def up(self) -> bool:
         return self.state == "up"
 
-    def post(self, kind: str, body: bytes) -> bool:
+    def post(self, kind: str, body: bytes, control: bool = False) -> bool:
         if not self.up:
             return False
         self.net.send(self.src, self.dst, kind, body)
         return True
+
+    def drop(self, reason: str) -> None:
+        """Dropped and at once connected again (the simulated network reconnects)."""
+        self.dropped.append(reason)
+        self.probe.restart()
 
     def retry_now(self) -> None:
         return None
