@@ -57,6 +57,7 @@ from brokerd.cluster.latency import LatencyWindow
 from brokerd.cluster.link import Link, link_heartbeat
 from brokerd.cluster.linktls import LinkTLS
 from brokerd.cluster.messages import LINK_PROPERTY, MessageError, Root, Status
+from brokerd.cluster.partition import ended_hosts
 from brokerd.cluster.peers import Alarm, Peer
 from brokerd.cluster.siblings import Siblings
 from brokerd.cluster.standing import Standing
@@ -373,34 +374,9 @@ class Membership:
         )
 
     def ended_primaries(self, now: float) -> int:
-        """Known hosts, other than this server, whose process has ended: no active peer
-        answers to the name, and its link's port refuses, or the latest run of the
-        server that answered to it is gone (``check_gone``). A restarted server's
-        earlier records stay gone, and its new one may never have answered to the
-        name (a duplicate link is not tried again), so runs are told apart by their
-        callback address as the views do (``operations.servers``; spids sort by start
-        time). A silent one (cut off, paused) is not ended."""
-
-        def server(peer: Peer) -> str:
-            return peer.address or min(peer.aliases, default="") or peer.spid
-
-        heard: set[str] = set()
-        latest: dict[str, Peer] = {}
-        for peer in self.peers.values():
-            if self.standing.active(peer, now):
-                heard |= peer.aliases
-            key = server(peer)
-            if key not in latest or latest[key].spid < peer.spid:
-                latest[key] = peer
-        ended = 0
-        for address in self.known - self.own_addresses - heard:
-            link = self.links.get(address)
-            runs = [latest[server(p)] for p in self.peers.values() if address in p.aliases]
-            if (link is not None and not link.up and link.refused) or (
-                runs and all(run.gone for run in runs)
-            ):
-                ended += 1
-        return ended
+        """Known hosts, other than this server, whose process has ended (``partition``)."""
+        active = [p for p in self.peers.values() if self.standing.active(p, now)]
+        return ended_hosts(self.known - self.own_addresses, self.peers.values(), active, self.links)
 
     def _log_restart(self, peer: Peer, address: str) -> None:
         """A new spid at an older one's address: that server restarted. The views

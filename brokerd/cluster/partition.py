@@ -22,8 +22,13 @@ DESIGN.md's waiting: its peers may simply not be up yet.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from brokerd.cluster.link import Link
+    from brokerd.cluster.peers import Peer
 
 
 @dataclass
@@ -67,3 +72,43 @@ class Partition:
             "connect to another server"
         )
         return self.reason
+
+
+def ended_hosts(
+    names: Collection[str],
+    peers: Iterable[Peer],
+    active: Iterable[Peer],
+    links: Mapping[str, Link],
+) -> int:
+    """How many of the known hosts ``names`` (this server's own left out) belong to
+    servers whose process has ended: no ``active`` peer answers to the name, and
+    its link's port refuses, or the latest run of the server that answered to it
+    is gone (``Membership.check_gone``). A restarted server's earlier records stay
+    gone, and its new one may never have answered to the name (a duplicate link is
+    not tried again), so runs are told apart by their callback address, as the
+    views do (``operations.servers``; spids sort by start time). A silent server
+    (cut off, paused) has not ended."""
+
+    def server(peer: Peer) -> str:
+        return peer.address or min(peer.aliases, default="") or peer.spid
+
+    peers = list(peers)
+    heard: set[str] = set()
+    for peer in active:
+        heard |= peer.aliases
+    latest: dict[str, Peer] = {}
+    for peer in peers:
+        key = server(peer)
+        if key not in latest or latest[key].spid < peer.spid:
+            latest[key] = peer
+    ended = 0
+    for name in names:
+        if name in heard:
+            continue
+        link = links.get(name)
+        runs = [latest[server(p)] for p in peers if name in p.aliases]
+        if (link is not None and not link.up and link.refused) or (
+            runs and all(run.gone for run in runs)
+        ):
+            ended += 1
+    return ended
