@@ -3,9 +3,9 @@
 ``Membership`` owns the identity, the configuration and the known hosts, the
 outgoing links, the peers (``peers.Peer``, learnt from link handshakes and
 Cluster.Status messages) and the alarms; it receives the cluster messages,
-posts to the links, and answers the admission hooks: links are checked
-(cluster user, vhost, known-hosts checksum) and client connections wait in
-connection.open while the cluster has no root.
+posts to the links, and answers the admission hooks (``admission.Admission``,
+mixed in): links are checked (cluster user, vhost, known-hosts checksum) and
+client connections wait in connection.open while the cluster has no root.
 
 It has two objects that own the rest, each reaching membership through a
 protocol membership provides:
@@ -49,35 +49,31 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster import messages, probes
+from brokerd.cluster.admission import Admission
 from brokerd.cluster.config import ClusterConfig
-from brokerd.cluster.election import PRIMARY, SECONDARY, Decision, View
+from brokerd.cluster.election import PRIMARY, Decision, View
 from brokerd.cluster.heartbeat import Heartbeat
 from brokerd.cluster.hostgroup import HostGroup
 from brokerd.cluster.latency import LatencyWindow
 from brokerd.cluster.link import Link, link_heartbeat
 from brokerd.cluster.linktls import LinkTLS
-from brokerd.cluster.messages import LINK_PROPERTY, MessageError, Root, Status
+from brokerd.cluster.messages import MessageError, Root, Status
 from brokerd.cluster.partition import ended_hosts
 from brokerd.cluster.peers import Alarm, Peer
 from brokerd.cluster.siblings import Siblings
 from brokerd.cluster.standing import Standing
 from brokerd.model.broker import Broker
 from brokerd.model.errors import (
-    ACCESS_REFUSED,
-    CONNECTION_FORCED,
-    NOT_ALLOWED,
-    ConnectionError_,
     access_refused,
 )
-from brokerd.protocol.hooks import Wait
 
 if TYPE_CHECKING:
-    from brokerd.protocol.connection import Connection
+    pass
 
 log = logging.getLogger("brokerd.cluster")
 
 
-class Membership:
+class Membership(Admission):
     """One server's view of the cluster; its part in the election is ``standing``."""
 
     def __init__(
@@ -397,98 +393,6 @@ class Membership:
         if peer is None:
             peer = self.peers[spid] = Peer(spid)
         return peer
-
-    # -- connection hooks ------------------------------------------------------
-
-    def admit(self, conn: Connection) -> Wait | None:
-        link = conn.client_properties.get(LINK_PROPERTY)
-        if isinstance(link, dict):
-            return self._admit_link(conn, link)
-        if conn.user.name == self.config.user:
-            raise ConnectionError_(
-                NOT_ALLOWED, "the cluster user may only be used by cluster links"
-            )
-        if conn.vhost.name != self.config.vhost:
-            raise ConnectionError_(
-                NOT_ALLOWED, f"this cluster serves vhost '{self.config.vhost}' only"
-            )
-        self.evaluate()
-        if self.standing.sends_clients_away:
-            # waiting here would last as long as the cut: send the client elsewhere now
-            raise ConnectionError_(CONNECTION_FORCED, f"cluster: {self.standing.not_ready_reason}")
-        if not self.standing.ready:
-            return Wait(
-                f"cluster not ready: {self.standing.not_ready_reason}", self.config.open_timeout
-            )
-        return None
-
-    def _admit_link(self, conn: Connection, props: dict[str, Any]) -> None:
-        spid = str(props.get("spid", ""))
-        if conn.user.name != self.config.user:
-            raise ConnectionError_(NOT_ALLOWED, "cluster links must log in as the cluster user")
-        if self.link_tls is not None:
-            refused = self.link_tls.check(conn, spid)
-            if refused:
-                self.raise_alarm(f"inbound-tls:{conn.peer[0]}", refused)
-                raise ConnectionError_(ACCESS_REFUSED, refused)
-        if conn.vhost.name != self.config.vhost:
-            raise ConnectionError_(NOT_ALLOWED, "cluster links must use the cluster vhost")
-        theirs = str(props.get("checksum", ""))
-        if theirs != self.checksum:
-            text = (
-                f"cluster checksum mismatch: link from {spid or conn.name} has {theirs}, "
-                f"this server has {self.checksum} (known_hosts differ)"
-            )
-            self.raise_alarm("config-mismatch", text)
-            raise ConnectionError_(NOT_ALLOWED, text)
-        if not spid:
-            raise ConnectionError_(NOT_ALLOWED, "cluster link without a spid")
-        self.inbound[conn.id] = spid
-        self.lanes[conn.id] = "control" if props.get("lane") == "control" else "data"
-        if spid == self.spid:
-            return None
-        peer = self._peer(spid)
-        peer.inbound.add(conn.id)
-        peer.gone = False
-        peer.type = SECONDARY if props.get("type") == SECONDARY else PRIMARY
-        start_time = props.get("start_time")
-        if isinstance(start_time, int | float) and not isinstance(start_time, bool):
-            peer.start_time = float(start_time)
-        callback = str(props.get("callback") or "")
-        if callback and peer.address != callback:
-            self._log_restart(peer, callback)
-        peer.address = callback
-        if callback:
-            peer.aliases.add(callback)
-        back = callback
-        if self.hostgroup is not None and self.hostgroup.is_sibling(props.get("host")):
-            back = str(props.get("local") or "")  # a sibling: by its socket
-        stale = self.links.get(back)
-        if stale is not None and not stale.up:
-            stale.retry_now()  # it was backing off: the peer is evidently back
-        if (peer.link is None or not peer.link.up) and back and back not in self.links:
-            # an unknown server linked to us (a secondary, a new primary): link back
-            log.info("link back peer=%s callback=%s", spid, back)
-            self.add_link(back)
-        return None
-
-    def login_refused(self, conn: Connection, reason: str) -> None:
-        if isinstance(conn.client_properties.get(LINK_PROPERTY), dict):
-            self.raise_alarm(
-                f"inbound-auth:{conn.peer[0]}",
-                f"cluster link from {conn.name} refused: {reason} (wrong cluster secret?)",
-            )
-
-    def closed(self, conn: Connection) -> None:
-        spid = self.inbound.pop(conn.id, None)
-        lane = self.lanes.pop(conn.id, "data")
-        if spid is not None and spid in self.peers:
-            self.peers[spid].inbound.discard(conn.id)
-            if self._carrier.get((spid, lane), conn.id) == conn.id:
-                # the link that carried its messages (not a duplicate being retired)
-                self._carrier.pop((spid, lane), None)
-                self.peer_lost(spid, "its link to this server closed")
-            self.check_gone(spid)
 
     # -- messages ---------------------------------------------------------------
 
