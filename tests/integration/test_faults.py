@@ -110,11 +110,8 @@ def test_nothing_delivered_that_was_not_published(outcome: Outcome) -> None:
 
 
 def test_no_confirmed_message_is_lost(outcome: Outcome) -> None:
-    if outcome.report.lost and outcome.history.meta["config"].get("netbed"):
-        # known and open (issue 41): on the network bed a confirmed message is lost now
-        # and then (2 runs of this seed in 7 in the session that found it); reported
-        # as an expected failure, with the report, until it is found and fixed
-        pytest.xfail(f"known loss on the network bed (issue 41)\n{context(outcome)}")
+    # the network form's loss (a publish confirmed through a fenced owner's stream,
+    # test_replication.py) is fixed: a verdict again, on both forms
     assert outcome.report.lost == 0, context(outcome)
 
 
