@@ -358,12 +358,16 @@ class Membership(Admission):
 
     def probe_links(self, now: float) -> None:
         """Once a heartbeat: does each link carrying messages deliver on its data lane
-        (``probes.py``)? A discovery link has no data lane; a cut one is not probed."""
+        (``probes.py``)? A discovery link has no data lane, a cut one is not probed,
+        and nor is a peer that does not say it echoes (an older server)."""
         probes.probe_links(
             (
                 peer.link
                 for spid, peer in self.peers.items()
-                if peer.link is not None and not peer.link.discovery and spid not in self.cut
+                if peer.link is not None
+                and not peer.link.discovery
+                and spid not in self.cut
+                and peer.link.server_properties.get("lane_probes")
             ),
             now,
             self.config.heartbeat_timeout,

@@ -205,7 +205,9 @@ class Server:
 
     def server_properties(self) -> dict[str, Any]:
         name = self.cluster_config.name if self.cluster_config is not None else "standalone"
-        properties: dict[str, Any] = {"spid": self.spid, "cluster_name": name}
+        # lane_probes: this server echoes ``cluster.lane-probe`` (a peer probes only
+        # servers that say so, so a rolling upgrade never rebuilds links to old ones)
+        properties: dict[str, Any] = {"spid": self.spid, "cluster_name": name, "lane_probes": 1}
         group = self.cluster.hostgroup if self.cluster is not None else None
         if group is not None:
             # a link that reached this host's port learns whose it is, and its workers

@@ -42,6 +42,7 @@ class SimLink:
         self.backlog = 0
         self.pending = False
         self.discovery = False
+        self.server_properties = {"spid": f"s{dst}", "lane_probes": 1}
         self.probe = LaneProbe()
         #: why the link was dropped (``probes``: a stalled data lane), in order
         self.dropped: list[str] = []

@@ -51,3 +51,15 @@ def test_a_data_lane_that_delivers_nothing_is_rebuilt_the_others_are_not() -> No
     assert list(stalled) == [(0, 1)], stalled
     assert "data lane stalled" in stalled[(0, 1)][0]
     assert net.root() == 0  # statuses went on: nothing else changed
+
+
+def test_a_peer_that_does_not_say_it_echoes_is_not_probed() -> None:
+    """An older server (a rolling upgrade) never echoes: its links are left alone."""
+    net = Net(3, seed=1)
+    net.run(6)
+    for node in net.nodes:
+        node.peers["s1" if node.spid != "s1" else "s0"].link.server_properties.pop("lane_probes")  # type: ignore[union-attr]
+    link = net.nodes[0].peers["s1"].link
+    sent = link.probe.sent  # type: ignore[union-attr]
+    net.run(stall_after(TIMEOUT) + 2.5)
+    assert link.probe.sent == sent and link.dropped == []  # type: ignore[union-attr]
