@@ -113,6 +113,10 @@ class View:
     def members(self) -> tuple[Member, ...]:
         return (self.me, *self.peers)
 
+    def heard_primaries(self) -> list[Member]:
+        """Active listed primaries, voting or not: this server, and the peers it hears."""
+        return [m for m in self.members() if m.voter and m.active]
+
     def active_primaries(self) -> list[Member]:
         """Active listed primaries that take part: this server, and peers that vote."""
         return [

@@ -46,7 +46,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from brokerd.cluster import messages, probes
 from brokerd.cluster.admission import Admission
@@ -66,9 +66,6 @@ from brokerd.model.broker import Broker
 from brokerd.model.errors import (
     access_refused,
 )
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("brokerd.cluster")
 

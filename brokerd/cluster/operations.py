@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.config import ClusterConfig
 from brokerd.cluster.election import PRIMARY
+from brokerd.cluster.peers import server_key
 
 if TYPE_CHECKING:
     from brokerd.cluster.membership import Membership
@@ -193,8 +194,7 @@ def servers(members: Membership) -> tuple[list[Peer], dict[str, list[str]]]:
     spid, the spids it replaced (oldest first)."""
     by_server: dict[str, list[Peer]] = {}
     for peer in members.peers.values():
-        key = peer.address or min(peer.aliases, default="") or peer.spid
-        by_server.setdefault(key, []).append(peer)
+        by_server.setdefault(server_key(peer), []).append(peer)
     current: list[Peer] = []
     replaced: dict[str, list[str]] = {}
     for runs in by_server.values():

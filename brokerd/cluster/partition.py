@@ -26,6 +26,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from brokerd.cluster.peers import server_key
+
 if TYPE_CHECKING:
     from brokerd.cluster.link import Link
     from brokerd.cluster.peers import Peer
@@ -89,16 +91,13 @@ def ended_hosts(
     views do (``operations.servers``; spids sort by start time). A silent server
     (cut off, paused) has not ended."""
 
-    def server(peer: Peer) -> str:
-        return peer.address or min(peer.aliases, default="") or peer.spid
-
     peers = list(peers)
     heard: set[str] = set()
     for peer in active:
         heard |= peer.aliases
     latest: dict[str, Peer] = {}
     for peer in peers:
-        key = server(peer)
+        key = server_key(peer)
         if key not in latest or latest[key].spid < peer.spid:
             latest[key] = peer
     ended = 0
@@ -106,7 +105,7 @@ def ended_hosts(
         if name in heard:
             continue
         link = links.get(name)
-        runs = [latest[server(p)] for p in peers if name in p.aliases]
+        runs = [latest[server_key(p)] for p in peers if name in p.aliases]
         if (link is not None and not link.up and link.refused) or (
             runs and all(run.gone for run in runs)
         ):

@@ -48,3 +48,9 @@ class Alarm:
     kind: str
     message: str
     since: float
+
+
+def server_key(peer: Peer) -> str:
+    """Which server a peer record is a run of: its callback address (a restarted
+    server comes back there under a new spid), else a name it answered to."""
+    return peer.address or min(peer.aliases, default="") or peer.spid

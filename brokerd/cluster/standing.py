@@ -338,7 +338,7 @@ class Standing:
             self.started = now
         self._last_eval = now
         decision = decide(view)
-        heard = [m for m in view.members() if m.voter and m.active]
+        heard = view.heard_primaries()
         if self.host.type == PRIMARY and 2 * len(heard) <= view.known_primaries:
             # hearing too few primaries (just restarted, links still backing off,
             # the minority side of a partition): a vote from this view would only
@@ -510,7 +510,7 @@ class Standing:
         reason = self.partition.check(
             had_root=self.last_root is not None,
             root=root,
-            voters=sum(1 for m in view.members() if m.voter and m.active),
+            voters=len(view.heard_primaries()),
             known=view.known_primaries,
             ended=lambda: self.host.ended_primaries(now),
             now=now,
@@ -535,7 +535,7 @@ class Standing:
 
     def no_root_reason(self, view: View, decision: Decision) -> str:
         """Why there is no root, in words that name the cause (the 541 text)."""
-        voters = [m for m in view.members() if m.voter and m.active]
+        voters = view.heard_primaries()
         if 2 * len(voters) <= view.known_primaries:
             return (
                 f"no root: quorum lost, {len(voters)} of {view.known_primaries} "
