@@ -574,8 +574,10 @@ class Cluster:
 
 @dataclass
 class Sample:
+    #: when the sample was started and when its last answer came (monotonic)
     at: float
     views: dict[int, View]
+    ended: float = 0.0
 
 
 @dataclass
@@ -629,7 +631,7 @@ class Sampler:
             started = time.monotonic()
             indexes = self.indexes if self.indexes is not None else self.cluster.running()
             views = self._ask(indexes)
-            self.samples.append(Sample(started, views))
+            self.samples.append(Sample(started, views, time.monotonic()))
             if len(roots := roots_with_quorum(views)) > 1:
                 again = self._ask(roots)
                 seen = {i: brief(views[i]) for i in roots}
