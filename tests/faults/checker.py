@@ -118,6 +118,9 @@ class Report:
     two_roots: int = 0
     #: a queue's owner that confirmed after its successor had (``owners.py``)
     two_owners: list[str] = field(default_factory=list)
+    #: the same, of events its replicas held before they fenced it (informational:
+    #: the successor took the queue from those copies)
+    late_held_confirms: list[str] = field(default_factory=list)
 
     @property
     def order_violation_total(self) -> int:
@@ -177,6 +180,11 @@ class Report:
                 lines.append(f"{name}: " + "; ".join(items))
         if self.two_owners:
             lines.append("two owners confirming: " + "; ".join(self.two_owners[:5]))
+        if self.late_held_confirms:
+            lines.append(
+                f"late confirms of held events ({len(self.late_held_confirms)}, not failures): "
+                + "; ".join(self.late_held_confirms[:3])
+            )
         lines.append("OK" if self.ok() else "NOT OK")
         return "\n".join(lines)
 
@@ -203,6 +211,7 @@ def check(history: History) -> Report:
     report = Report(drained=history.drained)
     report.two_roots = int(history.meta.get("root_overlaps", 0))
     report.two_owners = list(history.meta.get("owner_overlaps", []))
+    report.late_held_confirms = list(history.meta.get("owner_overlaps_held", []))
     published: dict[tuple[str, int], Publish] = {}
     for p in history.publishes:
         published[(p.publisher, p.seq)] = p

@@ -90,11 +90,13 @@ class Outcome:
 
 def owner_overlaps(cluster: Cluster) -> list[owners.Overlap]:
     """Owners that confirmed after their successor began to (``owners.py``)."""
-    found = []
+    found, points = [], []
     for node in cluster.nodes:
         if node.process is not None:
-            found += owners.marks(f"[{node.index}]", node.process.log_text())
-    return owners.overlaps(found)
+            text = node.process.log_text()
+            found += owners.marks(f"[{node.index}]", text)
+            points += owners.fences(text)
+    return owners.overlaps(found, points)
 
 
 def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Outcome:
@@ -209,7 +211,9 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
         history.meta["client_errors"] = {c.name: dict(c.errors) for c in clients}
         history.meta["slowest_confirm"] = max((p.slowest for p in publishers), default=0.0)
         history.meta["root_overlaps"] = len(cluster.root_overlaps())
-        history.meta["owner_overlaps"] = [str(o) for o in owner_overlaps(cluster)]
+        overlaps = owner_overlaps(cluster)
+        history.meta["owner_overlaps"] = [str(o) for o in overlaps if not o.held]
+        history.meta["owner_overlaps_held"] = [str(o) for o in overlaps if o.held]
         history.meta["crashes"] = nemesis.crashes if nemesis is not None else []
         describe = describe or cluster.describe()
         cluster.close()

@@ -277,3 +277,11 @@ def test_two_roots_or_two_owners_confirming_are_not_ok() -> None:
     report = check(h)
     assert not report.ok() and report.must_be_zero()["two_owners_confirming"] == 1
     assert "two owners confirming: q: epoch 1" in report.format()
+
+
+def test_late_confirms_of_held_events_are_reported_but_not_failures() -> None:
+    h = history([pub("p0", 1)], [got("p0", 1)])
+    h.meta["owner_overlaps_held"] = ["q: ... (event 55, held: its replicas fenced it at 55)"]
+    report = check(h)
+    assert report.ok() and report.late_held_confirms
+    assert "late confirms of held events (1, not failures)" in report.format()

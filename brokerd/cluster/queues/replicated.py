@@ -61,7 +61,9 @@ class ReplicatedQueue(SharedQueue):
         stream = self.services.stream
         marks = None
         if ConfirmMarks.enabled():  # a fault drill's server: the placement it owns by
-            marks = ConfirmMarks(self.name, self.epoch, self.services.members.state_term())
+            marks = ConfirmMarks(
+                self.name, self.epoch, self.services.members.state_term(), self.services.spid
+            )
         store = ReplicatingStore(self.name, stream, self.journal_store, entries, marks)
         if copy is not None:
             store.next_mid = max(store.next_mid, copy.top + 1)

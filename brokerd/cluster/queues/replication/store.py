@@ -69,7 +69,7 @@ class ReplicatingStore:
         if seq and waiter is not None:
             done = waiter.defer()
             if self.marks is not None:
-                done = self.marks.wrap(done)
+                done = self.marks.wrap(done, seq)
             self.stream.wait(seq, done, self.stream.group_of(self.name))
         elif seq:
             self.stream.tail.append((seq, self.name, message))
