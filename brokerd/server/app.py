@@ -8,10 +8,8 @@ import functools
 import gc
 import logging
 import signal
-import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +26,6 @@ from brokerd.cluster.identity import make_spid
 from brokerd.cluster.messages import CLUSTER_EXCHANGE, LINK_PROPERTY
 from brokerd.cluster.wiring.recovered import shared_wiring
 from brokerd.config import BrokerConfig, ConfigError, load_config
-from brokerd.consolelink import inforce
-from brokerd.consolelink.host import HostRefused
 from brokerd.consolelink.link import ConsoleLink
 from brokerd.model.auth import Permission, User, hash_password
 from brokerd.model.broker import Broker
@@ -37,10 +33,9 @@ from brokerd.model.errors import CONNECTION_FORCED
 from brokerd.model.exchange import Exchange
 from brokerd.model.throttle import LoginThrottle
 from brokerd.protocol import ConnectionState
-from brokerd.protocol.moving import MoveError, check_restorable
-from brokerd.server import dump, queueops
+from brokerd.server import dump
 from brokerd.server.amqp import AMQPProtocol
-from brokerd.server.control import ControlError, serve_control
+from brokerd.server.control import serve_control
 from brokerd.server.handoff import HandoffListener, Mover, handoff_path
 from brokerd.server.hostshare import HostShare, SharedLoginThrottle
 from brokerd.server.listeners import ListenerError, make_listeners
@@ -48,9 +43,9 @@ from brokerd.server.login import LoginService, default_concurrency
 from brokerd.server.loopwatch import LoopWatch
 from brokerd.server.metrics import MetricsServer
 from brokerd.server.resources import ResourceMonitor
+from brokerd.server.surface import Surface
 from brokerd.server.worker import host_stopping
 from brokerd.store.disk import DiskStore
-from brokerd.tls import TLSSettings
 
 #: a ticker turn this late (seconds since the last) follows a stall: the sockets are
 #: read for ``STALL_READ`` seconds before heartbeats are judged (``Server._ticker``)
@@ -105,7 +100,7 @@ class ServerOptions:
     host_id: str = ""
 
 
-class Server:
+class Server(Surface):
     """One broker process. It is the host its parts are handed: the console link's
     ``ConsoleHost`` (brokerd/consolelink/host.py), and ``AMQPHost``, ``DumpHost``,
     ``MetricsHost`` in amqp.py, dump.py and metrics.py; each names only what its
@@ -202,225 +197,6 @@ class Server:
     @property
     def hooks(self) -> ClusterController | None:
         return self.cluster
-
-    def server_properties(self) -> dict[str, Any]:
-        name = self.cluster_config.name if self.cluster_config is not None else "standalone"
-        # lane_probes: this server echoes ``cluster.lane-probe`` (a peer probes only
-        # servers that say so, so a rolling upgrade never rebuilds links to old ones)
-        properties: dict[str, Any] = {"spid": self.spid, "cluster_name": name, "lane_probes": 1}
-        group = self.cluster.hostgroup if self.cluster is not None else None
-        if group is not None:
-            # a link that reached this host's port learns whose it is, and its workers
-            properties |= {"host": group.host_id, "host_links": list(group.links)}
-        return properties
-
-    def cluster_summary(self) -> dict[str, Any]:
-        """The cluster view for dumps; a standalone server has no root and no peers."""
-        if self.cluster is not None:
-            return self.cluster.summary()
-        return {"role": "standalone", "root": None, "peers_active": 0, "peers_known": 0}
-
-    @property
-    def status_interval(self) -> float:
-        """Seconds between console statuses: the cluster heartbeat, or 1 s standalone."""
-        return self.cluster.config.heartbeat_interval if self.cluster is not None else 1.0
-
-    def counts(self) -> dict[str, int]:
-        """Current sizes for the console's ``counts`` (walks connections and vhosts)."""
-        channels = [
-            ch
-            for proto in self.connections.values()
-            if proto.machine is not None
-            for ch in proto.machine.channels.values()
-        ]
-        totals = self.broker.totals()
-        return {
-            "connections": len(self.connections),
-            "channels": len(channels),
-            "consumers": totals["consumers"],
-            "vhosts": totals["vhosts"],
-            "exchanges": totals["exchanges"],
-            "queues": totals["queues"],
-            "bindings": totals["bindings"],
-            "messages_ready": totals["messages_ready"],
-            "messages_unacked": sum(ch.unacked_count for ch in channels),
-        }
-
-    def status(self) -> dict[str, Any]:
-        """``brokerd ctl status --json``: identity, cluster view, counts."""
-        counts = {
-            "port": self.port,
-            "tls_port": self.tls_port,
-            "address": self.address,
-            "started": self.started,
-            "rates": self.rates,
-            **self.counts(),  # the broker's totals() and the connection counts
-            "totals": self.broker.counters(),
-            "store": self.store.describe(),
-            "blocked": dict(self._blocks),
-            "resources": self.resources.status(),
-            "loop": self.loopwatch.describe(),
-            "settings": self.settings_in_force(),
-            "console": None
-            if self.console is None
-            else {
-                "url": self.console.url,
-                "connected": self.console.connected,
-                "config_version": self.console.commands.config_version,
-                "config_checksum": self.console.commands.config_checksum,
-            },
-        }
-        if self.cluster is not None:
-            config = self.cluster.config
-            heartbeat = {
-                "interval": config.heartbeat_interval,
-                "timeout": config.heartbeat_timeout,
-                "open_timeout": config.open_timeout,
-            }
-            status = self.cluster.status()
-            alarms = status.get("alarms", []) + self.resources.alarm_list()
-            return {**status, "alarms": alarms, "heartbeat": heartbeat, **counts}
-        return {
-            "alarms": self.resources.alarm_list(),
-            "spid": self.spid,
-            "type": "standalone",
-            "is_root": False,
-            "root": None,
-            "ready": True,
-            "root_enabled": False,
-            "peers": [],
-            "checksum": None,
-            **counts,
-        }
-
-    def control(self, request: dict[str, Any]) -> dict[str, Any] | Awaitable[dict[str, Any]]:
-        """Answer one control-socket request (see brokerd/ctl.py); a queue move is
-        answered once it ends (a coroutine)."""
-        command = request["command"]
-        if command == "status":
-            return self.status()
-        if command == "dump":
-            return {"dump": self.state_dump()}
-        args = request.get("args") or []
-        if command == "queues" and args == ["rebalance"]:
-            return self._queue_op(queueops.rebalance, self.cluster, None)
-        if command == "queues":
-            return {"spid": self.spid, "queues": dump.queue_table(self)}
-        if command == "connections":
-            return {"spid": self.spid, "connections": dump.connection_table(self)}
-        if command == "queue" and len(args) == 3 and args[0] == "move":
-            if not all(isinstance(a, str) and a for a in args):
-                raise ControlError("queue move takes a queue name and a primary's spid")
-            return self._queue_move(args[1], args[2])
-        if command in ("root", "fault"):
-            if self.cluster is None:
-                raise ControlError(f"'{command}' needs a clustered broker (started with --cluster)")
-            args = request.get("args") or []
-            try:
-                if command == "root" and args in (["enable"], ["disable"]):
-                    return self.cluster.set_root_enabled(args[0] == "enable")
-                if command == "fault" and len(args) == 2 and args[0] == "cut-link":
-                    return self.cluster.cut_link(args[1])
-                if command == "fault" and args == ["heal"]:
-                    return self.cluster.heal()
-            except ValueError as exc:
-                raise ControlError(str(exc)) from None
-            raise ControlError(f"bad arguments for '{command}': {args}")
-        raise ControlError(f"unknown command '{command}'")
-
-    def _adopt(self, state: dict[str, Any], sock: socket.socket) -> Callable[[], Awaitable[None]]:
-        """A sibling hands this worker a connection: MoveError unless its user and
-        vhost are here; else what starts serving it, once the sibling let go."""
-        check_restorable(self.broker, state)
-        if self._stopping is not None and self._stopping.is_set():
-            raise MoveError("this worker is stopping")
-
-        async def start() -> None:
-            loop = asyncio.get_running_loop()
-            await loop.connect_accepted_socket(lambda: AMQPProtocol(self, state), sock=sock)
-
-        return start
-
-    def _queue_op(self, op: Any, *args: Any) -> Any:
-        try:
-            return op(*args)
-        except queueops.QueueOpError as exc:
-            raise ControlError(str(exc)) from None
-
-    async def _queue_move(self, name: str, to: str) -> dict[str, Any]:
-        try:
-            return await queueops.move_and_wait(self.cluster, None, name, to)
-        except queueops.QueueOpError as exc:
-            raise ControlError(str(exc)) from None
-
-    # -- the console link's host (brokerd.consolelink.host.ConsoleHost) -----------
-
-    @property
-    def worker_of(self) -> tuple[str, int, int] | None:
-        address = self.options.host_address
-        if address is None:
-            return None
-        return address, self.options.worker_index, self.options.host_workers
-
-    @property
-    def server_type(self) -> str:
-        """primary or secondary: what a clustered server was started as."""
-        return self.options.server_type
-
-    @property
-    def cluster_checksum(self) -> str | None:
-        return self.cluster.checksum if self.cluster is not None else None
-
-    def cluster_status(self) -> dict[str, Any] | None:
-        """The cluster controller's status; None for a standalone server."""
-        return self.cluster.status() if self.cluster is not None else None
-
-    def resource_status(self) -> dict[str, Any]:
-        return self.resources.status()
-
-    def resource_alarms(self) -> list[dict[str, Any]]:
-        return self.resources.alarm_list()
-
-    def loop_status(self) -> dict[str, Any]:
-        return self.loopwatch.describe()
-
-    def settings_in_force(self) -> dict[str, Any]:
-        """The configuration in force and where each part came from (file, the
-        console's document, default): ``ctl status`` and the console's drift view."""
-        if self.console is not None:
-            return self.console.commands.in_force()
-        return inforce.in_force(self.config, self.cluster_config, None)
-
-    @property
-    def tls_settings(self) -> TLSSettings | None:
-        return self.listeners.tls
-
-    def state_dump(self) -> str:
-        """The full state dump (SIGUSR1, ``brokerd ctl dump``, the console's state.dump)."""
-        return dump.full(self)
-
-    def set_root_enabled(self, enabled: bool) -> bool:
-        """The console's root.enable / root.disable: the control socket's ``root``
-        command; what it refuses is refused with the same text."""
-        try:
-            result = self.control({"command": "root", "args": ["enable" if enabled else "disable"]})
-        except ControlError as exc:
-            raise HostRefused(str(exc)) from None
-        return result["root_enabled"]  # type: ignore[index]
-
-    def move_queue(self, vhost: str, name: str, to: str) -> dict[str, Any]:
-        """The console's queue.move: asked of the root, answered at once."""
-        try:
-            return queueops.request_move(self.cluster, vhost, name, to)
-        except queueops.QueueOpError as exc:
-            raise HostRefused(str(exc)) from None
-
-    def rebalance_queues(self, vhost: str) -> dict[str, Any]:
-        """The console's queues.rebalance."""
-        try:
-            return queueops.rebalance(self.cluster, vhost)
-        except queueops.QueueOpError as exc:
-            raise HostRefused(str(exc)) from None
 
     # -- lifecycle ----------------------------------------------------------------
 
