@@ -35,8 +35,8 @@ from brokerd.model.arguments import (
     amqp_type_name,
     validate_queue_arguments,
 )
+from brokerd.model.consumers import QueueConsumers
 from brokerd.model.deadletter import MAXLEN, REJECTED
-from brokerd.model.errors import ACCESS_REFUSED, ChannelError
 from brokerd.model.expiry import QueueExpiry
 from brokerd.model.interfaces import ConsumerSink, Got, PublishWaiter, Reply
 from brokerd.model.message import Message
@@ -63,7 +63,7 @@ PAGE_LIMIT = 64 * 1024 * 1024
 _TIEBREAK = itertools.count()
 
 
-class Queue(QueueExpiry):
+class Queue(QueueConsumers, QueueExpiry):
     """The local queue type: a FIFO of messages and a round-robin set of consumers.
 
     Standalone every queue is one; in a cluster the private (exclusive) queues
@@ -653,89 +653,6 @@ class Queue(QueueExpiry):
         """The (messages, consumers) counts a queue.declare-ok carries."""
         self.touch()
         reply((self.message_count, self.consumer_count))
-
-    # -- consumers -----------------------------------------------------------
-
-    def check_consumer(self, consumer: ConsumerSink) -> None:
-        """Refuse a consumer that exclusivity rules out (403, RabbitMQ's texts)."""
-        if self.consumers and (consumer.exclusive or any(c.exclusive for c in self.consumers)):
-            raise ChannelError(
-                ACCESS_REFUSED,
-                f"queue '{self.name}' in vhost '{self.vhost}' in exclusive use"
-                if not consumer.exclusive
-                else f"queue '{self.name}' in vhost '{self.vhost}' has consumers, "
-                "cannot become exclusive",
-            )
-
-    def add_consumer(self, consumer: ConsumerSink, reply: Reply | None = None) -> None:
-        """Attach a consumer; ``reply(None)`` (consume-ok) goes before any delivery,
-        ``reply(error)`` refuses it. Without ``reply`` an error is raised."""
-        try:
-            self.check_consumer(consumer)
-        except ChannelError as exc:
-            if reply is None:
-                raise
-            reply(exc)
-            return
-        self.consumers.append(consumer)
-        self.had_consumers = True
-        if reply is not None:
-            reply(None)
-        self.dispatch()
-
-    def push_held(
-        self, message: Message, waiter: PublishWaiter | None = None, *, redelivered: bool = False
-    ) -> bool:
-        """``push`` (``restore`` if ``redelivered``) without offering the message to a
-        consumer: a queue being handed to another server delivers nothing."""
-        consumers, self.consumers = self.consumers, []
-        try:
-            if redelivered:
-                self.restore(message, waiter)
-                return True
-            return self.push(message, waiter)
-        finally:
-            self.consumers = consumers
-
-    def attach(self, consumer: ConsumerSink) -> None:
-        """List a consumer that was checked and accepted elsewhere (a queue type that
-        holds this one proxies it to the server that owns its messages): no
-        exclusivity check, nothing dispatched from here."""
-        self.consumers.append(consumer)
-        self.had_consumers = True
-
-    def detach(self, consumer: ConsumerSink) -> bool:
-        """Take a consumer off without consequence (no auto-delete, no x-expires
-        count): it is attached elsewhere now, or comes back at once (a cluster
-        session that ended). False if it was not attached."""
-        if consumer not in self.consumers:
-            return False
-        self.consumers.remove(consumer)
-        return True
-
-    def remove_consumer(self, consumer: ConsumerSink) -> None:
-        """Detach a consumer (cancel, channel gone); an auto-delete queue that has
-        lost its last consumer goes (``on_unused``), an x-expires one starts counting."""
-        if consumer not in self.consumers:
-            return
-        self.consumers.remove(consumer)
-        self.check_unused()
-
-    def check_unused(self) -> None:
-        """The queue may have lost its last consumer (also to a session the cluster
-        released): an auto-delete queue goes, an x-expires one starts counting."""
-        if self.consumers or self.deleted:
-            return
-        if self.unused_auto_delete and self.on_unused is not None:
-            self.on_unused(self)
-        elif self.expires is not None:
-            self.touch()
-            self._arm_unused()
-
-    @property
-    def unused_auto_delete(self) -> bool:
-        """An auto-delete queue goes once it had consumers and the last one left."""
-        return self.auto_delete and self.had_consumers and not self.consumers
 
     def __repr__(self) -> str:
         return f"<Queue {self.vhost}:{self.name} {self.message_count} ready>"
