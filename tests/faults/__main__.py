@@ -92,6 +92,15 @@ def main(argv: list[str] | None = None) -> int:
         help="each server in its own network namespace (root only): the network faults "
         f"({','.join(NETWORK_KINDS)}) are drawn too",
     )
+    parser.add_argument(
+        "--stall-dumps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="write every server's state dump to stall-K.txt in the run's directory when "
+        "a confirm waits past --stall-after seconds, at most N times (default 0: off)",
+    )
+    parser.add_argument("--stall-after", type=float, default=RunConfig.stall_after)
     parser.add_argument("--dir", type=Path, help="where the servers keep data and logs (kept)")
     parser.add_argument("--json", type=Path, help="write the history and the report here")
     parser.add_argument("--check", type=Path, help="only check a history saved with --json")
@@ -134,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         flood_rate=args.flood_rate,
         flood_size=args.flood_size,
         netbed=args.netbed,
+        stall_dumps=args.stall_dumps,
+        stall_after=args.stall_after,
     )
     base = args.dir or Path(tempfile.mkdtemp(prefix="rookery-faults-"))
     started = time.monotonic()
@@ -150,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(outcome.report.format())
     print(f"took {time.monotonic() - started:.0f}s; logs in {base}")
+    if dumps := outcome.history.meta.get("stall_dumps"):
+        print(f"stall dumps: {', '.join(dumps)}")
     if outcome.crashes:
         print(f"SERVERS EXITED BY THEMSELVES: {outcome.crashes}")
     if outcome.leftover or outcome.stuck_clients:

@@ -22,6 +22,7 @@ from tests.faults import owners
 from tests.faults.checker import Report, check
 from tests.faults.history import History, Recorder
 from tests.faults.nemesis import KINDS, Nemesis, schedule
+from tests.faults.stalls import StallWatch
 from tests.faults.workload import (
     Client,
     Consumer,
@@ -68,6 +69,10 @@ class RunConfig:
     #: each server in its own network namespace (tests/support/netbed.py): the network
     #: faults can be drawn, and clients reach the servers through a real bridge
     netbed: bool = False
+    #: at most this many stall dumps (``stalls.py``: every server's state while a
+    #: confirm waited past ``stall_after`` seconds); 0: none
+    stall_dumps: int = 0
+    stall_after: float = 1.5
 
 
 @dataclass
@@ -163,6 +168,11 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
     history.meta = {"config": config.__dict__ | {"kinds": list(config.kinds)}, "servers": servers}
     describe = ""
     nemesis: Nemesis | None = None
+    watch = None
+    if config.stall_dumps:
+        watch = StallWatch(
+            cluster, publishers, base, limit=config.stall_dumps, after=config.stall_after
+        )
     try:
         cluster.start_all()
         cluster.wait_until(cluster.settled_root, timeout=30, what="a settled root")
@@ -170,6 +180,8 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
         for client in clients:
             client.start()
         time.sleep(config.warmup)
+        if watch is not None:
+            watch.start()
         nemesis = Nemesis(
             cluster,
             recorder,
@@ -203,6 +215,11 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
         describe = cluster.describe()
         raise
     finally:
+        if watch is not None:
+            watch.halt()
+            if watch.ident is not None:
+                watch.join(10)
+            history.meta["stall_dumps"] = [str(p) for p in watch.written]
         for client in clients:
             client.halt()
         for client in clients:

@@ -172,6 +172,9 @@ class Publisher(Client):
         self.pad = pad
         self.seq = 0
         self.slowest = 0.0  # the longest wait for a confirm (s)
+        #: while a publish waits for its confirm: since when (wall clock), and its queue
+        self.waiting_since: float | None = None
+        self.waiting_for = ""
 
     def work(self, conn: BlockingConnection, channel: BlockingChannel) -> None:
         channel.confirm_delivery()
@@ -182,6 +185,7 @@ class Publisher(Client):
             queue = self.queues[self.seq % len(self.queues)]
             sent = time.time()
             outcome = UNKNOWN
+            self.waiting_for, self.waiting_since = queue, sent
             try:
                 channel.basic_publish(
                     "",
@@ -196,6 +200,7 @@ class Publisher(Client):
             except UnroutableError:
                 outcome = RETURNED
             finally:  # UNKNOWN when the connection failed under the publish
+                self.waiting_since = None
                 done = time.time()
                 self.slowest = max(self.slowest, done - sent)
                 self.recorder.publish(
