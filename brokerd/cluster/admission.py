@@ -47,9 +47,10 @@ class Admission:
                 NOT_ALLOWED, f"this cluster serves vhost '{self.config.vhost}' only"
             )
         self.evaluate()
-        if self.standing.sends_clients_away:
+        away = self.standing.away_reason
+        if away is not None:
             # waiting here would last as long as the cut: send the client elsewhere now
-            raise ConnectionError_(CONNECTION_FORCED, f"cluster: {self.standing.not_ready_reason}")
+            raise ConnectionError_(CONNECTION_FORCED, f"cluster: {away}")
         if not self.standing.ready:
             return Wait(
                 f"cluster not ready: {self.standing.not_ready_reason}", self.config.open_timeout

@@ -340,6 +340,9 @@ class ClusterController(Membership):
     def in_sync(self, root: str) -> bool:
         return self.wiring.in_sync(root, self.term_of(root))
 
+    def waits_on(self, spid: str) -> str | None:
+        return self.queues.waits_on(spid)
+
     def term_of(self, spid: str) -> int:
         """The term a server acts in, as its latest status says (ours: our own)."""
         if spid == self.spid:

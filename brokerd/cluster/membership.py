@@ -481,6 +481,11 @@ class Membership(Admission):
         """Does this server hold the root's wiring (it may serve clients)?"""
         return True
 
+    def waits_on(self, spid: str) -> str | None:
+        """A queue owned by ``spid`` this server's clients wait on (the controller's
+        queues know; membership alone: none)."""
+        return None
+
     def want_sync(self, root: str) -> None:
         """Ask the root for its wiring."""
 

@@ -101,6 +101,7 @@ class StandingHost(Protocol):
     def state_term(self) -> int: ...
     def in_sync(self, root: str) -> bool: ...
     def ended_primaries(self, now: float) -> int: ...
+    def waits_on(self, spid: str) -> str | None: ...
 
 
 class StandingEvents(Protocol):
@@ -479,6 +480,8 @@ class Standing:
                 _soon(self.events.detach, f"cluster: {detachment.reason()}")
             else:
                 log.warning("reattached spid=%s root=%s", self.host.spid, root)
+        # the root fails an owner it cannot hear over instead (a timeout later)
+        self._owner_check(now, detached is None and root not in (None, self.host.spid))
         partitioned = self._partition_check(view, root, now)
         ready = in_sync and detached is None
         if detached is not None:
@@ -503,6 +506,21 @@ class Standing:
             self.not_ready_reason = reason
             self.events.ready_changed(ready, reason)
         self.not_ready_reason = reason
+
+    def _owner_check(self, now: float, asked: bool) -> None:
+        """Cut off from an owner its clients wait on while others reach it
+        (``detachment.py``): those clients go elsewhere."""
+        detachment = self.detachment
+        was = detachment.owner
+        if not asked:
+            detachment.owner = None
+            return
+        found = detachment.check_owners(now)
+        if found is not None and was is None:
+            log.warning("cut from an owner spid=%s: %s", self.host.spid, detachment.owner_reason())
+            _soon(self.events.detach, f"cluster: {detachment.owner_reason()}")
+        elif found is None and was is not None:
+            log.warning("owner %s reached again spid=%s", was[0], self.host.spid)
 
     def _partition_check(self, view: View, root: str | None, now: float) -> str | None:
         """Partitioned off in a minority (``partition.py``): its clients go elsewhere."""
@@ -530,8 +548,20 @@ class Standing:
 
     @property
     def sends_clients_away(self) -> bool:
-        """Detached or partitioned: a client is refused at once (320), not held."""
-        return self.detached is not None or self.partition.reason is not None
+        """Detached, partitioned, or cut from an owner its clients use: a client is
+        refused at once (320), not held."""
+        return self.away_reason is not None
+
+    @property
+    def away_reason(self) -> str | None:
+        """Why a client is sent elsewhere now (None: it is not)."""
+        if self.detached is not None:
+            return self.detachment.reason()
+        if self.partition.reason is not None:
+            return self.partition.reason
+        if self.detachment.owner is not None:
+            return self.detachment.owner_reason()
+        return None
 
     def no_root_reason(self, view: View, decision: Decision) -> str:
         """Why there is no root, in words that name the cause (the 541 text)."""

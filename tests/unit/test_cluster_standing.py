@@ -255,3 +255,46 @@ def test_a_server_healed_towards_the_others_only_detaches() -> None:
     assert took < 2 * INTERVAL, took
     reasons = [reason for _, reason in net.nodes[2].detaches]
     assert len(reasons) == 2 and "partitioned" in reasons[0] and "cannot reach root" in reasons[1]
+
+
+def test_a_server_cut_from_an_owner_its_clients_use_sends_them_away_while_others_reach_it() -> None:
+    """The bridge topology: one pair cut, the root hearing both. Nobody fails the
+    owner over (the root hears it), so the server whose clients publish to its queue
+    sends them elsewhere, as RabbitMQ promotes a partial partition; the other side of
+    the cut, whose clients need nothing there, and the root carry on."""
+    net = formed()
+    publisher_side, owner = net.nodes[2], net.nodes[1]
+    publisher_side.waits_on = lambda spid: "jobs" if spid == "s1" else None  # type: ignore[method-assign]
+    net.cut(1, 2)
+    took = net.run_until(lambda: publisher_side.standing.detachment.owner is not None, limit=3.0)
+    assert INTERVAL / 2 <= took < 2 * INTERVAL + 0.2, took
+    [(_, reason)] = publisher_side.detaches
+    assert "cannot reach s1, the owner of queue 'jobs'" in reason and "reached by s0" in reason
+    assert publisher_side.ready and publisher_side.detached is None  # in sync, still serving
+    with pytest.raises(AMQPError) as info:
+        publisher_side.admit(Conn(1, User("guest")))  # type: ignore[arg-type]
+    assert info.value.reply_code == 320 and "owner of queue 'jobs'" in info.value.text
+    net.run(2 * TIMEOUT)
+    assert owner.detaches == [] and net.nodes[0].detaches == [] and net.root() == 0
+    assert len(publisher_side.detaches) == 1, "one send-off for as long as the cut lasts"
+    net.heal()
+    net.run_until(lambda: publisher_side.standing.detachment.owner is None, limit=2 * TIMEOUT)
+    assert publisher_side.admit(Conn(2, User("guest"))) is None  # type: ignore[arg-type]
+
+
+def test_a_root_cut_from_an_owner_fails_it_over_and_keeps_its_clients() -> None:
+    net = formed()
+    root = net.nodes[0]
+    root.waits_on = lambda spid: "jobs" if spid == "s1" else None  # type: ignore[method-assign]
+    net.cut(0, 1)
+    net.run(2 * TIMEOUT)
+    assert root.detaches == [] and root.standing.detachment.owner is None
+
+
+def test_an_owner_that_died_is_waited_for_not_a_reason_to_leave() -> None:
+    """Nobody reaches a killed owner: its queues fail over, no witness, no send-off."""
+    net = formed()
+    net.nodes[2].waits_on = lambda spid: "jobs" if spid == "s1" else None  # type: ignore[method-assign]
+    net.kill(1)
+    net.run(2 * TIMEOUT)
+    assert net.nodes[2].detaches == []

@@ -167,6 +167,21 @@ class QueueService:
             return []
         return [q for q in vhost.queues.values() if isinstance(q, SharedQueue)]
 
+    def waits_on(self, spid: str) -> str | None:
+        """A queue owned by ``spid`` that this server's clients wait on (publishes
+        forwarded and unsettled, or kept for it; consumers proxied to it), or None:
+        what a server cut off from that owner while others reach it sends its
+        clients elsewhere for (``detachment.py``)."""
+        out = self.transport.outbound.get(spid)
+        if out is not None:
+            for _message, targets, _done, _redelivered in out.unsettled.values():
+                for _spid, name in targets:
+                    return name
+        for queue in self.shared_queues():
+            if queue.owner == spid and (queue.proxied or self.orphans.holds(queue.name)):
+                return queue.name
+        return None
+
     @property
     def default_queue_type(self) -> str | None:
         """The cluster file's type for shared queues declared without one."""
