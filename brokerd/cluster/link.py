@@ -46,7 +46,11 @@ from brokerd.wire.codec import content_parts, encode_properties, method_frame
 log = logging.getLogger("brokerd.cluster.link")
 
 BACKOFF_MIN = 0.2
-BACKOFF_MAX = 5.0
+#: a peer back from a restart is linked again within about this long: a secondary,
+#: which no primary links to, has only its own retries to find a restarted owner of
+#: the queues its clients use (the fault harness saw 4 s stalls at a 5 s cap); a
+#: dead peer costs one refused connection a second, with jitter against storms
+BACKOFF_MAX = 1.0
 #: after a connection attempt was reset or cut short: ask again this soon, a few times
 #: (a process being killed still holds its listening socket for a moment; asked again
 #: a little later, its port refuses, which is what tells the peer is gone)

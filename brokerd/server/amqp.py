@@ -186,6 +186,11 @@ class AMQPProtocol(asyncio.Protocol):
     def flow_paused(self) -> bool:
         return "flow" in self._holds
 
+    @property
+    def holds(self) -> frozenset[str]:
+        """Why reading is stopped now (empty: it is not): the state dump shows it."""
+        return frozenset(self._holds)
+
     def _next_turn(self) -> None:
         self._turn_bytes = 0
         self._release("budget")

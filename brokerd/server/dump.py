@@ -122,6 +122,7 @@ def full(server: DumpHost) -> str:
             f"in={d['messages_in']} out={d['messages_out']}"
             + (f" flow={paused}" if paused else "")
             + (f" flow_pauses={pauses}" if pauses else "")
+            + (f" reading=stopped({','.join(sorted(holds))})" if (holds := proto.holds) else "")
         )
         for ch in conn.channels.values():
             c = ch.describe()

@@ -66,6 +66,10 @@ class StallWatch(threading.Thread):
             for p in stalled
         ]
         for node in self.cluster.nodes:
+            if node.slow is not None:  # the proxy in front of its known-host address
+                lines.append(f"\n===== [{node.index}]'s slow-link proxy =====")
+                lines.extend(node.slow.describe())
+        for node in self.cluster.nodes:
             lines.append(f"\n===== [{node.index}] =====")
             if not node.answering():
                 lines.append("not answering (stopped, paused or dead)")

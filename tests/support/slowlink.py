@@ -77,6 +77,8 @@ class SlowLink:
         self._server: asyncio.AbstractServer | None = None
         self._moving = asyncio.Event()
         self._pipes: set[asyncio.Task[None]] = set()
+        #: each direction of each connection carried: what it moved and holds now
+        self._flows: dict[int, _Flow] = {}
 
     # -- control, from any thread -----------------------------------------------------
 
@@ -123,6 +125,22 @@ class SlowLink:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
+    def describe(self) -> list[str]:
+        """One line per direction of each open connection: bytes moved, chunks queued,
+        and whether its writer still runs (a fault run's stall dumps show them)."""
+        if not self._thread.is_alive():
+            return []
+        lines: list[str] = []
+        done = threading.Event()
+
+        def run() -> None:
+            lines.extend(str(f) for f in self._flows.values())
+            done.set()
+
+        self._loop.call_soon_threadsafe(run)
+        done.wait(5)
+        return lines
+
     def _call(self, fn: object, *args: object) -> None:
         done = threading.Event()
 
@@ -164,29 +182,41 @@ class SlowLink:
         except OSError:
             writer.close()
             return
-        for source, sink in ((reader, up_writer), (up_reader, writer)):
-            task = asyncio.get_running_loop().create_task(self._pipe(source, sink))
+        peer = writer.get_extra_info("peername")
+        for source, sink, way in ((reader, up_writer, "in"), (up_reader, writer, "out")):
+            task = asyncio.get_running_loop().create_task(
+                self._pipe(source, sink, f"{peer[0]}:{peer[1]} {way}")
+            )
             self._pipes.add(task)
             task.add_done_callback(self._pipes.discard)
 
-    async def _pipe(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    async def _pipe(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, name: str
+    ) -> None:
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(QUEUE_CHUNKS)
-        writer = asyncio.get_running_loop().create_task(self._deliver(queue, sink))
+        flow = self._flows[id(queue)] = _Flow(name, queue)
+        writer = asyncio.get_running_loop().create_task(self._deliver(queue, sink, flow))
+        flow.writer = writer
         try:
             while True:
                 chunk = await source.read(CHUNK)
                 if not chunk:
                     break
+                flow.read += len(chunk)
                 await queue.put((time.monotonic(), chunk))
             await queue.put((time.monotonic(), b""))
             await writer
         except (OSError, asyncio.CancelledError):
             writer.cancel()
         finally:
+            self._flows.pop(id(queue), None)
             sink.close()
 
     async def _deliver(
-        self, queue: asyncio.Queue[tuple[float, bytes]], sink: asyncio.StreamWriter
+        self,
+        queue: asyncio.Queue[tuple[float, bytes]],
+        sink: asyncio.StreamWriter,
+        flow: _Flow | None = None,
     ) -> None:
         while True:
             arrived, chunk = await queue.get()
@@ -203,3 +233,29 @@ class SlowLink:
             await self._moving.wait()
             sink.write(chunk)
             await sink.drain()
+            if flow is not None:
+                flow.written += len(chunk)
+
+
+@dataclass
+class _Flow:
+    """One direction of one proxied connection, for ``SlowLink.describe``."""
+
+    name: str
+    queue: asyncio.Queue[tuple[float, bytes]]
+    read: int = 0
+    written: int = 0
+    writer: asyncio.Task[None] | None = None
+
+    def __str__(self) -> str:
+        writer = self.writer
+        if writer is None or not writer.done():
+            state = "running"
+        elif writer.cancelled():
+            state = "cancelled"
+        else:
+            state = f"ended ({writer.exception()!r})"
+        return (
+            f"{self.name}: read={self.read} written={self.written} "
+            f"queued={self.queue.qsize()} writer={state}"
+        )

@@ -17,7 +17,7 @@ def _publisher(name: str, since: float | None, seq: int = 1) -> Any:
 
 
 def test_a_stalled_confirm_is_dumped_once_and_the_dumps_are_bounded(tmp_path: Path) -> None:
-    node = SimpleNamespace(index=0, answering=lambda: False)
+    node = SimpleNamespace(index=0, answering=lambda: False, slow=None)
     cluster: Any = SimpleNamespace(nodes=[node])
     stalled, fresh = _publisher("p0", time.time() - 5), _publisher("p1", time.time())
     idle = _publisher("p2", None)
