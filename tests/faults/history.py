@@ -76,6 +76,9 @@ class Fault:
     peer: int | None = None  # the other end of a cut link
     peer_role: str | None = None
     note: str = ""
+    #: a network fault's heal began (``end`` is when it was done): what a server did
+    #: before this, it did cut off
+    healing: float | None = None
 
 
 @dataclass

@@ -257,6 +257,7 @@ class Nemesis:
                 fault.note = "; ".join(p for p in (fault.note, cut) if p)
                 time.sleep(planned.hold)
             finally:
+                fault.healing = time.time()
                 bed.heal()
         elif planned.kind.startswith("pause-"):
             cluster.pause(target)
@@ -273,6 +274,7 @@ class Nemesis:
             except (AssertionError, OSError, ValueError) as exc:  # recorded; the heal still runs
                 fault.note = (fault.note + "; " if fault.note else "") + f"cut failed: {exc}"
             finally:
+                fault.healing = time.time()
                 self.heal([target, peer])
         fault.end = time.time()
         try:

@@ -124,6 +124,7 @@ def _longest_gap(times: list[float], start: float, end: float) -> float | None:
 
 def _last_after(fault: Fault, times: Iterable[float]) -> float:
     """Seconds from the cut to the cut-off server's last confirm or delivery while it
-    was cut off (0.0: none)."""
-    end = fault.end or fault.start
+    was cut off, before its heal began (0.0: none): a publish it held through the
+    cut may well be confirmed the moment the heal lets it through."""
+    end = fault.healing or fault.end or fault.start
     return max((t - fault.start for t in times if fault.start < t <= end), default=0.0)

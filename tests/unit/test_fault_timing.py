@@ -40,6 +40,16 @@ def test_a_cut_off_server_confirming_late_is_measured_from_the_cut() -> None:
     assert "cut-off server confirms" in "\n".join(timing.lines())
 
 
+def test_a_confirm_let_through_by_the_heal_is_not_one_made_while_cut_off() -> None:
+    """The heal takes a moment (``end`` is when it was done): a publish held through
+    the cut, confirmed as the heal lets it through, is not the cut-off server's."""
+    fault = Fault("unplug", 0, "root", 3.0, end=5.6, recovered=6.0, healing=5.5)
+    history = History(publishes=_acks("p0", 0, [3.05, 5.55]), faults=[fault])
+    assert [round(t, 2) for t in measure(history).stop_confirming["unplug"]] == [0.05]
+    fault.healing = None  # a history recorded before ``healing``: up to ``end``
+    assert [round(t, 2) for t in measure(history).stop_confirming["unplug"]] == [2.55]
+
+
 def test_a_cut_off_server_delivering_late_is_measured_from_the_cut() -> None:
     history = History(
         deliveries=[
