@@ -644,3 +644,17 @@ class Sampler:
 
     def since(self, moment: float) -> list[Sample]:
         return [s for s in self.samples if s.at >= moment]
+
+
+@contextlib.contextmanager
+def netbed_cluster(base: Path, primaries: int = 3, timeout: float = 1.0) -> Iterator[Cluster]:
+    """``primaries`` servers, each in its own namespace on a network test bed, with a
+    settled root; stopped, and the bed torn down, on the way out."""
+    with NetBed(primaries) as bed:
+        made = Cluster(base, primaries=primaries, timeout=timeout, netbed=bed)
+        try:
+            made.start_all()
+            made.wait_until(made.settled_root, timeout=30, what="a settled root")
+            yield made
+        finally:
+            made.close()

@@ -20,9 +20,9 @@ import pika
 import pytest
 from pika.exceptions import AMQPError
 
-from tests.cluster_harness import Cluster
+from tests.cluster_harness import Cluster, netbed_cluster
 from tests.faults.workload import close_quietly, connect, declare
-from tests.support.netbed import NetBed, unavailable
+from tests.support.netbed import unavailable
 
 pytestmark = [
     pytest.mark.integration,
@@ -35,14 +35,8 @@ QUEUE = "bridged"
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with NetBed(3) as bed:
-        made = Cluster(tmp_path, primaries=3, timeout=TIMEOUT, netbed=bed)
-        try:
-            made.start_all()
-            made.wait_until(made.settled_root, timeout=30, what="a settled root")
-            yield made
-        finally:
-            made.close()
+    with netbed_cluster(tmp_path, 3, TIMEOUT) as made:
+        yield made
 
 
 class Publisher(threading.Thread):

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from brokerd.cluster.link import link_heartbeat
-from tests.cluster_harness import Cluster
-from tests.support.netbed import NetBed, unavailable
+from tests.cluster_harness import Cluster, netbed_cluster
+from tests.support.netbed import unavailable
 
 pytestmark = [
     pytest.mark.integration,
@@ -31,14 +31,8 @@ TIMEOUT = 1.0
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with NetBed(3) as bed:
-        made = Cluster(tmp_path, primaries=3, timeout=TIMEOUT, netbed=bed)
-        try:
-            made.start_all()
-            made.wait_until(made.settled_root, timeout=30, what="a settled root")
-            yield made
-        finally:
-            made.close()
+    with netbed_cluster(tmp_path, 3, TIMEOUT) as made:
+        yield made
 
 
 def _link_state(cluster: Cluster, index: int, peer: str) -> str | None:
