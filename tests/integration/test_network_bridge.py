@@ -24,8 +24,10 @@ from tests.cluster_harness import Cluster, netbed_cluster
 from tests.faults.workload import close_quietly, connect, declare
 from tests.support.netbed import unavailable
 
+# serial: the resume is measured against the heartbeat, beside no other load (Makefile)
 pytestmark = [
     pytest.mark.integration,
+    pytest.mark.serial,
     pytest.mark.skipif(unavailable() is not None, reason=f"netbed: {unavailable()}"),
 ]
 
