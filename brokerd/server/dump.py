@@ -13,6 +13,7 @@ from brokerd.server.host import ServerState
 from brokerd.server.resources import format_bytes
 
 if TYPE_CHECKING:
+    from brokerd.cluster.controller import ClusterController
     from brokerd.server.amqp import AMQPProtocol
 
 
@@ -123,6 +124,7 @@ def full(server: DumpHost) -> str:
             + (f" flow={paused}" if paused else "")
             + (f" flow_pauses={pauses}" if pauses else "")
             + (f" reading=stopped({','.join(sorted(holds))})" if (holds := proto.holds) else "")
+            + _link_lane(cluster, conn.id, conn.cluster_link)
         )
         for ch in conn.channels.values():
             c = ch.describe()
@@ -258,3 +260,14 @@ def queue_table(server: ServerState) -> list[dict[str, Any]]:
                 }
             )
     return sorted(rows, key=lambda r: (r["vhost"], r["name"]))
+
+
+def _link_lane(cluster: ClusterController | None, conn_id: int, link: bool) -> str:
+    """Which peer's link lane an inbound link connection carries, as membership has
+    it (a link connection it does not know is refused what it sends)."""
+    if cluster is None or not link:
+        return ""
+    spid = cluster.inbound.get(conn_id)
+    if spid is None:
+        return " link_of=unknown"
+    return f" link_of={spid}/{cluster.lanes.get(conn_id, 'data')}"
