@@ -97,6 +97,15 @@ def full(server: DumpHost) -> str:
                 or "off"
             )
         )
+        orphans = cluster.queues.orphans.describe()
+        if orphans["kept"]:
+            lines.append(
+                f"orphans: {orphans['kept']} forwards kept for {orphans['for_seconds']}s: "
+                + "; ".join(
+                    f"{name} {q['kept']} ({q['waits'] or 'routable'})"
+                    for name, q in orphans["queues"].items()
+                )
+            )
         retired = retired_spids(cluster)  # a restarted peer's old spid: no row of its own
         for spid, lane in sorted(cluster.lanes_status().items()):
             if spid in retired:

@@ -403,6 +403,9 @@ def test_a_publish_behind_kept_ones_for_its_queue_waits_behind_them(net: Net) ->
     assert plane.orphans.holds("q")
     assert net.queue("B", "q").push(message(b"2"), Waiter())  # behind "1", not to A
     assert [m.body for m, *_ in plane.orphans.kept] == [b"1", b"2"]
+    described = plane.orphans.describe()  # what a state dump shows of them
+    assert described["kept"] == 2 and described["queues"]["q"]["kept"] == 2
+    assert "fenced, failover under way" in described["queues"]["q"]["waits"]
     net.fail_over("A")
     net.pump()
     assert [m.body for m, _r in net.queue("B", "q").ready()] == [b"1", b"2"]

@@ -207,6 +207,40 @@ class Orphans:
         waiter.arm(ok, routed)
         return True
 
+    def describe(self) -> dict[str, Any]:
+        """What is kept, for how long, and per queue why it cannot go yet (the state
+        dump shows it: a publisher waiting on a confirm waits here)."""
+        out: dict[str, Any] = {"kept": len(self.kept), "bytes": self.bytes}
+        if self.kept:
+            out["for_seconds"] = round(self.clock() - self.since, 3)
+        out["queues"] = {
+            name: {"kept": count, "waits": self._waits(name)}
+            for name, count in sorted(self.queues.items())
+            if count > 0
+        }
+        return out
+
+    def _waits(self, name: str) -> str:
+        """Why a forward for queue ``name`` cannot be routed now ("" if it can)."""
+        queue = self.shared_queue(name)
+        if queue is None:
+            return ""
+        owner = queue.owner
+        if owner is None:
+            return "no owner"
+        if queue.moving is not None:
+            return f"moving to {queue.moving}"
+        if self.is_fenced(owner):
+            return f"owner {owner} fenced, failover under way"
+        if owner == self.transport.spid:
+            return "" if queue.local else "owned here, not taken yet"
+        out = self.transport.outbound.get(owner)
+        if out is None or not out.up:
+            return f"owner {owner}: link down"
+        if not self.transport.reachable(owner):
+            return f"owner {owner}: not active (silent)"
+        return ""
+
     def expire(self) -> None:
         """Kept forwards that found no owner within the open timeout are nacked."""
         if self.kept and (self.clock() - self.since > self.open_timeout()):
