@@ -5,9 +5,12 @@ write heartbeats and read the other's. It does not prove that what we write on
 the data lane is taken and acted on. A soak on the network bed saw a data lane
 that did neither for 27 s while its heartbeats and the control lane worked: the
 root answered a primary's sync request every second and the primary never got
-an answer, so it stayed not ready. Whatever the cause, the cure for a lane that
-does not deliver is to build the link again: the planes treat a lost link as a
-lost session and send what was unsettled again.
+an answer, so it stayed not ready. (The cause, found by the state dumps of a
+later soak: a link that opened while the server blocked its publishers inherited
+the block, and its lane's publishes were never read; fixed in
+``protocol/negotiation.py``.) Whatever the cause, the cure for a lane that does
+not deliver is to build the link again: the planes treat a lost link as a lost
+session and send what was unsettled again.
 
 So every heartbeat a link posts a probe (``cluster.lane-probe``, a number) on its
 data lane, and the peer echoes it on its own link's control lane

@@ -230,7 +230,11 @@ class Negotiation:
         self.cluster_link = self.hooks is not None and isinstance(
             self.client_properties.get("rookery_link"), dict
         )
-        if not self.cluster_link:
+        if self.cluster_link:
+            # a link carries what unblocks everyone: publishers blocked while it was
+            # still opening (it looked like any client then) must not hold its lanes
+            self.blocked_reason = None
+        else:
             self.broker.open_connection(self.vhost.name, self.user.name)  # or 530
             self.counted = True
         known_hosts = self.hooks.known_hosts() if self.hooks is not None else ""

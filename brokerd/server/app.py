@@ -398,8 +398,10 @@ class Server(Surface):
         effective = next(iter(self._blocks.values()), None)
         for proto in list(self.connections.values()):
             conn = proto.machine
-            if conn is None or conn.cluster_link:
-                continue  # cluster links carry the traffic that unblocks everyone
+            if conn is None or conn.cluster_link or conn.state is not ConnectionState.OPEN:
+                # cluster links carry the traffic that unblocks everyone; one still
+                # opening may turn out to be a link, and a client is told at its open
+                continue
             proto.set_blocked(effective)
 
     @property
