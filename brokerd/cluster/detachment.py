@@ -88,11 +88,16 @@ class Detachment:
             return False
         if not self.active(witness, now) or now - witness.last_seen > 2 * interval:
             return False
-        silent = now - peer.last_seen
-        if silent <= (interval if self.host.link_to(peer.spid) is None else 2 * interval):
+        if not self._silent(peer, now):
             return False
         echo = status.echo.get(peer.spid)
         return echo is not None and echo[0] - peer.status.sent_at >= interval
+
+    def _silent(self, peer: Peer, now: float) -> bool:
+        """Not heard for an interval with our link to it down, or for two with it up."""
+        interval = self.host.config.heartbeat_interval
+        silent = now - peer.last_seen
+        return silent > (interval if self.host.link_to(peer.spid) is None else 2 * interval)
 
     def check_owners(self, now: float) -> tuple[str, str, str] | None:
         """The owner this server's clients wait on that it cannot reach while a
@@ -102,6 +107,8 @@ class Detachment:
         for peer in self.host.peers.values():
             if peer.spid == self.host.spid or peer.gone or peer.status is None:
                 continue
+            if not self._silent(peer, now):
+                continue  # heard: no witness needed (keeps this linear in a healthy cluster)
             witness = next(
                 (w for w in self.host.peers.values() if self._reaches(w, peer, now)), None
             )
