@@ -184,12 +184,7 @@ class Orphans:
             if queue is None:
                 continue  # deleted meanwhile: not routed
             owner = queue.owner
-            if owner is None or queue.moving is not None or self.is_fenced(owner):
-                return False
-            if owner == spid:
-                if not queue.local:
-                    return False
-            elif not transport.reachable(owner):
+            if owner is None or self._waits_for(queue):
                 return False
             plan.append((owner, name))
         waiter = Callbacks(done or [])
@@ -223,8 +218,11 @@ class Orphans:
     def _waits(self, name: str) -> str:
         """Why a forward for queue ``name`` cannot be routed now ("" if it can)."""
         queue = self.shared_queue(name)
-        if queue is None:
-            return ""
+        return "" if queue is None else self._waits_for(queue)
+
+    def _waits_for(self, queue: SharedQueue) -> str:
+        """Why a forward for ``queue`` cannot go to its owner now ("" if it can): the
+        one rule ``_route`` follows and a state dump shows."""
         owner = queue.owner
         if owner is None:
             return "no owner"
