@@ -8,8 +8,9 @@ Every server runs the same election over its own view:
   the candidate whose state log ranks first by (term, sequence) is chosen
   (``terms.py``), then the one with the best copy of the shared queues: a
   whole copy before one still taking a snapshot, then the copy furthest along
-  the leading root's replication stream (``copy``), then the most senior
-  (earliest start, then lowest spid);
+  the leading root's replication stream (``copy``), then the latest root (the
+  highest term a member claimed for itself), then the most senior (earliest
+  start, then lowest spid);
 - a server is root when it is its own choice, every active primary votes
   for it (unanimity), and the active primaries are more than half of the
   known primaries (quorum).
@@ -187,11 +188,20 @@ def leading_log(view: View) -> str | None:
     return max(synced)[1] if synced else view.last_root
 
 
+def claimed_term(member: Member) -> int:
+    """The term the member claimed as root, if its latest status still says so (0:
+    it backs another). Among copies that tie, the latest root is chosen before the
+    eldest: a root that released for a moment (its lease lapsed on a busy machine)
+    is not unseated by an elder that has just rejoined, as one was after a SIGSTOP."""
+    return member.term if member.term_for == member.spid else 0
+
+
 def choose(view: View) -> str | None:
     """The spid this server votes for: the sitting root if still eligible, else the
     candidate whose state log ranks first, then the one with the best copy (whole,
     then furthest along), then, among those with no copy of the leading root's
-    stream, one that recovered cluster state from its disk, then the eldest.
+    stream, one that recovered cluster state from its disk, then the one that
+    claimed the latest term as root (``claimed_term``), then the eldest.
 
     The state log first: a new root's log becomes every server's (they sync from
     it), so one that missed entries an earlier root ordered would undo them. A
@@ -217,11 +227,12 @@ def choose(view: View) -> str | None:
                 return member.spid
     stream = leading_log(view)
 
-    def rank(m: Member) -> tuple[int, int, bool, int, bool, tuple[float, str]]:
+    def rank(m: Member) -> tuple[int, int, bool, int, bool, int, tuple[float, str]]:
         copy = copy_rank(m, stream)
         term, seq = state_rank(m)
         # state from disk counts only where no copy of the leading stream does
-        return (-term, -seq, m.syncing, -copy, copy < 0 and not m.holds_state, m.seniority)
+        no_state = copy < 0 and not m.holds_state
+        return (-term, -seq, m.syncing, -copy, no_state, -claimed_term(m), m.seniority)
 
     return min(candidates, key=rank).spid
 

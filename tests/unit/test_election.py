@@ -24,6 +24,23 @@ def test_most_senior_primary_is_chosen_and_becomes_root_with_unanimity() -> None
     assert b.spid != c.spid
 
 
+def test_among_tied_copies_the_latest_root_is_chosen_before_the_eldest() -> None:
+    """A root that released for a moment (its lease lapsed under load) while an elder
+    that had been SIGSTOPped rejoins: nobody recognises a root, the copies tie, and
+    the elder used to win on seniority (CI: "the resumed old root must not take root
+    back"). The latest claimed term wins; a member backing another claims nothing."""
+    elder = _member("s1", term=4, term_for="s2")  # resumed, it backs the new root now
+    latest = _member("s2", term=5, term_for="s2")
+    other = _member("s3", term=5, term_for="s2")
+    view = View(me=other, peers=(elder, latest), known_primaries=3)
+    assert choose(view) == "s2"
+    stale = _member("s1", term=4, term_for="s1")  # its status still claims its old term
+    assert choose(View(me=other, peers=(stale, latest), known_primaries=3)) == "s2"
+    # nobody claims a term: seniority decides, as before
+    plain = View(me=_member("s3"), peers=(_member("s1"), _member("s2")), known_primaries=3)
+    assert choose(plain) == "s1"
+
+
 def test_quorum_requires_more_than_half_of_known_primaries() -> None:
     me = _member("s1")
     two_of_four = View(me=me, peers=(_member("s2", vote="s1"),), known_primaries=4)
