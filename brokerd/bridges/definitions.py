@@ -206,6 +206,17 @@ def parse_shovel(name: object, raw: object, vhost: str = "/") -> ShovelDefinitio
         raise DefinitionError(
             "dest-publish-properties", f"unknown properties {', '.join(map(repr, unknown))}"
         )
+    for prop, value in properties.items():
+        if prop in ("delivery_mode", "priority"):
+            ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 255
+        elif prop == "timestamp":
+            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        else:
+            ok = isinstance(value, str) and len(value.encode()) <= 255
+        if not ok:
+            raise DefinitionError(
+                "dest-publish-properties", f"{prop}: not a valid value for that property"
+            )
     return ShovelDefinition(
         name=checked_name,
         vhost=vhost,

@@ -23,14 +23,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from brokerd.bridges.definitions import NO_ACK, ON_CONFIRM, ON_PUBLISH, ShovelDefinition
+from brokerd.wire import codec
 
 #: the header RabbitMQ's shovels add (with ``dest-add-forward-headers``)
 SHOVELLED = "x-shovelled"
 SHOVELLED_TIMESTAMP = "x-shovelled-timestamp"
+#: no properties at all (flags 0)
+EMPTY_PROPERTIES = b"\x00\x00"
 
 
 @dataclass(frozen=True)
@@ -41,7 +45,8 @@ class Delivery:
     exchange: str
     routing_key: str
     body: bytes
-    properties: dict[str, Any] = field(default_factory=dict)
+    #: the content header's property bytes, as they came (``wire.codec``)
+    properties: bytes = EMPTY_PROPERTIES
     redelivered: bool = False
 
 
@@ -53,7 +58,8 @@ class Publish:
     exchange: str
     routing_key: str
     body: bytes
-    properties: dict[str, Any]
+    #: the source's property bytes, changed only where the definition says so
+    properties: bytes
 
 
 @dataclass(frozen=True)
@@ -199,20 +205,35 @@ class Transfer:
                 if destination.exchange_key is not None
                 else delivery.routing_key
             )
-        properties = dict(delivery.properties)
-        properties.update(definition.publish_properties)
-        if definition.add_forward_headers or definition.add_timestamp_header:
-            headers = dict(properties.get("headers") or {})
-            if definition.add_forward_headers:
-                earlier = headers.get(SHOVELLED)
-                trail = list(earlier) if isinstance(earlier, list) else []
-                headers[SHOVELLED] = [self._forward_header, *trail]
-            if definition.add_timestamp_header:
-                headers[SHOVELLED_TIMESTAMP] = int(self.clock())
-            properties["headers"] = headers
+        properties = delivery.properties
+        if (
+            definition.publish_properties
+            or definition.add_forward_headers
+            or (definition.add_timestamp_header)
+        ):
+            properties = self._rewrite(properties)
         seq = self.next_seq
         self.next_seq += 1
         return Publish(seq, exchange, key, delivery.body, properties)
+
+    def _rewrite(self, raw: bytes) -> bytes:
+        """The property bytes with ``dest-publish-properties`` applied and the
+        forward headers added (the only case where a message is changed)."""
+        definition = self.definition
+        props = codec.decode_properties(raw)
+        for name, value in definition.publish_properties.items():
+            if name == "timestamp" and isinstance(value, int | float):
+                value = datetime.fromtimestamp(value, tz=UTC)
+            setattr(props, name, value)
+        headers = dict(props.headers or {})
+        if definition.add_forward_headers:
+            earlier = headers.get(SHOVELLED)
+            trail = list(earlier) if isinstance(earlier, list) else []
+            headers[SHOVELLED] = [self._forward_header, *trail]
+        if definition.add_timestamp_header:
+            headers[SHOVELLED_TIMESTAMP] = int(self.clock())
+        props.headers = headers or None
+        return codec.encode_properties(props)
 
 
 def _forward_header(definition: ShovelDefinition, node: str) -> dict[str, Any]:

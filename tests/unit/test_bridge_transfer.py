@@ -10,6 +10,7 @@ from collections import deque
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from pamqp import commands
 
 from brokerd.bridges.definitions import parse_shovel
 from brokerd.bridges.transfer import (
@@ -21,6 +22,7 @@ from brokerd.bridges.transfer import (
     Publish,
     Transfer,
 )
+from brokerd.wire import codec
 from tests.support.examples import examples
 
 MESSAGES = 12
@@ -91,7 +93,7 @@ class OnConfirm(RuleBasedStateMachine):
         ident, redelivered = self.ready.popleft()
         tag, self.next_tag = self.next_tag, self.next_tag + 1
         self.unacked[tag] = (ident, redelivered)
-        delivery = Delivery(tag, "", "in", str(ident).encode(), {}, redelivered)
+        delivery = Delivery(tag, "", "in", str(ident).encode(), redelivered=redelivered)
         self._apply(self.transfer.delivered(delivery), (ident, redelivered))
 
     @precondition(lambda self: self.pending)
@@ -221,21 +223,39 @@ def test_queue_length_takes_the_depth_seen_at_the_first_start() -> None:
     assert deep.remaining == 5
 
 
+def test_properties_pass_through_as_they_came_unless_the_definition_changes_them() -> None:
+    raw = codec.encode_properties(
+        commands.Basic.Properties(content_type="text/plain", headers={"k": "v"}, priority=3)
+    )
+    (publish,) = _shovel().delivered(Delivery(1, "x", "k", b"m", raw))
+    assert isinstance(publish, Publish) and publish.properties is raw  # byte for byte
+    (bare,) = _shovel().delivered(Delivery(1, "x", "k", b"m"))
+    assert isinstance(bare, Publish) and bare.properties == b"\x00\x00"
+    changed = _shovel(**{"dest-publish-properties": {"delivery_mode": 2, "app_id": "bridge"}})
+    (publish,) = changed.delivered(Delivery(1, "x", "k", b"m", raw))
+    assert isinstance(publish, Publish)
+    props = codec.decode_properties(publish.properties)
+    assert (props.delivery_mode, props.app_id, props.content_type) == (2, "bridge", "text/plain")
+    assert props.headers == {"k": "v"} and props.message_id is None
+
+
 def test_forward_headers_say_where_from_and_never_the_password() -> None:
     transfer = _shovel(**{"dest-add-forward-headers": True, "dest-add-timestamp-header": True})
     earlier = [{"shovel-name": "upstream-one"}]
-    props = {"headers": {SHOVELLED: earlier, "app": 1}, "delivery_mode": 2}
-    (publish,) = transfer.delivered(Delivery(1, "x", "k", b"m", props))
+    raw = codec.encode_properties(
+        commands.Basic.Properties(headers={SHOVELLED: earlier, "app": 1}, delivery_mode=2)
+    )
+    (publish,) = transfer.delivered(Delivery(1, "x", "k", b"m", raw))
     assert isinstance(publish, Publish)
-    headers = publish.properties["headers"]
-    assert headers["app"] == 1 and publish.properties["delivery_mode"] == 2
+    props = codec.decode_properties(publish.properties)
+    headers = props.headers
+    assert headers["app"] == 1 and props.delivery_mode == 2
     assert headers[SHOVELLED][1:] == earlier  # the newest first, the trail kept
     entry = headers[SHOVELLED][0]
     assert entry["shovel-name"] == "s" and entry["shovelled-by"] == "rookery@n1"
     assert entry["src-queue"] == "in" and entry["dest-queue"] == "out"
     assert entry["dest-uri"] == "amqp://u:***@remote" and "pw" not in repr(entry)
     assert headers["x-shovelled-timestamp"] == 1700000000
-    assert props["headers"] == {SHOVELLED: earlier, "app": 1}, "the delivery is not changed"
 
 
 def test_an_exchange_destination_keeps_or_replaces_the_routing_key() -> None:
