@@ -62,6 +62,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="the new owner: a primary's spid or its host:port (on a host of workers, "
         "worker-K names a worker)",
     )
+    bridges = sub.add_parser(
+        "bridges",
+        help="shovels to and from other brokers, defined as RabbitMQ's dynamic shovels",
+    )
+    bridges_sub = bridges.add_subparsers(dest="action", required=True)
+    bridges_sub.add_parser("list", help="the definitions (passwords redacted)")
+    bridge_status = bridges_sub.add_parser(
+        "status", help="each bridge's state, reason, counts and server"
+    )
+    bridge_status.add_argument("--json", action="store_true", help="print JSON")
+    bridge_set = bridges_sub.add_parser(
+        "set",
+        help="create or replace a bridge: the JSON that `rabbitmqctl set_parameter shovel "
+        "NAME JSON` takes (standalone servers; a cluster's come from its configuration)",
+    )
+    bridge_set.add_argument("name")
+    bridge_set.add_argument("definition", help="the definition as JSON")
+    for verb, text in (("delete", "stop and forget a bridge"), ("restart", "reconnect a bridge")):
+        one = bridges_sub.add_parser(verb, help=text)
+        one.add_argument("name")
+    for one in (bridge_set, *(bridges_sub.choices[v] for v in ("delete", "restart"))):
+        one.add_argument("--vhost", default="/", help="the bridge's vhost (default /)")
     root = sub.add_parser("root", help="enable or disable root candidacy on this server")
     root.add_argument("action", choices=["enable", "disable"])
     fault = sub.add_parser(
@@ -297,6 +319,12 @@ def _run(argv: list[str]) -> int:
         timeout = 60.0
     elif args.command == "fault":
         extra = [args.fault] + ([args.spid] if args.fault == "cut-link" else [])
+    elif args.command == "bridges":
+        extra = [args.action]
+        if args.action == "set":
+            extra += [args.name, args.definition, args.vhost]
+        elif args.action in ("delete", "restart"):
+            extra += [args.name, args.vhost]
     if not socket_path(args.data_dir).exists() and host_state(args.data_dir) is not None:
         return _run_host(args, extra, timeout)
     if not socket_path(args.data_dir).exists():
@@ -331,8 +359,22 @@ def _print_result(args: argparse.Namespace, result: dict[str, Any]) -> None:
         print(f"{result['queue']} moved: {result['from']} -> {result['to']} in {result['ms']} ms")
     elif args.command == "dump":
         print(result.get("dump", ""))
+    elif args.command == "bridges" and args.action == "status" and not args.json:
+        _print_bridges(result.get("bridges", []))
     else:
         print(json.dumps(result, indent=2))
+
+
+def _print_bridges(rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        print("no bridges")
+    for row in rows:
+        reason = f" ({row['reason']})" if row.get("reason") else ""
+        print(
+            f"{row['vhost']} {row['name']}: {row['state']}{reason}; {row['src_uri']} -> "
+            f"{row['dest_uri']}; forwarded {row['forwarded']}, acknowledged "
+            f"{row['acknowledged']}, in flight {row['in_flight']}; on {row['node']}"
+        )
 
 
 # -- a host of workers (brokerd --workers N) ---------------------------------------------

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from brokerd.bridges.service import BridgeService
 from brokerd.cluster.config import (
     ClusterConfig,
     ClusterConfigError,
@@ -33,7 +34,7 @@ from brokerd.model.errors import CONNECTION_FORCED
 from brokerd.model.exchange import Exchange
 from brokerd.model.throttle import LoginThrottle
 from brokerd.protocol import ConnectionState
-from brokerd.server import dump
+from brokerd.server import bridging, dump
 from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import serve_control
 from brokerd.server.handoff import HandoffListener, Mover, handoff_path
@@ -182,6 +183,10 @@ class Server(Surface):
         #: queues (``handoff.py``), and come in from siblings on its hand-over socket
         self.mover: Mover | None = None
         self.handoff: HandoffListener | None = None
+        #: the shovels this server runs (``bridging``), and their local login
+        self.bridges: BridgeService | None = None
+        self._bridge_password = ""
+        self._bridge_password_hash = ""
 
     def _install_cluster_user(self, config: BrokerConfig) -> None:
         """The cluster vhost exists and the cluster user (password = secret) may use it."""
@@ -242,6 +247,7 @@ class Server(Surface):
             self.address = str(SocketPath(str(self.options.link_socket)))
         self._ticker_task = loop.create_task(self._ticker())
         self._control = await serve_control(self.options.data_dir, self.control)
+        self.bridges = bridging.start(self)
         if self.handoff is not None:
             await self.handoff.start()
         if self.options.metrics_socket is not None:
@@ -432,6 +438,8 @@ class Server(Surface):
         if self.cluster is not None and not host_stopping(self.options.host_state):
             await self.cluster.hand_over()
             await self.cluster.move_queues_away()
+        if self.bridges is not None:  # in flight goes back to their sources
+            await self.bridges.close()
         self.listeners.close()
         self.resources.stop()
         self.loopwatch.stop()
@@ -528,6 +536,8 @@ class Server(Surface):
             self._install_cluster_user(config)
         for name in config.vhosts:
             self.broker.add_vhost(name)
+        if self.bridges is not None:
+            bridging.install_user(self)
 
     def reconfigure_cluster(self, config: ClusterConfig) -> None:
         """Heartbeat timing and known hosts from the console, applied live."""

@@ -51,7 +51,10 @@ async def serve_control(data_dir: Path, handler: Handler) -> asyncio.AbstractSer
                 raise ControlError("request is not JSON") from None
             if not isinstance(request, dict) or not isinstance(request.get("command"), str):
                 raise ControlError("request needs a 'command'")
-            log.info("ctl command=%s args=%s", request["command"], request.get("args", []))
+            args = request.get("args", [])
+            if request["command"] == "bridges" and isinstance(args, list):
+                args = args[:2]  # a definition's URIs carry passwords: never logged
+            log.info("ctl command=%s args=%s", request["command"], args)
             result = handler(request)
             if inspect.isawaitable(result):
                 result = await result

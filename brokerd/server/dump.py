@@ -13,6 +13,7 @@ from brokerd.server.host import ServerState
 from brokerd.server.resources import format_bytes
 
 if TYPE_CHECKING:
+    from brokerd.bridges.service import BridgeService
     from brokerd.cluster.controller import ClusterController
     from brokerd.server.amqp import AMQPProtocol
 
@@ -28,6 +29,9 @@ class DumpHost(ServerState, Protocol):
 
     @property
     def blocked_reason(self) -> str | None: ...
+
+    @property
+    def bridges(self) -> BridgeService | None: ...
 
 
 def one_line(server: DumpHost) -> str:
@@ -167,6 +171,14 @@ def full(server: DumpHost) -> str:
                 f"  binding {b.source.name} -> {kind} {b.destination.name} "
                 f"key={b.routing_key!r} args={b.arguments or {}}"
             )
+    for row in server.bridges.status() if server.bridges is not None else ():
+        # URIs redacted by the runner: a dump goes to logs and tickets
+        lines.append(
+            f"bridge {row['vhost']} {row['name']} state={row['state']} "
+            f"reason={row['reason']!r} src={row['src_uri']} dest={row['dest_uri']} "
+            f"forwarded={row['forwarded']} acknowledged={row['acknowledged']} "
+            f"in_flight={row['in_flight']} sessions={row['sessions']}"
+        )
     lines.append("=== end of dump ===")
     return "\n".join(lines)
 

@@ -28,10 +28,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from brokerd.bridges.runner import BLOCKED, RUNNING, STARTING, TERMINATED
 from brokerd.model.auth import is_loopback
 from brokerd.server.host import ServerState
 
 if TYPE_CHECKING:
+    from brokerd.bridges.service import BridgeService
     from brokerd.cluster.config import ClusterConfig
     from brokerd.server.login import LoginService
 
@@ -50,6 +52,8 @@ GLOBAL_COUNTERS = {
     ),
 }
 
+BRIDGE_STATES = (STARTING, RUNNING, BLOCKED, TERMINATED)
+
 MAX_REQUEST_BYTES = 8192
 REQUEST_TIMEOUT = 5.0
 
@@ -64,6 +68,9 @@ class MetricsHost(ServerState, Protocol):
     def cluster_config(self) -> ClusterConfig | None: ...
 
     def counts(self) -> dict[str, int]: ...
+
+    @property
+    def bridges(self) -> BridgeService | None: ...
 
 
 class BrokerCollector(Collector):
@@ -92,11 +99,44 @@ class BrokerCollector(Collector):
         yield from self._queues()
         yield from self._exchanges()
         yield from self._cluster()
+        yield from self._bridges()
         logins = server.logins
         yield CounterMetricFamily(
             "rookery_login_checks", "Password checks run (cached logins excluded)", logins.checks
         )
         yield CounterMetricFamily("rookery_login_refused", "Logins refused", logins.refused)
+
+    def _bridges(self) -> Iterator[Metric]:
+        """Each bridge's state (one series per state, 1 for the current one, as an
+        alert wants: ``rookery_bridge_state{state="running"} == 0 for 5m``), what it
+        moved, and what is in flight."""
+        service = self.server.bridges
+        rows = service.status() if service is not None else []
+        labels = ["vhost", "name"]
+        state = GaugeMetricFamily(
+            "rookery_bridge_state", "Bridge state (1: the current one)", labels=[*labels, "state"]
+        )
+        forwarded = CounterMetricFamily(
+            "rookery_bridge_forwarded",
+            "Messages a bridge published to its destination",
+            labels=labels,
+        )
+        acknowledged = CounterMetricFamily(
+            "rookery_bridge_acknowledged",
+            "Messages a bridge acknowledged at its source (moved for good)",
+            labels=labels,
+        )
+        in_flight = GaugeMetricFamily(
+            "rookery_bridge_in_flight", "Published, not confirmed yet", labels=labels
+        )
+        for row in rows:
+            key = [row["vhost"], row["name"]]
+            for name in BRIDGE_STATES:
+                state.add_metric([*key, name], 1.0 if row["state"] == name else 0.0)
+            forwarded.add_metric(key, row["forwarded"])
+            acknowledged.add_metric(key, row["acknowledged"])
+            in_flight.add_metric(key, row["in_flight"])
+        yield from (state, forwarded, acknowledged, in_flight)
 
     def _resources(self) -> Iterator[Metric]:
         status = self.server.resources.status()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.consolelink import inforce
 from brokerd.consolelink.host import HostRefused
 from brokerd.protocol.moving import MoveError, check_restorable
-from brokerd.server import dump, queueops
+from brokerd.server import bridging, dump, queueops
 from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError
 from brokerd.tls import TLSSettings
@@ -132,6 +132,8 @@ class Surface:
             return {"spid": self.spid, "queues": dump.queue_table(self)}
         if command == "connections":
             return {"spid": self.spid, "connections": dump.connection_table(self)}
+        if command == "bridges":
+            return bridging.control(self, args)
         if command == "queue" and len(args) == 3 and args[0] == "move":
             if not all(isinstance(a, str) and a for a in args):
                 raise ControlError("queue move takes a queue name and a primary's spid")

@@ -50,6 +50,13 @@ def test_consolelink_never_imports_the_server() -> None:
     assert offending_imports("brokerd.consolelink", ("brokerd.server",)) == {}
 
 
+def test_bridges_are_clients_of_brokers_and_import_nothing_of_the_broker() -> None:
+    """A bridge reaches this broker over its listener like any client: brokerd.bridges
+    uses the wire codec and nothing of the model, the cluster, the server or the store."""
+    forbidden = ("brokerd.model", "brokerd.cluster", "brokerd.server", "brokerd.store")
+    assert offending_imports("brokerd.bridges", forbidden) == {}
+
+
 def test_the_import_check_sees_type_checking_and_relative_imports() -> None:
     source = (
         "from typing import TYPE_CHECKING\n"

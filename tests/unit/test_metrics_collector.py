@@ -61,6 +61,18 @@ def fake_server() -> SimpleNamespace:
         cluster_summary=lambda: {"role": "standalone", "root": None, "peers_active": 0},
         loopwatch=watch,
         cluster=None,
+        bridges=SimpleNamespace(
+            status=lambda: [
+                {
+                    "vhost": "/",
+                    "name": "to-dc2",
+                    "state": "terminated",
+                    "forwarded": 12,
+                    "acknowledged": 10,
+                    "in_flight": 2,
+                }
+            ]
+        ),
     )
 
 
@@ -167,3 +179,12 @@ def test_a_held_loop_is_sampled_where_it_is_held() -> None:
     assert "busy_in_plane_code" in held[0][0]
     sampler.beat()
     assert sampler.take() == []  # taken: the next stall starts afresh
+
+
+def test_each_bridge_exports_its_state_its_counts_and_what_is_in_flight() -> None:
+    families = scrape(fake_server())
+    states = {labels["state"]: value for labels, value in families["rookery_bridge_state"]}
+    assert states == {"starting": 0, "running": 0, "blocked": 0, "terminated": 1}
+    assert families["rookery_bridge_forwarded_total"] == [({"vhost": "/", "name": "to-dc2"}, 12)]
+    assert [v for _l, v in families["rookery_bridge_acknowledged_total"]] == [10]
+    assert [v for _l, v in families["rookery_bridge_in_flight"]] == [2]
