@@ -106,13 +106,23 @@ RABBITMQ_BIN = Path("/usr/lib/rabbitmq/bin")
 class RabbitCluster:
     """Three rabbitmq-server nodes on their own ports, joined into one cluster."""
 
-    def __init__(self, base: Path, size: int = 3, tls: ThrowawayPki | None = None) -> None:
+    def __init__(
+        self,
+        base: Path,
+        size: int = 3,
+        tls: ThrowawayPki | None = None,
+        plugins: tuple[str, ...] = (),
+        name: str = "rkb",
+    ) -> None:
         self.base = base
+        #: plugins to enable on every node (``rabbitmq_shovel``, ``rabbitmq_federation``)
+        self.plugins = plugins
         base.mkdir(parents=True, exist_ok=True)
         cookie = base / ".erlang.cookie"  # HOME for the nodes and rabbitmqctl alike
         cookie.write_text(os.urandom(16).hex())
         cookie.chmod(0o400)
-        self.nodes = [f"rkb{i + 1}@localhost" for i in range(size)]
+        #: node names are machine-wide (epmd): concurrent users pass their own ``name``
+        self.nodes = [f"{name}{i + 1}@localhost" for i in range(size)]
         self.ports = [free_port() for _ in range(size)]
         self.dist_ports = [free_port() for _ in range(size)]
         #: with ``tls``: an AMQPS listener beside the plain one (``ssl_options``,
@@ -147,14 +157,19 @@ class RabbitCluster:
             "ssl_options.fail_if_no_peer_cert = false\n"
         )
 
-    def _ctl(self, i: int, *args: str, timeout: float = 120.0) -> None:
-        subprocess.run(
+    def ctl(self, i: int, *args: str, timeout: float = 120.0) -> str:
+        """``rabbitmqctl`` against node ``i``; its output."""
+        return self._ctl(i, *args, timeout=timeout)
+
+    def _ctl(self, i: int, *args: str, timeout: float = 120.0) -> str:
+        return subprocess.run(
             [str(self._bin("rabbitmqctl")), "-n", self.nodes[i], *args],
             env=self._env(i),
             check=True,
             capture_output=True,
+            text=True,
             timeout=timeout,
-        )
+        ).stdout
 
     @staticmethod
     def _bin(name: str) -> Path:
@@ -167,7 +182,7 @@ class RabbitCluster:
         for i in range(len(self.nodes)):
             home = self.base / f"rk{i + 1}"
             home.mkdir(parents=True, exist_ok=True)
-            (home / "enabled_plugins").write_text("[].\n")
+            (home / "enabled_plugins").write_text(f"[{','.join(self.plugins)}].\n")
             (home / "rabbitmq.conf").write_text(self._config(i))
             subprocess.run(
                 [str(self._bin("rabbitmq-server")), "-detached"],

@@ -4,10 +4,7 @@ and refusals reported with the broker's own reason."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,43 +12,14 @@ from typing import Any
 import pika
 import pytest
 
-from brokerd.bridges.definitions import parse_shovel
-from brokerd.bridges.runner import RUNNING, TERMINATED, ShovelRunner
+from brokerd.bridges.runner import RUNNING, TERMINATED
 from brokerd.bridges.transfer import SHOVELLED
 from tests.brokerd_process import BrokerProcess
+from tests.support.bridges import Running
 
 pytestmark = pytest.mark.integration
 
 COUNT = 3000
-
-
-class Running:
-    """A ShovelRunner on its own event loop in a thread (the test drives pika meanwhile)."""
-
-    def __init__(self, definition: dict[str, Any], name: str = "s") -> None:
-        self.runner = ShovelRunner(parse_shovel(name, definition), node="rookery@test")
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        self.loop.run_until_complete(self.runner.run())
-
-    def status(self) -> dict[str, Any]:
-        return self.runner.status()
-
-    def wait(self, predicate: Any, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if predicate():
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"{what}: not within {timeout}s; status {self.status()}")
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.runner.stop)
-        self.thread.join(15)
-        assert not self.thread.is_alive(), "the shovel did not stop"
 
 
 @pytest.fixture
