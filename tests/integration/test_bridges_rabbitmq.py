@@ -179,3 +179,62 @@ def test_rabbitmqs_own_shovel_pushes_into_rookery(
         rabbit.ctl(0, "clear_parameter", "shovel", "push-to-rookery")
     got = _drain(rookery.port, "pushed")
     assert len(got) == COUNT and set(got) == sent
+
+
+def test_rabbitmq_federates_an_exchange_from_rookery(
+    rabbit: RabbitCluster, rookery: BrokerProcess
+) -> None:
+    """RabbitMQ's federation link declares an x-federation-upstream exchange and its
+    queue on Rookery, binds them to the upstream exchange with the downstream's
+    binding keys, and carries what matches; what no downstream binding wants never
+    leaves Rookery."""
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", rookery.port))
+    upstream = conn.channel()
+    upstream.exchange_declare("fed.orders", "topic", durable=True)
+    down = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", rabbit.ports[0]))
+    downstream = down.channel()
+    downstream.exchange_declare("fed.orders", "topic", durable=True)
+    downstream.queue_declare("fed-eu", durable=True)
+    downstream.queue_bind("fed-eu", "fed.orders", "eu.#")
+    down.close()
+    rabbit.ctl(
+        0,
+        "set_parameter",
+        "federation-upstream",
+        "rookery",
+        json.dumps({"uri": rookery.url, "max-hops": 1, "expires": 60000}),
+    )
+    rabbit.ctl(
+        0,
+        "set_policy",
+        "federate",
+        "^fed\\.",
+        '{"federation-upstream-set":"all"}',
+        "--apply-to",
+        "exchanges",
+    )
+    try:
+        # the link is up once a probe published on Rookery arrives at RabbitMQ
+        def probe_arrived() -> bool:
+            upstream.basic_publish("fed.orders", "eu.probe", b"probe")
+            time.sleep(0.3)
+            return _depth(rabbit.ports[0], "fed-eu") > 0
+
+        _eventually(probe_arrived, 60, "the federation link")
+        _drain(rabbit.ports[0], "fed-eu")
+        upstream.confirm_delivery()
+        for i in range(COUNT):
+            upstream.basic_publish("fed.orders", "eu.new" if i % 2 else "us.new", f"o{i}".encode())
+        _eventually(
+            lambda: _depth(rabbit.ports[0], "fed-eu") >= COUNT // 2, 60, "the federated messages"
+        )
+        time.sleep(1.0)  # anything beyond would show now
+        got = _drain(rabbit.ports[0], "fed-eu")
+        assert sorted(got) == sorted(f"o{i}".encode() for i in range(1, COUNT, 2))
+        # the link took the upstream exchange type (else it retries with a fanout,
+        # leaving loop prevention to the downstream alone)
+        assert "unknown exchange type 'x-federation-upstream'" not in rookery.log_text()
+    finally:
+        rabbit.ctl(0, "clear_policy", "federate")
+        rabbit.ctl(0, "clear_parameter", "federation-upstream", "rookery")
+        conn.close()

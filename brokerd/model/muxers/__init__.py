@@ -8,6 +8,7 @@ name; an exchange owns one muxer instance holding its bindings. New types
 from brokerd.model.muxers import (  # noqa: F401  (registration)
     direct,
     fanout,
+    federation,
     headers,
     lossy,
     topic,
