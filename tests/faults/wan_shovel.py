@@ -8,8 +8,9 @@ direction by half the round trip and caps the bandwidth. A queue of
 ``--messages`` persistent messages on each source is shovelled, ``on-confirm``,
 by the source broker's own shovel (``brokerd ctl bridges set``;
 ``rabbitmqctl set_parameter shovel``) through the proxy into the destination
-queue; the rate at which the destination queue fills, from the first message there to
-the last, is the figure. Each window (``--prefetch``) is run on both.
+queue; the figure is the rate from the moment the link is released (it is stalled
+while the source fills, so both shovels are running and hold a window) to the
+last message at the destination. Each window (``--prefetch``) is run on both.
 
 With ``on-confirm`` at most a window of messages is unconfirmed, so a shovel
 moves at most ``window / RTT`` messages a second, or the bandwidth cap over the
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pika
@@ -55,22 +57,47 @@ def depth(port: int, queue: str) -> int:
 
 
 def wait_moved(dest_port: int, queue: str, count: int, timeout: float) -> float:
-    """Messages per second into the destination queue, from the first poll that saw
-    some to the one that saw them all: the steady rate, without either side's
-    command-line start-up (rabbitmqctl takes a second or two)."""
+    """Seconds until ``count`` messages are in the destination queue."""
     start = time.monotonic()
-    first: tuple[float, int] | None = None
     while time.monotonic() - start < timeout:
-        now, seen = time.monotonic(), depth(dest_port, queue)
-        if first is None and seen > 0:
-            first = (now, seen)
-        if seen >= count:
-            assert first is not None
-            if now - first[0] <= 0:
-                raise RuntimeError("moved between two polls: use more messages")
-            return (count - first[1]) / (now - first[0])
+        if depth(dest_port, queue) >= count:
+            return time.monotonic() - start
         time.sleep(0.02)
     raise TimeoutError(f"{queue}: {depth(dest_port, queue)} of {count} after {timeout}s")
+
+
+def measure(
+    link: SlowLink,
+    fill_source: Callable[[], None],
+    dest_port: int,
+    queue: str,
+    args: argparse.Namespace,
+) -> float:
+    """Messages per second through a shovel that is already running: the link is
+    stalled while the source queue fills (the shovel takes its first window into the
+    stalled link), then released; the clock runs from the release to the last
+    message at the destination. Neither side's command-line start-up counts."""
+    link.stall()
+    fill_source()
+    link.release()
+    return args.messages / wait_moved(dest_port, queue, args.messages, args.timeout)
+
+
+def settle(dest_port: int, queue: str, timeout: float = 30.0) -> None:
+    """Wait until the shovel declared its destination queue: it is running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", dest_port))
+        try:
+            conn.channel().queue_declare(queue, passive=True)
+            time.sleep(1.0)
+            return
+        except pika.exceptions.ChannelClosedByBroker:
+            time.sleep(0.2)
+        finally:
+            if conn.is_open:
+                conn.close()
+    raise TimeoutError(f"the shovel did not declare {queue}")
 
 
 def definition(src: str, queue: str, dest: str, prefetch: int) -> dict[str, object]:
@@ -92,8 +119,7 @@ def run_rookery(base: Path, args: argparse.Namespace, prefetch: int) -> float:
     link.set(delay=args.rtt / 2, rate=args.rate)
     try:
         queue = f"wan-{prefetch}"
-        fill(source.port, queue, args.messages, args.size)
-        depth(dest.port, f"{queue}-moved")  # declared: the wait polls it
+        depth(source.port, queue)  # declared, empty
         proxied = f"amqp://guest:guest@127.0.0.1:{link.address[1]}"
         doc = definition("amqp://", queue, proxied, prefetch)
         ctl = [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(source.data_dir)]
@@ -105,7 +131,14 @@ def run_rookery(base: Path, args: argparse.Namespace, prefetch: int) -> float:
         )
         if out.returncode != 0:
             raise RuntimeError(out.stderr)
-        return wait_moved(dest.port, f"{queue}-moved", args.messages, args.timeout)
+        settle(dest.port, f"{queue}-moved")
+        return measure(
+            link,
+            lambda: fill(source.port, queue, args.messages, args.size),
+            dest.port,
+            f"{queue}-moved",
+            args,
+        )
     finally:
         link.close()
         source.stop()
@@ -123,12 +156,18 @@ def run_rabbitmq(base: Path, args: argparse.Namespace, prefetch: int) -> float:
     link.set(delay=args.rtt / 2, rate=args.rate)
     try:
         queue = f"wan-{prefetch}"
-        fill(source.ports[0], queue, args.messages, args.size)
-        depth(dest.ports[0], f"{queue}-moved")
+        depth(source.ports[0], queue)
         proxied = f"amqp://guest:guest@127.0.0.1:{link.address[1]}"
         doc = definition("amqp://", queue, proxied, prefetch)
         source.ctl(0, "set_parameter", "shovel", "wan", json.dumps(doc))
-        return wait_moved(dest.ports[0], f"{queue}-moved", args.messages, args.timeout)
+        settle(dest.ports[0], f"{queue}-moved")
+        return measure(
+            link,
+            lambda: fill(source.ports[0], queue, args.messages, args.size),
+            dest.ports[0],
+            f"{queue}-moved",
+            args,
+        )
     finally:
         link.close()
         source.stop()
@@ -151,9 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(tmp)
         for prefetch in (int(p) for p in args.prefetch.split(",")):
             ours = run_rookery(base, args, prefetch)
-            theirs = (
-                None if args.no_rabbitmq else args.messages / run_rabbitmq(base, args, prefetch)
-            )
+            theirs = None if args.no_rabbitmq else run_rabbitmq(base, args, prefetch)
             window_bound = prefetch / args.rtt
             wire_bound = args.rate / (args.size + 120)  # frames and properties per message
             rows.append(
