@@ -34,8 +34,11 @@ def install_user(server: Server) -> None:
         server._bridge_password_hash = hash_password(server._bridge_password, iterations=1000)
     users = server.broker.users
     users.add_user(User(BRIDGE_USER, server._bridge_password_hash, ("bridge",)))
+    # the cluster's own vhost carries its links: no bridge has business there
+    internal = server.cluster_config.vhost if server.cluster_config is not None else None
     for vhost in server.broker.vhosts:
-        users.set_permission(BRIDGE_USER, vhost, Permission())
+        if vhost != internal:
+            users.set_permission(BRIDGE_USER, vhost, Permission())
 
 
 def local_broker(server: Server) -> LocalBroker | None:
