@@ -62,13 +62,9 @@ RECONNECT_MAX = 60.0
 JITTER = 0.2
 READ_SIZE = 256 * 1024
 CONSUMER_TAG = "rookery-shovel"
-#: reply codes after which retrying at once is pointless: the far side must change
-REFUSALS = {
-    403: "ACCESS_REFUSED",
-    404: "NOT_FOUND",
-    405: "RESOURCE_LOCKED",
-    406: "PRECONDITION_FAILED",
-}
+#: reply codes after which retrying at once is pointless, the far side must change:
+#: ACCESS_REFUSED, NOT_FOUND, RESOURCE_LOCKED, PRECONDITION_FAILED
+REFUSALS = frozenset({403, 404, 405, 406})
 
 
 class SessionEnded(Exception):
@@ -166,11 +162,7 @@ class Side:
             raise SessionEnded(f"{self.name}: protocol error: {exc}") from None
         self.flush()
         for event in events:
-            if isinstance(event, ConnectionClosed):
-                raise SessionEnded(
-                    f"{self.name}: {event.code} {event.text}", event.code in REFUSALS
-                )
-            if isinstance(event, ChannelClosed):
+            if isinstance(event, ConnectionClosed | ChannelClosed):
                 raise SessionEnded(
                     f"{self.name}: {event.code} {event.text}", event.code in REFUSALS
                 )

@@ -17,7 +17,7 @@ RabbitMQ's ``x-shovelled`` headers carry it too.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 AMQP_PORT = 5672
 AMQPS_PORT = 5671
@@ -117,8 +117,6 @@ class AmqpUri:
 
 
 def _quote(text: str) -> str:
-    from urllib.parse import quote
-
     return quote(text, safe="")
 
 
