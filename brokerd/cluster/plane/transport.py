@@ -42,6 +42,8 @@ FLUSH_BYTES = 256 * 1024
 
 #: a handler of one record from a peer
 Handler = Callable[[Outbound, Any], None]
+#: a forward's place: its peer's outbound and its number there (``Transport.mark``)
+Mark = tuple[Outbound, int]
 
 
 class Transport:
@@ -67,6 +69,8 @@ class Transport:
         self.before_flush: list[Callable[[], None]] = []
         self.before_peer: list[Callable[[Outbound], None]] = []
         self.after_flush: list[Callable[[], None]] = []
+        #: after a peer settled forwards (``Orphans`` waits for an old owner's)
+        self.after_settle: list[Callable[[Outbound], None]] = []
 
     @property
     def spid(self) -> str:
@@ -239,6 +243,28 @@ class Transport:
             if done:
                 for i, callback in enumerate(done):
                     callback(r.ok, r.routed if i == 0 else 0)
+        for hook in self.after_settle:
+            hook(out)
+
+    def mark(self, spid: str) -> Mark:
+        """Where the forward just made to ``spid`` stands in its sequence: ``unsettled_upto``
+        says when it and every earlier one to that peer are settled or kept."""
+        out = self.outbound[spid]
+        return out, out.next_seq  # the forward being gathered gets the next number
+
+    def unsettled_upto(self, mark: Mark) -> bool:
+        """A forward up to ``mark`` waits for its peer's settlement: the peer may yet
+        put it into a queue (a relay to the queue's next owner, late), so a later
+        publish for that queue must not go elsewhere first. False once the peer's
+        session ended (``Orphans.keep`` took them)."""
+        out, seq = mark
+        if self.outbound.get(out.spid) is not out:
+            return False
+        if out.fwd_message is not None and seq >= out.next_seq:
+            return True
+        for first in out.unsettled:  # in the order sent: the lowest number first
+            return first <= seq
+        return False
 
     # -- sending ----------------------------------------------------------------------
 

@@ -66,7 +66,7 @@ class Intake:
             int(channel) if channel.isascii() and channel.isdigit() else 0,
         )
         waiter = SettleWaiter(self.transport, out, r.seq)
-        ok, routed = self.apply(message, r.targets, r.redelivered, waiter)
+        ok, routed = self.apply(message, r.targets, r.redelivered, waiter, sender=out.spid)
         waiter.arm(ok, routed)
 
     def apply(
@@ -76,9 +76,13 @@ class Intake:
         redelivered: bool,
         waiter: PublishWaiter,
         kept: bool = False,
+        sender: str = "",
     ) -> tuple[bool, int]:
         """Push a forwarded message into this server's queues: (all took it, routed).
-        ``kept``: it is one of the kept publishes (``orphans``), going in at last."""
+        ``kept``: it is one of the kept publishes (``orphans``), going in at last.
+        ``sender``: the peer that forwarded it; from a queue's old owner that holds
+        this server's earlier publishes (``SharedQueue.behind``), it is one of those,
+        or came before them: it goes in ahead of what is kept for the queue here."""
         vhost = self.vhost()
         ok = True
         routed = 0
@@ -96,7 +100,12 @@ class Intake:
             if getattr(queue, "replicated_kind", False) and (
                 queue.frozen
                 or (not queue.local and queue.moving == self.spid)
-                or (queue.local and not kept and self.orphans.holds(name))
+                or (
+                    queue.local
+                    and not kept
+                    and self.orphans.holds(name)
+                    and not (sender and queue.behind() == sender)
+                )
             ):
                 # kept for the queue's next owner, in order: this server handed it over
                 # already (``handover``), or is the target of its move and has not the
@@ -108,13 +117,18 @@ class Intake:
             if not getattr(queue, "local", True):  # (a private queue is always here)
                 ok = False  # not owned here (a failover moved it): the publisher is nacked
                 continue
-            if redelivered:
-                queue.restore(message, waiter)
-                routed += 1
-            elif queue.push(message, waiter):
-                routed += 1
-            else:
-                ok = False
+            orphans = self.orphans
+            passing, orphans.passing = orphans.passing, True  # checked above
+            try:
+                if redelivered:
+                    queue.restore(message, waiter)
+                    routed += 1
+                elif queue.push(message, waiter):
+                    routed += 1
+                else:
+                    ok = False
+            finally:
+                orphans.passing = passing
         return ok, routed
 
     def on_void(self, out: Outbound, r: rec.Void) -> None:

@@ -58,11 +58,20 @@ class Orphans:
         #: kept forwards per target queue: a new publish for one of them joins the
         #: keep (``holds``), so that it cannot overtake them
         self.queues: Counter[str] = Counter()
+        #: a forward is being pushed into this server's queues past the keep's own
+        #: check (``Intake.apply``): ``roles.Owner`` must not keep it again
+        self.passing = False
+        #: old owners whose settlements kept publishes wait for (``SharedQueue.behind``)
+        self.awaited: set[str] = set()
+        transport.after_settle.append(self._settled)
 
-    def _add(self, orphan: Unsettled) -> None:
+    def _add(self, orphan: Unsettled, *, first: bool = False) -> None:
         if not self.kept:
             self.since = self.clock()
-        self.kept.append(orphan)
+        if first:
+            self.kept.appendleft(orphan)
+        else:
+            self.kept.append(orphan)
         self.bytes += len(orphan[0].body)
         self.queues.update(name for _spid, name in orphan[1])
 
@@ -97,14 +106,17 @@ class Orphans:
         (to a private queue's server, or a classic queue's owner) can go nowhere
         else and are nacked. ``maybe_taken``: the peer may have taken them (their
         settlements lost with a link); a void counts as that too, as its
-        settlements may have been dropped with the link that ended the session."""
+        settlements may have been dropped with the link that ended the session.
+
+        They go ahead of what is kept already: publishes for their queues kept
+        since were sent after them (``SharedQueue.behind`` held them back)."""
         if out.fwd_message is not None:
             self.transport.finish_forward(out)
         unsettled, out.unsettled = out.unsettled, {}
         out.unsettled_bytes = 0
-        for message, targets, done, redelivered in unsettled.values():
+        for message, targets, done, redelivered in reversed(unsettled.values()):
             if all(not spid and self._replicated(name) for spid, name in targets):
-                self._add((message, targets, done, redelivered or maybe_taken))
+                self._add((message, targets, done, redelivered or maybe_taken), first=True)
             else:
                 for callback in done or ():
                     callback(False, 0)
@@ -129,6 +141,10 @@ class Orphans:
         done = [waiter.defer()] if waiter is not None else None
         self._add((message, [target], done, redelivered))
         self._bound(1)
+        queue = self.shared_queue(target[1])
+        old = queue.behind() if queue is not None else ""
+        if old:
+            self.awaited.add(old)  # its settlement sends this one (``_settled``)
         return True
 
     def adopt(self, messages: list[tuple[Message, str]]) -> None:
@@ -197,6 +213,9 @@ class Orphans:
                 continue
             if transport.forward(owner, message, ("", name), waiter, redelivered):
                 routed += 1
+                queue = self.shared_queue(name)
+                if queue is not None:
+                    queue.sent = transport.mark(owner)
             else:
                 ok = False
         waiter.arm(ok, routed)
@@ -230,6 +249,10 @@ class Orphans:
             return f"moving to {queue.moving}"
         if self.is_fenced(owner):
             return f"owner {owner} fenced, failover under way"
+        old = queue.behind()
+        if old:
+            self.awaited.add(old)
+            return f"old owner {old} has earlier publishes unsettled"
         if owner == self.transport.spid:
             return "" if queue.local else "owned here, not taken yet"
         out = self.transport.outbound.get(owner)
@@ -238,6 +261,12 @@ class Orphans:
         if not self.transport.reachable(owner):
             return f"owner {owner}: not active (silent)"
         return ""
+
+    def _settled(self, out: Outbound) -> None:
+        """An old owner some kept publishes wait for settled forwards: they may go."""
+        if out.spid in self.awaited:
+            self.awaited.clear()  # ``send`` adds those still waiting back
+            self.send()
 
     def expire(self) -> None:
         """Kept forwards that found no owner within the open timeout are nacked."""

@@ -45,12 +45,16 @@ class ReplicatedQueue(SharedQueue):
             or owner is None
             or self.moving is not None
             or not services.reachable(owner)
+            or (self.sent is not None and self.behind())
         ):
-            # its owner unreachable (a failover under way), the queue being moved, or
-            # publishes for it wait for its next owner already (this one must not
-            # overtake them): kept
+            # its owner unreachable (a failover under way), the queue being moved,
+            # publishes for it wait for its next owner already, or the old owner holds
+            # one unsettled (this one must not overtake them): kept
             return services.orphans.hold(message, ("", self.name), waiter)
-        return services.forward(owner, message, ("", self.name), waiter)
+        if services.forward(owner, message, ("", self.name), waiter):
+            self.sent = services.transport.mark(owner)
+            return True
+        return False
 
     def _owning(self) -> bool:
         return self.replicated is not None

@@ -42,11 +42,24 @@ class Owner:
 
     def push(self, message: Message, waiter: PublishWaiter | None = None) -> bool:
         queue = self.queue
-        if queue.replicated_kind and queue.services.stream.fenced:
+        services = queue.services
+        if queue.replicated_kind and (
+            services.stream.fenced
+            or (
+                not services.orphans.passing
+                and (
+                    (queue.sent is not None and queue.behind())
+                    or services.orphans.holds(queue.name)
+                )
+            )
+        ):
             # fenced: the queue is about to fail over, and a confirm through this
             # stream would be given by the numbers of its next generation, which
-            # replicas holding nothing of the queue ack: kept for its next owner
-            return queue.services.orphans.hold(message, ("", queue.name), waiter)
+            # replicas holding nothing of the queue ack: kept for its next owner. Or
+            # its old owner holds a publish sent before it came here, and may relay
+            # it yet, or publishes for it are kept already: kept behind those (unless
+            # the intake let this one past them: ``Orphans.passing``)
+            return services.orphans.hold(message, ("", queue.name), waiter)
         if queue.moving is None:
             return self.inner.push(message, waiter)
         return queue.push_moving(message, waiter)

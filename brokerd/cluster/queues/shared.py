@@ -41,6 +41,7 @@ from brokerd.model.queue import Queue
 from brokerd.model.storage import QueueStore
 
 if TYPE_CHECKING:
+    from brokerd.cluster.plane.transport import Mark, Transport
     from brokerd.cluster.queues.handover import Handovers
     from brokerd.cluster.queues.orphans import Orphans
     from brokerd.cluster.queues.owner import OwnerSide
@@ -91,6 +92,7 @@ class Services(Protocol):
     stream: Stream
     orphans: Orphans
     handovers: Handovers
+    transport: Transport
 
     def clock(self) -> float: ...
 
@@ -116,6 +118,10 @@ class Services(Protocol):
 
 #: gets and purges that may wait for a move to end at once; more are answered at once
 MAX_DEFERRED = 10_000
+#: seconds publishes wait behind an old owner's settlement of earlier ones
+#: (``behind``); one that settles nothing so long is cut off or paused, and its
+#: session's end sends them on (flagged)
+BEHIND_PATIENCE = 2.0
 
 
 class SharedQueue:
@@ -201,6 +207,11 @@ class SharedQueue:
         self.frozen = False
         #: gets and purges asked here while it moved: run once it has its owner
         self.deferred: list[Callable[[], None]] = []
+        #: this server's last forward of a publish for it, to its owner then
+        #: (``behind``; a replicated queue's)
+        self.sent: Mark | None = None
+        #: since when ``behind`` found the old owner holding it (0: it did not)
+        self.behind_since = 0.0
 
     # -- what it is, as the vhost, the exchanges and the channels read it ---------------
 
@@ -416,6 +427,29 @@ class SharedQueue:
         self.inner.delivering = not (self.local and self.moving is not None)
         services.placements_changed()
         services.orphans.send()  # publishes kept for its next owner
+
+    def behind(self) -> str:
+        """The old owner still holding this server's last forward for the queue
+        unsettled ("" if none). Its owner changed meanwhile, and that forward may
+        yet reach the new owner through the old one (a fenced owner keeps what it
+        is sent and relays it): a publish from here must wait behind it, not
+        overtake it on a link of its own. For ``BEHIND_PATIENCE`` at most."""
+        sent = self.sent
+        if sent is None:
+            return ""
+        spid = sent[0].spid
+        if spid == self.owner:
+            return ""
+        services = self.services
+        if services.transport.unsettled_upto(sent):
+            now = services.clock()
+            if not self.behind_since:
+                self.behind_since = now
+            if now - self.behind_since < BEHIND_PATIENCE:
+                return spid
+        self.sent = None
+        self.behind_since = 0.0
+        return ""
 
     def _moved(self) -> None:
         """The move is over (the target owns the queue, or the root called it off):

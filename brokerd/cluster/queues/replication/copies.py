@@ -247,9 +247,14 @@ class Copies:
     def begin(self, stream: SourceStream, seq: int) -> None:
         """The source reset this replica: every copy it fed goes (the queues it owns
         follow, each reset by name, with their snapshots), and the live stream goes
-        on after event ``seq``."""
+        on after event ``seq``. Except the copies of queues it owned before its last
+        fence and that are not placed elsewhere here yet: the root chose their next
+        owners from such copies, and the source (which applied those placements
+        first) will not send them again; the next owner takes its copy, and the
+        others are reset by it."""
+        source = stream.source
         for name, replica in list(self.queues.items()):
-            if replica.source == stream.source:
+            if replica.source == source and not self._failing_over(name, source):
                 self.drop(name, write=True)
         stream.joined = True
         stream.complete = False  # until the snapshot's last record
@@ -257,6 +262,16 @@ class Copies:
         stream.applied = seq
         stream.acked = 0
         stream.pending.clear()
+
+    def _failing_over(self, name: str, source: str) -> bool:
+        """Queue ``name`` is still ``source``'s here, placed before its last fence: its
+        failover is under way, and its copy is what the root placed it by."""
+        queue = self._shared_queue(name)
+        return (
+            queue is not None
+            and queue.owner == source
+            and queue.placed_seq < self.fence_seq.get(source, -1)
+        )
 
     def resync(self, stream: SourceStream) -> None:
         """Ask the source for a reset and a snapshot (once until it comes)."""
