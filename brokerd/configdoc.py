@@ -18,6 +18,8 @@ import hashlib
 import json
 from typing import Any
 
+from brokerd.bridges.definitions import DefinitionError, parse_name, parse_shovel
+from brokerd.bridges.uri import redact
 from brokerd.cluster.config import ClusterConfigError, parse_host
 from brokerd.config import (
     VHOST_LIMIT_KEYS,
@@ -38,6 +40,7 @@ DOCUMENT_KEYS = (
     "vhost_limits",
     "users",
     "permissions",
+    "bridges",
 )
 HEARTBEAT_DEFAULTS = {"interval": 1.0, "timeout": 3.0, "open_timeout": 10.0}
 #: an hour between heartbeats is already useless; larger values are typos
@@ -146,6 +149,60 @@ def _vhost_limits(raw: object, doc: dict[str, Any]) -> dict[str, dict[str, int |
     return out
 
 
+#: bridges one document defines at most (each runs two connections on some server)
+BRIDGES_MAX = 256
+
+
+def _bridges(raw: object, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Shovels as RabbitMQ's definitions list its parameters: ``name``, ``vhost``
+    and ``value``, the JSON ``rabbitmqctl set_parameter shovel`` takes. Each value
+    is stored normalised (its defaults filled in); an error names the key, and its
+    text never carries a URI's password."""
+    if not isinstance(raw, list):
+        raise ConfigDocumentError("bridges: must be a list of {name, vhost, value}")
+    if len(raw) > BRIDGES_MAX:
+        raise ConfigDocumentError(f"bridges: at most {BRIDGES_MAX} bridges")
+    vhosts = doc.get("vhosts")
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for i, entry in enumerate(raw):
+        where = f"bridges[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigDocumentError(f"{where}: must be an object with name, vhost and value")
+        unknown = sorted(set(entry) - {"name", "vhost", "value", "component"})
+        if unknown:
+            raise ConfigDocumentError(f"{where}.{unknown[0]}: unknown key")
+        if entry.get("component", "shovel") != "shovel":
+            raise ConfigDocumentError(f"{where}.component: only 'shovel' bridges are defined here")
+        try:
+            name = parse_name(entry.get("name"))
+        except DefinitionError as exc:
+            raise ConfigDocumentError(f"{where}.name: {exc.message}") from None
+        vhost = parse_vhost_name(entry.get("vhost", "/"), f"{where}.vhost")
+        if vhosts is not None and vhost not in vhosts:
+            raise ConfigDocumentError(f"{where}.vhost: unknown vhost {vhost!r}")
+        if (vhost, name) in out:
+            raise ConfigDocumentError(f"{where}.name: bridge {name!r} is defined twice")
+        try:
+            definition = parse_shovel(name, entry.get("value"), vhost)
+        except DefinitionError as exc:
+            field = "value" if exc.field == "value" else f"value.{exc.field}"
+            raise ConfigDocumentError(f"{where}.{field}: {redact(exc.message)}") from None
+        out[(vhost, name)] = {"name": name, "vhost": vhost, "value": definition.document}
+    return [out[key] for key in sorted(out)]
+
+
+def redacted_document(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` as a person may see it: its bridges' URIs without their passwords."""
+    if not doc.get("bridges"):
+        return doc
+    out = dict(doc)
+    out["bridges"] = [
+        {**b, "value": parse_shovel(b["name"], b["value"], b["vhost"]).public()}
+        for b in doc["bridges"]
+    ]
+    return out
+
+
 def validate_document(doc: object) -> dict[str, Any]:
     """Check a configuration document; return it normalised, or raise
     :class:`ConfigDocumentError` naming the first bad key."""
@@ -170,6 +227,8 @@ def validate_document(doc: object) -> dict[str, Any]:
             out["users"] = _users(doc["users"])
         if "permissions" in doc:
             out["permissions"] = _permissions(doc["permissions"], out)
+        if "bridges" in doc:
+            out["bridges"] = _bridges(doc["bridges"], out)
     except ConfigError as exc:
         raise ConfigDocumentError(str(exc)) from None
     return out

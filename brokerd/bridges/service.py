@@ -1,11 +1,20 @@
-"""The bridges one server runs: their definitions, kept on disk, and one runner each.
+"""The bridges one server runs: their definitions, and one runner each.
 
-A standalone server takes definitions from ``brokerd ctl bridges set NAME JSON``
-(RabbitMQ's ``rabbitmqctl set_parameter shovel NAME JSON``), keeps them in
-``DATA_DIR/bridges.json`` (mode 0600: the URIs carry passwords) and starts a
-runner for each; a restart of the server starts them again. Whatever leaves
-this service for a person (``list``, ``status``, errors) has its passwords
-redacted.
+Definitions come from one of two places:
+
+- the console's configuration document, when it has a ``bridges`` part
+  (``configure``): in a cluster each runs on the one server the root placed it
+  on (``cluster.ownership.bridges``), and only while that server is part of
+  the cluster (``runs_here``); standalone, every one runs here;
+- else, on a standalone server, ``brokerd ctl bridges set NAME JSON``
+  (RabbitMQ's ``rabbitmqctl set_parameter shovel NAME JSON``), kept in
+  ``DATA_DIR/bridges.json`` (mode 0600: the URIs carry passwords); a restart
+  of the server starts them again.
+
+``reconcile`` makes the runners match what should run here; the server calls
+it at each tick too, so a placement or a root link that changes starts or
+stops runners within a heartbeat. Whatever leaves this service for a person
+(``list``, ``status``, errors) has its passwords redacted.
 """
 
 from __future__ import annotations
@@ -86,9 +95,24 @@ class BridgeService:
         self.node = node
         self.local = local
         self.make_runner = runner
+        #: the bridges ``ctl bridges set`` saved (``bridges.json``)
         self.definitions: dict[tuple[str, str], ShovelDefinition] = {}
+        #: the configuration document's bridges (None: it has no ``bridges`` part)
+        self.document: dict[tuple[str, str], ShovelDefinition] | None = None
+        #: a document bridge runs here now (a cluster: placed here, the root linked)
+        self.runs_here: Callable[[tuple[str, str]], bool] = lambda _key: True
+        #: where a document bridge is placed, for ``list`` ("" standalone)
+        self.where: Callable[[tuple[str, str]], str] = lambda _key: ""
+        #: document bridges that reached their ``src-delete-after``: not run again
+        #: until the document changes their definition
+        self.finished: dict[tuple[str, str], ShovelDefinition] = {}
         self.runners: dict[tuple[str, str], ShovelRunner] = {}
         self.tasks: dict[tuple[str, str], asyncio.Task[None]] = {}
+        #: the definition each runner runs
+        self.running: dict[tuple[str, str], ShovelDefinition] = {}
+        self._reconciling: asyncio.Task[None] | None = None
+        self._again = False
+        self._closed = False
 
     # -- life -----------------------------------------------------------------------------
 
@@ -101,20 +125,90 @@ class BridgeService:
             except DefinitionError as exc:
                 log.error("bridge=%s vhost=%s not started: %s", name, vhost, redact(str(exc)))
                 continue
-            self._run((vhost, name))
+        self.reconcile()
 
     async def close(self) -> None:
+        self._closed = True
+        if self._reconciling is not None:
+            await asyncio.shield(self._reconciling)
         for key in list(self.tasks):
             await self._stop(key)
 
-    def _run(self, key: tuple[str, str]) -> None:
+    def configure(self, bridges: list[dict[str, Any]] | None) -> None:
+        """The configuration document's bridges, validated (``configdoc``); None: the
+        document has no ``bridges`` part, and those ``ctl bridges set`` saved run."""
+        if bridges is None:
+            self.document = None
+        else:
+            before = self.document or {}
+            document: dict[tuple[str, str], ShovelDefinition] = {}
+            for b in bridges:
+                key = (b["vhost"], b["name"])
+                same = before.get(key)
+                # an unchanged definition keeps its runner (every push carries them all)
+                if same is None or same.document != b["value"]:
+                    same = parse_shovel(b["name"], b["value"], b["vhost"])
+                document[key] = same
+            self.document = document
+        self.reconcile()
+
+    def wanted(self) -> list[tuple[str, str]]:
+        """The document's bridges, for the root to place."""
+        return sorted(self.document or ())
+
+    def should_run(self) -> dict[tuple[str, str], ShovelDefinition]:
+        """What runs here now, by key."""
+        if self._closed:
+            return {}
+        if self.document is None:
+            return dict(self.definitions)
+        return {
+            key: d
+            for key, d in self.document.items()
+            if self.runs_here(key) and self.finished.get(key) != d
+        }
+
+    def tick(self) -> None:
+        """The server's tick: a placement or a root link may have changed."""
+        wanted = self.should_run()
+        if wanted.keys() != self.running.keys() or any(
+            self.running[key] is not d for key, d in wanted.items()
+        ):
+            self.reconcile()
+
+    def reconcile(self) -> None:
+        """Start and stop runners until they match ``should_run`` (in a task: a
+        runner stops in its own time, and requests must not interleave)."""
+        if self._reconciling is not None and not self._reconciling.done():
+            self._again = True
+            return
+        try:
+            self._reconciling = asyncio.ensure_future(self._reconcile())
+        except RuntimeError:  # no loop: nothing runs (unit tests of the parts)
+            self._reconciling = None
+
+    async def _reconcile(self) -> None:
+        while True:
+            self._again = False
+            wanted = self.should_run()
+            for key in [k for k, d in self.running.items() if wanted.get(k) is not d]:
+                await self._stop(key)
+            for key, definition in wanted.items():
+                if key not in self.running and len(self.running) < BRIDGES_MAX:
+                    self._run(key, definition)
+            if not self._again:
+                return
+
+    def _run(self, key: tuple[str, str], definition: ShovelDefinition) -> None:
         runner = self.make_runner(
-            self.definitions[key], node=self.node, local=self.local(), on_done=self._done(key)
+            definition, node=self.node, local=self.local(), on_done=self._done(key)
         )
         self.runners[key] = runner
+        self.running[key] = definition
         self.tasks[key] = asyncio.ensure_future(runner.run())
 
     async def _stop(self, key: tuple[str, str]) -> None:
+        self.running.pop(key, None)
         runner, task = self.runners.pop(key, None), self.tasks.pop(key, None)
         if runner is not None:
             runner.stop()
@@ -128,11 +222,17 @@ class BridgeService:
 
     def _done(self, key: tuple[str, str]) -> Callable[[str], None]:
         def done(_name: str) -> None:
-            # src-delete-after reached: the shovel deletes itself, as in RabbitMQ
+            # src-delete-after reached: the shovel deletes itself, as in RabbitMQ (one
+            # of the document's is not run again until its definition changes there)
             log.warning("bridge=%s vhost=%s done (src-delete-after): deleted", key[1], key[0])
-            self.definitions.pop(key, None)
+            definition = self.running.pop(key, None)
             self.runners.pop(key, None)
             self.tasks.pop(key, None)
+            if self.document is not None and key in self.document:
+                if definition is not None:
+                    self.finished[key] = definition
+                return
+            self.definitions.pop(key, None)
             self._save()
 
         return done
@@ -145,6 +245,7 @@ class BridgeService:
     async def set(self, name: str, value: object, vhost: str = "/") -> dict[str, Any]:
         """Create or replace bridge ``name``; a replaced one restarts with the new
         definition (RabbitMQ's set_parameter on an existing shovel does the same)."""
+        self._not_documented()
         try:
             definition = parse_shovel(name, value, vhost)
         except DefinitionError as exc:
@@ -152,27 +253,48 @@ class BridgeService:
         key = (vhost, name)
         if key not in self.definitions and len(self.definitions) >= BRIDGES_MAX:
             raise BridgeError(f"at most {BRIDGES_MAX} bridges on one server")
-        if key in self.tasks:
-            await self._stop(key)
         self.definitions[key] = definition
         self._save()
-        self._run(key)
+        await self._settle()
         return {"name": name, "vhost": vhost, "definition": definition.public()}
 
     async def delete(self, name: str, vhost: str = "/") -> dict[str, Any]:
+        self._not_documented()
         key = self._known(name, vhost)
-        await self._stop(key)
         del self.definitions[key]
         self._save()
+        await self._settle()
         return {"name": name, "vhost": vhost, "deleted": True}
 
     async def restart(self, name: str, vhost: str = "/") -> dict[str, Any]:
         key = self._known(name, vhost)
+        definition = self.running.get(key)
+        if definition is None:
+            raise BridgeError(f"bridge '{name}' in vhost '{vhost}' does not run on this server")
         await self._stop(key)
-        self._run(key)
+        self._run(key, definition)
         return {"name": name, "vhost": vhost, "restarted": True}
 
+    async def _settle(self) -> None:
+        """Reconcile now and wait for it (a request answers once it is in force)."""
+        self.reconcile()
+        while self._reconciling is not None and not self._reconciling.done():
+            await asyncio.shield(self._reconciling)
+
+    def _not_documented(self) -> None:
+        if self.document is not None:
+            raise BridgeError(
+                "bridges come from the console's configuration document here: change them "
+                "there (the console or the REST API)"
+            )
+
     def list(self) -> list[dict[str, Any]]:
+        if self.document is not None:
+            return [
+                {"name": name, "vhost": vhost, "definition": d.public(), "node": self.where(key)}
+                for key, d in sorted(self.document.items())
+                for vhost, name in (key,)
+            ]
         return [
             {"name": name, "vhost": vhost, "definition": d.public()}
             for (vhost, name), d in sorted(self.definitions.items())
@@ -183,6 +305,6 @@ class BridgeService:
 
     def _known(self, name: str, vhost: str) -> tuple[str, str]:
         key = (vhost, name)
-        if key not in self.definitions:
+        if key not in (self.definitions if self.document is None else self.document):
             raise BridgeError(f"no bridge '{name}' in vhost '{vhost}'")
         return key

@@ -33,6 +33,9 @@ from brokerd.wire import codec
 #: the header RabbitMQ's shovels add (with ``dest-add-forward-headers``)
 SHOVELLED = "x-shovelled"
 SHOVELLED_TIMESTAMP = "x-shovelled-timestamp"
+#: on a message the source delivered flagged redelivered: the AMQP flag cannot cross a
+#: republish, so the destination's consumers see this header instead
+REDELIVERED = "x-redelivered"
 #: no properties at all (flags 0)
 EMPTY_PROPERTIES = b"\x00\x00"
 
@@ -209,16 +212,20 @@ class Transfer:
         if (
             definition.publish_properties
             or definition.add_forward_headers
-            or (definition.add_timestamp_header)
+            or definition.add_timestamp_header
+            or delivery.redelivered
         ):
-            properties = self._rewrite(properties)
+            properties = self._rewrite(properties, delivery.redelivered)
         seq = self.next_seq
         self.next_seq += 1
         return Publish(seq, exchange, key, delivery.body, properties)
 
-    def _rewrite(self, raw: bytes) -> bytes:
+    def _rewrite(self, raw: bytes, redelivered: bool) -> bytes:
         """The property bytes with ``dest-publish-properties`` applied and the
-        forward headers added (the only case where a message is changed)."""
+        forward headers added (the only case where a message is changed), and
+        ``x-redelivered`` on a message the source delivered flagged: a destination
+        consumer knows it may have had it already (this shovel, or one before a
+        move, may have forwarded it before its acknowledgement was lost)."""
         definition = self.definition
         props = codec.decode_properties(raw)
         for name, value in definition.publish_properties.items():
@@ -232,6 +239,8 @@ class Transfer:
             headers[SHOVELLED] = [self._forward_header, *trail]
         if definition.add_timestamp_header:
             headers[SHOVELLED_TIMESTAMP] = int(self.clock())
+        if redelivered:
+            headers[REDELIVERED] = True
         props.headers = headers or None
         return codec.encode_properties(props)
 

@@ -37,6 +37,7 @@ from brokerd.cluster.election import PRIMARY
 from brokerd.cluster.membership import Membership
 from brokerd.cluster.messages import CLUSTER_EXCHANGE
 from brokerd.cluster.operations import OperatorCommands, servers
+from brokerd.cluster.ownership.bridges import BridgePlacements
 from brokerd.cluster.ownership.moves import MOVE_TIMEOUT, QueueMoves
 from brokerd.cluster.ownership.placer import Placer
 from brokerd.cluster.plane.pacing import OVERRUN
@@ -119,6 +120,9 @@ class ClusterController(Membership):
         self.moves = QueueMoves(self.placer)
         self.queues.handovers.on_handed = self.moves.handed
         self.wiring.on_fence = self._fence
+        #: where the configuration document's bridges run
+        self.bridges = BridgePlacements(self, self.wiring, self.placer)
+        self.wiring.on_bridge_place = self.bridges.applied
         self.wiring.is_fenced = self.queues.is_fenced
         self.wiring.fences = self.queues.copies.fences_of
         vhost = broker.vhosts.get(config.vhost) if broker is not None else None
@@ -366,6 +370,7 @@ class ClusterController(Membership):
         if why == "inactive" and self.decision.is_root:
             self.wiring.server_gone(spid)
             self.placer.check(lost=spid)
+            self.bridges.check()
 
     def loop_lag(self, lag: float) -> None:
         """The event loop woke ``lag`` seconds late: past ``LOOP_LAG_HIGH`` what feeds
@@ -461,6 +466,7 @@ class ClusterController(Membership):
         # its lease, and must not fence the peers it heard nothing from meanwhile
         if self.decision.is_root and self.root_now():
             self.placer.check()
+            self.bridges.check()
         self._flow_alarm()
 
     def _flow_alarm(self) -> None:

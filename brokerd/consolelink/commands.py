@@ -294,6 +294,9 @@ class ConsoleCommands:
             host.reconfigure_cluster(cluster_config)
             self._installed_cluster = host.cluster_config
             applied += cluster_parts
+        host.configure_bridges(doc.get("bridges"))
+        if "bridges" in doc:
+            applied.append("bridges")
         self._doc = doc
         self.config_version = version
         self.config_serial = serial

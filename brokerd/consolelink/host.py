@@ -84,6 +84,10 @@ class ConsoleHost(Protocol):
         """Keep the applied document with the durable wiring (applied again at start)."""
         ...
 
+    def configure_bridges(self, bridges: list[dict[str, Any]] | None) -> None:
+        """The document's bridges (None: it has none; the broker's own run)."""
+        ...
+
     # -- state (status) -----------------------------------------------------------
 
     @property

@@ -287,6 +287,9 @@ class Server(Surface):
             self.options.data_dir,
         )
 
+    def configure_bridges(self, bridges: list[dict[str, Any]] | None) -> None:
+        bridging.configure(self, bridges)
+
     def keep_console_config(self, record: dict[str, Any]) -> None:
         """The console's configuration just applied, kept with the durable wiring."""
         self.store.wiring.put_setting("console_config", record)
@@ -481,6 +484,8 @@ class Server(Surface):
             now = time.monotonic()
             for proto in list(self.connections.values()):
                 proto.tick(now)
+            if self.bridges is not None:
+                self.bridges.tick()  # a placement, or the root link, changed
             ticked = now
             then, last = self._last_counters
             counters = self.broker.counters()

@@ -34,11 +34,10 @@ def install_user(server: Server) -> None:
         server._bridge_password_hash = hash_password(server._bridge_password, iterations=1000)
     users = server.broker.users
     users.add_user(User(BRIDGE_USER, server._bridge_password_hash, ("bridge",)))
-    # the cluster's own vhost carries its links: no bridge has business there
-    internal = server.cluster_config.vhost if server.cluster_config is not None else None
+    # the clustered vhost too: it is the clients' (its shared queues are what a
+    # cluster's bridges move); the links log in with the cluster secret, not as users
     for vhost in server.broker.vhosts:
-        if vhost != internal:
-            users.set_permission(BRIDGE_USER, vhost, Permission())
+        users.set_permission(BRIDGE_USER, vhost, Permission())
 
 
 def local_broker(server: Server) -> LocalBroker | None:
@@ -52,14 +51,38 @@ def local_broker(server: Server) -> LocalBroker | None:
 
 
 def start(server: Server) -> BridgeService:
+    """The server's bridge service. Standalone, the saved bridges start (until a
+    console document with bridges rules); in a cluster, only the document's run,
+    each on the server the root placed it on, while that server is linked to the
+    root (a server cut off stops its bridges, as it stops confirming)."""
     install_user(server)
     service = BridgeService(
         DefinitionFile(server.options.data_dir / "bridges.json"),
         node=server.spid,
         local=lambda: local_broker(server),
     )
-    service.start()
+    cluster = server.cluster
+    if cluster is None:
+        service.start()
+        return service
+    placements = cluster.bridges
+    placements.wanted = service.wanted
+    placements.on_change = service.reconcile
+
+    def runs_here(key: tuple[str, str]) -> bool:
+        root = cluster.current_root
+        linked = root is not None and (root == cluster.spid or cluster.link_to(root) is not None)
+        return linked and placements.here(key)
+
+    service.runs_here = runs_here
+    service.where = placements.where
     return service
+
+
+def configure(server: Server, bridges: list[dict[str, Any]] | None) -> None:
+    """The console document's ``bridges`` part (None: it has none)."""
+    if server.bridges is not None:
+        server.bridges.configure(bridges)
 
 
 async def control(server: Server, args: list[Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The login a local bridge uses: every client vhost, never the cluster's own."""
+"""The login a local bridge uses: every vhost, the clustered one too (a cluster's
+bridges move its shared queues)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from brokerd.model.broker import Broker
 from brokerd.server.bridging import BRIDGE_USER, install_user
 
 
-def test_the_bridge_user_may_use_every_vhost_but_the_clusters_own() -> None:
+def test_the_bridge_user_may_use_every_vhost_the_clustered_one_too() -> None:
     config = default_config()
     broker = Broker(config.user_database(), config.vhosts, config.limits)
     broker.add_vhost("orders")
@@ -27,7 +28,7 @@ def test_the_bridge_user_may_use_every_vhost_but_the_clusters_own() -> None:
     assert users.can_access_vhost(BRIDGE_USER, "/") and users.can_access_vhost(
         BRIDGE_USER, "orders"
     )
-    assert not users.can_access_vhost(BRIDGE_USER, "rookery-cluster")
+    assert users.can_access_vhost(BRIDGE_USER, "rookery-cluster")
     assert len(server._bridge_password) >= 40  # 256 random bits, URL-safe
     first = server._bridge_password
     install_user(server)  # a reload: the same password, the user in the new database

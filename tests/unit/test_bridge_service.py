@@ -91,6 +91,7 @@ def test_saved_bridges_start_again_and_a_broken_one_does_not_stop_the_rest(
         (tmp_path / "bridges.json").write_text(json.dumps(doc))
         again = _service(tmp_path)
         again.start()
+        await asyncio.sleep(0)  # the runners start in the service's own task
         assert [(b["vhost"], b["name"]) for b in again.list()] == [("/", "a"), ("other", "b")]
         assert len(FakeRunner.made) == 2
         await again.close()
@@ -115,6 +116,65 @@ def test_refusals_name_the_field_and_never_echo_a_password(tmp_path: Path) -> No
             await service.set("one-more", DEFINITION)
         for key in [k for k in service.definitions if k[1] != "b0"]:
             del service.definitions[key]
+        await service.close()
+
+    asyncio.run(go())
+
+
+def _doc(name: str = "d", **changes: Any) -> list[dict[str, Any]]:
+    return [{"name": name, "vhost": "/", "value": {**DEFINITION, **changes}}]
+
+
+def test_the_documents_bridges_replace_the_saved_ones_and_refuse_ctl_changes(
+    tmp_path: Path,
+) -> None:
+    async def go() -> None:
+        service = _service(tmp_path)
+        await service.set("saved", DEFINITION)
+        service.configure(_doc())
+        await service._settle()
+        assert FakeRunner.made[0].stopped.is_set()  # the saved one no longer runs
+        assert [r.definition.name for r in service.runners.values()] == ["d"]
+        assert [b["name"] for b in service.list()] == ["d"]
+        assert "hunter2" not in json.dumps(service.list())
+        with pytest.raises(BridgeError, match="configuration document"):
+            await service.set("other", DEFINITION)
+        with pytest.raises(BridgeError, match="configuration document"):
+            await service.delete("d")
+        # a changed definition restarts it; an unchanged one keeps its runner
+        service.configure(_doc(**{"src-prefetch-count": 5}))
+        await service._settle()
+        running = service.runners[("/", "d")]
+        assert running.definition.prefetch == 5 and len(FakeRunner.made) == 3
+        service.configure(_doc(**{"src-prefetch-count": 5}))
+        await service._settle()
+        assert len(FakeRunner.made) == 3 and service.runners[("/", "d")] is running
+        # the part gone from the document: the saved ones run again
+        service.configure(None)
+        await service._settle()
+        assert [r.definition.name for r in service.runners.values()] == ["saved"]
+        await service.close()
+        assert not service.runners
+
+    asyncio.run(go())
+
+
+def test_a_document_bridge_runs_only_where_it_is_placed(tmp_path: Path) -> None:
+    async def go() -> None:
+        service = _service(tmp_path)
+        here: set[tuple[str, str]] = set()
+        service.runs_here = here.__contains__
+        service.configure(_doc("a") + _doc("b"))
+        await service._settle()
+        assert service.wanted() == [("/", "a"), ("/", "b")] and not service.runners
+        here.add(("/", "b"))  # placed here: the next tick starts it
+        service.tick()
+        await service._settle()
+        assert list(service.runners) == [("/", "b")]
+        here.clear()  # moved away, or cut off from the root: stopped
+        service.tick()
+        await service._settle()
+        assert not service.runners and FakeRunner.made[0].stopped.is_set()
         await service.close()
 
     asyncio.run(go())

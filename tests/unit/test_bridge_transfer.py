@@ -1,7 +1,8 @@
 """A shovel's transfer over any interleaving of deliveries, confirms, nacks and
 lost connections: with ``on-confirm`` nothing is lost, a source message is
 acknowledged only once the destination holds it, and every duplicate comes from
-a delivery the source flagged redelivered."""
+a delivery the source flagged redelivered, and carries ``x-redelivered`` to the
+destination's consumers."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pamqp import commands
 
 from brokerd.bridges.definitions import parse_shovel
 from brokerd.bridges.transfer import (
+    REDELIVERED,
     SHOVELLED,
     Ack,
     Cancel,
@@ -66,7 +68,10 @@ class OnConfirm(RuleBasedStateMachine):
                 self.last_seq = action.seq
                 assert delivery is not None and int(action.body) == delivery[0]
                 assert (action.exchange, action.routing_key) == ("", "out")
-                self.pending[action.seq] = delivery
+                # what the destination's consumer sees: the x-redelivered header
+                headers = codec.decode_properties(action.properties).headers or {}
+                assert headers.get(REDELIVERED, False) == delivery[1]
+                self.pending[action.seq] = (delivery[0], bool(headers.get(REDELIVERED)))
             elif isinstance(action, Ack):
                 tags = (
                     [t for t in self.unacked if t <= action.tag]

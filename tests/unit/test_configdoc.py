@@ -285,3 +285,74 @@ def test_count_limits_take_null_for_no_limit():
 def test_bad_vhost_limits_name_the_key(doc, error):
     with pytest.raises(ConfigDocumentError, match=error):
         validate_document(doc)
+
+
+SHOVEL = {
+    "src-uri": "amqp://",
+    "src-queue": "in",
+    "dest-uri": "amqp://u:s3cret@far",
+    "dest-queue": "out",
+}
+
+
+def test_bridges_are_rabbitmq_shovel_parameters_stored_normalised():
+    doc = validate_document(
+        {
+            "bridges": [
+                {
+                    "name": "b",
+                    "vhost": "/",
+                    "component": "shovel",
+                    "value": dict(SHOVEL, **{"prefetch-count": 10}),
+                }
+            ]
+        }
+    )
+    (bridge,) = doc["bridges"]
+    assert bridge["name"] == "b" and bridge["vhost"] == "/"
+    assert bridge["value"]["src-prefetch-count"] == 10  # the old key name, renamed
+    assert validate_document(doc) == doc  # normalising twice changes nothing
+
+
+@pytest.mark.parametrize(
+    ("bridges", "message"),
+    [
+        ({}, "bridges: must be a list"),
+        ([{"vhost": "/", "value": SHOVEL}], "bridges[0].name:"),
+        (
+            [{"name": "b", "value": dict(SHOVEL, **{"ack-mod": "no-ack"})}],
+            "bridges[0].value.ack-mod:",
+        ),
+        (
+            [{"name": "b", "value": dict(SHOVEL, **{"dest-uri": "amqp://u:s3cret@far:x"})}],
+            "bridges[0].value.dest-uri:",
+        ),
+        ([{"name": "b", "value": "amqp://"}], "bridges[0].value:"),
+        (
+            [{"name": "b", "value": SHOVEL}, {"name": "b", "value": SHOVEL}],
+            "bridges[1].name: bridge 'b' is defined twice",
+        ),
+        (
+            [{"name": "b", "value": SHOVEL, "component": "federation-upstream"}],
+            "bridges[0].component:",
+        ),
+        ([{"name": "b", "vhost": "elsewhere", "value": SHOVEL}], "bridges[0].vhost: unknown vhost"),
+    ],
+)
+def test_bad_bridges_name_the_key_and_never_a_password(bridges, message):
+    doc = {"bridges": bridges}
+    if message.endswith("unknown vhost"):
+        doc["vhosts"] = ["/"]
+    with pytest.raises(ConfigDocumentError) as raised:
+        validate_document(doc)
+    assert str(raised.value).startswith(message), str(raised.value)
+    assert "s3cret" not in str(raised.value)
+
+
+def test_a_redacted_document_shows_no_bridge_password():
+    from brokerd.configdoc import redacted_document
+
+    doc = validate_document({"bridges": [{"name": "b", "value": SHOVEL}]})
+    shown = redacted_document(doc)
+    assert "s3cret" not in json.dumps(shown) and "s3cret" in json.dumps(doc)
+    assert shown["bridges"][0]["value"]["dest-uri"].startswith("amqp://u:")

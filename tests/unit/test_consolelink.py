@@ -290,6 +290,9 @@ class RecordingServer:
     def keep_console_config(self, record: dict[str, Any]) -> None:
         self.kept.append(record)
 
+    def configure_bridges(self, bridges: list[dict[str, Any]] | None) -> None:
+        self.bridges = bridges
+
     def install_config(self, config: BrokerConfig) -> None:
         self.installed.append(config)
         self.config = config

@@ -28,6 +28,9 @@ class Host:
     def keep_console_config(self, record: dict[str, Any]) -> None:
         pass
 
+    def configure_bridges(self, bridges: list[dict[str, Any]] | None) -> None:
+        self.bridges = bridges
+
     def install_config(self, config: BrokerConfig) -> None:
         self.config = config
 

@@ -252,6 +252,11 @@ def place_entry(
     return Entry(0, sl.QUEUE_PLACE, vhost, name, props=freeze(props), spid=owner or "")
 
 
+def bridge_place_entry(vhost: str, name: str, spid: str, epoch: int) -> Entry:
+    """The state-log entry that runs bridge ``name`` on server ``spid``."""
+    return Entry(0, sl.BRIDGE_PLACE, vhost, name, props=freeze({"epoch": epoch}), spid=spid)
+
+
 def move_request(vhost: str, name: str, to: str, origin: str) -> Entry:
     """What a server asks of the root to move queue ``name`` to primary ``to``."""
     props = freeze({"request": MOVE})
@@ -371,7 +376,7 @@ def entry_header(entry: Entry) -> dict[str, Any]:
         "origin": entry.origin,
         "spid": entry.spid,
     }
-    if entry.op == sl.QUEUE_PLACE:  # no AMQP method says this: its fields travel here
+    if entry.op in (sl.QUEUE_PLACE, sl.BRIDGE_PLACE):  # no AMQP method says these
         header["name"] = entry.name
         header["props"] = dict(entry.props)
     elif entry.op == sl.SERVER_FENCE:
@@ -404,7 +409,7 @@ def entry_from_header(header: dict[str, Any], frame: bytes) -> Entry:
             props=freeze({"generation": generation}),
             spid=str(header.get("spid", "")),
         )
-    if op == sl.QUEUE_PLACE:
+    if op in (sl.QUEUE_PLACE, sl.BRIDGE_PLACE):
         props = header.get("props") or {}
         if not isinstance(props, dict):
             raise BucketError("bad placement in bucket")

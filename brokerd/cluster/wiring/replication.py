@@ -102,6 +102,8 @@ class WiringReplication:
         #: fence``), says whether one is fenced and its queues not all placed
         #: elsewhere yet, and how many times one was fenced
         self.on_fence: Callable[[str, int, int], None] | None = None
+        #: a bridge placement applied here (``ownership.bridges.BridgePlacements``)
+        self.on_bridge_place: Callable[[Entry], None] | None = None
         self.is_fenced: Callable[[str], bool] = lambda _spid: False
         self.fences: Callable[[str], int] = lambda _spid: 0
         #: root only: answers held until every follower applied their change
@@ -347,6 +349,8 @@ class WiringReplication:
             if self.is_fenced(entry.spid):
                 return False, None  # fenced already, its failover under way
             self._fence(entry)
+        elif entry.op == sl.BRIDGE_PLACE:
+            self._bridge_place(entry)
         elif not applied and self.broker is not None:
             outcome = rep.try_apply(self.broker, entry, own_spid=self.spid, remote=self.remote)
             if isinstance(outcome, AMQPError):
@@ -489,9 +493,16 @@ class WiringReplication:
         entry = Entry(0, sl.SERVER_FENCE, self.members.config.vhost, props=props, spid=spid)
         self._order(entry, None)
 
+    def _bridge_place(self, entry: Entry) -> None:
+        if self.on_bridge_place is not None:
+            self.on_bridge_place(entry)
+
     def _apply(self, entry: Entry) -> None:
         if entry.op == sl.SERVER_FENCE:
             self._fence(entry)
+            return
+        if entry.op == sl.BRIDGE_PLACE:
+            self._bridge_place(entry)
             return
         if self.broker is None:
             return

@@ -31,6 +31,10 @@ SERVER_FENCE = "server.fence"
 #: a shared queue's owner changes (``spid``; "" while it is unavailable); a declare
 #: carries its first owner in ``spid`` too
 QUEUE_PLACE = "queue.place"
+#: a bridge of the configuration document runs on a server (``spid``; "": on none),
+#: ordered by the root as a queue's owner is (``ownership.bridges``); ``name`` is
+#: the bridge's, ``vhost`` its vhost
+BRIDGE_PLACE = "bridge.place"
 #: not a change: a server asks the root where the state stands, and has applied
 #: everything ordered before it once the answer comes (on the same ordered link as
 #: the state); never ordered, never in the log
@@ -50,6 +54,7 @@ OPS = (
     SERVER_GONE,
     QUEUE_PLACE,
     SERVER_FENCE,
+    BRIDGE_PLACE,
 )
 
 
@@ -110,6 +115,8 @@ class Wiring:
     owners: dict[tuple[str, str], tuple[str, tuple[Any, ...]]] = field(default_factory=dict)
     #: fences ordered per server (its stream's generation is their number)
     fenced: dict[str, int] = field(default_factory=dict)
+    #: where each bridge runs: (vhost, name) -> (spid, props)
+    bridges: dict[tuple[str, str], tuple[str, tuple[Any, ...]]] = field(default_factory=dict)
 
     def apply(self, entry: Entry) -> tuple[list[Fact], list[Fact]]:
         """Apply one entry; returns the facts it added and removed.
@@ -179,6 +186,11 @@ class Wiring:
             if generation > self.fenced.get(entry.spid, 0):
                 self.fenced[entry.spid] = generation
                 added.append(("f", entry.spid, generation))  # every fence is kept
+        elif op == BRIDGE_PLACE:
+            if (vhost, name) in self.bridges:
+                removed.append(("b", vhost, name))
+            self.bridges[(vhost, name)] = (entry.spid, entry.props)
+            added.append(("b", vhost, name))
         elif op == SERVER_GONE:
             doomed = {b for b in self.meta_bindings if b[5] == entry.spid}
             self.meta_bindings -= doomed

@@ -1,0 +1,141 @@
+"""Bridges in a cluster (issue 42): the console's configuration document defines them,
+the root places each on one server, and it moves when that server is killed, with
+nothing lost under ``on-confirm`` and every copy it forwards twice flagged."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from tests.brokerd_process import BrokerProcess
+from tests.cluster_harness import Cluster
+from tests.support.console_fake import TOKEN, FakeConsole
+
+pytestmark = pytest.mark.integration
+
+MESSAGES = 400
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Iterator[tuple[Cluster, FakeConsole, BrokerProcess]]:
+    console = FakeConsole().start()
+    far = BrokerProcess(tmp_path / "far").start()
+    cluster = Cluster(tmp_path / "c", primaries=3, secondaries=0)
+    try:
+        for index in range(3):
+            cluster.start(index, extra=["--console", console.url, f"--console-token={TOKEN}"])
+            time.sleep(0.15)
+        cluster.wait_until(cluster.agreed_root)
+        console.wait_for(lambda: len(console.connections) == 3, what="three brokers")
+        yield cluster, console, far
+    finally:
+        cluster.close()
+        if far.stop() not in (0, None):
+            print(far.log_text()[-4000:])
+        console.stop()
+
+
+def push(console: FakeConsole, version: int, config: dict[str, Any], brokers: list[int]) -> None:
+    """``config.apply`` to each broker's link, as the console does."""
+    for connection in brokers:
+        command_id = str(uuid.uuid4())
+        args = {"version": version, "config": config}
+        console.send(
+            {"type": "command", "id": command_id, "command": "config.apply", "args": args},
+            connection=connection,
+        )
+        ack = console.wait_for(
+            lambda cid=command_id: [a for a in console.messages("ack") if a["id"] == cid]
+        )[0]
+        assert ack["ok"], ack
+        assert "bridges" in ack["result"]["applied"]
+
+
+def running_on(cluster: Cluster) -> list[int]:
+    """The servers whose ``ctl bridges status`` shows the bridge running."""
+    return [
+        index
+        for index in cluster.running()
+        if any(b["state"] == "running" for b in cluster.ctl(index, "bridges", "status")["bridges"])
+    ]
+
+
+def publish(port: int, start: int, count: int) -> None:
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for i in range(start, start + count):
+        ch.basic_publish("", "bq", b"m%d" % i, pika.BasicProperties(delivery_mode=2))
+    conn.close()
+
+
+def landed(far: BrokerProcess) -> list[tuple[bytes, bool]]:
+    """What the destination holds: (body, flagged by the bridge), drained."""
+    conn = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", far.port))
+    ch = conn.channel()
+    out = []
+    while True:
+        method, props, body = ch.basic_get("landed", auto_ack=True)
+        if method is None:
+            break
+        out.append((body, bool((props.headers or {}).get("x-redelivered"))))
+    conn.close()
+    return out
+
+
+def test_a_documented_bridge_runs_on_one_server_and_moves_when_it_is_killed(
+    setup: tuple[Cluster, FakeConsole, BrokerProcess],
+) -> None:
+    cluster, console, far = setup
+    with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", far.port)) as conn:
+        conn.channel().queue_declare("landed", durable=True)
+    with pika.BlockingConnection(
+        pika.ConnectionParameters("127.0.0.1", cluster.nodes[0].port)
+    ) as conn:
+        conn.channel().queue_declare("bq", durable=True)
+    bridge = {
+        "name": "to-far",
+        "vhost": "/",
+        "value": {
+            "src-uri": "amqp://",
+            "src-queue": "bq",
+            "src-prefetch-count": 50,
+            "dest-uri": f"amqp://guest:guest@127.0.0.1:{far.port}",
+            "dest-queue": "landed",
+        },
+    }
+    push(console, 2, {"bridges": [bridge]}, [0, 1, 2])
+    on = cluster.wait_until(lambda: running_on(cluster), timeout=20, what="the bridge running")
+    assert len(on) == 1, on  # one server runs it
+    listed = [cluster.ctl(i, "bridges", "list")["bridges"] for i in range(3)]
+    assert all(len(rows) == 1 for rows in listed)
+    assert {rows[0]["node"] for rows in listed} == {cluster.spid(on[0])}  # all agree where
+    assert all("guest:guest" not in str(rows) for rows in listed)  # the password redacted
+
+    survivors = [i for i in range(3) if i != on[0]]
+    publish(cluster.nodes[survivors[0]].port, 0, MESSAGES)
+    cluster.kill(on[0])  # kill -9 of the server running it, while it forwards
+    publish(cluster.nodes[survivors[1]].port, MESSAGES, MESSAGES)
+    moved = cluster.wait_until(
+        lambda: running_on(cluster), timeout=30, what="the bridge running elsewhere"
+    )
+    assert moved and moved[0] in survivors
+    want = {b"m%d" % i for i in range(2 * MESSAGES)}
+    got: list[tuple[bytes, bool]] = []
+
+    def all_landed() -> bool:
+        got.extend(landed(far))
+        return {body for body, _f in got} >= want
+
+    cluster.wait_until(all_landed, timeout=60, what=f"all {2 * MESSAGES} at the destination")
+    counts = Counter(body for body, _f in got)
+    unflagged = Counter(body for body, flagged in got if not flagged)
+    assert all(n == 1 for n in unflagged.values()), "a copy twice, unflagged"
+    assert set(counts) == want
