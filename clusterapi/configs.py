@@ -59,6 +59,12 @@ def validate(document: Any) -> tuple[dict[str, Any], str]:
     hashes are write-only (``clusterapi.passwords``), so documents come back without."""
     latest = current()
     document = passwords.kept(document, latest.document if latest is not None else None)
+    field = passwords.hidden_uri(document)
+    if field is not None:
+        raise InvalidDocument(
+            f"{field}: the password is hidden ({passwords.REDACTED}) and no earlier version "
+            "of this bridge has it: give it in full"
+        )
     try:
         normalised = validate_document(document)
     except ConfigDocumentError as exc:

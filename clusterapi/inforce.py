@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from clusterapi import passwords
 from clusterapi.linkparse import LinkProtocolError
 
 SOURCES = ("console", "file", "default")
@@ -141,7 +142,7 @@ def view(version_document: dict[str, Any] | None, in_force: dict[str, Any] | Non
     """What a page shows: the differences, the rest, counts (``None``: not reported)."""
     if not in_force:
         return {"reported": False}
-    rows = diff(version_document, in_force)
+    rows = diff(passwords.hidden(version_document), in_force)  # bridges' URIs redacted
     differences = [r for r in rows if r["status"] in (ADDED, REMOVED, CHANGED)]
     return {
         "reported": True,

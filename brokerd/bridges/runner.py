@@ -229,6 +229,8 @@ class ShovelRunner:
         self.state = STARTING
         self.reason = "not started yet"
         self.since = time.time()
+        #: since when it has not been running (None: it runs): the bridge-down alarm
+        self.down_since: float | None = self.since
         self.failures = 0
         self.sessions = 0
         self.source: Side | None = None
@@ -270,6 +272,10 @@ class ShovelRunner:
             level = logging.WARNING if state in (TERMINATED, BLOCKED) else logging.INFO
             log.log(level, "shovel=%s state=%s reason=%s", self.definition.name, state, reason)
             self.state, self.reason, self.since = state, reason, time.time()
+            if state == RUNNING:
+                self.down_since = None
+            elif self.down_since is None:
+                self.down_since = self.since
 
     # -- the loop -------------------------------------------------------------------------------
 

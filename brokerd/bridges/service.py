@@ -24,12 +24,13 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from brokerd.bridges.definitions import DefinitionError, ShovelDefinition, parse_shovel
-from brokerd.bridges.runner import LocalBroker, ShovelRunner
+from brokerd.bridges.runner import TERMINATED, LocalBroker, ShovelRunner
 from brokerd.bridges.uri import redact
 
 log = logging.getLogger("brokerd.bridges")
@@ -37,6 +38,9 @@ log = logging.getLogger("brokerd.bridges")
 FILE_NAME = "bridges.json"
 #: bridges one server runs at most (each holds two connections and a window)
 BRIDGES_MAX = 256
+#: seconds a bridge may stay down (starting, blocked) before the ``bridge-down``
+#: alarm; a terminated one (refused credentials, a failed certificate) raises it at once
+BRIDGE_ALARM_AFTER = 30.0
 
 
 class BridgeError(ValueError):
@@ -299,6 +303,30 @@ class BridgeService:
             {"name": name, "vhost": vhost, "definition": d.public()}
             for (vhost, name), d in sorted(self.definitions.items())
         ]
+
+    def alarm(self, now: float | None = None) -> dict[str, Any] | None:
+        """The ``bridge-down`` alarm (the server's alarm list, hence the console's), or
+        None: a bridge here terminated, or down past ``BRIDGE_ALARM_AFTER``. It clears
+        by itself once they run again."""
+        now = time.time() if now is None else now
+        down = sorted(
+            (runner.down_since, key, runner)
+            for key, runner in self.runners.items()
+            if runner.down_since is not None
+            and (runner.state == TERMINATED or now - runner.down_since >= BRIDGE_ALARM_AFTER)
+        )
+        if not down:
+            return None
+        since, (vhost, name), runner = down[0]
+        more = f" (and {len(down) - 1} more)" if len(down) > 1 else ""
+        return {
+            "kind": "bridge-down",
+            "message": (
+                f"bridge {name} (vhost {vhost}) down for {now - since:.0f}s: "
+                f"{runner.state}: {redact(runner.reason)}{more}"
+            ),
+            "since": since,
+        }
 
     def status(self) -> list[dict[str, Any]]:
         return [runner.status() for _key, runner in sorted(self.runners.items())]

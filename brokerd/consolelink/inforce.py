@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from brokerd.config import LIMIT_KEYS, VHOST_LIMIT_KEYS, limits_document
+from brokerd.configdoc import redacted_document
 
 if TYPE_CHECKING:
     from brokerd.cluster.config import ClusterConfig
@@ -82,4 +83,11 @@ def sources(
 def in_force(
     config: BrokerConfig, cluster: ClusterConfig | None, applied: dict[str, Any] | None
 ) -> dict[str, Any]:
-    return {"document": document(config, cluster), "sources": sources(config, cluster, applied)}
+    doc = document(config, cluster)
+    found = sources(config, cluster, applied)
+    if applied and "bridges" in applied:
+        # the document's bridges, their URIs without passwords (the console compares
+        # them so redacted too)
+        doc["bridges"] = redacted_document(applied)["bridges"]
+        found["bridges"] = CONSOLE
+    return {"document": doc, "sources": found}

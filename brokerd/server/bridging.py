@@ -61,6 +61,7 @@ def start(server: Server) -> BridgeService:
         node=server.spid,
         local=lambda: local_broker(server),
     )
+    server.resources.other_alarms.append(service.alarm)
     cluster = server.cluster
     if cluster is None:
         service.start()

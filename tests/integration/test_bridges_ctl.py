@@ -145,3 +145,32 @@ def test_bad_definitions_are_refused_with_the_key_named(
     out = ctl(here, "bridges", "delete", "nothing")
     assert out.returncode == 1 and "no bridge 'nothing'" in out.stderr
     assert status(here) == []
+
+
+def test_refused_credentials_terminate_the_bridge_and_raise_the_alarm_until_fixed(
+    pair: tuple[BrokerProcess, BrokerProcess],
+) -> None:
+    here, far = pair
+    definition = {
+        "src-uri": "amqp://",
+        "src-queue": "outbox",
+        "dest-uri": f"amqp://guest:wrong-pw@127.0.0.1:{far.port}",
+        "dest-queue": "inbox",
+        "reconnect-delay": 1,
+    }
+    assert ctl(here, "bridges", "set", "bad", json.dumps(definition)).returncode == 0
+
+    def alarms() -> list[dict[str, Any]]:
+        out = ctl(here, "status", "--json")
+        assert out.returncode == 0, out.stderr
+        return [a for a in json.loads(out.stdout).get("alarms", []) if a["kind"] == "bridge-down"]
+
+    eventually(lambda: bool(alarms()), 20, "the bridge-down alarm", here)
+    (row,) = status(here)
+    assert row["state"] == "terminated" and "ACCESS_REFUSED" in row["reason"], row
+    (alarm,) = alarms()
+    assert "bridge bad" in alarm["message"] and "wrong-pw" not in alarm["message"]
+    fixed = {**definition, "dest-uri": f"amqp://guest:guest@127.0.0.1:{far.port}"}
+    assert ctl(here, "bridges", "set", "bad", json.dumps(fixed)).returncode == 0
+    eventually(lambda: status(here)[0]["state"] == "running", 20, "running again", here)
+    assert alarms() == []  # cleared once it runs

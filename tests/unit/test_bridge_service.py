@@ -30,6 +30,7 @@ class FakeRunner:
         self.definition = definition
         self.kw = kw
         self.stopped = asyncio.Event()
+        self.state, self.reason, self.down_since = "running", "", None
         FakeRunner.made.append(self)
 
     async def run(self) -> None:
@@ -175,6 +176,29 @@ def test_a_document_bridge_runs_only_where_it_is_placed(tmp_path: Path) -> None:
         service.tick()
         await service._settle()
         assert not service.runners and FakeRunner.made[0].stopped.is_set()
+        await service.close()
+
+    asyncio.run(go())
+
+
+def test_a_bridge_down_past_the_threshold_or_terminated_raises_the_alarm(
+    tmp_path: Path,
+) -> None:
+    from brokerd.bridges.service import BRIDGE_ALARM_AFTER
+
+    async def go() -> None:
+        service = _service(tmp_path)
+        await service.set("a", DEFINITION)
+        runner = FakeRunner.made[0]
+        runner.state, runner.reason, runner.down_since = "starting", "connection refused", 100.0
+        assert service.alarm(now=100.0 + BRIDGE_ALARM_AFTER - 1) is None  # not yet
+        alarm = service.alarm(now=100.0 + BRIDGE_ALARM_AFTER)
+        assert alarm is not None and alarm["kind"] == "bridge-down" and alarm["since"] == 100.0
+        assert "bridge a (vhost /)" in alarm["message"] and "connection refused" in alarm["message"]
+        runner.state, runner.down_since = "running", None  # recovered: cleared
+        assert service.alarm(now=1e9) is None
+        runner.state, runner.reason, runner.down_since = "terminated", "ACCESS_REFUSED", 500.0
+        assert service.alarm(now=500.0) is not None  # at once
         await service.close()
 
     asyncio.run(go())

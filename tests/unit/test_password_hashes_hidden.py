@@ -24,10 +24,23 @@ from tests.support.urls import every_path, sample
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("in_memory_layer", "scheduled")]
 
 MARK = "pbkdf2_sha256$"
+#: a bridge's password (issue 42): write-only too
+SECRET = "far-s3cret-pw"
+BRIDGE = {
+    "name": "to-far",
+    "vhost": "/",
+    "value": {
+        "src-uri": "amqp://",
+        "src-queue": "in",
+        "dest-uri": f"amqp://site:{SECRET}@far.example",
+        "dest-queue": "out",
+    },
+}
 DOCUMENT = {
     "vhosts": ["/"],
     "users": [{"name": "app", "password_hash": hash_password("app-secret", iterations=1000)}],
     "permissions": [{"user": "app", "vhost": "/"}],
+    "bridges": [BRIDGE],
 }
 
 
@@ -36,7 +49,7 @@ def pushed(operator: Any) -> dict[str, Any]:
     broker = Broker.objects.create(name="127.0.0.1:5701", state="up", connected=True)
     saved = configs.save(DOCUMENT, operator, "with a user")
     command = Command.objects.get(name=Command.CONFIG_APPLY)
-    assert MARK in str(command.args)  # what the broker link sends
+    assert MARK in str(command.args) and SECRET in str(command.args)  # the broker link's
     return {"broker": broker, "version": saved.version, "command": command}
 
 
@@ -85,7 +98,7 @@ def test_no_page_or_endpoint_shows_a_password_hash(
             continue  # a GET there changes nothing, but ends the session or asks to
         response = client.get(path, HTTP_ACCEPT="text/html,application/json")
         body = b"".join(response.streaming_content) if response.streaming else response.content
-        if MARK.encode() in body:
+        if MARK.encode() in body or SECRET.encode() in body:
             shown.append(path)
         assert response.status_code < 500, (path, response.status_code)
     assert shown == []
@@ -119,3 +132,19 @@ def test_the_audit_of_a_push_names_the_version_not_the_document(
     pushed: dict[str, Any],
 ) -> None:
     assert not [e for e in AuditEntry.objects.all() if MARK in str(e.details)]
+
+
+def test_a_bridge_saved_back_redacted_keeps_its_password(
+    pushed: dict[str, Any], operator: Any
+) -> None:
+    shown = passwords.hidden(pushed["version"].document)
+    assert SECRET not in str(shown)
+    assert shown["bridges"][0]["value"]["dest-uri"] == "amqp://site:***@far.example"
+    again = configs.save({**shown, "vhosts": ["/", "other"]}, operator, "a vhost more")
+    assert again.version.document["bridges"][0]["value"]["dest-uri"].endswith(
+        f"{SECRET}@far.example"
+    )
+    # a new bridge, or a URI changed, needs its password in full
+    renamed = {**shown, "bridges": [{**shown["bridges"][0], "name": "other"}]}
+    with pytest.raises(InvalidDocument, match=r"bridges\[0\]\.value\.dest-uri: the password"):
+        configs.save(renamed, operator)
