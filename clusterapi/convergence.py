@@ -41,6 +41,7 @@ DEFAULTS: dict[str, str] = {
     "vhost_limits": "each broker's brokerd.toml ([[vhosts]] limits; default: none)",
     "users": "each broker's brokerd.toml (default: guest, loopback only)",
     "permissions": "each broker's brokerd.toml for the users that remain",
+    "bridges": "none in a cluster; a standalone broker runs those brokerd ctl bridges saved",
 }
 
 

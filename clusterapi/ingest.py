@@ -294,6 +294,7 @@ def apply_status(link: LinkState, msg: dict[str, Any]) -> StatusOutcome:
     exchanges = linkparse.section(msg, "exchanges", full, 2)
     bindings = linkparse.section(msg, "bindings", full, 5)
     peers = linkparse.optional(view, "peers", list, "status.view", [])
+    view["bridges"] = linkparse.bridges(view)  # checked, and stored so (the bridges page)
     reported_alarms = linkparse.broker_alarms(
         linkparse.optional(view, "alarms", list, "status.view", [])
     )

@@ -339,3 +339,38 @@ def parse_stopping(msg: dict[str, Any]) -> tuple[str, str]:
     if not isinstance(reason, str) or len(reason) > 200:
         raise LinkProtocolError("stopping.reason must be a string of at most 200 characters")
     return spid, reason
+
+
+#: bridges one broker reports at most (brokerd's ``BRIDGES_MAX``)
+MAX_BRIDGES = 256
+#: a bridge's numbers, as its status reports them
+BRIDGE_COUNTS = ("forwarded", "acknowledged", "requeued", "in_flight")
+
+
+def bridges(view: dict[str, Any]) -> list[dict[str, Any]]:
+    """The bridges a broker runs (``status.view.bridges``), each checked and reduced to
+    what the console shows: name, vhost, state, reason, since, URIs (redacted by the
+    broker), counts and rate."""
+    raw = optional(view, "bridges", list, "status.view", [])
+    if len(raw) > MAX_BRIDGES:
+        raise LinkProtocolError(f"status.view.bridges: at most {MAX_BRIDGES}")
+    out = []
+    for i, item in enumerate(raw):
+        where = f"status.view.bridges[{i}]"
+        if not isinstance(item, dict):
+            raise LinkProtocolError(f"{where} must be an object")
+        since = item.get("since")
+        row: dict[str, Any] = {
+            "name": key_text(item, "name", where),
+            "vhost": key_text(item, "vhost", where),
+            "state": key_text(item, "state", where)[:32],
+            "reason": str(item.get("reason") or "")[:1000],
+            "since": float(since) if is_a(since, (int, float)) else None,
+            "src_uri": str(item.get("src_uri") or "")[:1000],
+            "dest_uri": str(item.get("dest_uri") or "")[:1000],
+            "rate": number(item, "rate", where),
+        }
+        for key in BRIDGE_COUNTS:
+            row[key] = count(item, key, where)
+        out.append(row)
+    return out

@@ -117,6 +117,8 @@ class BridgeService:
         self._reconciling: asyncio.Task[None] | None = None
         self._again = False
         self._closed = False
+        #: per bridge: (when, forwarded then, the rate measured then) for ``status``
+        self._rates: dict[tuple[str, str], tuple[float, int, float]] = {}
 
     # -- life -----------------------------------------------------------------------------
 
@@ -329,7 +331,22 @@ class BridgeService:
         }
 
     def status(self) -> list[dict[str, Any]]:
-        return [runner.status() for _key, runner in sorted(self.runners.items())]
+        """Each runner's status, with ``rate``: messages forwarded per second, over the
+        last second or more (whoever asks, however often)."""
+        now = time.monotonic()
+        rows = []
+        for key, runner in sorted(self.runners.items()):
+            row = runner.status()
+            then, forwarded, rate = self._rates.get(key, (now, row["forwarded"], 0.0))
+            if now - then >= 1.0:
+                rate = (row["forwarded"] - forwarded) / (now - then)
+                then, forwarded = now, row["forwarded"]
+            self._rates[key] = (then, forwarded, rate)
+            row["rate"] = round(max(rate, 0.0), 1)
+            rows.append(row)
+        for key in self._rates.keys() - self.runners.keys():
+            del self._rates[key]
+        return rows
 
     def _known(self, name: str, vhost: str) -> tuple[str, str]:
         key = (vhost, name)

@@ -116,6 +116,10 @@ class ConsoleHost(Protocol):
         """The event loop's lag and full collections."""
         ...
 
+    def bridge_status(self) -> list[dict[str, Any]]:
+        """The bridges running on this server, passwords redacted."""
+        ...
+
     # -- commands -----------------------------------------------------------------
 
     def state_dump(self) -> str:

@@ -123,6 +123,7 @@ def view(host: ConsoleHost) -> dict[str, Any]:
             "alarms": status.get("alarms", []) + host.resource_alarms(),
             "resources": host.resource_status(),
             "peers": [],
+            "bridges": host.bridge_status(),
             "loop": host.loop_status(),
         }
     if status is None:
@@ -138,6 +139,7 @@ def view(host: ConsoleHost) -> dict[str, Any]:
             "alarms": host.resource_alarms(),
             "resources": host.resource_status(),
             "peers": [],
+            "bridges": host.bridge_status(),
         }
     return {
         **{
@@ -148,6 +150,7 @@ def view(host: ConsoleHost) -> dict[str, Any]:
         "alarms": status.get("alarms", []) + host.resource_alarms(),
         "resources": host.resource_status(),
         "peers": [{key: peer.get(key) for key in PEER_FIELDS} for peer in status["peers"]],
+        "bridges": host.bridge_status(),
         # the cluster under load: flow control, each link's backlog, unsettled forwards
         # and replica lag, the status-echo round trips and the event loop's lag
         "flow": status.get("flow"),

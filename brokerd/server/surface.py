@@ -212,6 +212,9 @@ class Surface:
     def loop_status(self: Server) -> dict[str, Any]:
         return self.loopwatch.describe()
 
+    def bridge_status(self: Server) -> list[dict[str, Any]]:
+        return self.bridges.status() if self.bridges is not None else []
+
     def settings_in_force(self: Server) -> dict[str, Any]:
         """The configuration in force and where each part came from (file, the
         console's document, default): ``ctl status`` and the console's drift view."""

@@ -26,6 +26,7 @@ ENDPOINTS = (
     ("api-token", "POST a username and password to get an API token"),
     ("api-cluster", "the cluster's state: root, readiness, quorum, brokers up, alarms"),
     ("api-endpoints", "AMQP URLs of the brokers clients can connect to now"),
+    ("api-bridges", "bridges (shovels): where each runs, its state, reason and rate"),
     (
         "broker-list",
         "brokers; POST .../{id}/root/ and .../{id}/dump/ send commands, "

@@ -3,7 +3,7 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from clusterapi.api import config_views, reports, root, views
+from clusterapi.api import bridge_views, config_views, reports, root, views
 
 router = SimpleRouter()
 router.register("brokers", views.BrokerViewSet, basename="broker")
@@ -24,6 +24,7 @@ urlpatterns = [
     path("docs/", root.ApiDocsView.as_view(), name="api-docs"),
     path("cluster/", views.ClusterView.as_view(), name="api-cluster"),
     path("endpoints/", views.EndpointsView.as_view(), name="api-endpoints"),
+    path("bridges/", bridge_views.BridgesView.as_view(), name="api-bridges"),
     *reports.file_routes(),
     *router.urls,
 ]

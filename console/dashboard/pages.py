@@ -32,6 +32,7 @@ from clusterapi.models import (
     ExchangeSnapshot,
     QueueSnapshot,
 )
+from console.dashboard.bridge_page import build_bridges
 from console.dashboard.charts import latest_message_rates
 from console.dashboard.config_context import build_config
 from console.dashboard.readable import detail_items, iso, stamp
@@ -582,5 +583,6 @@ PAGES: dict[str, Page] = {
         table_page("commands", "Commands", "command_table", build_commands),
         table_page("audit", "Audit log", "audit_table", build_audit),
         Page("alarms", "dashboard/alarms.html", _fragments("alarm_table"), build_alarms),
+        Page("bridges", "dashboard/bridges.html", _fragments("bridge_table"), build_bridges),
     )
 }

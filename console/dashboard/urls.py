@@ -30,6 +30,7 @@ urlpatterns = [
     path("commands/", views.command_log, name="commands"),
     path("audit/", views.audit_log, name="audit"),
     path("alarms/", views.alarm_list, name="alarms"),
+    path("bridges/", views.bridge_list, name="bridges"),
     path("alarms/<int:pk>/acknowledge/", views.alarm_acknowledge, name="alarm-acknowledge"),
     path("reports/", reports.report_list, name="reports"),
     path("reports/run/", reports.report_run, name="report-run"),

@@ -70,6 +70,7 @@ bindings = page_view("bindings")
 command_log = page_view("commands")
 audit_log = page_view("audit")
 alarm_list = page_view("alarms")
+bridge_list = page_view("bridges")
 
 
 @require_safe

@@ -142,6 +142,7 @@ def test_a_configuration_is_saved_pushed_and_converges_by_what_brokers_report(
         "known_hosts",
         "limits",
         "vhost_limits",
+        "bridges",
         "users",
         "permissions",
     }

@@ -40,7 +40,7 @@ class FakeRunner:
         self.stopped.set()
 
     def status(self) -> dict[str, Any]:
-        return {"name": self.definition.name, "state": "running"}
+        return {"name": self.definition.name, "state": "running", "forwarded": 0}
 
 
 def _service(tmp_path: Path) -> BridgeService:
@@ -64,7 +64,9 @@ def test_set_keeps_the_definition_privately_and_shows_it_redacted(tmp_path: Path
         assert json.loads(path.read_text())["/"]["s"]["dest-uri"].endswith(
             "hunter2@far.example/site"
         )
-        assert len(FakeRunner.made) == 1 and service.status() == [{"name": "s", "state": "running"}]
+        assert len(FakeRunner.made) == 1 and service.status() == [
+            {"name": "s", "state": "running", "forwarded": 0, "rate": 0.0}
+        ]
         # replaced: the old runner stops, a new one runs the new definition
         await service.set("s", {**DEFINITION, "src-prefetch-count": 10})
         assert FakeRunner.made[0].stopped.is_set() and len(FakeRunner.made) == 2

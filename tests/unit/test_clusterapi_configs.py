@@ -107,6 +107,7 @@ def test_a_version_is_saved_normalised_and_pushed_to_every_broker_that_is_up(
         "vhost_limits",
         "users",
         "permissions",
+        "bridges",
     ]
 
 
