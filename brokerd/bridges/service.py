@@ -324,7 +324,7 @@ class BridgeService:
         return {
             "kind": "bridge-down",
             "message": (
-                f"bridge {name} (vhost {vhost}) down for {now - since:.0f}s: "
+                f"bridge {name} (vhost {vhost}) is down: "
                 f"{runner.state}: {redact(runner.reason)}{more}"
             ),
             "since": since,
