@@ -369,6 +369,7 @@ def apply_status(link: LinkState, msg: dict[str, Any]) -> StatusOutcome:
             published_total=linkparse.count(totals, "published", "status.totals"),
             routed_total=linkparse.count(totals, "routed", "status.totals"),
             delivered_total=linkparse.count(totals, "delivered", "status.totals"),
+            bridged_total=linkparse.count(totals, "bridged", "status.totals"),
             rate_published=linkparse.number(rates, "published", "status.rates"),
             rate_routed=linkparse.number(rates, "routed", "status.rates"),
             rate_delivered=linkparse.number(rates, "delivered", "status.rates"),

@@ -156,6 +156,9 @@ class HeartbeatSample(models.Model):
         default=False,
         help_text="the broker announced a planned stop after this status (its last)",
     )
+    bridged_total = models.BigIntegerField(
+        default=0, help_text="messages its bridges forwarded since it started"
+    )
 
     class Meta:
         ordering = ["-time"]

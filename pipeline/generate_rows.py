@@ -80,7 +80,7 @@ class LakeRows:
     ) -> None:
         p = self.plan
         (spid, root_of, is_root, ready, peers_active, stopping, unacked, messages, pub_tot,
-         routed_tot, deliv_tot, published_n, routed_n, delivered_n) = cols  # fmt: skip
+         routed_tot, deliv_tot, published_n, routed_n, delivered_n, bridged_tot) = cols  # fmt: skip
         nt, nb = heard.shape
         interval = p.interval_us / 1e6
         broker_idx = np.broadcast_to(np.arange(nb)[None], (nt, nb))
@@ -109,6 +109,7 @@ class LakeRows:
                 "rate_routed": pa.array(routed_n[m] / interval),
                 "rate_delivered": pa.array(delivered_n[m] / interval),
                 "stopping": pa.array(stopping[m]),
+                "bridged_total": pa.array(bridged_tot[m]),
             },
             schema=lake.BROKER_SAMPLES,
         )

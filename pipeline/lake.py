@@ -55,6 +55,7 @@ BROKER_SAMPLES = pa.schema(
         ("rate_routed", pa.float64()),
         ("rate_delivered", pa.float64()),
         ("stopping", pa.bool_()),
+        ("bridged_total", pa.int64()),
     ]
 )
 
@@ -101,8 +102,9 @@ NULLABLE: dict[str, frozenset[str]] = {
 # Columns added after lakes were first written: a row may leave one out, and files
 # written before lack it; both read as this value (``read_table``, the report's reader).
 # ``stopping``: the broker announced a planned stop at or before this sample (issue 45).
+# ``bridged_total``: messages its bridges forwarded since it started (issue 42).
 ADDED: dict[str, dict[str, Any]] = {
-    "broker_samples": {"stopping": False},
+    "broker_samples": {"stopping": False, "bridged_total": 0},
     "queue_samples": {},
     "peer_samples": {},
 }

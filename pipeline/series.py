@@ -16,7 +16,12 @@ from pipeline.options import ReportError, ReportOptions
 BROKER_KEYS = ["broker"]
 QUEUE_KEYS = ["broker", "vhost", "queue"]
 LINK_KEYS = ["broker", "peer_address"]
-BROKER_COUNTERS = {"published_total": "in", "routed_total": "isr", "delivered_total": "out"}
+BROKER_COUNTERS = {
+    "published_total": "in",
+    "routed_total": "isr",
+    "delivered_total": "out",
+    "bridged_total": "bridged",
+}
 QUEUE_COUNTERS = {"enqueued_total": "in", "delivered_total": "out"}
 # What the stages read of each table besides keys and counters: the rest never goes
 # through a shuffle or into the cache.

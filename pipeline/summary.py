@@ -65,7 +65,7 @@ def build_summary(
     ``gaps`` are the heartbeat gaps with their cause (``collection.explain_gaps``),
     ``collection`` the collection gaps (``collection.collection_gaps``).
     """
-    counted = ("published", "routed", "delivered")
+    counted = ("published", "routed", "delivered", "bridged")
     per_broker = {
         r["broker"]: {k: int(r[k] or 0) for k in counted}
         for r in broker.groupBy("broker")
@@ -73,6 +73,7 @@ def build_summary(
             F.sum("n_in").alias("published"),
             F.sum("n_isr").alias("routed"),
             F.sum("n_out").alias("delivered"),
+            F.sum("n_bridged").alias("bridged"),
         )
         .collect()
     }
@@ -192,6 +193,8 @@ def build_summary(
             "after a restart: counter / interval",
             "isr": "messages routed into queues per second (routed_total)",
             "xsr": "messages delivered to clients per second (delivered_total)",
+            "bridged": "messages the brokers' bridges (shovels) forwarded to their "
+            "destinations (bridged_total)",
             "heartbeat_gap": f"at least {opts.gap_intervals} consecutive samples missing",
             "link": "a broker's link to a peer address, up at a sample if any spid "
             "listed at that address is active; a sample without the peer listed, or "

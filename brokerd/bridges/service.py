@@ -117,6 +117,8 @@ class BridgeService:
         self._reconciling: asyncio.Task[None] | None = None
         self._again = False
         self._closed = False
+        #: messages the runners stopped since the start had forwarded (``forwarded_total``)
+        self.retired_forwarded = 0
         #: per bridge: (when, forwarded then, the rate measured then) for ``status``
         self._rates: dict[tuple[str, str], tuple[float, int, float]] = {}
 
@@ -218,6 +220,7 @@ class BridgeService:
         runner, task = self.runners.pop(key, None), self.tasks.pop(key, None)
         if runner is not None:
             runner.stop()
+            self.retired_forwarded += runner.status().get("forwarded", 0)
         if task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(task), 5.0)
@@ -232,7 +235,9 @@ class BridgeService:
             # of the document's is not run again until its definition changes there)
             log.warning("bridge=%s vhost=%s done (src-delete-after): deleted", key[1], key[0])
             definition = self.running.pop(key, None)
-            self.runners.pop(key, None)
+            runner = self.runners.pop(key, None)
+            if runner is not None:
+                self.retired_forwarded += runner.status().get("forwarded", 0)
             self.tasks.pop(key, None)
             if self.document is not None and key in self.document:
                 if definition is not None:
@@ -329,6 +334,12 @@ class BridgeService:
             ),
             "since": since,
         }
+
+    def forwarded_total(self) -> int:
+        """Messages this server's bridges forwarded since it started (a counter that
+        only grows: the console's heartbeat history, and the traffic reports)."""
+        running = sum(r.status().get("forwarded", 0) for r in self.runners.values())
+        return self.retired_forwarded + running
 
     def status(self) -> list[dict[str, Any]]:
         """Each runner's status, with ``rate``: messages forwarded per second, over the

@@ -120,6 +120,10 @@ class ConsoleHost(Protocol):
         """The bridges running on this server, passwords redacted."""
         ...
 
+    def bridged_total(self) -> int:
+        """Messages this server's bridges forwarded since it started."""
+        ...
+
     # -- commands -----------------------------------------------------------------
 
     def state_dump(self) -> str:

@@ -178,7 +178,8 @@ def status(
         "full": full,
         "view": view(host),
         "counts": host.counts(),
-        "totals": host.broker.counters(),
+        # published, routed, delivered; and bridged: what its bridges forwarded
+        "totals": {**host.broker.counters(), "bridged": host.bridged_total()},
         "rates": dict(host.rates),
         "config_version": running[0],
         "config_checksum": running[1],

@@ -215,6 +215,9 @@ class Surface:
     def bridge_status(self: Server) -> list[dict[str, Any]]:
         return self.bridges.status() if self.bridges is not None else []
 
+    def bridged_total(self: Server) -> int:
+        return self.bridges.forwarded_total() if self.bridges is not None else 0
+
     def settings_in_force(self: Server) -> dict[str, Any]:
         """The configuration in force and where each part came from (file, the
         console's document, default): ``ctl status`` and the console's drift view."""

@@ -157,6 +157,7 @@ class HeartbeatSerializer(BrokerRowSerializer):
             "published_total",
             "routed_total",
             "delivered_total",
+            "bridged_total",
             "rate_published",
             "rate_routed",
             "rate_delivered",

@@ -16,7 +16,12 @@ from tests.pipeline import reference as ref
 from tests.pipeline.conftest import LAKE_ARGS
 
 INTERVAL = LAKE_ARGS["interval"]
-BROKER_COUNTERS = {"published_total": "in", "routed_total": "isr", "delivered_total": "out"}
+BROKER_COUNTERS = {
+    "published_total": "in",
+    "routed_total": "isr",
+    "delivered_total": "out",
+    "bridged_total": "bridged",
+}
 QUEUE_COUNTERS = {"enqueued_total": "in", "delivered_total": "out"}
 
 
@@ -143,6 +148,8 @@ def test_totals(report: dict[str, Any], broker_rated: list) -> None:
     assert totals["published"] == sum(s["n_in"] for s in broker_rated)
     assert totals["routed"] == sum(s["n_isr"] for s in broker_rated)
     assert totals["delivered"] == sum(s["n_out"] for s in broker_rated)
+    # what the brokers' bridges forwarded (issue 42): counted like the others
+    assert totals["bridged"] == sum(s["n_bridged"] for s in broker_rated) > 0
     for broker, per in totals["per_broker"].items():
         assert per["routed"] == sum(s["n_isr"] for s in broker_rated if s["broker"] == broker)
 

@@ -111,7 +111,14 @@ def status(seq: int, full: bool, queues: Any, t: float | None = None, **over: An
             ],
         },
         "counts": {"connections": 3, "consumers": 2, "queues": 2, "messages_ready": 7},
-        "totals": {"published": 100, "routed": 90, "delivered": 80, "acked": 70, "returned": 0},
+        "totals": {
+            "published": 100,
+            "routed": 90,
+            "delivered": 80,
+            "acked": 70,
+            "returned": 0,
+            "bridged": 25,
+        },
         "rates": {"published": 10.0, "routed": 9.0, "delivered": 8.0},
         "queues": queues,
         "exchanges": [] if full else {"upsert": [], "remove": []},
@@ -190,6 +197,7 @@ def test_full_status_fills_broker_samples_and_snapshots(link: LinkState) -> None
     sample = HeartbeatSample.objects.get(broker_id=link.broker_id)
     assert (sample.connections, sample.consumers, sample.messages_ready) == (3, 2, 7)
     assert (sample.published_total, sample.routed_total, sample.delivered_total) == (100, 90, 80)
+    assert sample.bridged_total == 25  # its bridges' forwards (issue 42)
     assert sample.rate_routed == 9.0 and sample.is_root and sample.ready
     assert (sample.peers_active, sample.peers_known) == (1, 2)
     assert sample.peers[0] == {
