@@ -5,11 +5,9 @@ nothing lost under ``on-confirm`` and every copy it forwards twice flagged."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pika
 import pytest
@@ -40,22 +38,6 @@ def setup(tmp_path: Path) -> Iterator[tuple[Cluster, FakeConsole, BrokerProcess]
         if far.stop() not in (0, None):
             print(far.log_text()[-4000:])
         console.stop()
-
-
-def push(console: FakeConsole, version: int, config: dict[str, Any], brokers: list[int]) -> None:
-    """``config.apply`` to each broker's link, as the console does."""
-    for connection in brokers:
-        command_id = str(uuid.uuid4())
-        args = {"version": version, "config": config}
-        console.send(
-            {"type": "command", "id": command_id, "command": "config.apply", "args": args},
-            connection=connection,
-        )
-        ack = console.wait_for(
-            lambda cid=command_id: [a for a in console.messages("ack") if a["id"] == cid]
-        )[0]
-        assert ack["ok"], ack
-        assert "bridges" in ack["result"]["applied"]
 
 
 def running_on(cluster: Cluster) -> list[int]:
@@ -111,7 +93,7 @@ def test_a_documented_bridge_runs_on_one_server_and_moves_when_it_is_killed(
             "dest-queue": "landed",
         },
     }
-    push(console, 2, {"bridges": [bridge]}, [0, 1, 2])
+    console.apply_config(2, {"bridges": [bridge]}, 3)
     on = cluster.wait_until(lambda: running_on(cluster), timeout=20, what="the bridge running")
     assert len(on) == 1, on  # one server runs it
     listed = [cluster.ctl(i, "bridges", "list")["bridges"] for i in range(3)]

@@ -25,7 +25,11 @@ class FakeConsole:
     """A websocket server on its own thread and loop: records what brokers send,
     sends what a test asks, refuses a wrong token with 403 like the console."""
 
-    def __init__(self, port: int | None = None, token: str = TOKEN) -> None:
+    def __init__(
+        self, port: int | None = None, token: str = TOKEN, host: str = "127.0.0.1"
+    ) -> None:
+        #: where it listens: a test bed's gateway for servers in namespaces
+        self.host = host
         self.port = port or free_port()
         self.token = token
         self.received: list[dict[str, Any]] = []
@@ -39,7 +43,7 @@ class FakeConsole:
 
     @property
     def url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/ws/brokers/"
+        return f"ws://{self.host}:{self.port}/ws/brokers/"
 
     def start(self) -> FakeConsole:
         self._thread.start()
@@ -71,7 +75,7 @@ class FakeConsole:
                 with self._lock:
                     self.received.append({**json.loads(text), "_connection": index})
 
-        async with serve(handler, "127.0.0.1", self.port, process_request=check):
+        async with serve(handler, self.host, self.port, process_request=check):
             self._started.set()
             await self._stop.wait()
 
@@ -106,3 +110,19 @@ class FakeConsole:
 
     def statuses_after(self, seq: int) -> list[dict[str, Any]]:
         return [s for s in self.messages("status") if s["seq"] > seq]
+
+    def apply_config(self, version: int, config: dict[str, Any], connections: int) -> None:
+        """``config.apply`` on each of the first ``connections`` broker links, as the
+        console pushes a version; every broker must accept it."""
+        for connection in range(connections):
+            command_id = str(uuid.uuid4())
+            args = {"version": version, "config": config}
+            self.send(
+                {"type": "command", "id": command_id, "command": "config.apply", "args": args},
+                connection=connection,
+            )
+            ack = self.wait_for(
+                lambda cid=command_id: [a for a in self.messages("ack") if a["id"] == cid]
+            )[0]
+            if not ack["ok"]:
+                raise AssertionError(f"config.apply refused: {ack}")
