@@ -184,7 +184,7 @@ def parse_shovel(name: object, raw: object, vhost: str = "/") -> ShovelDefinitio
     ack_mode = doc.get("ack-mode", ON_CONFIRM)
     if ack_mode not in ACK_MODES:
         raise DefinitionError("ack-mode", f"must be one of {', '.join(ACK_MODES)}")
-    prefetch = _integer(doc, "src-prefetch-count", DEFAULT_PREFETCH, 1, PREFETCH_MAX)
+    prefetch = integer_field(doc, "src-prefetch-count", DEFAULT_PREFETCH, 1, PREFETCH_MAX)
     delay = doc.get("reconnect-delay", DEFAULT_RECONNECT_DELAY)
     if isinstance(delay, bool) or not isinstance(delay, int | float):
         raise DefinitionError("reconnect-delay", "must be a number of seconds")
@@ -242,9 +242,9 @@ def _endpoint(doc: dict[str, Any], side: str) -> Endpoint:
         uris = parse_uris(doc[key], key)
     except UriError as exc:
         raise DefinitionError(key, str(exc).split(": ", 1)[-1]) from None
-    queue = _string(doc, f"{side}-queue")
-    exchange = _string(doc, f"{side}-exchange")
-    exchange_key = _string(doc, f"{side}-exchange-key")
+    queue = name_field(doc, f"{side}-queue")
+    exchange = name_field(doc, f"{side}-exchange")
+    exchange_key = name_field(doc, f"{side}-exchange-key")
     if side == "src" and exchange is not None and exchange_key is None:
         exchange_key = "#"
     args = doc.get(f"{side}-queue-args")
@@ -255,7 +255,8 @@ def _endpoint(doc: dict[str, Any], side: str) -> Endpoint:
     return Endpoint(uris, queue, exchange, exchange_key, args)
 
 
-def _string(doc: dict[str, Any], key: str) -> str | None:
+def name_field(doc: dict[str, Any], key: str) -> str | None:
+    """``doc[key]``, if given: a name of at most 255 bytes (an AMQP short string)."""
     value = doc.get(key)
     if value is None:
         return None
@@ -264,7 +265,8 @@ def _string(doc: dict[str, Any], key: str) -> str | None:
     return value
 
 
-def _integer(doc: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+def integer_field(doc: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
+    """``doc[key]`` (default ``default``): an integer from ``low`` to ``high``."""
     value = doc.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise DefinitionError(key, f"must be an integer from {low} to {high}")

@@ -32,6 +32,8 @@ from brokerd.bridges.definitions import (
     PREFETCH_MAX,
     RECONNECT_DELAY_MAX,
     DefinitionError,
+    integer_field,
+    name_field,
     parse_name,
 )
 from brokerd.bridges.uri import AmqpUri, UriError, parse_uris
@@ -144,16 +146,16 @@ def _upstream(name: str, vhost: str, uris: tuple[AmqpUri, ...], doc: dict[str, A
         name=name,
         vhost=vhost,
         uris=uris,
-        prefetch=_integer(doc, "prefetch-count", DEFAULT_PREFETCH, 1, PREFETCH_MAX),
+        prefetch=integer_field(doc, "prefetch-count", DEFAULT_PREFETCH, 1, PREFETCH_MAX),
         reconnect_delay=float(delay),
         ack_mode=ack_mode,
         trust_user_id=bool(doc.get("trust-user-id", False)),
-        exchange=_name(doc, "exchange"),
-        queue=_name(doc, "queue"),
-        max_hops=_integer(doc, "max-hops", 1, 1, MAX_HOPS_MAX),
+        exchange=name_field(doc, "exchange"),
+        queue=name_field(doc, "queue"),
+        max_hops=integer_field(doc, "max-hops", 1, 1, MAX_HOPS_MAX),
         expires=_optional_ms(doc, "expires", low=1),
         message_ttl=_optional_ms(doc, "message-ttl", low=0),
-        consumer_tag=_name(doc, "consumer-tag"),
+        consumer_tag=name_field(doc, "consumer-tag"),
         document=doc,
     )
 
@@ -196,7 +198,7 @@ def parse_policy(name: object, raw: object, vhost: str = "/") -> Policy:
     apply_to = doc.get("apply-to", ALL)
     if apply_to not in APPLY_TO:
         raise DefinitionError("apply-to", f"must be one of {', '.join(APPLY_TO)}")
-    priority = _integer(doc, "priority", 0, -(2**31), 2**31 - 1)
+    priority = integer_field(doc, "priority", 0, -(2**31), 2**31 - 1)
     definition = _object("definition", doc.get("definition"))
     keys = set(definition)
     if keys not in ({"federation-upstream-set"}, {"federation-upstream"}):
@@ -264,23 +266,7 @@ def _object(key: str, raw: object) -> dict[str, Any]:
     return dict(raw)
 
 
-def _integer(doc: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
-    value = doc.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise DefinitionError(key, f"must be an integer from {low} to {high}")
-    return value
-
-
 def _optional_ms(doc: dict[str, Any], key: str, low: int) -> int | None:
     if doc.get(key) is None:
         return None
-    return _integer(doc, key, 0, low, MILLISECONDS_MAX)
-
-
-def _name(doc: dict[str, Any], key: str) -> str | None:
-    value = doc.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, str) or len(value.encode()) > 255:
-        raise DefinitionError(key, "must be a name of at most 255 bytes")
-    return value
+    return integer_field(doc, key, 0, low, MILLISECONDS_MAX)

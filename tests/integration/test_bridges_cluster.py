@@ -4,7 +4,6 @@ nothing lost under ``on-confirm`` and every copy it forwards twice flagged."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 
 from tests.brokerd_process import BrokerProcess
 from tests.cluster_harness import Cluster
-from tests.support.console_fake import TOKEN, FakeConsole
+from tests.support.console_fake import FakeConsole
 
 pytestmark = pytest.mark.integration
 
@@ -27,11 +26,7 @@ def setup(tmp_path: Path) -> Iterator[tuple[Cluster, FakeConsole, BrokerProcess]
     far = BrokerProcess(tmp_path / "far").start()
     cluster = Cluster(tmp_path / "c", primaries=3, secondaries=0)
     try:
-        for index in range(3):
-            cluster.start(index, extra=["--console", console.url, f"--console-token={TOKEN}"])
-            time.sleep(0.15)
-        cluster.wait_until(cluster.agreed_root)
-        console.wait_for(lambda: len(console.connections) == 3, what="three brokers")
+        console.link_cluster(cluster, 3)
         yield cluster, console, far
     finally:
         cluster.close()

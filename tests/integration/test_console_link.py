@@ -281,11 +281,7 @@ def test_token_from_the_environment(tmp_path: Path, console: FakeConsole, monkey
 def test_cluster_heartbeat_change_is_applied_live(tmp_path: Path, console: FakeConsole):
     cluster = Cluster(tmp_path, primaries=3, secondaries=0)
     try:
-        for index in range(3):
-            cluster.start(index, extra=["--console", console.url, f"--console-token={TOKEN}"])
-            time.sleep(0.15)
-        cluster.wait_until(cluster.agreed_root)
-        console.wait_for(lambda: len(console.connections) == 3, what="three brokers")
+        console.link_cluster(cluster, 3)
         hellos = console.wait_for(
             lambda: len(console.messages("hello")) == 3 and console.messages("hello")
         )

@@ -10,13 +10,16 @@ import time
 import uuid
 from collections.abc import Callable
 from http import HTTPStatus
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.http11 import Request, Response
 
 from tests.brokerd_process import free_port
 from tests.support.eventually import eventually
+
+if TYPE_CHECKING:
+    from tests.cluster_harness import Cluster
 
 TOKEN = "console-token-1"
 
@@ -126,3 +129,12 @@ class FakeConsole:
             )[0]
             if not ack["ok"]:
                 raise AssertionError(f"config.apply refused: {ack}")
+
+    def link_cluster(self, cluster: Cluster, count: int) -> None:
+        """Start ``cluster``'s first ``count`` servers linked to this console, eldest
+        first, and wait until they agree on a root and every link is up."""
+        for index in range(count):
+            cluster.start(index, extra=["--console", self.url, f"--console-token={self.token}"])
+            time.sleep(0.15)
+        cluster.wait_until(cluster.agreed_root)
+        self.wait_for(lambda: len(self.connections) == count, what=f"{count} broker links")
