@@ -200,7 +200,15 @@ def test_status_has_every_documented_part(fresh: Server):
     session = ConsoleSession(fresh, ConsoleCommands(fresh))
     first = json.loads(messages.encode(session.status(now=12.5)))
     assert first["seq"] == 1 and first["full"] is True and first["time"] == 12.5
-    assert set(first["view"]) >= {"is_root", "root", "ready", "root_enabled", "peers", "alarms"}
+    assert set(first["view"]) >= {
+        "is_root",
+        "root",
+        "ready",
+        "root_enabled",
+        "peers",
+        "alarms",
+        "bridges",
+    }
     assert set(first["counts"]) == {
         "connections",
         "channels",
@@ -212,7 +220,14 @@ def test_status_has_every_documented_part(fresh: Server):
         "messages_ready",
         "messages_unacked",
     }
-    assert set(first["totals"]) == {"published", "routed", "delivered", "acked", "returned"}
+    assert set(first["totals"]) == {
+        "published",
+        "routed",
+        "delivered",
+        "acked",
+        "returned",
+        "bridged",
+    }
     assert set(first["rates"]) == {"published", "routed", "delivered"}
     # what the broker runs: nothing from the console yet, so its own files
     assert (first["config_version"], first["config_checksum"]) == (None, None)
