@@ -512,7 +512,7 @@ def test_a_publish_to_the_new_owner_here_waits_behind_the_old_owners(net: Net) -
     ]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     st.lists(
         st.one_of(
