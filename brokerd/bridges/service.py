@@ -220,7 +220,7 @@ class BridgeService:
         runner, task = self.runners.pop(key, None), self.tasks.pop(key, None)
         if runner is not None:
             runner.stop()
-            self.retired_forwarded += runner.status().get("forwarded", 0)
+            self._retire(runner)
         if task is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(task), 5.0)
@@ -237,7 +237,7 @@ class BridgeService:
             definition = self.running.pop(key, None)
             runner = self.runners.pop(key, None)
             if runner is not None:
-                self.retired_forwarded += runner.status().get("forwarded", 0)
+                self._retire(runner)
             self.tasks.pop(key, None)
             if self.document is not None and key in self.document:
                 if definition is not None:
@@ -302,9 +302,13 @@ class BridgeService:
     def list(self) -> list[dict[str, Any]]:
         if self.document is not None:
             return [
-                {"name": name, "vhost": vhost, "definition": d.public(), "node": self.where(key)}
-                for key, d in sorted(self.document.items())
-                for vhost, name in (key,)
+                {
+                    "name": name,
+                    "vhost": vhost,
+                    "definition": d.public(),
+                    "node": self.where((vhost, name)),
+                }
+                for (vhost, name), d in sorted(self.document.items())
             ]
         return [
             {"name": name, "vhost": vhost, "definition": d.public()}
@@ -334,6 +338,10 @@ class BridgeService:
             ),
             "since": since,
         }
+
+    def _retire(self, runner: ShovelRunner) -> None:
+        """A runner leaves: what it forwarded stays in ``forwarded_total``."""
+        self.retired_forwarded += runner.status().get("forwarded", 0)
 
     def forwarded_total(self) -> int:
         """Messages this server's bridges forwarded since it started (a counter that
