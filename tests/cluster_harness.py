@@ -468,6 +468,43 @@ class Cluster:
             return root
         return None
 
+    def quiet_root(self, indexes: Iterable[int] | None = None) -> str | None:
+        """Like ``settled_root``, and every listed primary holds all the root has:
+        its state log and a whole copy of the root's replication stream.
+
+        The election prefers the furthest log and copy before seniority, so a
+        test that asserts the next senior takes over waits for this first: a
+        primary one formation event behind the other would rightly lose.
+        """
+        wanted = list(indexes) if indexes is not None else self.running()
+        root = self.settled_root(wanted)
+        if root is None:
+            return None
+        views = self.sample(wanted)
+        leader = [v for v in views.values() if v["spid"] == root]
+        if len(views) != len(wanted) or len(leader) != 1:
+            return None
+        seq, term = leader[0]["state_seq"], leader[0]["state_term"]
+        events = leader[0]["replication"]["seq"]
+        for view in views.values():
+            if view["type"] != "primary" or view is leader[0]:
+                continue
+            copies = view["copies"]
+            if view["state_seq"] != seq or not copies["complete"]:
+                return None
+            if (copies["source"], copies["applied"]) != (root, events):
+                return None
+        # and every primary has heard so from the others (votes rank what the
+        # last status said, not what the copy holds now)
+        for view in views.values():
+            for peer in view["peers"]:
+                if peer["type"] != "primary" or not peer["active"] or peer["spid"] == root:
+                    continue
+                heard = (peer["state"], peer["copy"], peer["syncing"])
+                if heard != ([root, term, seq], [root, events], False):
+                    return None
+        return root
+
     def root_intervals(self) -> dict[str, list[tuple[float, float]]]:
         """Each server's terms as root (wall clock), from its own log.
 

@@ -154,6 +154,16 @@ class OperatorCommands:
                     "is_root": bool(p.status and p.status.is_root),
                     "vote": p.status.vote if p.status else None,
                     "holds_state": bool(p.status and p.status.holds_state),
+                    # its state log's and copy's places as its latest status gave
+                    # them: what the election ranks it by here (a status sent before
+                    # it caught up ranks it lower than it is)
+                    "state": None
+                    if p.status is None or p.status.state_source is None
+                    else [p.status.state_source, p.status.state_term, p.status.state_seq],
+                    "copy": None
+                    if p.status is None or p.status.copy_source is None
+                    else [p.status.copy_source, p.status.copy_seq],
+                    "syncing": None if p.status is None else p.status.syncing,
                     "link": p.link.state if p.link else None,
                     "last_seen_age": None if p.status is None else round(now - p.last_seen, 3),
                     "rtt_ms": p.rtt_ms,

@@ -113,6 +113,8 @@ def test_kill_9_of_the_root_fails_over_long_before_the_heartbeat_timeout(
     queue = uid("failover")
     declare(cluster, 2, queue)
     publish_confirmed(cluster, 2, queue, b"before")
+    # both survivors hold all the root has: the next senior is then the choice
+    cluster.wait_until(cluster.quiet_root, timeout=10, what="every copy caught up")
 
     killed = cluster.kill(0)
     took, failures = publish_until_confirmed(cluster, queue, killed, LONG_TIMEOUT, 0.02)
@@ -223,6 +225,7 @@ def test_a_stopping_root_hands_over_before_it_stops_listening(
     cluster = formed(clusters, tmp_path, interval=0.5, timeout=LONG_TIMEOUT, open_timeout=20.0)
     queue = uid("handover")
     declare(cluster, 1, queue)
+    cluster.wait_until(cluster.quiet_root, timeout=10, what="every copy caught up")
     on_root = connect(cluster, 0)
     node = cluster.nodes[0]
     assert node.process is not None and node.process.proc is not None

@@ -37,7 +37,7 @@ def test_kill_9_of_the_root_elects_the_next_senior_within_three_timeouts(
 ) -> None:
     cluster = make_cluster(3, 1)
     cluster.start_all()
-    first = cluster.wait_until(cluster.settled_root, timeout=8, what="formation")
+    first = cluster.wait_until(cluster.quiet_root, timeout=8, what="formation")
     assert first == cluster.spid(0)
     survivors = [1, 2, 3]
 
@@ -69,7 +69,7 @@ def test_kill_9_of_the_root_elects_the_next_senior_within_three_timeouts(
 def test_sigstop_of_the_root_never_gives_two_roots(make_cluster: MakeCluster) -> None:
     cluster = make_cluster(3, 1)
     cluster.start_all()
-    old = cluster.wait_until(cluster.settled_root, timeout=8, what="formation")
+    old = cluster.wait_until(cluster.quiet_root, timeout=8, what="formation")
     assert old == cluster.spid(0)
     with Sampler(cluster) as sampler:
         time.sleep(0.3)
@@ -235,7 +235,7 @@ def test_root_disable_hands_over_and_enable_does_not_take_it_back(
 ) -> None:
     cluster = make_cluster(3, 1)
     cluster.start_all()
-    eldest = cluster.wait_until(cluster.settled_root, timeout=8, what="formation")
+    eldest = cluster.wait_until(cluster.quiet_root, timeout=8, what="formation")
     assert eldest == cluster.spid(0)
     second = cluster.spid(1)
     with Sampler(cluster) as sampler:

@@ -553,3 +553,34 @@ def test_a_publish_to_a_fenced_owner_is_confirmed_by_the_next_owner_only(net: Ne
     assert heir.services.spid != "A"
     held = [m.body for m, _r in heir.ready()]
     assert late.answers == [(True, 1)] and b"late" in held, (late.answers, held)
+
+
+@pytest.mark.parametrize("root_owns_queues", [True, False])
+def test_a_server_that_notices_the_roots_loss_first_keeps_its_copys_place(
+    root_owns_queues: bool,
+) -> None:
+    """The election ranks each primary by its copy of the last root's stream, as
+    its status reports it. B notices the root's loss before C: B once reported no
+    copy at all from that moment (and, when the root owned no queue, the stream
+    was forgotten too), so both voted C in on a copy that might have been the
+    shorter one; in a real cluster the next senior lost the election at random."""
+    net = Net()
+    for spid in ("A", "B", "C"):
+        net.add(spid)
+    net.elect("A")
+    if root_owns_queues:
+        net.declare("q")
+        waiter = Waiter()
+        net.queue("A", "q").push(message(b"m"), waiter)
+        net.pump()
+        assert waiter.answers == [(True, 1)]
+    c = net.servers["C"].queues.copies
+    place = ("A", c.applied, c.complete)
+    assert place[1] > 0 and place[2]
+    b = net.servers["B"].queues
+    b.peer_lost("A", "inactive")  # B alone sees the root gone so far
+    b.root_changed("A", None)
+    assert (b.copies.source, b.copies.applied, b.copies.complete) == place
+    # a new root's stream is what counts from then on
+    net.elect("B")
+    assert c.source == "B" and b.copies.source is None

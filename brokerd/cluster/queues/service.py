@@ -94,7 +94,9 @@ class QueueService:
         #: this server's replication stream, to the replicas of the queues it owns
         self.stream = Stream(transport, members, self.vhost, self.owned_replicated)
         #: this server's copies of the queues other servers own
-        self.copies = Copies(transport, self.vhost, self.shared_queue, self.root_spid)
+        #: the root this server followed last (kept while there is none)
+        self.last_root: str | None = None
+        self.copies = Copies(transport, self.vhost, self.shared_queue, lambda: self.last_root)
         #: forwards a failed owner left unsettled, for the queues' next owners
         self.orphans = Orphans(
             transport,
@@ -295,6 +297,8 @@ class QueueService:
         placements), so only the link check and the orphans kept for want of a root
         follow it."""
         self.is_root = new == self.spid
+        if new is not None:
+            self.last_root = new
         if new is not None and not self.is_root:
             self.proxy.session_check()
         self.orphans.send()

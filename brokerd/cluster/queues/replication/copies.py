@@ -140,12 +140,14 @@ class Copies:
         transport: Transport,
         vhost: Callable[[], VirtualHost | None],
         shared_queue: Callable[[str], SharedQueue | None],
-        root_spid: Callable[[], str | None],
+        last_root: Callable[[], str | None],
     ) -> None:
         self.transport = transport
         self.vhost = vhost
         self._shared_queue = shared_queue
-        self.root_spid = root_spid
+        #: the root this server followed last (it stays when the root is lost: the
+        #: election then compares the copies along that root's stream)
+        self.last_root = last_root
         self.queues: dict[str, QueueCopy] = {}
         #: by source spid
         self.streams: dict[str, SourceStream] = {}
@@ -167,29 +169,52 @@ class Copies:
         #: sources whose reset of a queue this server still mastered was refused:
         #: asked for a resync once it masters it no more
         self.after_placement: set[str] = set()
+        #: the last root's stream once let go here (gone, or fenced): where this
+        #: server's copy stands on it is what the election compares until another
+        #: root is followed (one stream at most, replaced by the next)
+        self.retired: SourceStream | None = None
 
     @property
     def source(self) -> str | None:
-        """The root, whose stream the election compares (None: this server is root)."""
-        root = self.root_spid()
+        """The last root, whose stream the election compares (None: this server was
+        root, or has followed none). Not the current root: a server that noticed the
+        root's loss first once reported no copy at all until a new root came, and so
+        voted for the slower peer (the election ranks a missing copy last), which
+        then won the election on a copy that may have been the shorter one."""
+        root = self.last_root()
         return None if root is None or root == self.transport.spid else root
 
     @property
     def applied(self) -> int:
         """The last event applied from the root's stream (the election compares it)."""
-        source = self.source
-        stream = self.streams.get(source) if source is not None else None
+        stream = self._followed()
         return stream.applied if stream is not None else 0
 
     @property
     def complete(self) -> bool:
         """This server's copies of the root's queues are whole (see ``SourceStream``);
         a root's own are."""
+        if self.source is None:
+            return True
+        stream = self._followed()
+        return stream is not None and stream.complete
+
+    def _followed(self) -> SourceStream | None:
+        """The last root's stream, applied still or let go (``retired``)."""
         source = self.source
         if source is None:
-            return True
+            return None
         stream = self.streams.get(source)
-        return stream is not None and stream.complete
+        if stream is None and self.retired is not None and self.retired.source == source:
+            return self.retired
+        return stream
+
+    def _let_go(self, spid: str) -> SourceStream | None:
+        """Stop applying ``spid``'s stream; the last root's is kept as ``retired``."""
+        stream = self.streams.pop(spid, None)
+        if stream is not None and spid == self.source:
+            self.retired = stream
+        return stream
 
     def _accepts(self, spid: str) -> bool:
         """A stream this server applies: any other server's (each owner streams the
@@ -300,7 +325,7 @@ class Copies:
             return  # applied already (a sync replays the log)
         self.fences[spid] = generation
         self.fence_seq[spid] = seq
-        stream = self.streams.pop(spid, None)
+        stream = self._let_go(spid)
         applied = stream.applied if stream is not None and stream.joined else 0
         self.fenced[spid] = {
             name: (replica.synced, applied)
@@ -316,7 +341,7 @@ class Copies:
         """``spid`` is gone for good (inactive): its stream goes, unless copies it fed
         wait for a fence (they are what its queues fail over to)."""
         if not any(r.source == spid for r in self.queues.values()):
-            self.streams.pop(spid, None)
+            self._let_go(spid)
 
     def fenced_report(self, owners: set[str] | None = None) -> dict[str, dict[str, list[Any]]]:
         """Per fenced server whose failover is under way (of ``owners``, if given):
