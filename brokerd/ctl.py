@@ -84,6 +84,31 @@ def build_parser() -> argparse.ArgumentParser:
         one.add_argument("name")
     for one in (bridge_set, *(bridges_sub.choices[v] for v in ("delete", "restart"))):
         one.add_argument("--vhost", default="/", help="the bridge's vhost (default /)")
+    federation = sub.add_parser(
+        "federation",
+        help="federation upstreams, upstream sets and policies, as RabbitMQ defines them",
+    )
+    federation_sub = federation.add_subparsers(dest="action", required=True)
+    federation_sub.add_parser("list", help="the definitions (passwords redacted)")
+    federation_status = federation_sub.add_parser(
+        "status", help="each link's state, reason and counts"
+    )
+    federation_status.add_argument("--json", action="store_true", help="print JSON")
+    federation_sub.add_parser("restart", help="reconnect every link")
+    kinds = ("federation-upstream", "federation-upstream-set", "policy")
+    federation_set = federation_sub.add_parser(
+        "set",
+        help="create or replace a definition: the JSON `rabbitmqctl set_parameter "
+        "federation-upstream NAME JSON` takes, an upstream set's list, or a policy's "
+        '{"pattern", "definition", "apply-to", "priority"}',
+    )
+    federation_delete = federation_sub.add_parser("delete", help="forget a definition")
+    for one in (federation_set, federation_delete):
+        one.add_argument("kind", choices=kinds)
+        one.add_argument("name")
+    federation_set.add_argument("definition", help="the definition as JSON")
+    for one in (federation_set, federation_delete):
+        one.add_argument("--vhost", default="/", help="the definition's vhost (default /)")
     root = sub.add_parser("root", help="enable or disable root candidacy on this server")
     root.add_argument("action", choices=["enable", "disable"])
     fault = sub.add_parser(
@@ -325,6 +350,12 @@ def _run(argv: list[str]) -> int:
             extra += [args.name, args.definition, args.vhost]
         elif args.action in ("delete", "restart"):
             extra += [args.name, args.vhost]
+    elif args.command == "federation":
+        extra = [args.action]
+        if args.action == "set":
+            extra += [args.kind, args.name, args.definition, args.vhost]
+        elif args.action == "delete":
+            extra += [args.kind, args.name, args.vhost]
     if not socket_path(args.data_dir).exists() and host_state(args.data_dir) is not None:
         return _run_host(args, extra, timeout)
     if not socket_path(args.data_dir).exists():
@@ -361,13 +392,15 @@ def _print_result(args: argparse.Namespace, result: dict[str, Any]) -> None:
         print(result.get("dump", ""))
     elif args.command == "bridges" and args.action == "status" and not args.json:
         _print_bridges(result.get("bridges", []))
+    elif args.command == "federation" and args.action == "status" and not args.json:
+        _print_bridges(result.get("links", []), "no federation links")
     else:
         print(json.dumps(result, indent=2))
 
 
-def _print_bridges(rows: list[dict[str, Any]]) -> None:
+def _print_bridges(rows: list[dict[str, Any]], none: str = "no bridges") -> None:
     if not rows:
-        print("no bridges")
+        print(none)
     for row in rows:
         reason = f" ({row['reason']})" if row.get("reason") else ""
         print(

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pamqp import commands
+from pamqp.constants import DOMAIN_REGEX
 
 from brokerd.wire import codec
 from brokerd.wire.codec import (
@@ -173,6 +174,8 @@ class ClientConnection:
         self._in = bytearray()
         self._out: list[bytes] = [PROTOCOL_HEADER]
         self._content: _Content | None = None
+        #: the broker's, from connection.start
+        self.server_properties: dict[str, Any] = {}
 
     # -- bytes in and out -------------------------------------------------------------------
 
@@ -256,6 +259,7 @@ class ClientConnection:
 
     def _connection_method(self, method: Any) -> list[Event]:
         if isinstance(method, commands.Connection.Start) and self.state == "start":
+            self.server_properties = dict(method.server_properties or {})
             self._send(0, self._start_ok(method))
             self.state = "tune"
             return []
@@ -277,7 +281,7 @@ class ClientConnection:
             return []
         if isinstance(method, commands.Connection.OpenOk) and self.state == "open":
             self.state = "opened"
-            return [Opened(heartbeat=self.heartbeat)]
+            return [Opened(self.server_properties, self.heartbeat)]
         if isinstance(method, commands.Connection.Close):
             self._send(0, commands.Connection.CloseOk())
             self.state = "closed"
@@ -384,30 +388,75 @@ class ClientConnection:
         arguments: dict[str, Any] | None = None,
     ) -> None:
         method = commands.Queue.Declare(
-            queue=name,
             passive=passive,
             durable=durable,
             exclusive=exclusive,
             auto_delete=auto_delete,
             arguments=arguments,
         )
-        self._send(CHANNEL, method)
+        self._send(CHANNEL, _named(method, queue=name))
 
     def declare_exchange_passive(self, name: str) -> None:
-        self._send(CHANNEL, commands.Exchange.Declare(exchange=name, passive=True))
+        self._send(CHANNEL, _named(commands.Exchange.Declare(passive=True), exchange=name))
+
+    def declare_exchange(
+        self,
+        name: str,
+        type_name: str,
+        *,
+        durable: bool = True,
+        internal: bool = False,
+        arguments: dict[str, Any] | None = None,
+    ) -> None:
+        self._send(
+            CHANNEL,
+            _named(
+                commands.Exchange.Declare(
+                    exchange_type=type_name,
+                    durable=durable,
+                    internal=internal,
+                    arguments=arguments,
+                ),
+                exchange=name,
+            ),
+        )
+
+    def bind_exchange(
+        self, destination: str, source: str, routing_key: str, arguments: dict[str, Any] | None
+    ) -> None:
+        self._send(
+            CHANNEL,
+            _named(
+                commands.Exchange.Bind(routing_key=routing_key, arguments=arguments),
+                destination=destination,
+                source=source,
+            ),
+        )
+
+    def unbind_exchange(
+        self, destination: str, source: str, routing_key: str, arguments: dict[str, Any] | None
+    ) -> None:
+        self._send(
+            CHANNEL,
+            _named(
+                commands.Exchange.Unbind(routing_key=routing_key, arguments=arguments),
+                destination=destination,
+                source=source,
+            ),
+        )
 
     def bind_queue(self, queue: str, exchange: str, routing_key: str) -> None:
-        self._send(
-            CHANNEL, commands.Queue.Bind(queue=queue, exchange=exchange, routing_key=routing_key)
-        )
+        method = commands.Queue.Bind(routing_key=routing_key)
+        self._send(CHANNEL, _named(method, queue=queue, exchange=exchange))
 
     def consume(
         self, queue: str, tag: str, *, no_ack: bool, arguments: dict[str, Any] | None = None
     ) -> None:
         self._send(
             CHANNEL,
-            commands.Basic.Consume(
-                queue=queue, consumer_tag=tag, no_ack=no_ack, arguments=arguments
+            _named(
+                commands.Basic.Consume(consumer_tag=tag, no_ack=no_ack, arguments=arguments),
+                queue=queue,
             ),
         )
 
@@ -415,7 +464,8 @@ class ClientConnection:
         self._send(CHANNEL, commands.Basic.Cancel(consumer_tag=tag))
 
     def publish(self, exchange: str, routing_key: str, properties: bytes, body: bytes) -> None:
-        self._send(CHANNEL, commands.Basic.Publish(exchange=exchange, routing_key=routing_key))
+        method = commands.Basic.Publish(routing_key=routing_key)
+        self._send(CHANNEL, _named(method, exchange=exchange))
         self._out.append(codec.content_frames(CHANNEL, properties, body, self.frame_max))
 
     def ack(self, tag: int, multiple: bool = False) -> None:
@@ -434,3 +484,22 @@ class ClientConnection:
             commands.Connection.Close(reply_code=code, reply_text=text, class_id=0, method_id=0),
         )
         self.state = "closing"
+
+
+_PAMQP_NAME = DOMAIN_REGEX["exchange-name"]
+
+
+def _named(method: Any, **names: str) -> Any:
+    """``method`` with its exchange and queue names set after pamqp's checks: those
+    allow only ``[a-zA-Z0-9-_.:@#,/ ]``, where a broker takes any UTF-8 name up to
+    255 bytes (RabbitMQ's federation names its objects ``federation: X -> NODE``);
+    the broker judges the name."""
+    for field_name, value in names.items():
+        setattr(method, field_name, value)
+    if any(not _PAMQP_NAME.fullmatch(v) for v in names.values()):
+        method.validate = _valid  # marshal checks again: this name is the broker's to judge
+    return method
+
+
+def _valid() -> None:
+    """A method's checks, passed (see ``_named``)."""

@@ -113,6 +113,8 @@ class Side:
         self.writer: asyncio.StreamWriter | None = None
         self.heard = time.monotonic()
         self.pending: list[Any] = []
+        #: the broker's, from connection.start (a federation link reads its cluster_name)
+        self.server_properties: dict[str, Any] = {}
 
     async def connect(self) -> None:
         uri = self.uri
@@ -138,6 +140,7 @@ class Side:
         self.flush()
         opened = await self.until(Opened)
         assert isinstance(opened, Opened)
+        self.server_properties = opened.server_properties
         self.conn.open_channel()
         await self.call(Reply)
 
@@ -290,6 +293,10 @@ class ShovelRunner:
             except SessionEnded as exc:
                 self.failures += 1
                 self._set(TERMINATED if exc.terminal else STARTING, exc.reason)
+            except Exception as exc:  # a bug must not end the bridge for good, unseen
+                log.exception("shovel=%s session failed", self.definition.name)
+                self.failures += 1
+                self._set(TERMINATED, f"internal error: {type(exc).__name__}: {exc}")
             finally:
                 for side in (self.source, self.destination):
                     if side is not None:
@@ -333,13 +340,20 @@ class ShovelRunner:
         if mode != NO_ACK:
             source.conn.qos(self.transfer.prefetch)
             await source.call()
-        consumer_args = definition.consumer_args or None
-        source.conn.consume(queue, CONSUMER_TAG, no_ack=mode == NO_ACK, arguments=consumer_args)
-        await source.call()
+        await self._consume(source, queue)
         self.sessions += 1
         self.failures = 0
         self._set(RUNNING, "")
         await self._pump(source, destination)
+
+    async def _consume(self, source: Side, queue: str) -> None:
+        """Start consuming ``queue`` at the source (a federated queue's link waits
+        for demand instead)."""
+        definition = self.definition
+        consumer_args = definition.consumer_args or None
+        no_ack = definition.ack_mode == NO_ACK
+        source.conn.consume(queue, CONSUMER_TAG, no_ack=no_ack, arguments=consumer_args)
+        await source.call()
 
     async def _set_up_source(self, side: Side) -> str:
         """The queue to consume from (declared if missing, as RabbitMQ's shovels do),
@@ -402,6 +416,7 @@ class ShovelRunner:
             asyncio.ensure_future(self._from_destination(source, destination)),
             asyncio.ensure_future(self._heartbeats(source, destination)),
             asyncio.ensure_future(self._stopped.wait()),
+            *(asyncio.ensure_future(c) for c in self._alongside(source, destination)),
         ]
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -416,6 +431,11 @@ class ShovelRunner:
             return
         if self._stopped.is_set():
             raise SessionEnded("stopped")
+
+    def _alongside(self, source: Side, destination: Side) -> list[Any]:
+        """More coroutines to run for the session (a federation link's binding and
+        demand watchers); one that raises ends the session."""
+        return []
 
     async def _from_source(self, source: Side, destination: Side) -> None:
         transfer = self.transfer

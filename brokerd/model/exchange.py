@@ -57,6 +57,9 @@ class Exchange:
         #: how many of ``bindings`` lead to another exchange: 0 keeps routing on the fast path
         self.exchange_destinations = 0
         self.stats_in = 0
+        #: bumped by every binding added or removed (a federation link that mirrors
+        #: the binding keys upstream reads them again only when it moved)
+        self.bindings_version = 0
 
     @property
     def is_default(self) -> bool:
@@ -68,6 +71,7 @@ class Exchange:
         self.muxer.validate(binding.routing_key, binding.arguments)
         self.muxer.bind(binding)
         self.bindings[binding.key] = binding
+        self.bindings_version += 1
         if isinstance(binding.destination, Exchange):
             self.exchange_destinations += 1
         return True
@@ -75,6 +79,7 @@ class Exchange:
     def remove_binding(self, binding: Binding) -> None:
         if self.bindings.pop(binding.key, None) is None:
             return
+        self.bindings_version += 1
         self.muxer.unbind(binding)
         if isinstance(binding.destination, Exchange):
             self.exchange_destinations -= 1

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from brokerd.bridges.federation_service import FederationService
 from brokerd.bridges.service import BridgeService
 from brokerd.cluster.config import (
     ClusterConfig,
@@ -34,7 +35,7 @@ from brokerd.model.errors import CONNECTION_FORCED
 from brokerd.model.exchange import Exchange
 from brokerd.model.throttle import LoginThrottle
 from brokerd.protocol import ConnectionState
-from brokerd.server import bridging, dump
+from brokerd.server import bridging, dump, federating
 from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import serve_control
 from brokerd.server.handoff import HandoffListener, Mover, handoff_path
@@ -185,6 +186,7 @@ class Server(Surface):
         self.handoff: HandoffListener | None = None
         #: the shovels this server runs (``bridging``), and their local login
         self.bridges: BridgeService | None = None
+        self.federation: FederationService | None = None
         self._bridge_password = ""
         self._bridge_password_hash = ""
 
@@ -248,6 +250,7 @@ class Server(Surface):
         self._ticker_task = loop.create_task(self._ticker())
         self._control = await serve_control(self.options.data_dir, self.control)
         self.bridges = bridging.start(self)
+        self.federation = federating.start(self)
         if self.handoff is not None:
             await self.handoff.start()
         if self.options.metrics_socket is not None:
@@ -443,6 +446,8 @@ class Server(Surface):
             await self.cluster.move_queues_away()
         if self.bridges is not None:  # in flight goes back to their sources
             await self.bridges.close()
+        if self.federation is not None:
+            await self.federation.close()
         self.listeners.close()
         self.resources.stop()
         self.loopwatch.stop()
@@ -486,6 +491,8 @@ class Server(Surface):
                 proto.tick(now)
             if self.bridges is not None:
                 self.bridges.tick()  # a placement, or the root link, changed
+            if self.federation is not None:
+                self.federation.tick()  # objects, bindings or the root changed
             ticked = now
             then, last = self._last_counters
             counters = self.broker.counters()

@@ -22,7 +22,7 @@ import asyncio
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -33,7 +33,6 @@ from brokerd.model.auth import is_loopback
 from brokerd.server.host import ServerState
 
 if TYPE_CHECKING:
-    from brokerd.bridges.service import BridgeService
     from brokerd.cluster.config import ClusterConfig
     from brokerd.server.login import LoginService
 
@@ -69,8 +68,7 @@ class MetricsHost(ServerState, Protocol):
 
     def counts(self) -> dict[str, int]: ...
 
-    @property
-    def bridges(self) -> BridgeService | None: ...
+    def bridge_status(self) -> list[dict[str, Any]]: ...
 
 
 class BrokerCollector(Collector):
@@ -110,8 +108,7 @@ class BrokerCollector(Collector):
         """Each bridge's state (one series per state, 1 for the current one, as an
         alert wants: ``rookery_bridge_state{state="running"} == 0 for 5m``), what it
         moved, and what is in flight."""
-        service = self.server.bridges
-        rows = service.status() if service is not None else []
+        rows = self.server.bridge_status()
         labels = ["vhost", "name"]
         state = GaugeMetricFamily(
             "rookery_bridge_state", "Bridge state (1: the current one)", labels=[*labels, "state"]

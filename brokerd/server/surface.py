@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from brokerd.consolelink import inforce
 from brokerd.consolelink.host import HostRefused
 from brokerd.protocol.moving import MoveError, check_restorable
-from brokerd.server import bridging, dump, queueops
+from brokerd.server import bridging, dump, federating, queueops
 from brokerd.server.amqp import AMQPProtocol
 from brokerd.server.control import ControlError
 from brokerd.tls import TLSSettings
@@ -26,7 +26,13 @@ class Surface:
     """Status, ``ctl`` commands and the console's orders, over the server's state."""
 
     def server_properties(self: Server) -> dict[str, Any]:
-        name = self.cluster_config.name if self.cluster_config is not None else "standalone"
+        # a standalone server's name is its own (RabbitMQ's is its node name): federation
+        # tells sites apart by it, and a loop ends only where the names differ
+        name = (
+            self.cluster_config.name
+            if self.cluster_config is not None
+            else f"rookery@{socket.gethostname()}:{self.port or self.tls_port or 0}"
+        )
         # lane_probes: this server echoes ``cluster.lane-probe`` (a peer probes only
         # servers that say so, so a rolling upgrade never rebuilds links to old ones)
         properties: dict[str, Any] = {"spid": self.spid, "cluster_name": name, "lane_probes": 1}
@@ -134,6 +140,8 @@ class Surface:
             return {"spid": self.spid, "connections": dump.connection_table(self)}
         if command == "bridges":
             return bridging.control(self, args)
+        if command == "federation":
+            return federating.control(self, args)
         if command == "queue" and len(args) == 3 and args[0] == "move":
             if not all(isinstance(a, str) and a for a in args):
                 raise ControlError("queue move takes a queue name and a primary's spid")
@@ -213,10 +221,17 @@ class Surface:
         return self.loopwatch.describe()
 
     def bridge_status(self: Server) -> list[dict[str, Any]]:
-        return self.bridges.status() if self.bridges is not None else []
+        """The bridges' and the federation links' rows (a link is a bridge too)."""
+        rows = self.bridges.status() if self.bridges is not None else []
+        if self.federation is not None:
+            rows += self.federation.status()
+        return rows
 
     def bridged_total(self: Server) -> int:
-        return self.bridges.forwarded_total() if self.bridges is not None else 0
+        total = self.bridges.forwarded_total() if self.bridges is not None else 0
+        if self.federation is not None:
+            total += self.federation.forwarded_total()
+        return total
 
     def settings_in_force(self: Server) -> dict[str, Any]:
         """The configuration in force and where each part came from (file, the
