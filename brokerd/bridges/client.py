@@ -24,8 +24,9 @@ from typing import Any
 
 from pamqp import commands
 from pamqp.constants import DOMAIN_REGEX
+from pamqp.encode import encode_table_value
 
-from brokerd.wire import codec
+from brokerd.wire import codec, tables
 from brokerd.wire.codec import (
     FRAME_BODY,
     FRAME_HEADER,
@@ -410,14 +411,14 @@ class ClientConnection:
     ) -> None:
         self._send(
             CHANNEL,
-            _named(
-                commands.Exchange.Declare(
-                    exchange_type=type_name,
-                    durable=durable,
-                    internal=internal,
-                    arguments=arguments,
+            _typed(
+                _named(
+                    commands.Exchange.Declare(
+                        exchange_type=type_name, durable=durable, internal=internal
+                    ),
+                    exchange=name,
                 ),
-                exchange=name,
+                arguments or {},
             ),
         )
 
@@ -503,3 +504,34 @@ def _named(method: Any, **names: str) -> Any:
 
 def _valid() -> None:
     """A method's checks, passed (see ``_named``)."""
+
+
+class Long(int):
+    """An integer sent as AMQP's signed 64-bit ``l`` (RabbitMQ's ``long``) whatever its
+    size: pamqp picks the smallest type, and some arguments must be ``long`` exactly
+    (RabbitMQ's ``x-federation-upstream`` refuses an ``x-max-hops`` of another)."""
+
+
+def _typed(method: Any, arguments: dict[str, Any]) -> Any:
+    """``method`` (whose last field is its arguments table) with ``arguments`` encoded
+    as pamqp does, except ``Long`` values."""
+    if not any(isinstance(v, Long) for v in arguments.values()):
+        method.arguments = arguments or None
+        return method
+    raw = tables.encode_table(
+        [
+            (key.encode(), tables.long(v) if isinstance(v, Long) else encode_table_value(v))
+            for key, v in arguments.items()
+        ]
+    )
+    plain = method.marshal
+    empty = b"\x00\x00\x00\x00"
+
+    def marshal() -> bytes:
+        data = plain()
+        assert data.endswith(empty), "the arguments table comes last"
+        return data[: -len(empty)] + raw
+
+    method.arguments = {}
+    method.marshal = marshal
+    return method

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from brokerd.bridges.client import Long
 from brokerd.bridges.definitions import Endpoint, ShovelDefinition
 from brokerd.bridges.transfer import REDELIVERED, Delivery, Publish, Transfer
 from brokerd.bridges.upstreams import Upstream
@@ -75,7 +76,7 @@ class LinkSpec:
 
     def upstream_exchange_args(self) -> dict[str, Any]:
         return {
-            MAX_HOPS: self.upstream.max_hops,
+            MAX_HOPS: Long(self.upstream.max_hops),  # RabbitMQ wants it `long` exactly
             DOWNSTREAM_NAME: self.downstream,
             DOWNSTREAM_VHOST: self.vhost,
         }

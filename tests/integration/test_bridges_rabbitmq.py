@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -238,3 +240,62 @@ def test_rabbitmq_federates_an_exchange_from_rookery(
         rabbit.ctl(0, "clear_policy", "federate")
         rabbit.ctl(0, "clear_parameter", "federation-upstream", "rookery")
         conn.close()
+
+
+def test_rookery_federates_an_exchange_from_rabbitmq(
+    rabbit: RabbitCluster, rookery: BrokerProcess
+) -> None:
+    """Rookery downstream of RabbitMQ: its link declares RabbitMQ's own
+    x-federation-upstream exchange and queue there, binds them with Rookery's
+    binding keys, and brings back only what they want, every message counted."""
+    up = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", rabbit.ports[0]))
+    upstream = up.channel()
+    upstream.exchange_declare("fed.rates", "direct", durable=True)
+    down = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", rookery.port))
+    downstream = down.channel()
+    downstream.exchange_declare("fed.rates", "direct", durable=True)
+    downstream.queue_declare("eur", durable=True)
+    downstream.queue_bind("eur", "fed.rates", "eur")
+    down.close()
+    definition = {"uri": f"amqp://127.0.0.1:{rabbit.ports[0]}", "max-hops": 1, "expires": 60000}
+    policy = {
+        "pattern": "^fed\\.",
+        "definition": {"federation-upstream-set": "all"},
+        "apply-to": "exchanges",
+    }
+    _ctl(rookery, "federation", "set", "federation-upstream", "rabbit", json.dumps(definition))
+    _ctl(rookery, "federation", "set", "policy", "federate", json.dumps(policy))
+    try:
+
+        def probe_arrived() -> bool:
+            upstream.basic_publish("fed.rates", "eur", b"probe")
+            time.sleep(0.3)
+            return _depth(rookery.port, "eur") > 0
+
+        try:
+            _eventually(probe_arrived, 60, "the federation link")
+        except AssertionError as exc:
+            links = _ctl(rookery, "federation", "status", "--json")
+            raise AssertionError(f"{exc}: {links}") from None
+        _drain(rookery.port, "eur")
+        upstream.confirm_delivery()
+        for i in range(COUNT):
+            upstream.basic_publish("fed.rates", "eur" if i % 2 else "usd", f"r{i}".encode())
+        _eventually(lambda: _depth(rookery.port, "eur") >= COUNT // 2, 60, "the federated messages")
+        time.sleep(1.0)  # anything beyond would show now
+        got = _drain(rookery.port, "eur")
+        assert sorted(got) == sorted(f"r{i}".encode() for i in range(1, COUNT, 2))
+    finally:
+        _ctl(rookery, "federation", "delete", "policy", "federate")
+        up.close()
+
+
+def _ctl(proc: BrokerProcess, *args: str) -> dict[str, object]:
+    out = subprocess.run(
+        [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(proc.data_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr + out.stdout
+    return dict(json.loads(out.stdout))
