@@ -19,7 +19,13 @@ import json
 from typing import Any
 
 from brokerd.bridges.definitions import DefinitionError, parse_name, parse_shovel
-from brokerd.bridges.uri import redact
+from brokerd.bridges.upstreams import (
+    POLICY_KEYS,
+    parse_policy,
+    parse_upstream,
+    parse_upstream_set,
+)
+from brokerd.bridges.uri import parse_uris, redact
 from brokerd.cluster.config import ClusterConfigError, parse_host
 from brokerd.config import (
     VHOST_LIMIT_KEYS,
@@ -41,6 +47,8 @@ DOCUMENT_KEYS = (
     "users",
     "permissions",
     "bridges",
+    "federation_upstreams",
+    "policies",
 )
 HEARTBEAT_DEFAULTS = {"interval": 1.0, "timeout": 3.0, "open_timeout": 10.0}
 #: an hour between heartbeats is already useless; larger values are typos
@@ -191,15 +199,125 @@ def _bridges(raw: object, doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [out[key] for key in sorted(out)]
 
 
+#: upstreams (and upstream sets) one document defines at most, and policies
+UPSTREAMS_MAX = 256
+POLICIES_MAX = 256
+UPSTREAM_COMPONENTS = ("federation-upstream", "federation-upstream-set")
+
+
+def _entry_name(entry: object, where: str, allowed: set[str]) -> tuple[str, dict[str, Any]]:
+    if not isinstance(entry, dict):
+        raise ConfigDocumentError(f"{where}: must be an object with name, vhost and value")
+    unknown = sorted(set(entry) - allowed)
+    if unknown:
+        raise ConfigDocumentError(f"{where}.{unknown[0]}: unknown key")
+    try:
+        return parse_name(entry.get("name")), entry
+    except DefinitionError as exc:
+        raise ConfigDocumentError(f"{where}.name: {exc.message}") from None
+
+
+def _entry_vhost(entry: dict[str, Any], where: str, doc: dict[str, Any]) -> str:
+    vhost = parse_vhost_name(entry.get("vhost", "/"), f"{where}.vhost")
+    vhosts = doc.get("vhosts")
+    if vhosts is not None and vhost not in vhosts:
+        raise ConfigDocumentError(f"{where}.vhost: unknown vhost {vhost!r}")
+    return vhost
+
+
+def _federation_upstreams(raw: object, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Federation upstreams and upstream sets as RabbitMQ's definitions list its
+    parameters: ``name``, ``vhost``, ``component`` (``federation-upstream``, the
+    default, or ``federation-upstream-set``) and ``value``, the JSON
+    ``rabbitmqctl set_parameter`` takes. Errors name the key, never a password."""
+    if not isinstance(raw, list):
+        raise ConfigDocumentError(
+            "federation_upstreams: must be a list of {name, vhost, component, value}"
+        )
+    if len(raw) > UPSTREAMS_MAX:
+        raise ConfigDocumentError(f"federation_upstreams: at most {UPSTREAMS_MAX}")
+    out: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for i, item in enumerate(raw):
+        where = f"federation_upstreams[{i}]"
+        name, entry = _entry_name(item, where, {"name", "vhost", "value", "component"})
+        vhost = _entry_vhost(entry, where, doc)
+        component = entry.get("component", UPSTREAM_COMPONENTS[0])
+        if component not in UPSTREAM_COMPONENTS:
+            raise ConfigDocumentError(
+                f"{where}.component: must be one of {', '.join(UPSTREAM_COMPONENTS)}"
+            )
+        if (vhost, component, name) in out:
+            raise ConfigDocumentError(f"{where}.name: {component} {name!r} is defined twice")
+        try:
+            if component == UPSTREAM_COMPONENTS[0]:
+                parse_upstream(name, entry.get("value"), vhost)
+            else:
+                parse_upstream_set(name, entry.get("value"))
+        except DefinitionError as exc:
+            field = exc.field if exc.field.startswith("value") else f"value.{exc.field}"
+            raise ConfigDocumentError(f"{where}.{field}: {redact(exc.message)}") from None
+        out[(vhost, component, name)] = {
+            "name": name,
+            "vhost": vhost,
+            "component": component,
+            "value": entry.get("value"),
+        }
+    return [out[key] for key in sorted(out)]
+
+
+def _policies(raw: object, doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Policies as RabbitMQ's definitions list them: ``name``, ``vhost``, ``pattern``,
+    ``apply-to``, ``definition`` and ``priority``; only federating ones are
+    Rookery's so far, and a definition with other keys is refused by name."""
+    if not isinstance(raw, list):
+        raise ConfigDocumentError("policies: must be a list of {name, vhost, pattern, definition}")
+    if len(raw) > POLICIES_MAX:
+        raise ConfigDocumentError(f"policies: at most {POLICIES_MAX}")
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for i, item in enumerate(raw):
+        where = f"policies[{i}]"
+        name, entry = _entry_name(item, where, {"name", "vhost", *POLICY_KEYS})
+        vhost = _entry_vhost(entry, where, doc)
+        if (vhost, name) in out:
+            raise ConfigDocumentError(f"{where}.name: policy {name!r} is defined twice")
+        value = {k: v for k, v in entry.items() if k not in ("name", "vhost")}
+        try:
+            policy = parse_policy(name, value, vhost)
+        except DefinitionError as exc:
+            raise ConfigDocumentError(f"{where}.{exc.field}: {exc.message}") from None
+        out[(vhost, name)] = {
+            "name": name,
+            "vhost": vhost,
+            "pattern": policy.pattern.pattern,
+            "apply-to": policy.apply_to,
+            "priority": policy.priority,
+            "definition": value["definition"],
+        }
+    return [out[key] for key in sorted(out)]
+
+
+def _public_upstream(entry: dict[str, Any]) -> dict[str, Any]:
+    value = entry.get("value")
+    if entry.get("component") != UPSTREAM_COMPONENTS[0] or not isinstance(value, dict):
+        return entry
+    uris = [u.redacted for u in parse_uris(value["uri"], "uri")]
+    shown = uris if isinstance(value["uri"], list) else uris[0]
+    return {**entry, "value": {**value, "uri": shown}}
+
+
 def redacted_document(doc: dict[str, Any]) -> dict[str, Any]:
-    """``doc`` as a person may see it: its bridges' URIs without their passwords."""
-    if not doc.get("bridges"):
+    """``doc`` as a person may see it: its bridges' and upstreams' URIs without
+    their passwords."""
+    if not doc.get("bridges") and not doc.get("federation_upstreams"):
         return doc
     out = dict(doc)
-    out["bridges"] = [
-        {**b, "value": parse_shovel(b["name"], b["value"], b["vhost"]).public()}
-        for b in doc["bridges"]
-    ]
+    if doc.get("bridges"):
+        out["bridges"] = [
+            {**b, "value": parse_shovel(b["name"], b["value"], b["vhost"]).public()}
+            for b in doc["bridges"]
+        ]
+    if doc.get("federation_upstreams"):
+        out["federation_upstreams"] = [_public_upstream(u) for u in doc["federation_upstreams"]]
     return out
 
 
@@ -229,6 +347,10 @@ def validate_document(doc: object) -> dict[str, Any]:
             out["permissions"] = _permissions(doc["permissions"], out)
         if "bridges" in doc:
             out["bridges"] = _bridges(doc["bridges"], out)
+        if "federation_upstreams" in doc:
+            out["federation_upstreams"] = _federation_upstreams(doc["federation_upstreams"], out)
+        if "policies" in doc:
+            out["policies"] = _policies(doc["policies"], out)
     except ConfigError as exc:
         raise ConfigDocumentError(str(exc)) from None
     return out

@@ -42,6 +42,9 @@ DEFAULTS: dict[str, str] = {
     "users": "each broker's brokerd.toml (default: guest, loopback only)",
     "permissions": "each broker's brokerd.toml for the users that remain",
     "bridges": "none in a cluster; a standalone broker runs those brokerd ctl bridges saved",
+    "federation_upstreams": "none in a cluster; a standalone broker uses those"
+    " brokerd ctl federation saved",
+    "policies": "none in a cluster; a standalone broker uses those brokerd ctl federation saved",
 }
 
 

@@ -13,10 +13,11 @@ password fields are write-only:
   one the current version has for that name (the editor and the API round-trip a
   document they were shown without hashes); a new user needs one.
 
-A bridge's URIs (``src-uri``, ``dest-uri``) carry the far broker's password:
-readers get each as ``amqp://user:***@host``, and a writer sending a URI back
-so redacted keeps the password the current version has for the same bridge
-and URI (``hidden_uri``: one still hidden is refused by ``configs.validate``).
+A bridge's URIs (``src-uri``, ``dest-uri``) and a federation upstream's
+(``uri``) carry the far broker's password: readers get each as
+``amqp://user:***@host``, and a writer sending a URI back so redacted keeps the
+password the current version has for the same bridge or upstream and URI
+(``hidden_uri``: one still hidden is refused by ``configs.validate``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from typing import Any
 from brokerd.bridges.uri import REDACTED, redact
 
 HASH_KEY = "password_hash"
-URI_KEYS = ("src-uri", "dest-uri")
+URI_KEYS = ("src-uri", "dest-uri", "uri")
+#: the document's parts whose entries' values carry URIs
+URI_PARTS = ("bridges", "federation_upstreams")
 
 
 def hidden(document: Any) -> Any:
@@ -41,8 +44,9 @@ def hidden(document: Any) -> Any:
             {k: v for k, v in user.items() if k != HASH_KEY} if isinstance(user, dict) else user
             for user in document["users"]
         ]
-    if isinstance(document.get("bridges"), list):
-        out["bridges"] = [_bridge(b, lambda _key, uri: redact(uri)) for b in document["bridges"]]
+    for part in URI_PARTS:
+        if isinstance(document.get(part), list):
+            out[part] = [_bridge(b, lambda _key, uri: redact(uri)) for b in document[part]]
     return out
 
 
@@ -65,16 +69,19 @@ def _is_hidden(uri: str) -> bool:
 
 
 def hidden_uri(document: Any) -> str | None:
-    """The first bridge URI still sent with its password hidden, as a field path."""
-    if not isinstance(document, dict) or not isinstance(document.get("bridges"), list):
+    """The first bridge or upstream URI still sent with its password hidden, as a
+    field path."""
+    if not isinstance(document, dict):
         return None
-    for i, bridge in enumerate(document["bridges"]):
-        value = bridge.get("value") if isinstance(bridge, dict) else None
-        for key in URI_KEYS if isinstance(value, dict) else ():
-            uris = value.get(key)
-            for uri in [uris] if isinstance(uris, str) else uris if isinstance(uris, list) else []:
-                if isinstance(uri, str) and _is_hidden(uri):
-                    return f"bridges[{i}].value.{key}"
+    for part in URI_PARTS:
+        entries = document.get(part)
+        for i, bridge in enumerate(entries if isinstance(entries, list) else ()):
+            value = bridge.get("value") if isinstance(bridge, dict) else None
+            for key in URI_KEYS if isinstance(value, dict) else ():
+                uris = value.get(key)
+                listed = [uris] if isinstance(uris, str) else uris if isinstance(uris, list) else []
+                if any(isinstance(uri, str) and _is_hidden(uri) for uri in listed):
+                    return f"{part}[{i}].value.{key}"
     return None
 
 
@@ -103,10 +110,18 @@ def kept(document: Any, previous: dict[str, Any] | None) -> Any:
 
 
 def _kept_uris(document: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
-    if not isinstance(document.get("bridges"), list):
+    for part in URI_PARTS:
+        document = _kept_part(document, previous, part)
+    return document
+
+
+def _kept_part(
+    document: dict[str, Any], previous: dict[str, Any] | None, part: str
+) -> dict[str, Any]:
+    if not isinstance(document.get(part), list):
         return document
     before: dict[tuple[Any, Any, str], list[str]] = {}
-    for bridge in (previous or {}).get("bridges") or []:
+    for bridge in (previous or {}).get(part) or []:
 
         def note(key: str, uri: str, bridge: dict[str, Any] = bridge) -> str:
             before.setdefault((bridge.get("vhost", "/"), bridge.get("name"), key), []).append(uri)
@@ -115,7 +130,7 @@ def _kept_uris(document: dict[str, Any], previous: dict[str, Any] | None) -> dic
         _bridge(bridge, note)
     out = dict(document)
     bridges = []
-    for bridge in document["bridges"]:
+    for bridge in document[part]:
         where = (bridge.get("vhost", "/"), bridge.get("name")) if isinstance(bridge, dict) else None
 
         def back(key: str, uri: str, where: Any = where) -> str:
@@ -127,7 +142,7 @@ def _kept_uris(document: dict[str, Any], previous: dict[str, Any] | None) -> dic
             return uri
 
         bridges.append(_bridge(bridge, back))
-    out["bridges"] = bridges
+    out[part] = bridges
     return out
 
 

@@ -35,14 +35,14 @@ from brokerd.bridges.definitions import Endpoint, ShovelDefinition
 from brokerd.bridges.transfer import REDELIVERED, Delivery, Publish, Transfer
 from brokerd.bridges.upstreams import Upstream
 from brokerd.bridges.uri import AmqpUri
-from brokerd.model.muxers.federation import (
-    DOWNSTREAM_NAME,
-    DOWNSTREAM_VHOST,
-    MAX_HOPS,
-    RECEIVED_FROM,
-)
 from brokerd.wire import codec
 
+#: RabbitMQ's names, which the upstream's ``x-federation-upstream`` exchange reads
+#: (``model.muxers.federation``, on the far side of the wire from here)
+MAX_HOPS = "x-max-hops"
+DOWNSTREAM_NAME = "x-downstream-name"
+DOWNSTREAM_VHOST = "x-downstream-vhost"
+RECEIVED_FROM = "x-received-from"
 EXCHANGE = "exchange"
 QUEUE = "queue"
 #: the internal exchange's type on the upstream

@@ -31,6 +31,7 @@ from brokerd.bridges.definitions import DefinitionError
 from brokerd.bridges.federated import ExchangeLink, FederationLink, QueueLink
 from brokerd.bridges.federation import EXCHANGE, QUEUE, BindingKey, LinkSpec
 from brokerd.bridges.runner import TERMINATED, LocalBroker
+from brokerd.bridges.service import Rates
 from brokerd.bridges.upstreams import (
     Policy,
     Upstream,
@@ -104,8 +105,12 @@ class FederationService:
         self.downstream = downstream
         self.local = local
         self.objects = objects
-        #: raw definitions as given: vhost -> kind -> name -> value
+        #: raw definitions as given: vhost -> kind -> name -> value (``ctl`` saved them)
         self.raw: dict[str, dict[str, dict[str, Any]]] = {}
+        #: the configuration document's (None: it has no federation parts, ``raw`` rules)
+        self.document: dict[str, dict[str, dict[str, Any]]] | None = None
+        #: ``ctl federation set`` and ``delete`` refused (a cluster: the document rules)
+        self.refuse_ctl: str | None = None
         self.upstreams: dict[str, dict[str, Upstream]] = {}
         self.sets: dict[str, dict[str, list[dict[str, Any]]]] = {}
         self.policies: dict[str, list[Policy]] = {}
@@ -116,6 +121,7 @@ class FederationService:
         self._computed = 0.0
         self._closed = False
         self.retired_forwarded = 0
+        self._rates = Rates()
 
     # -- definitions --------------------------------------------------------------------
 
@@ -129,15 +135,42 @@ class FederationService:
         except (OSError, ValueError) as exc:
             log.error("federation file %s unreadable (%s): no links", self.path, exc)
             raw = {}
-        for vhost, kinds in raw.items() if isinstance(raw, dict) else ():
+        self._load(raw if isinstance(raw, dict) else {})
+        self.tick(force=True)
+
+    def _load(self, raw: dict[str, Any]) -> None:
+        """Parse ``raw`` (vhost -> kind -> name -> value) into the definitions in force;
+        one that does not parse is logged and left out."""
+        self.raw, self.upstreams, self.sets, self.policies = {}, {}, {}, {}
+        for vhost, kinds in raw.items():
             for kind, named in kinds.items() if isinstance(kinds, dict) else ():
                 for name, value in named.items() if isinstance(named, dict) else ():
                     try:
                         self._put(vhost, kind, name, value)
                     except (DefinitionError, FederationError) as exc:
-                        log.error(
-                            "%s %s (vhost %s) left out: %s", kind, name, vhost, redact(str(exc))
-                        )
+                        why = redact(str(exc))
+                        log.error("%s %s (vhost %s) left out: %s", kind, name, vhost, why)
+
+    def configure(
+        self, upstreams: list[dict[str, Any]] | None, policies: list[dict[str, Any]] | None
+    ) -> None:
+        """The configuration document's ``federation_upstreams`` and ``policies`` parts
+        (``configdoc`` validated them); both None: it has neither, and what ``ctl``
+        saved rules again."""
+        if upstreams is None and policies is None:
+            if self.document is not None:
+                self.document = None
+                self.start()
+            return
+        raw: dict[str, dict[str, dict[str, Any]]] = {}
+        for entry in upstreams or ():
+            kind = entry.get("component", UPSTREAMS)
+            raw.setdefault(entry["vhost"], {}).setdefault(kind, {})[entry["name"]] = entry["value"]
+        for entry in policies or ():
+            value = {k: v for k, v in entry.items() if k not in ("name", "vhost")}
+            raw.setdefault(entry["vhost"], {}).setdefault(POLICIES, {})[entry["name"]] = value
+        self.document = raw
+        self._load(raw)
         self.tick(force=True)
 
     def _put(self, vhost: str, kind: str, name: str, value: Any) -> None:
@@ -168,6 +201,7 @@ class FederationService:
 
     async def set(self, kind: str, name: str, value: object, vhost: str = "/") -> dict[str, Any]:
         """Create or replace one definition; the links follow at once."""
+        self._ctl_allowed()
         if kind not in KINDS:
             raise FederationError(f"unknown kind '{kind}' (known: {', '.join(KINDS)})", "kind")
         named = self.raw.get(vhost, {}).get(kind, {})
@@ -182,10 +216,20 @@ class FederationService:
         return {"kind": kind, "name": name, "vhost": vhost, "value": self._public(kind, value)}
 
     async def delete(self, kind: str, name: str, vhost: str = "/") -> dict[str, Any]:
+        self._ctl_allowed()
         self._drop(vhost, kind, name)
         self._save()
         await self._settle()
         return {"kind": kind, "name": name, "vhost": vhost, "deleted": True}
+
+    def _ctl_allowed(self) -> None:
+        if self.document is not None:
+            raise FederationError(
+                "federation comes from the console's configuration document here: change it"
+                " there (the console or the REST API)"
+            )
+        if self.refuse_ctl is not None:
+            raise FederationError(self.refuse_ctl)
 
     def _save(self) -> None:
         tmp = self.path.with_suffix(".tmp")
@@ -318,7 +362,8 @@ class FederationService:
     # -- what people see -------------------------------------------------------------------
 
     def status(self) -> list[dict[str, Any]]:
-        return [runner.status() for _key, runner in sorted(self.runners.items())]
+        """Each link's status row, with its rate."""
+        return self._rates.rows(self.runners)
 
     def forwarded_total(self) -> int:
         running = sum(r.transfer.forwarded for r in self.runners.values())

@@ -84,6 +84,31 @@ class DefinitionFile:
         os.replace(tmp, self.path)
 
 
+class Rates:
+    """Each runner's ``status`` row with ``rate``: messages forwarded per second over
+    the last second or more (whoever asks, however often)."""
+
+    def __init__(self) -> None:
+        #: per runner key: (when, forwarded then, the rate measured then)
+        self._seen: dict[Any, tuple[float, int, float]] = {}
+
+    def rows(self, runners: dict[Any, ShovelRunner]) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        rows = []
+        for key, runner in sorted(runners.items()):
+            row = runner.status()
+            then, forwarded, rate = self._seen.get(key, (now, row["forwarded"], 0.0))
+            if now - then >= 1.0:
+                rate = (row["forwarded"] - forwarded) / (now - then)
+                then, forwarded = now, row["forwarded"]
+            self._seen[key] = (then, forwarded, rate)
+            row["rate"] = round(max(rate, 0.0), 1)
+            rows.append(row)
+        for key in self._seen.keys() - runners.keys():
+            del self._seen[key]
+        return rows
+
+
 class BridgeService:
     """Definitions and their runners on this server."""
 
@@ -119,8 +144,7 @@ class BridgeService:
         self._closed = False
         #: messages the runners stopped since the start had forwarded (``forwarded_total``)
         self.retired_forwarded = 0
-        #: per bridge: (when, forwarded then, the rate measured then) for ``status``
-        self._rates: dict[tuple[str, str], tuple[float, int, float]] = {}
+        self._rates = Rates()
 
     # -- life -----------------------------------------------------------------------------
 
@@ -352,20 +376,7 @@ class BridgeService:
     def status(self) -> list[dict[str, Any]]:
         """Each runner's status, with ``rate``: messages forwarded per second, over the
         last second or more (whoever asks, however often)."""
-        now = time.monotonic()
-        rows = []
-        for key, runner in sorted(self.runners.items()):
-            row = runner.status()
-            then, forwarded, rate = self._rates.get(key, (now, row["forwarded"], 0.0))
-            if now - then >= 1.0:
-                rate = (row["forwarded"] - forwarded) / (now - then)
-                then, forwarded = now, row["forwarded"]
-            self._rates[key] = (then, forwarded, rate)
-            row["rate"] = round(max(rate, 0.0), 1)
-            rows.append(row)
-        for key in self._rates.keys() - self.runners.keys():
-            del self._rates[key]
-        return rows
+        return self._rates.rows(self.runners)
 
     def _known(self, name: str, vhost: str) -> tuple[str, str]:
         key = (vhost, name)

@@ -295,8 +295,8 @@ class ConsoleCommands:
             self._installed_cluster = host.cluster_config
             applied += cluster_parts
         host.configure_bridges(doc.get("bridges"))
-        if "bridges" in doc:
-            applied.append("bridges")
+        host.configure_federation(doc.get("federation_upstreams"), doc.get("policies"))
+        applied += [p for p in ("bridges", "federation_upstreams", "policies") if p in doc]
         self._doc = doc
         self.config_version = version
         self.config_serial = serial

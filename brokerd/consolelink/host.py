@@ -88,6 +88,12 @@ class ConsoleHost(Protocol):
         """The document's bridges (None: it has none; the broker's own run)."""
         ...
 
+    def configure_federation(
+        self, upstreams: list[dict[str, Any]] | None, policies: list[dict[str, Any]] | None
+    ) -> None:
+        """The document's federation upstreams and policies (None: none)."""
+        ...
+
     # -- state (status) -----------------------------------------------------------
 
     @property

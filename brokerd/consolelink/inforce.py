@@ -85,9 +85,11 @@ def in_force(
 ) -> dict[str, Any]:
     doc = document(config, cluster)
     found = sources(config, cluster, applied)
-    if applied and "bridges" in applied:
-        # the document's bridges, their URIs without passwords (the console compares
-        # them so redacted too)
-        doc["bridges"] = redacted_document(applied)["bridges"]
-        found["bridges"] = CONSOLE
+    # the document's bridges, upstreams and policies, URIs without passwords (the
+    # console compares them so redacted too)
+    shown = redacted_document(applied) if applied else {}
+    for part in ("bridges", "federation_upstreams", "policies"):
+        if part in shown:
+            doc[part] = shown[part]
+            found[part] = CONSOLE
     return {"document": doc, "sources": found}

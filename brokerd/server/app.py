@@ -293,6 +293,11 @@ class Server(Surface):
     def configure_bridges(self, bridges: list[dict[str, Any]] | None) -> None:
         bridging.configure(self, bridges)
 
+    def configure_federation(
+        self, upstreams: list[dict[str, Any]] | None, policies: list[dict[str, Any]] | None
+    ) -> None:
+        federating.configure(self, upstreams, policies)
+
     def keep_console_config(self, record: dict[str, Any]) -> None:
         """The console's configuration just applied, kept with the durable wiring."""
         self.store.wiring.put_setting("console_config", record)

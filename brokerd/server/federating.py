@@ -75,10 +75,27 @@ def start(server: Server) -> FederationService:
     )
     server.resources.other_alarms.append(service.alarm)
     cluster = server.cluster
-    if cluster is not None:
-        service.runs_here = lambda: cluster.current_root == cluster.spid and cluster.acting
-    service.start()
+    if cluster is None:
+        service.start()
+        return service
+    # a cluster's definitions come from its configuration document alone, and its
+    # links run on the root while it acts as root
+    service.refuse_ctl = (
+        "in a cluster, federation is part of the configuration document"
+        " (the console or the REST API)"
+    )
+    service.runs_here = lambda: cluster.current_root == cluster.spid and cluster.acting
     return service
+
+
+def configure(
+    server: Server,
+    upstreams: list[dict[str, Any]] | None,
+    policies: list[dict[str, Any]] | None,
+) -> None:
+    """The console document's ``federation_upstreams`` and ``policies`` parts."""
+    if server.federation is not None:
+        server.federation.configure(upstreams, policies)
 
 
 async def control(server: Server, args: list[Any]) -> dict[str, Any]:

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from brokerd.server.app import Server
 
 
+#: bridge and federation link rows one status carries at most (the console's bound)
+BRIDGE_ROWS_MAX = 256
+
+
 class Surface:
     """Status, ``ctl`` commands and the console's orders, over the server's state."""
 
@@ -225,7 +229,7 @@ class Surface:
         rows = self.bridges.status() if self.bridges is not None else []
         if self.federation is not None:
             rows += self.federation.status()
-        return rows
+        return rows[:BRIDGE_ROWS_MAX]
 
     def bridged_total(self: Server) -> int:
         total = self.bridges.forwarded_total() if self.bridges is not None else 0

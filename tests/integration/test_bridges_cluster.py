@@ -116,3 +116,72 @@ def test_a_documented_bridge_runs_on_one_server_and_moves_when_it_is_killed(
     unflagged = Counter(body for body, flagged in got if not flagged)
     assert all(n == 1 for n in unflagged.values()), "a copy twice, unflagged"
     assert set(counts) == want
+
+
+def linked_on(cluster: Cluster) -> list[int]:
+    """The servers whose ``ctl federation status`` shows a link running."""
+    return [
+        index
+        for index in cluster.running()
+        if any(r["state"] == "running" for r in cluster.ctl(index, "federation", "status")["links"])
+    ]
+
+
+def test_a_documented_federation_runs_on_the_root_and_follows_it(
+    setup: tuple[Cluster, FakeConsole, BrokerProcess],
+) -> None:
+    """The document's upstream and policy federate the cluster's exchange from a far
+    broker: the link runs on the root alone, moves with the root when it is killed,
+    and carries, after the move, what the cluster's bindings want."""
+    cluster, console, far = setup
+    with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", far.port)) as conn:
+        conn.channel().exchange_declare("fed.x", "direct", durable=True)
+    with pika.BlockingConnection(
+        pika.ConnectionParameters("127.0.0.1", cluster.nodes[1].port)
+    ) as conn:
+        ch = conn.channel()
+        ch.exchange_declare("fed.x", "direct", durable=True)
+        ch.queue_declare("fq", durable=True)
+        ch.queue_bind("fq", "fed.x", "k")
+    upstream = {
+        "name": "far",
+        "vhost": "/",
+        "value": {"uri": f"amqp://guest:guest@127.0.0.1:{far.port}", "reconnect-delay": 1},
+    }
+    policy = {
+        "name": "fed",
+        "vhost": "/",
+        "pattern": "^fed\\.",
+        "apply-to": "exchanges",
+        "definition": {"federation-upstream-set": "all"},
+    }
+    console.apply_config(2, {"federation_upstreams": [upstream], "policies": [policy]}, 3)
+    root = cluster.root_index()
+    on = cluster.wait_until(lambda: linked_on(cluster), timeout=20, what="the link running")
+    assert on == [root]
+    refused = cluster.ctl(0, "federation", "list")["definitions"]
+    assert all("guest:guest" not in str(d) for d in refused)
+    cluster.kill(root)
+    survivors = [i for i in range(3) if i != root]
+    moved = cluster.wait_until(
+        lambda: linked_on(cluster), timeout=30, what="the link running on the new root"
+    )
+    assert moved == [cluster.root_index()] and moved[0] in survivors
+    with pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", far.port)) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        for i in range(100):
+            ch.basic_publish("fed.x", "k" if i % 2 else "other", b"f%d" % i)
+    with pika.BlockingConnection(
+        pika.ConnectionParameters("127.0.0.1", cluster.nodes[survivors[0]].port)
+    ) as conn:
+        ch = conn.channel()
+        got: list[bytes] = []
+
+        def arrived() -> bool:
+            while (message := ch.basic_get("fq", auto_ack=True))[0] is not None:
+                got.append(message[2])
+            return len(got) >= 50
+
+        cluster.wait_until(arrived, timeout=30, what="the federated messages")
+    assert sorted(got) == sorted(b"f%d" % i for i in range(1, 100, 2))

@@ -108,6 +108,8 @@ def test_a_version_is_saved_normalised_and_pushed_to_every_broker_that_is_up(
         "users",
         "permissions",
         "bridges",
+        "federation_upstreams",
+        "policies",
     ]
 
 

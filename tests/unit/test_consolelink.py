@@ -308,6 +308,11 @@ class RecordingServer:
     def configure_bridges(self, bridges: list[dict[str, Any]] | None) -> None:
         self.bridges = bridges
 
+    def configure_federation(
+        self, upstreams: list[dict[str, Any]] | None, policies: list[dict[str, Any]] | None
+    ) -> None:
+        self.federation = (upstreams, policies)
+
     def install_config(self, config: BrokerConfig) -> None:
         self.installed.append(config)
         self.config = config

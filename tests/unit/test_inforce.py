@@ -31,6 +31,11 @@ class Host:
     def configure_bridges(self, bridges: list[dict[str, Any]] | None) -> None:
         self.bridges = bridges
 
+    def configure_federation(
+        self, upstreams: list[dict[str, Any]] | None, policies: list[dict[str, Any]] | None
+    ) -> None:
+        self.federation = (upstreams, policies)
+
     def install_config(self, config: BrokerConfig) -> None:
         self.config = config
 

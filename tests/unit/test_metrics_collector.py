@@ -61,18 +61,16 @@ def fake_server() -> SimpleNamespace:
         cluster_summary=lambda: {"role": "standalone", "root": None, "peers_active": 0},
         loopwatch=watch,
         cluster=None,
-        bridges=SimpleNamespace(
-            status=lambda: [
-                {
-                    "vhost": "/",
-                    "name": "to-dc2",
-                    "state": "terminated",
-                    "forwarded": 12,
-                    "acknowledged": 10,
-                    "in_flight": 2,
-                }
-            ]
-        ),
+        bridge_status=lambda: [
+            {
+                "vhost": "/",
+                "name": "to-dc2",
+                "state": "terminated",
+                "forwarded": 12,
+                "acknowledged": 10,
+                "in_flight": 2,
+            }
+        ],
     )
 
 
