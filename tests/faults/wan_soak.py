@@ -218,25 +218,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             def at(offset: float) -> None:
                 time.sleep(max(0.0, start + offset - time.monotonic()))
 
-            at(args.seconds * 0.2)
-            for proxy in proxies:
-                proxy.stall()
-            events.append(f"{time.monotonic() - start:.1f}s: WAN stalled for {args.cut}s")
-            at(args.seconds * 0.2 + args.cut)
-            for proxy in proxies:
-                proxy.release()
-            released = time.monotonic()
-            backlog_at_release = sum(len(p.confirmed) for p in publishers) - len(consumer.read)
-            events.append(f"{released - start:.1f}s: released, backlog {backlog_at_release}")
-            at(args.seconds * 0.6)
-            on = running_on(a)
-            if on:
-                victim = on[0]
-                a.kill(victim)
-                events.append(f"{time.monotonic() - start:.1f}s: kill -9 of A[{victim}]")
-                time.sleep(5)
-                a.start(victim, extra=link)
-                events.append(f"{time.monotonic() - start:.1f}s: A[{victim}] started again")
+            span = args.seconds / args.rounds
+            released = start
+            backlogs: list[int] = []
+            for round_ in range(args.rounds):
+                begin = round_ * span
+                at(begin + span * 0.15)
+                for proxy in proxies:
+                    proxy.stall()
+                events.append(f"{time.monotonic() - start:.1f}s: WAN stalled for {args.cut}s")
+                at(begin + span * 0.15 + args.cut)
+                for proxy in proxies:
+                    proxy.release()
+                released = time.monotonic()
+                backlog = sum(len(p.confirmed) for p in publishers) - len(consumer.read)
+                backlogs.append(backlog)
+                events.append(f"{released - start:.1f}s: released, backlog {backlog}")
+                at(begin + span * 0.15 + args.cut + (span * 0.85 - args.cut) / 2)
+                on = running_on(a)
+                if on:
+                    victim = on[0]
+                    a.kill(victim)
+                    events.append(f"{time.monotonic() - start:.1f}s: kill -9 of A[{victim}]")
+                    time.sleep(5)
+                    a.start(victim, extra=link)
+                    events.append(f"{time.monotonic() - start:.1f}s: A[{victim}] started again")
             at(args.seconds)
             for p in publishers:
                 p.stop.set()
@@ -255,6 +261,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             drain = len(after) / (max(after) - released) if len(after) > 1 else 0.0
             report.update(
                 events=events,
+                backlogs=backlogs,
                 rtt=args.rtt,
                 bandwidth=args.bandwidth,
                 prefetch=args.prefetch,
@@ -283,10 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rtt", type=float, default=0.05)
     parser.add_argument("--bandwidth", type=float, default=8_000_000, help="bytes/s")
     parser.add_argument("--cut", type=float, default=30.0, help="seconds the WAN stalls")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="stalls and kills, evenly over --seconds"
+    )
     parser.add_argument("--prefetch", type=int, default=1000)
     parser.add_argument("--drain", type=float, default=120.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
+    if args.rounds < 1 or args.seconds / args.rounds < args.cut + 20:
+        parser.error("each round needs --cut seconds and 20 more")
     why = netbed.unavailable()
     if why:
         print(f"wan_soak: no network test bed here: {why}", file=sys.stderr)
