@@ -469,6 +469,8 @@ def _run_host(args: argparse.Namespace, extra: list[str], timeout: float) -> int
             else:
                 _print_status(answer)
         return 0
+    if args.command in ("bridges", "federation") and extra == ["status"]:
+        return _host_bridge_status(args, workers, timeout)
     for worker in workers:
         if worker.get("state") != "running":
             continue
@@ -484,6 +486,28 @@ def _run_host(args: argparse.Namespace, extra: list[str], timeout: float) -> int
         return 0
     print(f"brokerd ctl: no worker of the host in {args.data_dir} answers", file=sys.stderr)
     return 2
+
+
+def _host_bridge_status(
+    args: argparse.Namespace, workers: list[dict[str, Any]], timeout: float
+) -> int:
+    """A host's bridges or federation links: each worker runs its own (those placed on
+    it, or the root's links), so every running worker is asked and the rows joined."""
+    key = "bridges" if args.command == "bridges" else "links"
+    rows: list[dict[str, Any]] = []
+    silent = []
+    for worker in workers:
+        if worker.get("state") != "running":
+            continue
+        answer = _ask_worker(args.data_dir, int(worker["index"]), args.command, ["status"], timeout)
+        if isinstance(answer, str):
+            silent.append(f"worker-{worker['index']}: {answer}")
+            continue
+        rows += [{**row, "worker": f"worker-{worker['index']}"} for row in answer.get(key, [])]
+    for line in silent:
+        print(f"brokerd ctl: {line}", file=sys.stderr)
+    _print_result(args, {key: rows})
+    return 0
 
 
 #: how ``brokerd ctl`` names a worker of a host (``queue move Q worker-1``)

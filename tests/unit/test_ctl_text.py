@@ -3,6 +3,9 @@ words, every server with its address, one link row per server across restarts.""
 
 from __future__ import annotations
 
+import argparse
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -127,3 +130,25 @@ def test_link_rows_of_several_restarts_do_not_pile_up() -> None:
         "lanes": {spid: {"state": "down"} for spid in ("s2", "s2b")} | {"s2c": {"state": "up"}},
     }
     assert [spid for spid, _lane in ctl._link_rows(result)] == ["s2c"]
+
+
+def test_a_hosts_bridge_status_joins_every_workers_rows(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Each worker of a host runs the bridges placed on it: all are asked, a silent one
+    is named, and every row says its worker."""
+    answers = {
+        0: {"bridges": [{"name": "a", "state": "running"}]},
+        1: "not answering: timed out",
+        2: {"bridges": [{"name": "b", "state": "starting"}]},
+    }
+    monkeypatch.setattr(ctl, "_ask_worker", lambda _d, index, *_a: answers[index])
+    workers = [{"index": i, "state": "running"} for i in range(3)] + [
+        {"index": 3, "state": "stopped"}
+    ]
+    args = argparse.Namespace(command="bridges", action="status", json=True, data_dir=tmp_path)
+    assert ctl._host_bridge_status(args, workers, 1.0) == 0
+    out = capsys.readouterr()
+    rows = json.loads(out.out)["bridges"]
+    assert [(r["name"], r["worker"]) for r in rows] == [("a", "worker-0"), ("b", "worker-2")]
+    assert "worker-1: not answering" in out.err
