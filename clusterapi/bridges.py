@@ -52,6 +52,7 @@ def rows() -> list[dict[str, Any]]:
             "acknowledged": 0,
             "requeued": 0,
             "in_flight": 0,
+            "backlog": None,
             "src_uri": "",
             "dest_uri": "",
         }

@@ -372,5 +372,8 @@ def bridges(view: dict[str, Any]) -> list[dict[str, Any]]:
         }
         for key in BRIDGE_COUNTS:
             row[key] = count(item, key, where)
+        backlog = item.get("backlog")
+        # the source queue's depth when last asked (None: not known yet)
+        row["backlog"] = backlog if is_a(backlog, int) and backlog >= 0 else None
         out.append(row)
     return out

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pamqp import commands
+
 from brokerd.bridges.client import (
     Blocked,
     ChannelClosed,
@@ -62,6 +64,8 @@ RECONNECT_MAX = 60.0
 JITTER = 0.2
 READ_SIZE = 256 * 1024
 CONSUMER_TAG = "rookery-shovel"
+#: seconds between looks at the source queue's depth (the bridge's backlog)
+BACKLOG_EVERY = 5.0
 #: reply codes after which retrying at once is pointless, the far side must change:
 #: ACCESS_REFUSED, NOT_FOUND, RESOURCE_LOCKED, PRECONDITION_FAILED
 REFUSALS = frozenset({403, 404, 405, 406})
@@ -240,6 +244,9 @@ class ShovelRunner:
         self.destination: Side | None = None
         self._stopped = asyncio.Event()
         self._queue_length_read = False
+        #: the source queue's depth when last asked (None: not known yet)
+        self.backlog: int | None = None
+        self._source_queue: str | None = None
         #: the source queue's depth at the first session (``src-delete-after`` queue-length)
         self._queue_length: int | None = None
 
@@ -266,6 +273,7 @@ class ShovelRunner:
             "acknowledged": transfer.acknowledged,
             "requeued": transfer.requeued,
             "in_flight": transfer.in_flight,
+            "backlog": self.backlog,
             "remaining": transfer.remaining,
             "sessions": self.sessions,
         }
@@ -328,7 +336,7 @@ class ShovelRunner:
         )
         await source.connect()
         await destination.connect()
-        queue = await self._set_up_source(source)
+        queue = self._source_queue = await self._set_up_source(source)
         await self._set_up_destination(destination)
         mode = definition.ack_mode
         if mode == ON_CONFIRM:
@@ -362,6 +370,7 @@ class ShovelRunner:
         conn = side.conn
         if endpoint.queue is not None:
             declared = await self._queue(side, endpoint.queue, endpoint.queue_args)
+            self.backlog = int(declared.message_count)
             if not self._queue_length_read:
                 self._queue_length = declared.message_count
                 self._queue_length_read = True
@@ -416,6 +425,7 @@ class ShovelRunner:
             asyncio.ensure_future(self._from_destination(source, destination)),
             asyncio.ensure_future(self._heartbeats(source, destination)),
             asyncio.ensure_future(self._stopped.wait()),
+            asyncio.ensure_future(self._watch_backlog(source)),
             *(asyncio.ensure_future(c) for c in self._alongside(source, destination)),
         ]
         try:
@@ -431,6 +441,15 @@ class ShovelRunner:
             return
         if self._stopped.is_set():
             raise SessionEnded("stopped")
+
+    async def _watch_backlog(self, source: Side) -> None:
+        """Ask the source queue's depth now and then (a passive declare: its reply
+        comes back among the deliveries, ``_from_source`` reads it)."""
+        while True:
+            await asyncio.sleep(BACKLOG_EVERY)
+            if self._source_queue is not None:
+                source.conn.declare_queue(self._source_queue, passive=True)
+                source.flush()
 
     def _alongside(self, source: Side, destination: Side) -> list[Any]:
         """More coroutines to run for the session (a federation link's binding and
@@ -453,6 +472,10 @@ class ShovelRunner:
                         event.redelivered,
                     )
                     self._act(transfer.delivered(delivery))
+                elif isinstance(event, Reply) and isinstance(
+                    event.method, commands.Queue.DeclareOk
+                ):
+                    self.backlog = int(event.method.message_count)
                 elif isinstance(event, ConsumerCancelled):
                     raise SessionEnded("source: the broker cancelled the consumer (queue deleted?)")
             destination.flush()

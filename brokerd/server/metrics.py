@@ -126,14 +126,21 @@ class BrokerCollector(Collector):
         in_flight = GaugeMetricFamily(
             "rookery_bridge_in_flight", "Published, not confirmed yet", labels=labels
         )
+        backlog = GaugeMetricFamily(
+            "rookery_bridge_backlog",
+            "Messages in a bridge's source queue, when last asked",
+            labels=labels,
+        )
         for row in rows:
             key = [row["vhost"], row["name"]]
+            if row.get("backlog") is not None:
+                backlog.add_metric(key, row["backlog"])
             for name in BRIDGE_STATES:
                 state.add_metric([*key, name], 1.0 if row["state"] == name else 0.0)
             forwarded.add_metric(key, row["forwarded"])
             acknowledged.add_metric(key, row["acknowledged"])
             in_flight.add_metric(key, row["in_flight"])
-        yield from (state, forwarded, acknowledged, in_flight)
+        yield from (state, forwarded, acknowledged, in_flight, backlog)
 
     def _resources(self) -> Iterator[Metric]:
         status = self.server.resources.status()

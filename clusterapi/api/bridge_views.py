@@ -31,6 +31,11 @@ class BridgeSerializer(serializers.Serializer):
     acknowledged = serializers.IntegerField(help_text="messages acknowledged at the source")
     requeued = serializers.IntegerField(help_text="messages the destination refused")
     in_flight = serializers.IntegerField(help_text="forwarded, not yet acknowledged")
+    backlog = serializers.IntegerField(
+        allow_null=True,
+        required=False,
+        help_text="messages waiting in its source queue, when last asked (null: not known)",
+    )
     rate = serializers.FloatField(help_text="messages forwarded per second, lately")
     defined = serializers.BooleanField(help_text="the current configuration defines it")
     definition = serializers.JSONField(

@@ -98,6 +98,8 @@ def test_a_rabbitmq_shovel_definition_runs_unchanged_and_survives_a_restart(
     (row,) = status(here)
     assert row["state"] == "running" and row["acknowledged"] == 500, row
     assert depth(here.port, "outbox") == 0
+    # the backlog: 500 when the bridge declared its source, read again since
+    eventually(lambda: status(here)[0]["backlog"] == 0, 15, "the backlog read again", here)
     listed = ctl(here, "bridges", "list")
     assert "guest:***@" in listed.stdout and "guest:guest@" not in listed.stdout
     text = ctl(here, "bridges", "status")
