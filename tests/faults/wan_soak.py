@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import socket
 import sys
 import tempfile
 import threading
@@ -96,17 +97,21 @@ class Publisher(threading.Thread):
 class Consumer(threading.Thread):
     """Reads ``wan-in`` on B: (body, flagged, when) in the order read."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, hosts: list[tuple[str, int]]) -> None:
         super().__init__(daemon=True)
-        self.host, self.port = host, port
+        #: B's servers, tried in turn (a refused or lost connection moves on)
+        self.hosts = hosts
         self.stop = threading.Event()
         self.read: list[tuple[str, bool, float]] = []
         self.errors: list[str] = []
 
     def run(self) -> None:
+        turn = 0
         while not self.stop.is_set():
+            host, port = self.hosts[turn % len(self.hosts)]
+            turn += 1
             try:
-                conn = pika.BlockingConnection(pika.ConnectionParameters(self.host, self.port))
+                conn = pika.BlockingConnection(pika.ConnectionParameters(host, port))
                 ch = conn.channel()
                 ch.basic_qos(prefetch_count=500)
                 for method, props, body in ch.consume(IN, inactivity_timeout=0.2):
@@ -122,8 +127,17 @@ class Consumer(threading.Thread):
                 with contextlib.suppress(Exception):
                     conn.close()
             except Exception as exc:
-                self.errors.append(repr(exc)[:200])
+                self.errors.append(f"{host}:{port}: {exc!r}"[:200])
                 time.sleep(0.2)
+
+
+def _answers(host: str, port: int) -> bool:
+    """Does a TCP connection to ``host:port`` open from here?"""
+    try:
+        socket.create_connection((host, port), timeout=2).close()
+    except OSError:
+        return False
+    return True
 
 
 def check(confirmed: set[str], read: list[tuple[str, bool, float]]) -> dict[str, Any]:
@@ -181,16 +195,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             a.wait_until(a.settled_root, timeout=30, what="A's root")
             b.wait_until(b.settled_root, timeout=30, what="B's root")
             console.wait_for(lambda: len(console.connections) == 3, what="A's console links")
+            # by node, not by bed slot: start_all renumbers nodes by seniority, and a
+            # node keeps its slot's address (bed_b.address(i) may be another node's)
+            a_hosts, b_hosts = a.endpoints, b.endpoints
             for index in range(3):
-                proxy = SlowLink((bed_a.gateway, 0), (bed_b.address(index), b.nodes[index].port))
+                proxy = SlowLink((bed_a.gateway, 0), b_hosts[index])
                 proxies.append(proxy.start())
                 proxy.set(delay=args.rtt / 2, rate=args.bandwidth)
-            a_hosts = [(bed_a.address(i), a.nodes[i].port) for i in range(3)]
             with pika.BlockingConnection(pika.ConnectionParameters(*a_hosts[0])) as conn:
                 conn.channel().queue_declare(OUT, durable=True)
-            with pika.BlockingConnection(
-                pika.ConnectionParameters(bed_b.address(0), b.nodes[0].port)
-            ) as conn:
+            with pika.BlockingConnection(pika.ConnectionParameters(*b_hosts[0])) as conn:
                 conn.channel().queue_declare(IN, durable=True)
             uris = [f"amqp://guest:guest@{p.address[0]}:{p.address[1]}" for p in proxies]
             bridge = {
@@ -207,7 +221,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             }
             console.apply_config(1, {"bridges": [bridge]}, 3)
             a.wait_until(lambda: running_on(a), timeout=30, what="the bridge running")
-            consumer = Consumer(bed_b.address(1), b.nodes[1].port)
+            unreachable = [h for h in b_hosts if not _answers(*h)]
+            if unreachable:
+                raise RuntimeError(f"B's servers do not answer from here: {unreachable}")
+            consumer = Consumer(b_hosts)
             consumer.start()
             publishers = [Publisher(f"p{i}", a_hosts, args.rate) for i in range(args.publishers)]
             for p in publishers:
