@@ -164,6 +164,10 @@ class FederationTransfer(Transfer):
         if delivery.redelivered:
             headers[REDELIVERED] = True
         props.headers = headers
+        if not spec.upstream.trust_user_id:
+            # RabbitMQ's default: a user-id set upstream names a user of that broker,
+            # which the republish here cannot vouch for
+            props.user_id = None
         seq = self.next_seq
         self.next_seq += 1
         return Publish(seq, exchange, key, delivery.body, codec.encode_properties(props))

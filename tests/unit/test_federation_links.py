@@ -54,6 +54,16 @@ def _delivered(transfer: FederationTransfer, headers: dict[str, object] | None, 
     return publish, codec.decode_properties(publish.properties).headers
 
 
+def test_user_id_crosses_only_a_trusted_link() -> None:
+    for trust, kept in ((False, None), (True, "alice")):
+        transfer = FederationTransfer(spec(**{"trust-user-id": trust}), "node")
+        props = codec.decode_properties(b"\x00\x00")
+        props.user_id = "alice"
+        delivery = Delivery(1, "fed.x", "k", b"m", codec.encode_properties(props))
+        [publish] = transfer.delivered(delivery)
+        assert codec.decode_properties(publish.properties).user_id == kept
+
+
 def test_a_carried_message_gains_an_entry_and_keeps_its_key() -> None:
     transfer = FederationTransfer(spec(), "node")
     transfer.upstream_name = "site-a"
