@@ -166,7 +166,8 @@ class QueueLink(FederationLink):
         while True:
             wanted = self.wants()
             if wanted and self.consuming is None:
-                self.consuming = f"{CONSUMER_TAG}-{next(self._tags)}"
+                base = self.spec.upstream.consumer_tag or CONSUMER_TAG
+                self.consuming = f"{base}-{next(self._tags)}"
                 conn.consume(self.spec.source, self.consuming, no_ack=no_ack)
                 source.flush()
             elif not wanted and self.consuming is not None:
