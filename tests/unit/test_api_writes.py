@@ -143,6 +143,8 @@ def test_a_configuration_is_saved_pushed_and_converges_by_what_brokers_report(
         "limits",
         "vhost_limits",
         "bridges",
+        "federation_upstreams",
+        "policies",
         "users",
         "permissions",
     }

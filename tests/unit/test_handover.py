@@ -11,6 +11,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from tests.support.examples import examples
 from tests.unit.cluster_net import Net, Sink, Waiter, message
 
 SERVERS = ("A", "B", "C")
@@ -199,7 +200,7 @@ class Handovers(RuleBasedStateMachine):
 
 
 TestHandovers = Handovers.TestCase
-TestHandovers.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestHandovers.settings = settings(max_examples=examples(150), stateful_step_count=40, deadline=None)
 
 
 class GroupedHandovers(Handovers):
@@ -220,7 +221,9 @@ class GroupedHandovers(Handovers):
 
 
 TestGroupedHandovers = GroupedHandovers.TestCase
-TestGroupedHandovers.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
+TestGroupedHandovers.settings = settings(
+    max_examples=examples(100), stateful_step_count=40, deadline=None
+)
 
 
 def test_a_move_waits_for_every_server_to_drain_then_for_the_target(net: Net) -> None:
