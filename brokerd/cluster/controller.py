@@ -441,6 +441,16 @@ class ClusterController(Membership):
     def copy_complete(self) -> bool:
         return self.queues.copies.complete  # a root's own copies are whole
 
+    def record_needed(self, spid: str) -> bool:
+        """An earlier run's record stays while a queue names it as owner, its failover
+        is under way here (fenced, its queues not all placed elsewhere), or a bridge
+        is placed on it."""
+        if spid in self.queues.copies.pending:
+            return True
+        if any(placed == spid for placed, _epoch in self.bridges.placed.values()):
+            return True
+        return any(q.owner == spid for q in self.queues.shared_queues())
+
     def copy_position(self) -> tuple[str, int] | None:
         if self.queues.is_root:
             return (self.spid, self.queues.stream.seq)

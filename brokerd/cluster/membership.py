@@ -59,7 +59,7 @@ from brokerd.cluster.link import Link, link_heartbeat
 from brokerd.cluster.linktls import LinkTLS
 from brokerd.cluster.messages import MessageError, Root, Status
 from brokerd.cluster.partition import ended_hosts
-from brokerd.cluster.peers import Alarm, Peer
+from brokerd.cluster.peers import Alarm, Peer, server_key
 from brokerd.cluster.siblings import Siblings
 from brokerd.cluster.standing import Standing
 from brokerd.model.broker import Broker
@@ -68,6 +68,10 @@ from brokerd.model.errors import (
 )
 
 log = logging.getLogger("brokerd.cluster")
+
+#: heartbeat timeouts a superseded run stays remembered after it was last heard
+#: (``forget_superseded``): its queues' failover reads its record meanwhile
+FORGET_AFTER = 10
 
 
 class Membership(Admission):
@@ -374,6 +378,51 @@ class Membership(Admission):
         """Known hosts, other than this server, whose process has ended (``partition``)."""
         active = [p for p in self.peers.values() if self.standing.active(p, now)]
         return ended_hosts(self.known - self.own_addresses, self.peers.values(), active, self.links)
+
+    def forget_superseded(self, now: float) -> list[str]:
+        """Drop the records of earlier runs of servers that came back under a new spid
+        (issue 43: restarts must not grow state). A run is forgotten once it has
+        been silent ``FORGET_AFTER`` heartbeat timeouts, holds no link of its own, and nothing
+        names it any more (``record_needed``: an owner's queues, a fence under way,
+        a bridge). Its process has ended: a newer one listens at its address, and a
+        spid is never reused, so nothing it could send is lost. Returns the spids
+        forgotten."""
+        bound = FORGET_AFTER * self.config.heartbeat_timeout
+        runs: dict[str, list[Peer]] = {}
+        for peer in self.peers.values():
+            runs.setdefault(server_key(peer), []).append(peer)
+        forgotten = []
+        for group in runs.values():
+            if len(group) < 2:
+                continue
+            group.sort(key=lambda p: p.spid)  # spids sort by start time
+            newest = group[-1]
+            for old in group[:-1]:
+                # links are by address: the newest run's carries on in the same object
+                linked = old.link is not None and old.link.up and old.link is not newest.link
+                if (
+                    now - old.last_seen < bound
+                    or linked
+                    or old.inbound
+                    or self.standing.active(old, now)
+                    or self.record_needed(old.spid)
+                ):
+                    continue
+                del self.peers[old.spid]
+                self.cut.discard(old.spid)
+                forgotten.append(old.spid)
+                log.info(
+                    "peer record forgotten spid=%s address=%s (superseded by spid=%s)",
+                    old.spid,
+                    server_key(old),
+                    newest.spid,
+                )
+        return forgotten
+
+    def record_needed(self, spid: str) -> bool:
+        """Something still names the server run ``spid`` (overridden by the controller:
+        queues it owns, a fence under way, a bridge placed on it)."""
+        return False
 
     def _log_restart(self, peer: Peer, address: str) -> None:
         """A new spid at an older one's address: that server restarted. The views
