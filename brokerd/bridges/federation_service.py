@@ -18,10 +18,8 @@ one server and moves with the root; its upstream keeps what was in flight
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,8 +28,14 @@ from typing import Any
 from brokerd.bridges.definitions import DefinitionError
 from brokerd.bridges.federated import ExchangeLink, FederationLink, QueueLink
 from brokerd.bridges.federation import EXCHANGE, QUEUE, BindingKey, LinkSpec
-from brokerd.bridges.runner import TERMINATED, LocalBroker
-from brokerd.bridges.service import Rates
+from brokerd.bridges.runner import LocalBroker
+from brokerd.bridges.service import (
+    BridgeError,
+    Rates,
+    down_alarm,
+    wait_stopped,
+    write_private,
+)
 from brokerd.bridges.upstreams import (
     Policy,
     Upstream,
@@ -55,16 +59,10 @@ DEFINITIONS_MAX = 256
 LINKS_MAX = 256
 #: seconds between derivations of the links from policies and objects
 RECOMPUTE_EVERY = 1.0
-#: the alarm a link down past this (or terminated) raises, as a bridge's does
-LINK_ALARM_AFTER = 30.0
 
 
-class FederationError(ValueError):
+class FederationError(BridgeError):
     """A refused request (``field`` names the key at fault)."""
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 class Objects:
@@ -232,13 +230,7 @@ class FederationService:
             raise FederationError(self.refuse_ctl)
 
     def _save(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump(self.raw, out, indent=1, sort_keys=True)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, self.path)
+        write_private(self.path, self.raw)
 
     @staticmethod
     def _public(kind: str, value: Any) -> Any:
@@ -341,12 +333,7 @@ class FederationService:
     @staticmethod
     async def _wait(tasks: list[asyncio.Task[None]]) -> None:
         for task in tasks:
-            try:
-                await asyncio.wait_for(asyncio.shield(task), 5.0)
-            except TimeoutError:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            await wait_stopped(task)
 
     async def close(self) -> None:
         self._closed = True
@@ -370,24 +357,12 @@ class FederationService:
         return self.retired_forwarded + running
 
     def alarm(self, now: float | None = None) -> dict[str, Any] | None:
-        """``federation-down``: a link terminated, or down past ``LINK_ALARM_AFTER``;
-        it clears once they run again."""
+        """``federation-down``: a link terminated, or down as long as a bridge may be
+        (``BRIDGE_ALARM_AFTER``); it clears once they run again."""
         now = time.time() if now is None else now
-        down = sorted(
-            (runner.down_since, key, runner)
-            for key, runner in self.runners.items()
-            if runner.down_since is not None
-            and (runner.state == TERMINATED or now - runner.down_since >= LINK_ALARM_AFTER)
+        return down_alarm(
+            "federation-down",
+            self.runners,  # type: ignore[arg-type]
+            now,
+            lambda key: f"federation link of {key[1]} {key[2]} (vhost {key[0]}) from {key[3]}",
         )
-        if not down:
-            return None
-        since, (vhost, kind, name, upstream), runner = down[0]
-        more = f" (and {len(down) - 1} more)" if len(down) > 1 else ""
-        return {
-            "kind": "federation-down",
-            "message": (
-                f"federation link of {kind} {name} (vhost {vhost}) from upstream {upstream} is"
-                f" down: {runner.state}: {redact(runner.reason)}{more}"
-            ),
-            "since": since,
-        }

@@ -75,13 +75,52 @@ class DefinitionFile:
         doc: dict[str, dict[str, Any]] = {}
         for (vhost, name), value in sorted(definitions.items()):
             doc.setdefault(vhost, {})[name] = value
-        tmp = self.path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            json.dump(doc, out, indent=1, sort_keys=True)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, self.path)
+        write_private(self.path, doc)
+
+
+async def wait_stopped(task: asyncio.Task[None], patience: float = 5.0) -> None:
+    """Let a stopped runner's task end (what was in flight goes back to its source);
+    one that takes longer than ``patience`` seconds is cancelled."""
+    try:
+        await asyncio.wait_for(asyncio.shield(task), patience)
+    except TimeoutError:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+
+def write_private(path: Path, doc: object) -> None:
+    """``doc`` as JSON at ``path``, replaced atomically, readable by this user only
+    (definitions carry the far brokers' passwords)."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        json.dump(doc, out, indent=1, sort_keys=True)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+def down_alarm(
+    kind: str, runners: dict[Any, ShovelRunner], now: float, describe: Callable[[Any], str]
+) -> dict[str, Any] | None:
+    """``kind`` alarm for ``runners``: one terminated, or down past
+    ``BRIDGE_ALARM_AFTER`` (None: none is); ``describe(key)`` names the eldest."""
+    down = sorted(
+        (runner.down_since, key, runner)
+        for key, runner in runners.items()
+        if runner.down_since is not None
+        and (runner.state == TERMINATED or now - runner.down_since >= BRIDGE_ALARM_AFTER)
+    )
+    if not down:
+        return None
+    since, key, runner = down[0]
+    more = f" (and {len(down) - 1} more)" if len(down) > 1 else ""
+    return {
+        "kind": kind,
+        "message": f"{describe(key)} is down: {runner.state}: {redact(runner.reason)}{more}",
+        "since": since,
+    }
 
 
 class Rates:
@@ -246,12 +285,7 @@ class BridgeService:
             runner.stop()
             self._retire(runner)
         if task is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(task), 5.0)
-            except TimeoutError:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            await wait_stopped(task)
 
     def _done(self, key: tuple[str, str]) -> Callable[[str], None]:
         def done(_name: str) -> None:
@@ -344,24 +378,9 @@ class BridgeService:
         None: a bridge here terminated, or down past ``BRIDGE_ALARM_AFTER``. It clears
         by itself once they run again."""
         now = time.time() if now is None else now
-        down = sorted(
-            (runner.down_since, key, runner)
-            for key, runner in self.runners.items()
-            if runner.down_since is not None
-            and (runner.state == TERMINATED or now - runner.down_since >= BRIDGE_ALARM_AFTER)
+        return down_alarm(
+            "bridge-down", self.runners, now, lambda key: f"bridge {key[1]} (vhost {key[0]})"
         )
-        if not down:
-            return None
-        since, (vhost, name), runner = down[0]
-        more = f" (and {len(down) - 1} more)" if len(down) > 1 else ""
-        return {
-            "kind": "bridge-down",
-            "message": (
-                f"bridge {name} (vhost {vhost}) is down: "
-                f"{runner.state}: {redact(runner.reason)}{more}"
-            ),
-            "since": since,
-        }
 
     def _retire(self, runner: ShovelRunner) -> None:
         """A runner leaves: what it forwarded stays in ``forwarded_total``."""

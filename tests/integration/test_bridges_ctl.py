@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,20 +16,16 @@ import pika
 import pytest
 
 from tests.brokerd_process import BrokerProcess
+from tests.support.bridges import eventually as waited
+from tests.support.bridges import two_brokers
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
-    here = BrokerProcess(tmp_path / "here").start()
-    far = BrokerProcess(tmp_path / "far").start()
-    try:
-        yield here, far
-    finally:
-        for proc in (here, far):
-            if proc.stop() not in (0, None):
-                print(proc.log_text()[-4000:])
+    with two_brokers(tmp_path, "here", "far") as both:
+        yield both
 
 
 def ctl(proc: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
@@ -67,12 +62,7 @@ def depth(port: int, queue: str) -> int:
 
 
 def eventually(check: Callable[[], bool], timeout: float, what: str, proc: BrokerProcess) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout}s; {status(proc)}")
+    waited(check, timeout, what, lambda: status(proc))
 
 
 def test_a_rabbitmq_shovel_definition_runs_unchanged_and_survives_a_restart(

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +16,7 @@ import pytest
 
 from brokerd.bench.cluster import RABBITMQ_BIN, RabbitCluster
 from tests.brokerd_process import BrokerProcess
-from tests.support.bridges import Running
+from tests.support.bridges import Running, ctl_json
 
 pytestmark = [
     pytest.mark.integration,
@@ -263,8 +261,8 @@ def test_rookery_federates_an_exchange_from_rabbitmq(
         "definition": {"federation-upstream-set": "all"},
         "apply-to": "exchanges",
     }
-    _ctl(rookery, "federation", "set", "federation-upstream", "rabbit", json.dumps(definition))
-    _ctl(rookery, "federation", "set", "policy", "federate", json.dumps(policy))
+    ctl_json(rookery, "federation", "set", "federation-upstream", "rabbit", json.dumps(definition))
+    ctl_json(rookery, "federation", "set", "policy", "federate", json.dumps(policy))
     try:
 
         def probe_arrived() -> bool:
@@ -275,7 +273,7 @@ def test_rookery_federates_an_exchange_from_rabbitmq(
         try:
             _eventually(probe_arrived, 60, "the federation link")
         except AssertionError as exc:
-            links = _ctl(rookery, "federation", "status", "--json")
+            links = ctl_json(rookery, "federation", "status", "--json")
             raise AssertionError(f"{exc}: {links}") from None
         _drain(rookery.port, "eur")
         upstream.confirm_delivery()
@@ -286,16 +284,5 @@ def test_rookery_federates_an_exchange_from_rabbitmq(
         got = _drain(rookery.port, "eur")
         assert sorted(got) == sorted(f"r{i}".encode() for i in range(1, COUNT, 2))
     finally:
-        _ctl(rookery, "federation", "delete", "policy", "federate")
+        ctl_json(rookery, "federation", "delete", "policy", "federate")
         up.close()
-
-
-def _ctl(proc: BrokerProcess, *args: str) -> dict[str, object]:
-    out = subprocess.run(
-        [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(proc.data_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert out.returncode == 0, out.stderr + out.stdout
-    return dict(json.loads(out.stdout))

@@ -7,8 +7,6 @@ from its upstream only while it has consumers and nothing for them."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +16,8 @@ import pika
 import pytest
 
 from tests.brokerd_process import BrokerProcess
+from tests.support.bridges import ctl_json, two_brokers
+from tests.support.bridges import eventually as waited
 
 pytestmark = pytest.mark.integration
 
@@ -30,29 +30,19 @@ POLICY_EXCHANGES = {
 
 @pytest.fixture
 def sites(tmp_path: Path) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
-    up = BrokerProcess(tmp_path / "up").start()
-    down = BrokerProcess(tmp_path / "down").start()
-    try:
-        yield up, down
-    finally:
-        for proc in (up, down):
-            if proc.stop() not in (0, None):
-                print(proc.log_text()[-4000:])
+    with two_brokers(tmp_path, "up", "down") as both:
+        yield both
 
 
-def ctl(proc: BrokerProcess, *args: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-m", "brokerd", "ctl", "--data-dir", str(proc.data_dir), *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert out.returncode == 0, out.stderr + out.stdout
-    return dict(json.loads(out.stdout))
+ctl = ctl_json
 
 
-def federate(down: BrokerProcess, up: BrokerProcess, **upstream: Any) -> None:
-    value = {"uri": f"amqp://guest:secret-pw@127.0.0.1:{up.port}", **upstream}
+def federate(
+    down: BrokerProcess, up: BrokerProcess, password: str | None = None, **upstream: Any
+) -> None:
+    """``down``'s upstream ``up`` (``password``: guest's, a wrong one to be refused)."""
+    login = f"guest:{password}@" if password else ""
+    value = {"uri": f"amqp://{login}127.0.0.1:{up.port}", **upstream}
     ctl(down, "federation", "set", "federation-upstream", "up", json.dumps(value))
 
 
@@ -61,12 +51,7 @@ def links(proc: BrokerProcess) -> list[dict[str, Any]]:
 
 
 def eventually(check: Callable[[], bool], timeout: float, what: str, proc: BrokerProcess) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout}s; links {links(proc)}")
+    waited(check, timeout, what, lambda: f"links {links(proc)}")
 
 
 def channel(proc: BrokerProcess) -> Any:
@@ -95,7 +80,7 @@ def test_a_federated_exchange_carries_what_the_downstreams_bindings_want(
     down_ch.queue_declare("eu", durable=True)
     down_ch.queue_bind("eu", "fed.orders", "eu.#")
     # the guest password is refused: the link says so, with the upstream's reason
-    federate(down, up)
+    federate(down, up, password="secret-pw")
     ctl(down, "federation", "set", "policy", "fed", json.dumps(POLICY_EXCHANGES))
     eventually(
         lambda: any(r["state"] == "terminated" and "403" in r["reason"] for r in links(down)),
@@ -105,20 +90,6 @@ def test_a_federated_exchange_carries_what_the_downstreams_bindings_want(
     )
     assert "secret-pw" not in json.dumps(links(down)) + json.dumps(ctl(down, "federation", "list"))
     federate(down, up, **{"max-hops": 1, "expires": 60000})
-    ctl(
-        down,
-        "federation",
-        "set",
-        "federation-upstream",
-        "up",
-        json.dumps(
-            {
-                "uri": f"amqp://127.0.0.1:{up.port}",
-                "max-hops": 1,
-                "expires": 60000,
-            }
-        ),
-    )
     eventually(lambda: [r["state"] for r in links(down)] == ["running"], 20, "running", down)
     up_ch.confirm_delivery()
     for i in range(200):
@@ -205,14 +176,7 @@ def test_a_federated_queue_takes_from_its_upstream_only_when_consumed(
         up_ch.basic_publish("", "fed.jobs", f"j{i}".encode())
     down_ch = channel(down)
     down_ch.queue_declare("fed.jobs", durable=True)
-    ctl(
-        down,
-        "federation",
-        "set",
-        "federation-upstream",
-        "up",
-        json.dumps({"uri": f"amqp://127.0.0.1:{up.port}", "prefetch-count": 10}),
-    )
+    federate(down, up, **{"prefetch-count": 10})
     policy = {**POLICY_EXCHANGES, "apply-to": "queues"}
     ctl(down, "federation", "set", "policy", "fed", json.dumps(policy))
     eventually(lambda: [r["state"] for r in links(down)] == ["running"], 20, "running", down)

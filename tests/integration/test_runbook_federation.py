@@ -17,6 +17,7 @@ import pika
 import pytest
 
 from tests.brokerd_process import BrokerProcess
+from tests.support.bridges import two_brokers
 
 pytestmark = pytest.mark.integration
 
@@ -34,14 +35,8 @@ def runbook_block(section: str) -> str:
 
 @pytest.fixture
 def sites(tmp_path: Path) -> Iterator[tuple[BrokerProcess, BrokerProcess]]:
-    up = BrokerProcess(tmp_path / "up").start()
-    down = BrokerProcess(tmp_path / "down").start()
-    try:
-        yield up, down
-    finally:
-        for proc in (up, down):
-            if proc.stop() not in (0, None):
-                print(proc.log_text()[-4000:])
+    with two_brokers(tmp_path, "up", "down") as both:
+        yield both
 
 
 def test_the_federation_runbook_as_written(sites: tuple[BrokerProcess, BrokerProcess]) -> None:

@@ -139,3 +139,27 @@ def test_a_queue_link_consumes_only_while_consumers_here_have_nothing() -> None:
     assert not link.wants()
     state["demand"] = (0, 0)
     assert not link.wants()
+
+
+def test_a_link_down_raises_federation_down_naming_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from brokerd.bridges.federation_service import FederationService, Objects
+    from brokerd.bridges.runner import STARTING, TERMINATED
+
+    service = FederationService(
+        tmp_path / "federation.json",
+        node="n",
+        downstream="here",
+        local=lambda: None,
+        objects=Objects(lambda _v: [], lambda _v: [], lambda _v, _x: set(), lambda _v, _q: (0, 0)),
+    )
+    link = QueueLink(spec(QUEUE), node="n", local=None, demand=lambda: (0, 0))
+    service.runners[link.spec.key] = link
+    link.state, link.reason, link.down_since = STARTING, "source: cannot connect", 100.0
+    assert service.alarm(now=110.0) is None  # not down long enough yet
+    alarm = service.alarm(now=131.0)
+    assert alarm is not None and alarm["kind"] == "federation-down" and alarm["since"] == 100.0
+    assert "queue fed.x (vhost /) from up" in alarm["message"]
+    link.state = TERMINATED  # refused: at once
+    assert service.alarm(now=100.5) is not None
+    link.down_since = None
+    assert service.alarm(now=500.0) is None
