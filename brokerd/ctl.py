@@ -109,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     federation_set.add_argument("definition", help="the definition as JSON")
     for one in (federation_set, federation_delete):
         one.add_argument("--vhost", default="/", help="the definition's vhost (default /)")
+    cluster = sub.add_parser("cluster", help="the cluster's membership")
+    cluster_sub = cluster.add_subparsers(dest="action", required=True)
+    members = cluster_sub.add_parser(
+        "members", help="each member: its address, run (spid), type and state, and the root"
+    )
+    members.add_argument("--json", action="store_true", help="print JSON")
     root = sub.add_parser("root", help="enable or disable root candidacy on this server")
     root.add_argument("action", choices=["enable", "disable"])
     fault = sub.add_parser(
@@ -350,6 +356,8 @@ def _run(argv: list[str]) -> int:
             extra += [args.name, args.definition, args.vhost]
         elif args.action in ("delete", "restart"):
             extra += [args.name, args.vhost]
+    elif args.command == "cluster":
+        extra = [args.action]
     elif args.command == "federation":
         extra = [args.action]
         if args.action == "set":
@@ -392,10 +400,22 @@ def _print_result(args: argparse.Namespace, result: dict[str, Any]) -> None:
         print(result.get("dump", ""))
     elif args.command == "bridges" and args.action == "status" and not args.json:
         _print_bridges(result.get("bridges", []))
+    elif args.command == "cluster" and not args.json:
+        _print_members(result)
     elif args.command == "federation" and args.action == "status" and not args.json:
         _print_bridges(result.get("links", []), "no federation links")
     else:
         print(json.dumps(result, indent=2))
+
+
+def _print_members(result: dict[str, Any]) -> None:
+    print(f"membership version {result.get('version')}, root {result.get('root') or '-'}")
+    for row in result.get("members", []):
+        root = " (root)" if row.get("root") else ""
+        print(
+            f"{row['address']:<24} {row['type']:<9} {row['state']:<11} {row.get('spid') or '-'}"
+            f"{root}"
+        )
 
 
 def _print_bridges(rows: list[dict[str, Any]], none: str = "no bridges") -> None:

@@ -113,6 +113,52 @@ class OperatorCommands:
                 members.link_ready(spid)  # as if the link had come back up
         return {"healed": healed}
 
+    def member_table(self) -> dict[str, Any]:
+        """The cluster's members as ``brokerd ctl cluster members`` lists them: each
+        known host (the primaries the cluster file, or the console, lists), then
+        each secondary heard from, with the run that answers there, its type and
+        its state: ``self``, ``up`` (heard within the timeout), ``down`` (heard
+        before, silent now), ``gone`` (its connections closed and its port
+        refused), or ``never heard``; and the root. ``version``: what every
+        server compares (the known hosts' checksum)."""
+        members = self.members
+        now = members.clock()
+        root = members.root()
+        current, _replaced = servers(members)
+        at: dict[str, Peer] = {}
+        for peer in current:
+            for name in {peer.address, *peer.aliases} - {""}:
+                at[name] = peer
+
+        def row(address: str, peer: Peer | None) -> dict[str, Any]:
+            mine = address in members.own_addresses or address == members.address
+            if mine or (peer is not None and peer.spid == members.spid):
+                spid, kind, state = members.spid, members.type, "self"
+            elif peer is None:
+                spid, kind, state = None, PRIMARY, "never heard"
+            else:
+                spid, kind = peer.spid, peer.type
+                if members.standing.active(peer, now):
+                    state = "up"
+                else:
+                    state = "gone" if peer.gone else "down"
+            return {
+                "address": address,
+                "spid": spid,
+                "type": kind,
+                "state": state,
+                "root": spid is not None and spid == root,
+            }
+
+        rows = [row(address, at.get(address)) for address in sorted(members.known)]
+        listed = {r["spid"] for r in rows if r["spid"]}
+        for peer in current:
+            if peer.type != PRIMARY and peer.spid not in listed:
+                rows.append(row(server_key(peer), peer))
+        if members.type != PRIMARY:
+            rows.append(row(members.address, None))
+        return {"version": members.checksum, "root": root, "members": rows}
+
     def status(self) -> dict[str, Any]:
         members = self.members
         decision = members.evaluate()

@@ -150,6 +150,10 @@ class Surface:
             if not all(isinstance(a, str) and a for a in args):
                 raise ControlError("queue move takes a queue name and a primary's spid")
             return self._queue_move(args[1], args[2])
+        if command == "cluster" and args == ["members"]:
+            if self.cluster is None:
+                raise ControlError("'cluster members' needs a clustered broker (--cluster)")
+            return self.cluster.operations.member_table()
         if command in ("root", "fault"):
             if self.cluster is None:
                 raise ControlError(f"'{command}' needs a clustered broker (started with --cluster)")

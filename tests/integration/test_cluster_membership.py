@@ -387,3 +387,42 @@ def test_missing_cluster_file_exits_2(tmp_path: Path) -> None:
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2, result.stderr
     assert str(missing) in result.stderr
+
+
+def test_cluster_members_lists_each_member_with_its_state(make_cluster: MakeCluster) -> None:
+    """``brokerd ctl cluster members``: every known host and each secondary, with the
+    run answering there, its type and state, and the root; a killed one goes down."""
+    cluster = make_cluster(3, 1)
+    cluster.start_all()
+    root = cluster.wait_until(cluster.settled_root, timeout=10, what="formation")
+    table = cluster.ctl(1, "cluster", "members")
+    rows = {row["address"]: row for row in table["members"]}
+    assert table["root"] == root and table["version"] == cluster.status(1)["checksum"]
+    assert set(rows) == {cluster.address(i) for i in range(4)}
+    assert [rows[cluster.address(i)]["type"] for i in range(4)] == [
+        "primary",
+        "primary",
+        "primary",
+        "secondary",
+    ]
+    assert rows[cluster.address(1)]["state"] == "self"
+    assert {rows[cluster.address(i)]["state"] for i in (0, 2, 3)} == {"up"}
+    assert [r["spid"] for r in table["members"] if r["root"]] == [root]
+    cluster.kill(2)
+
+    def killed() -> str | None:
+        state = {r["address"]: r["state"] for r in cluster.ctl(1, "cluster", "members")["members"]}[
+            cluster.address(2)
+        ]
+        return state if state in ("down", "gone") else None
+
+    assert cluster.wait_until(killed, timeout=3 * TIMEOUT + 5, what="the killed one down")
+    home = str(cluster.nodes[1].home)
+    text = subprocess.run(
+        [sys.executable, "-m", "brokerd", "ctl", "--data-dir", home, "cluster", "members"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert text.returncode == 0, text.stderr
+    assert "(root)" in text.stdout and "self" in text.stdout, text.stdout
