@@ -375,5 +375,10 @@ def bridges(view: dict[str, Any]) -> list[dict[str, Any]]:
         backlog = item.get("backlog")
         # the source queue's depth when last asked (None: not known yet)
         row["backlog"] = backlog if is_a(backlog, int) and backlog >= 0 else None
+        # a federation link (a bridge of a fixed shape): what it federates, from where
+        if item.get("type") == "federation":
+            row["federation"] = {
+                key: str(item.get(key) or "")[:255] for key in ("kind", "object", "upstream")
+            }
         out.append(row)
     return out

@@ -95,3 +95,25 @@ def test_the_bridges_page_shows_state_and_reason_without_passwords(
 def test_a_bad_bridge_report_is_a_protocol_error(view: dict[str, Any], error: str) -> None:
     with pytest.raises(LinkProtocolError, match=error.replace("[", r"\[").replace("]", r"\]")):
         linkparse.bridges(view)
+
+
+def test_a_federation_link_shows_what_it_federates_and_its_backlog(
+    reported: Broker, viewer: Any
+) -> None:
+    link = {
+        **_reported("federation exchange fed.x from up", "running"),
+        "type": "federation",
+        "kind": "exchange",
+        "object": "fed.x",
+        "upstream": "up",
+        "backlog": 42,
+    }
+    rows = linkparse.bridges({"bridges": [link, _reported("in-from-far", "running")]})
+    assert rows[0]["federation"] == {"kind": "exchange", "object": "fed.x", "upstream": "up"}
+    assert rows[0]["backlog"] == 42 and "federation" not in rows[1] and rows[1]["backlog"] is None
+    Broker.objects.filter(pk=reported.pk).update(view={"bridges": rows})
+    client = Client()
+    client.force_login(viewer)
+    page = client.get("/bridges/").content.decode()
+    assert "federation: exchange fed.x from upstream up" in page
+    assert '<td class="num">42</td>' in page
