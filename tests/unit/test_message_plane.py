@@ -7,7 +7,6 @@ from collections import deque
 from collections.abc import Callable
 from functools import partial
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -653,16 +652,12 @@ def test_publishes_wait_behind_a_silent_old_owner_for_a_bounded_time(net: Net) -
     assert [(m.body, r) for m, r in net.queue(owner, "q").ready()] == [(b"2", False), (b"1", True)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug (found 2026-11-30 by the property above): two failovers of a live "
-    "owner in a row let C's second publish overtake its first, relayed by the fenced "
-    "owners. Not fixed yet: see the eighth session's closing note.",
-)
 def test_two_failovers_in_a_row_keep_a_publishers_order() -> None:
-    """The property's shrunk counterexample, kept as its own case: C publishes to the
-    owner A, A is failed over to B while C0 is in flight, then B to C; C's next
-    publish must not land before C0."""
+    """The property's shrunk counterexample (found 2026-11-30), kept as its own case:
+    C publishes C0 to the owner A; A is failed over to B while C0 is in flight (A
+    relays it to B), then B to C (B relays it to C), and C's next publish, held
+    behind the forward A still holds, must not land before C0 when B's relay
+    arrives: any former owner's relay passes what is held (``intake.apply``)."""
     inner = test_no_publisher_is_reordered_by_a_live_owners_failover.hypothesis.inner_test
     inner(
         [

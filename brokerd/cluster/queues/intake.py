@@ -82,7 +82,11 @@ class Intake:
         ``kept``: it is one of the kept publishes (``orphans``), going in at last.
         ``sender``: the peer that forwarded it; from a queue's old owner that holds
         this server's earlier publishes (``SharedQueue.behind``), it is one of those,
-        or came before them: it goes in ahead of what is kept for the queue here."""
+        or came before them: it goes in ahead of what is kept for the queue here. So
+        does one from any former owner of the queue: a fenced owner relays what it
+        kept, and what it kept was sent before anything held here (the old owner
+        a publish here waits on may have relayed it to the next, which relays it on:
+        a second hop once landed behind the publish that waited for it)."""
         vhost = self.vhost()
         ok = True
         routed = 0
@@ -104,7 +108,10 @@ class Intake:
                     queue.local
                     and not kept
                     and self.orphans.holds(name)
-                    and not (sender and queue.behind() == sender)
+                    and not (
+                        sender
+                        and (queue.behind() == sender or sender in queue.former_owners)
+                    )
                 )
             ):
                 # kept for the queue's next owner, in order: this server handed it over

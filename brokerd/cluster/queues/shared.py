@@ -29,6 +29,7 @@ owner; durable, it waits for it (``placement``).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
@@ -122,6 +123,8 @@ MAX_DEFERRED = 10_000
 #: (``behind``); one that settles nothing so long is cut off or paused, and its
 #: session's end sends them on (flagged)
 BEHIND_PATIENCE = 2.0
+#: former owners a shared queue remembers (``SharedQueue.former_owners``)
+FORMER_OWNERS = 8
 
 
 class SharedQueue:
@@ -212,6 +215,9 @@ class SharedQueue:
         self.sent: Mark | None = None
         #: since when ``behind`` found the old owner holding it (0: it did not)
         self.behind_since = 0.0
+        #: its last owners before the present one, newest last: what one of them
+        #: forwards here is a relay of what it kept when fenced (``intake.apply``)
+        self.former_owners: deque[str] = deque(maxlen=FORMER_OWNERS)
 
     # -- what it is, as the vhost, the exchanges and the channels read it ---------------
 
@@ -405,6 +411,10 @@ class SharedQueue:
         if epoch < self.epoch:
             return
         was_moving = self.moving
+        if self.owner is not None and owner != self.owner:
+            if self.owner in self.former_owners:
+                self.former_owners.remove(self.owner)
+            self.former_owners.append(self.owner)
         self.owner, self.epoch, self.home = owner, epoch, home
         self.moving = moving if owner is not None else None
         self.placed_seq = seq
