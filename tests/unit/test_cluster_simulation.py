@@ -66,7 +66,7 @@ def apply(net: Net, step: tuple[Any, ...]) -> None:
 
 
 @settings(
-    max_examples=examples(60),
+    max_examples=examples(60, fast=8),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

@@ -25,7 +25,7 @@ def _copies(who: str, place: int | None, own: bool) -> dict:
 
 
 @given(survivors(places=50))
-@settings(max_examples=examples(3000), deadline=None)
+@settings(max_examples=examples(3000, fast=300), deadline=None)
 def test_a_root_elected_after_the_old_one_died_holds_every_confirmed_event(
     s: Survivors,
 ) -> None:
@@ -102,7 +102,7 @@ def snapshot_scenarios(draw: st.DrawFn) -> dict:
 
 
 @given(snapshot_scenarios())
-@settings(max_examples=examples(1000), deadline=None)
+@settings(max_examples=examples(1000, fast=100), deadline=None)
 def test_a_syncing_replica_never_confirms_what_the_elected_whole_copy_lacks(s: dict) -> None:
     """With the floor counting whole replicas only once a snapshot is out, the root
     elected after a single failure holds every confirmed event, syncing replicas

@@ -55,7 +55,7 @@ def scenarios(draw: st.DrawFn) -> tuple[Survivors, dict[str, int]]:
 
 
 @given(scenarios())
-@settings(max_examples=examples(3000), deadline=None)
+@settings(max_examples=examples(3000, fast=300), deadline=None)
 def test_a_root_elected_after_the_old_one_died_holds_every_entry_a_majority_held(
     scenario: tuple[Survivors, dict[str, int]],
 ) -> None:

@@ -515,7 +515,7 @@ class JournalMachine(RuleBasedStateMachine):
 
 
 JournalMachine.TestCase.settings = settings(
-    max_examples=examples(200),
+    max_examples=examples(200, fast=20),
     stateful_step_count=80,
     deadline=None,
     derandomize=True,

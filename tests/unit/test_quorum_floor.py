@@ -38,7 +38,7 @@ def counted(replicas: list[Place], previous: int) -> list[Place]:
 
 
 @given(scenes())
-@settings(max_examples=examples(2000), deadline=None)
+@settings(max_examples=examples(2000, fast=200), deadline=None)
 def test_a_new_floor_is_held_by_enough_counted_replicas(scene: tuple) -> None:
     """Safety: an event past the previous floor is confirmed only when ``need``
     replicas that count hold it."""
@@ -50,7 +50,7 @@ def test_a_new_floor_is_held_by_enough_counted_replicas(scene: tuple) -> None:
 
 
 @given(scenes())
-@settings(max_examples=examples(2000), deadline=None)
+@settings(max_examples=examples(2000, fast=200), deadline=None)
 def test_the_floor_is_the_highest_event_enough_replicas_hold(scene: tuple) -> None:
     """Liveness: it is not lower than it may be; with too few counted replicas it
     stays where it was."""
@@ -61,7 +61,7 @@ def test_the_floor_is_the_highest_event_enough_replicas_hold(scene: tuple) -> No
 
 
 @given(scenes(), st.integers(min_value=0, max_value=5), st.integers(min_value=1, max_value=50))
-@settings(max_examples=examples(2000), deadline=None)
+@settings(max_examples=examples(2000, fast=200), deadline=None)
 def test_a_further_ack_never_lowers_the_floor(scene: tuple, which: int, more: int) -> None:
     replicas, need, top, previous = scene
     if not replicas:
@@ -74,7 +74,7 @@ def test_a_further_ack_never_lowers_the_floor(scene: tuple, which: int, more: in
 
 
 @given(scenes(), st.integers(min_value=0, max_value=5), st.integers(min_value=0, max_value=200))
-@settings(max_examples=examples(2000), deadline=None)
+@settings(max_examples=examples(2000, fast=200), deadline=None)
 def test_once_a_snapshot_is_out_a_syncing_replica_counts_for_nothing(
     scene: tuple, which: int, acked: int
 ) -> None:

@@ -250,6 +250,6 @@ class Terms(RuleBasedStateMachine):
 
 
 Terms.TestCase.settings = settings(
-    max_examples=examples(1500, fast=150), stateful_step_count=60, deadline=None
+    max_examples=examples(1500, fast=100), stateful_step_count=60, deadline=None
 )
 test_terms_state_machine = Terms.TestCase
