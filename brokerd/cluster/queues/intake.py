@@ -108,10 +108,7 @@ class Intake:
                     queue.local
                     and not kept
                     and self.orphans.holds(name)
-                    and not (
-                        sender
-                        and (queue.behind() == sender or sender in queue.former_owners)
-                    )
+                    and not (sender and (queue.behind() == sender or sender in queue.former_owners))
                 )
             ):
                 # kept for the queue's next owner, in order: this server handed it over
