@@ -161,6 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
         "secondaries never vote or become root",
     )
     parser.add_argument(
+        "--join",
+        default=None,
+        metavar="HOST:PORT",
+        help="join a running cluster through any member's address: this primary asks the "
+        "cluster's root to admit it (with the cluster file's secret) and becomes a member "
+        "without any restart; see also the cluster file's [discovery] table",
+    )
+    parser.add_argument(
         "--enable-fault-injection",
         action="store_true",
         help="allow 'brokerd ctl fault cut-link/heal' (tests only)",
@@ -288,9 +296,23 @@ def main(argv: list[str] | None = None) -> int:
     config = args.config
     if config is None and (args.data_dir / "brokerd.toml").exists():
         config = args.data_dir / "brokerd.toml"
-    if args.cluster is None and (args.type != "primary" or args.enable_fault_injection):
-        print("brokerd: --type and --enable-fault-injection need --cluster", file=sys.stderr)
+    if args.cluster is None and (
+        args.type != "primary" or args.enable_fault_injection or args.join
+    ):
+        need = "--type, --join and --enable-fault-injection need --cluster"
+        print(f"brokerd: {need}", file=sys.stderr)
         return 2
+    if args.join is not None:
+        from brokerd.cluster.config import ClusterConfigError, parse_host
+
+        try:
+            args.join = str(parse_host(args.join, "--join"))
+        except ClusterConfigError as exc:
+            print(f"brokerd: {exc}", file=sys.stderr)
+            return 2
+        if args.type != "primary" or workers > 1:
+            print("brokerd: --join is for a primary of one worker", file=sys.stderr)
+            return 2
     if args.metrics_bind != "127.0.0.1" and args.metrics_port is None:
         print("brokerd: --metrics-bind needs --metrics-port", file=sys.stderr)
         return 2
@@ -356,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             config_file=config,
             cluster_file=args.cluster,
             server_type=args.type,
+            join=args.join,
             fault_injection=args.enable_fault_injection,
             console_url=args.console,
             console_token=token,

@@ -115,6 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
         "members", help="each member: its address, run (spid), type and state, and the root"
     )
     members.add_argument("--json", action="store_true", help="print JSON")
+    forget = cluster_sub.add_parser(
+        "forget",
+        help="remove a stopped primary from the members for good (its return is refused; "
+        "a new disk at that address joins as a new server)",
+    )
+    forget.add_argument("address", metavar="HOST:PORT")
+    forget.add_argument("--json", action="store_true", help="print JSON")
+    sub.add_parser(
+        "ready",
+        help="exit 0 if the server serves clients and has caught up (a root known, its "
+        "state and copies whole, a member), else 1 with the reason: a readiness probe",
+    )
     root = sub.add_parser("root", help="enable or disable root candidacy on this server")
     root.add_argument("action", choices=["enable", "disable"])
     fault = sub.add_parser(
@@ -357,7 +369,8 @@ def _run(argv: list[str]) -> int:
         elif args.action in ("delete", "restart"):
             extra += [args.name, args.vhost]
     elif args.command == "cluster":
-        extra = [args.action]
+        extra = [args.action] + ([args.address] if args.action == "forget" else [])
+        timeout = 40.0 if args.action == "forget" else timeout
     elif args.command == "federation":
         extra = [args.action]
         if args.action == "set":
@@ -377,7 +390,12 @@ def _run(argv: list[str]) -> int:
     if not reply.get("ok"):
         print(f"brokerd ctl: {reply.get('error')}", file=sys.stderr)
         return 1
-    _print_result(args, reply.get("result", {}))
+    result = reply.get("result", {})
+    if args.command == "ready":
+        ready = bool(result.get("ready"))
+        print(result.get("reason", ""), file=sys.stdout if ready else sys.stderr)
+        return 0 if ready else 1
+    _print_result(args, result)
     return 0
 
 
@@ -400,6 +418,12 @@ def _print_result(args: argparse.Namespace, result: dict[str, Any]) -> None:
         print(result.get("dump", ""))
     elif args.command == "bridges" and args.action == "status" and not args.json:
         _print_bridges(result.get("bridges", []))
+    elif args.command == "cluster" and args.action == "forget" and not args.json:
+        state = "held by a majority" if result.get("committed") else "NOT yet held by a majority"
+        print(
+            f"forgot {result['forgotten']}: members version {result['version']} ({state}): "
+            f"{', '.join(result['members'])}"
+        )
     elif args.command == "cluster" and not args.json:
         _print_members(result)
     elif args.command == "federation" and args.action == "status" and not args.json:
@@ -409,13 +433,21 @@ def _print_result(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 
 def _print_members(result: dict[str, Any]) -> None:
-    print(f"membership version {result.get('version')}, root {result.get('root') or '-'}")
+    held = "" if result.get("committed", True) else " (a change not yet held by a majority)"
+    print(
+        f"members version {result.get('version')}{held}, checksum {result.get('checksum')}, "
+        f"root {result.get('root') or '-'}"
+    )
+    if result.get("joining"):
+        print("this server is joining: not admitted yet")
     for row in result.get("members", []):
         root = " (root)" if row.get("root") else ""
         print(
             f"{row['address']:<24} {row['type']:<9} {row['state']:<11} {row.get('spid') or '-'}"
             f"{root}"
         )
+    for gone in result.get("forgotten", []):
+        print(f"{gone['address']:<24} forgotten (node {gone['node'] or 'unknown'})")
 
 
 def _print_bridges(rows: list[dict[str, Any]], none: str = "no bridges") -> None:

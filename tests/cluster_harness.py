@@ -285,6 +285,15 @@ class Cluster:
         self.nodes.append(node)
         return len(self.nodes) - 1
 
+    def add_primary(self) -> int:
+        """Room for one more primary, not in the cluster file's known hosts (it joins
+        with ``--join`` or discovery); returns its index."""
+        if self.netbed is not None or self.pki is not None:
+            raise ValueError("a joining primary runs on loopback with plain links")
+        index = len(self.nodes)
+        self.nodes.append(Node(index, "primary", free_port(), self.base / f"n{index}"))
+        return index
+
     def start(
         self, index: int, *, file: Path | None = None, extra: list[str] | None = None
     ) -> Node:

@@ -1,8 +1,10 @@
 """Admission: the connection hooks membership answers (``Membership`` mixes this in).
 
 A link is admitted only if it logs in as the cluster user on the cluster vhost,
-with the cluster's known-hosts checksum and a spid (and, over mutual TLS, a
-certificate from the cluster CA): its connection is then recorded as the peer's,
+with the cluster's known-hosts checksum (or, while the two sides hold members of
+different versions, the same settings: ``_catching_up``) and a spid (and, over
+mutual TLS, a certificate from the cluster CA), from no server the cluster
+forgot (``knownhosts``): its connection is then recorded as the peer's,
 and an unknown server that linked to us is linked back. A client connection is
 refused on the cluster user or another vhost; while the cluster has no root it
 waits in connection.open (DESIGN.md), unless this server is detached or
@@ -69,7 +71,7 @@ class Admission:
         if conn.vhost.name != self.config.vhost:
             raise ConnectionError_(NOT_ALLOWED, "cluster links must use the cluster vhost")
         theirs = str(props.get("checksum", ""))
-        if theirs != self.checksum:
+        if theirs != self.checksum and not _catching_up(self, props):
             text = (
                 f"cluster checksum mismatch: link from {spid or conn.name} has {theirs}, "
                 f"this server has {self.checksum} (known_hosts differ)"
@@ -78,6 +80,12 @@ class Admission:
             raise ConnectionError_(NOT_ALLOWED, text)
         if not spid:
             raise ConnectionError_(NOT_ALLOWED, "cluster link without a spid")
+        callback = str(props.get("callback") or "")
+        node = str(props.get("node") or "")
+        forgotten = self.forgotten(callback, node, props.get("member") is True)
+        if forgotten:
+            log.warning("link from %s refused: %s", callback or conn.name, forgotten)
+            raise ConnectionError_(NOT_ALLOWED, forgotten)
         self.inbound[conn.id] = spid
         self.lanes[conn.id] = "control" if props.get("lane") == "control" else "data"
         if spid == self.spid:
@@ -89,7 +97,7 @@ class Admission:
         start_time = props.get("start_time")
         if isinstance(start_time, int | float) and not isinstance(start_time, bool):
             peer.start_time = float(start_time)
-        callback = str(props.get("callback") or "")
+        peer.node = node
         if callback and peer.address != callback:
             self._log_restart(peer, callback)
         peer.address = callback
@@ -105,6 +113,11 @@ class Admission:
             # an unknown server linked to us (a secondary, a new primary): link back
             log.info("link back peer=%s callback=%s", spid, back)
             self.add_link(back)
+        return None
+
+    def forgotten(self: Membership, address: str, node: str, member: bool) -> str | None:
+        """Why a server at ``address`` with ``node`` is refused as one the cluster
+        forgot (None: it is not); the controller's members know."""
         return None
 
     def login_refused(self: Membership, conn: Connection, reason: str) -> None:
@@ -124,3 +137,16 @@ class Admission:
                 self._carrier.pop((spid, lane), None)
                 self.peer_lost(spid, "its link to this server closed")
             self.check_gone(spid)
+
+
+def _catching_up(members: Membership, props: dict[str, Any]) -> bool:
+    """A link whose known-hosts checksum differs because one side's members are of
+    another version (the root ordered a change the other has not applied yet, or a
+    joining server still has the file's): it may link, and the one behind takes the
+    latest; the settings the checksum also covers must still agree."""
+    version = props.get("members_version", 0)
+    return (
+        isinstance(version, int)
+        and version != members.members_version
+        and props.get("settings") == members.config.settings_checksum
+    )

@@ -120,6 +120,17 @@ MAX_SOCKET_PATH = 107
 
 
 @dataclass(frozen=True)
+class DNSDiscovery:
+    """Peer discovery by DNS (``[discovery]``): the addresses ``name`` resolves to, at
+    ``port``, are linked to; a server not yet a member asks the root to admit it.
+    Discovery proposes, the root admits (seed 000: no configurable catastrophes)."""
+
+    name: str
+    port: int = 5672
+    interval: float = 10.0
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     name: str
     vhost: str
@@ -143,15 +154,29 @@ class ClusterConfig:
     #: workers on each host (``brokerd --workers``; not in the file): in the checksum,
     #: so every host of a cluster runs as many and each weighs the same (hostgroup.py)
     host_workers: int = 1
+    #: peer discovery by DNS (None: the known hosts and ``--join`` only); not in the
+    #: checksum, as it only finds the cluster
+    discovery: DNSDiscovery | None = None
 
     @property
     def checksum(self) -> str:
+        return self.checksum_of(self.known_hosts)
+
+    def checksum_of(self, hosts: tuple[Address, ...] | list[Address] | list[str]) -> str:
+        """The checksum servers compare for a set of known hosts (the file's, or the
+        members the root ordered since: ``knownhosts``) with these settings."""
         return known_hosts_checksum(
-            self.known_hosts,
+            hosts,  # type: ignore[arg-type]
             self.default_queue_type,
             tls_links=self.tls is not None,
             workers=self.host_workers,
         )
+
+    @property
+    def settings_checksum(self) -> str:
+        """What every server must agree on whatever the members: two servers whose
+        members' versions differ compare this (the one behind catches up)."""
+        return self.checksum_of([])
 
 
 def parse_host(value: Any, where: str) -> Address:
@@ -231,6 +256,7 @@ def parse_cluster_config(
         "default_queue_type",
         "recovery_wait",
         "queue_leader_locator",
+        "discovery",
     }
     unknown = set(raw) - allowed
     if unknown:
@@ -302,6 +328,7 @@ def parse_cluster_config(
         raise ClusterConfigError(
             f"{where}: links over TLS need 'host:port' known hosts, not Unix sockets"
         )
+    discovery = parse_discovery(raw.get("discovery"), where)
     return ClusterConfig(
         name=name,
         vhost=vhost,
@@ -315,7 +342,33 @@ def parse_cluster_config(
         recovery_wait=float(recovery_wait),
         queue_leader_locator=locator,
         tls=tls,
+        discovery=discovery,
     )
+
+
+def parse_discovery(raw: object, where: str) -> DNSDiscovery | None:
+    """``[discovery]``: ``dns`` (a name whose addresses are the cluster's servers: a
+    Kubernetes headless service, a round-robin record), ``port`` (5672), and
+    ``interval`` (seconds between lookups, 10)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ClusterConfigError(f"{where}: [discovery] must be a table")
+    unknown = set(raw) - {"dns", "port", "interval"}
+    if unknown:
+        raise ClusterConfigError(
+            f"{where}: unknown [discovery] key(s) {', '.join(sorted(unknown))}"
+        )
+    name = raw.get("dns")
+    if not isinstance(name, str) or not name.strip() or any(c.isspace() for c in name.strip()):
+        raise ClusterConfigError(f"{where}: [discovery] dns must be a host name")
+    port = raw.get("port", 5672)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ClusterConfigError(f"{where}: [discovery] port must be a port number")
+    interval = raw.get("interval", 10.0)
+    if isinstance(interval, bool) or not isinstance(interval, int | float) or interval <= 0:
+        raise ClusterConfigError(f"{where}: [discovery] interval must be a positive number")
+    return DNSDiscovery(name.strip().lower(), port, float(interval))
 
 
 def parse_cluster_tls(raw: object, where: str, base: Path | None) -> ClusterTLS | None:

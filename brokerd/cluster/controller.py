@@ -30,10 +30,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.config import ClusterConfig
 from brokerd.cluster.election import PRIMARY
+from brokerd.cluster.members import MemberChanges
 from brokerd.cluster.membership import Membership
 from brokerd.cluster.messages import CLUSTER_EXCHANGE
 from brokerd.cluster.operations import OperatorCommands, servers
@@ -98,6 +100,8 @@ class ClusterController(Membership):
         broker: Broker | None = None,
         on_block: Callable[[str, str | None], None] | None = None,
         on_flow: Callable[[int, bool], None] | None = None,
+        members_dir: Path | None = None,
+        join: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(config, broker=broker, **kwargs)
@@ -125,6 +129,12 @@ class ClusterController(Membership):
         self.wiring.on_bridge_place = self.bridges.applied
         self.wiring.is_fenced = self.queues.is_fenced
         self.wiring.fences = self.queues.copies.fences_of
+        #: the members as replicated state: joins, forgets, discovery (``members``)
+        self.member_changes = MemberChanges(
+            self, members_dir, join=join, discovery=config.discovery
+        )
+        self.wiring.member_change = self.member_changes.change
+        self.wiring.on_members = self.member_changes.applied
         vhost = broker.vhosts.get(config.vhost) if broker is not None else None
         if vhost is not None:
             vhost.queue_factory = self.make_queue
@@ -390,7 +400,11 @@ class ClusterController(Membership):
         self.flow.forget(conn.id)
         super().closed(conn)
 
+    def forgotten(self, address: str, node: str, member: bool) -> str | None:
+        return self.member_changes.forgotten(address, node, member)
+
     def status_received(self, spid: str, status: Any) -> None:
+        self.member_changes.from_status(self.peers[spid], status.members)
         self.wiring.root_status(spid, status.state_seq)
         if status.type == PRIMARY:
             self.queues.primary_seen(spid)
@@ -470,6 +484,7 @@ class ClusterController(Membership):
         self.queues.link_ready(spid)
 
     def tick(self) -> None:
+        self.member_changes.tick()
         self.wiring.tick()
         self.queues.tick()
         # the election runs again first: a root back from a freeze (SIGSTOP) has lost

@@ -51,6 +51,9 @@ class HeartbeatHost(Protocol):
     checksum: str
     listed: bool
     holds_state: bool
+    #: this data directory's node, and the members as held here (``knownhosts``)
+    node: str
+    members_record: dict[str, Any]
     address: str
     hostgroup: HostGroup | None
     peers: dict[str, Peer]
@@ -135,6 +138,8 @@ class Heartbeat:
             host=host.hostgroup.host_id if host.hostgroup is not None else "",
             host_address=host.hostgroup.host_address if host.hostgroup is not None else "",
             worker=host.hostgroup.index if host.hostgroup is not None else 0,
+            node=host.node,
+            members=host.members_record,
         )
 
     async def _run(self) -> None:

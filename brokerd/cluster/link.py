@@ -463,6 +463,11 @@ def describe_error(exc: BaseException) -> str:
         return "authentication refused (wrong cluster secret?)"
     if isinstance(exc, aiormq.exceptions.ConnectionClosed):
         return "closed by peer: " + " ".join(str(a) for a in exc.args[:2])
+    for arg in exc.args:
+        # the peer closed instead of opening (aiormq wraps its Connection.Close frame):
+        # its reply text says why (a checksum mismatch, a forgotten server)
+        if isinstance(arg, commands.Connection.Close):
+            return f"closed by peer: {arg.reply_code} {arg.reply_text}"
     if isinstance(exc, aiormq.exceptions.AMQPError) and exc.args:
         return " ".join(str(a) for a in exc.args)
     if isinstance(exc, OSError | asyncio.TimeoutError):

@@ -120,6 +120,14 @@ class Membership(Admission):
         self.load = load or dict
         self.checksum = config.checksum
         self.known = {str(h) for h in config.known_hosts}
+        #: this data directory's node id, and the members as held here once they
+        #: changed from the file's (``members.MemberChanges`` sets both)
+        self.node = ""
+        self.members_record: dict[str, Any] = {}
+        #: the members' version (0: the cluster file's set)
+        self.members_version = 0
+        #: a member's address to join the cluster through (``--join``; links there too)
+        self.join: str | None = None
         self.links: dict[str, Link] = {}
         self.peers: dict[str, Peer] = {}
         self.inbound: dict[int, str] = {}
@@ -201,8 +209,10 @@ class Membership(Admission):
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
-        for host in self.config.known_hosts:
-            self.add_link(str(host))
+        for host in sorted(self.known):  # the file's, or the members held since
+            self.add_link(host)
+        if self.join is not None:
+            self.add_link(self.join)
         if self.hostgroup is not None:
             for socket in self.hostgroup.sibling_sockets():
                 self.add_link(socket)
@@ -231,6 +241,10 @@ class Membership(Admission):
             "callback": self.address,
             "start_time": self.start_time,
             "checksum": self.checksum,
+            "node": self.node,
+            "members_version": self.members_version,
+            "settings": self.config.settings_checksum,
+            "member": self.listed,
         }
         if self.hostgroup is not None:
             # a sibling links back by our socket; other hosts by ``callback``
@@ -319,6 +333,26 @@ class Membership(Admission):
         self._retire(link, "discovery")
         return True
 
+    def set_known(self, known: set[str], checksum: str) -> tuple[set[str], set[str]]:
+        """Link by a new set of known hosts (the root ordered a change, or the console
+        pushed a new file): links to the added, none to the removed. Returns them."""
+        removed, added = self.known - known, known - self.known
+        self.known, self.checksum = known, checksum
+        self.listed = bool(self.own_addresses & known)
+        for address in removed:
+            link = self.links.pop(address, None)
+            if link is None:
+                continue
+            for peer in self.peers.values():
+                if peer.link is link:
+                    peer.link = None
+            self.spawn(link.stop())
+        for address in added:
+            if address not in self.own_addresses:
+                self.add_link(address)
+        self.clear_alarm("config-mismatch")
+        return removed, added
+
     def _retire(self, link: Link, why: str) -> None:
         link.state = why
         self.links.pop(link.address, None)
@@ -333,7 +367,9 @@ class Membership(Admission):
         if spid is not None and spid in self.peers and self.peers[spid].link is link:
             self.peer_lost(spid, f"link down: {reason}")
             self.check_gone(spid)
-        if "checksum" in reason:
+        if "forgotten" in reason:
+            self.raise_alarm("forgotten", f"link to {link.address} refused: {reason}")
+        elif "checksum" in reason:
             self.raise_alarm("config-mismatch", f"link to {link.address} refused: {reason}")
         elif any(word in reason for word in ("authentication", "ACCESS_REFUSED", "TLS:")):
             self.raise_alarm(f"link:{link.address}", f"link to {link.address}: {reason}")

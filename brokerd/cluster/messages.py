@@ -91,6 +91,12 @@ class Status:
     host_address: str = ""
     #: and its index among its host's workers
     worker: int = 0
+    #: the node its data directory keeps (``knownhosts.node_id``): a forgotten
+    #: server is known by it when it returns
+    node: str = ""
+    #: the cluster's members as the sender holds them (``KnownHosts.to_dict``; empty:
+    #: the cluster file's set): every server takes the latest it hears
+    members: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -139,6 +145,8 @@ def decode(kind: str, body: bytes) -> Status | Root:
             raise MessageError(f"{kind}: holds_state must be a boolean")
         if not isinstance(message.host, str) or not isinstance(message.host_address, str):
             raise MessageError(f"{kind}: host and host_address must be strings")
+        if not isinstance(message.node, str) or not isinstance(message.members, dict):
+            raise MessageError(f"{kind}: node must be a string and members an object")
         if not isinstance(message.worker, int) or isinstance(message.worker, bool):
             raise MessageError(f"{kind}: worker must be an integer")
         for name in ("term", "state_term"):

@@ -60,22 +60,15 @@ class OperatorCommands:
         ):
             applied.append("heartbeat")
         known = {str(h) for h in config.known_hosts}
-        if known != members.known:
-            removed, added = members.known - known, known - members.known
-            members.known, members.checksum = known, config.checksum
-            members.listed = bool(members.own_addresses & known)
-            for address in removed:
-                link = members.links.pop(address, None)
-                if link is None:
-                    continue
-                for peer in members.peers.values():
-                    if peer.link is link:
-                        peer.link = None
-                members.spawn(link.stop())
-            for address in added:
-                if address not in members.own_addresses:
-                    members.add_link(address)
-            members.clear_alarm("config-mismatch")
+        if known != members.known and members.members_version > 0:
+            # the root orders the members since they first changed (``knownhosts``)
+            log.warning(
+                "console known_hosts ignored: the cluster's members are at version %d "
+                "(brokerd ctl cluster members)",
+                members.members_version,
+            )
+        elif known != members.known:
+            removed, added = members.set_known(known, config.checksum)
             applied.append("known_hosts")
             log.warning(
                 "cluster known hosts changed checksum=%s added=%s removed=%s",
@@ -119,8 +112,10 @@ class OperatorCommands:
         each secondary heard from, with the run that answers there, its type and
         its state: ``self``, ``up`` (heard within the timeout), ``down`` (heard
         before, silent now), ``gone`` (its connections closed and its port
-        refused), or ``never heard``; and the root. ``version``: what every
-        server compares (the known hosts' checksum)."""
+        refused), or ``never heard``; and the root. ``version``: the members'
+        version (0: the cluster file's set; ``knownhosts``), with whether a
+        majority holds it, the servers forgotten, and ``checksum``, what every
+        server compares."""
         members = self.members
         now = members.clock()
         root = members.root()
@@ -157,7 +152,9 @@ class OperatorCommands:
                 rows.append(row(server_key(peer), peer))
         if members.type != PRIMARY:
             rows.append(row(members.address, None))
-        return {"version": members.checksum, "root": root, "members": rows}
+        changes = getattr(members, "member_changes", None)
+        held = changes.describe() if changes is not None else {"version": 0}
+        return {**held, "checksum": members.checksum, "root": root, "members": rows}
 
     def status(self) -> dict[str, Any]:
         members = self.members

@@ -41,6 +41,8 @@ class Peer:
     #: since it was heard again, a status of its named the root we recognise: its
     #: vote is current (it counts at once, no abstention after a rejoin)
     caught_up: bool = False
+    #: the node its data directory keeps (its link says; ``knownhosts``)
+    node: str = ""
 
 
 @dataclass

@@ -72,6 +72,8 @@ class ServerOptions:
     config_file: Path | None = None
     cluster_file: Path | None = None
     server_type: str = "primary"
+    #: a member's address to join a running cluster through (``--join``)
+    join: str | None = None
     fault_injection: bool = False
     #: the console's broker endpoint (ws:// or wss://) and its shared token
     console_url: str | None = None
@@ -335,6 +337,8 @@ class Server(Surface):
             on_flow=self._flow,
             on_detach=self._cluster_detached,
             term_path=self.options.data_dir / "cluster" / "term.json",
+            members_dir=self.options.data_dir / "cluster",
+            join=self.options.join,
         )
         options = self.options
         if options.link_ports and options.link_socket is not None:  # a host of a cluster

@@ -10,6 +10,8 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from brokerd.cluster.config import ClusterConfigError, parse_host
+from brokerd.cluster.knownhosts import MembershipError
 from brokerd.consolelink import inforce
 from brokerd.consolelink.host import HostRefused
 from brokerd.protocol.moving import MoveError, check_restorable
@@ -20,6 +22,9 @@ from brokerd.tls import TLSSettings
 
 if TYPE_CHECKING:
     from brokerd.server.app import Server
+
+#: how long ``brokerd ctl cluster forget`` waits for the root and for a majority
+FORGET_WAIT = 15.0
 
 
 #: bridge and federation link rows one status carries at most (the console's bound)
@@ -150,10 +155,16 @@ class Surface:
             if not all(isinstance(a, str) and a for a in args):
                 raise ControlError("queue move takes a queue name and a primary's spid")
             return self._queue_move(args[1], args[2])
-        if command == "cluster" and args == ["members"]:
+        if command == "ready":
+            return self.readiness()
+        if command == "cluster" and args and args[0] in ("members", "forget"):
             if self.cluster is None:
-                raise ControlError("'cluster members' needs a clustered broker (--cluster)")
-            return self.cluster.operations.member_table()
+                raise ControlError(f"'cluster {args[0]}' needs a clustered broker (--cluster)")
+            if args == ["members"]:
+                return self.cluster.operations.member_table()
+            if len(args) == 2 and isinstance(args[1], str):
+                return self._forget(args[1])
+            raise ControlError("cluster forget takes one HOST:PORT")
         if command in ("root", "fault"):
             if self.cluster is None:
                 raise ControlError(f"'{command}' needs a clustered broker (started with --cluster)")
@@ -184,6 +195,29 @@ class Surface:
             await loop.connect_accepted_socket(lambda: AMQPProtocol(self, state), sock=sock)
 
         return start
+
+    async def _forget(self: Server, address: str) -> dict[str, Any]:
+        assert self.cluster is not None
+        try:
+            host = str(parse_host(address, "cluster forget"))
+            return await self.cluster.member_changes.forget(host, FORGET_WAIT)
+        except (ClusterConfigError, MembershipError) as exc:
+            raise ControlError(str(exc)) from None
+
+    def readiness(self: Server) -> dict[str, Any]:
+        """``brokerd ctl ready`` (a Kubernetes readiness probe): ready once this server
+        serves clients and has caught up: a root is known, it holds the root's state,
+        its copy of the shared queues is whole, and it is a member (not joining)."""
+        cluster = self.cluster
+        if cluster is None:
+            return {"ready": True, "reason": "standalone"}
+        if not cluster.ready:
+            return {"ready": False, "reason": cluster.not_ready_reason or "cluster not ready"}
+        if cluster.member_changes.joining:
+            return {"ready": False, "reason": "joining: not admitted to the cluster yet"}
+        if not cluster.copy_complete():
+            return {"ready": False, "reason": "catching up: its copy of the shared queues"}
+        return {"ready": True, "reason": "ready"}
 
     def _queue_op(self: Server, op: Any, *args: Any) -> Any:
         try:

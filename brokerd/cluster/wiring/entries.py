@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from pamqp import commands
 from pamqp.base import Frame as Method
 
+from brokerd.cluster.knownhosts import KnownHosts, MembershipError
 from brokerd.cluster.wiring import statelog as sl
 from brokerd.cluster.wiring.statelog import Entry, freeze
 from brokerd.model.broker import Broker
@@ -379,7 +380,7 @@ def entry_header(entry: Entry) -> dict[str, Any]:
     if entry.op in (sl.QUEUE_PLACE, sl.BRIDGE_PLACE):  # no AMQP method says these
         header["name"] = entry.name
         header["props"] = dict(entry.props)
-    elif entry.op == sl.SERVER_FENCE:
+    elif entry.op in (sl.SERVER_FENCE, sl.MEMBERS, sl.MEMBER_CHANGE):
         header["props"] = dict(entry.props)
     elif entry.op == sl.QUEUE_DECLARE:
         props = dict(entry.props)
@@ -388,6 +389,46 @@ def entry_header(entry: Entry) -> dict[str, Any]:
         if group := props.get("group"):
             header["group"] = list(group)  # a quorum queue's group, by address
     return header
+
+
+def members_entry(vhost: str, known: KnownHosts, origin: str = "") -> Entry:
+    """The state-log entry that sets the cluster's members to ``known``."""
+    return Entry(0, sl.MEMBERS, vhost, props=freeze(known.to_dict()), origin=origin)
+
+
+def member_change(vhost: str, action: str, host: str, node: str, origin: str) -> Entry:
+    """A request to the root: admit (``join``) or forget (``forget``) ``host``."""
+    props = freeze({"action": action, "host": host, "node": node})
+    return Entry(0, sl.MEMBER_CHANGE, vhost, name=host, props=props, origin=origin)
+
+
+def known_hosts_of(entry: Entry) -> KnownHosts:
+    """The members a ``MEMBERS`` entry sets."""
+    return KnownHosts.from_dict(dict(entry.props))
+
+
+def _members_entry(header: dict[str, Any]) -> Entry:
+    props = header.get("props")
+    if not isinstance(props, dict):
+        raise BucketError("bad members entry in bucket")
+    op = str(header["op"])
+    if op == sl.MEMBERS:
+        try:
+            props = KnownHosts.from_dict(props).to_dict()
+        except MembershipError as exc:
+            raise BucketError(str(exc)) from None
+    elif props.get("action") not in ("join", "forget") or not all(
+        isinstance(props.get(k), str) for k in ("host", "node")
+    ):
+        raise BucketError("bad member change in bucket")
+    return Entry(
+        int(header.get("seq", 0)),
+        op,
+        str(header.get("vhost", "/")),
+        str(props.get("host", "")) if op == sl.MEMBER_CHANGE else "",
+        props=freeze(props),
+        origin=str(header.get("origin", "")),
+    )
 
 
 def entry_from_header(header: dict[str, Any], frame: bytes) -> Entry:
@@ -409,6 +450,8 @@ def entry_from_header(header: dict[str, Any], frame: bytes) -> Entry:
             props=freeze({"generation": generation}),
             spid=str(header.get("spid", "")),
         )
+    if op in (sl.MEMBERS, sl.MEMBER_CHANGE):
+        return _members_entry(header)
     if op in (sl.QUEUE_PLACE, sl.BRIDGE_PLACE):
         props = header.get("props") or {}
         if not isinstance(props, dict):

@@ -104,6 +104,11 @@ class WiringReplication:
         self.on_fence: Callable[[str, int, int], None] | None = None
         #: a bridge placement applied here (``ownership.bridges.BridgePlacements``)
         self.on_bridge_place: Callable[[Entry], None] | None = None
+        #: root only: the members entry a join or forget request leads to, or why not
+        #: (``members.MemberChanges.change``)
+        self.member_change: Callable[[Entry], Entry | AMQPError] | None = None
+        #: a members entry ordered or applied here
+        self.on_members: Callable[[Entry], None] | None = None
         self.is_fenced: Callable[[str], bool] = lambda _spid: False
         self.fences: Callable[[str], int] = lambda _spid: 0
         #: root only: answers held until every follower applied their change
@@ -338,7 +343,14 @@ class WiringReplication:
         if entry.op == sl.BARRIER:
             return False, None  # answered at once, after everything ordered before it
         result = None
-        if self.placer is not None:
+        if entry.op == sl.MEMBER_CHANGE:
+            if self.member_change is None:
+                return ChannelError(PRECONDITION_FAILED, "this server orders no member changes")
+            changed = self.member_change(entry)
+            if isinstance(changed, AMQPError):
+                return changed
+            entry = changed
+        if self.placer is not None and entry.op != sl.MEMBERS:
             placed = self.placer(entry)
             if isinstance(placed, AMQPError):
                 return placed
@@ -351,6 +363,8 @@ class WiringReplication:
             self._fence(entry)
         elif entry.op == sl.BRIDGE_PLACE:
             self._bridge_place(entry)
+        elif entry.op == sl.MEMBERS:
+            self._members(entry)
         elif not applied and self.broker is not None:
             outcome = rep.try_apply(self.broker, entry, own_spid=self.spid, remote=self.remote)
             if isinstance(outcome, AMQPError):
@@ -497,9 +511,16 @@ class WiringReplication:
         if self.on_bridge_place is not None:
             self.on_bridge_place(entry)
 
+    def _members(self, entry: Entry) -> None:
+        if self.on_members is not None:
+            self.on_members(entry)
+
     def _apply(self, entry: Entry) -> None:
         if entry.op == sl.SERVER_FENCE:
             self._fence(entry)
+            return
+        if entry.op == sl.MEMBERS:
+            self._members(entry)
             return
         if entry.op == sl.BRIDGE_PLACE:
             self._bridge_place(entry)

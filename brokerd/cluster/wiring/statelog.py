@@ -35,6 +35,12 @@ QUEUE_PLACE = "queue.place"
 #: ordered by the root as a queue's owner is (``ownership.bridges``); ``name`` is
 #: the bridge's, ``vhost`` its vhost
 BRIDGE_PLACE = "bridge.place"
+#: the cluster's members (``knownhosts.KnownHosts``, the whole set in ``props``), ordered
+#: by the root one change at a time; the latest replaces every earlier one
+MEMBERS = "cluster.members"
+#: not in the log: a server asks the root to admit (``props.action`` "join") or
+#: forget ("forget") a member; the root checks it and orders the ``MEMBERS`` it leads to
+MEMBER_CHANGE = "cluster.member-change"
 #: not a change: a server asks the root where the state stands, and has applied
 #: everything ordered before it once the answer comes (on the same ordered link as
 #: the state); never ordered, never in the log
@@ -55,6 +61,7 @@ OPS = (
     QUEUE_PLACE,
     SERVER_FENCE,
     BRIDGE_PLACE,
+    MEMBERS,
 )
 
 
@@ -117,6 +124,8 @@ class Wiring:
     fenced: dict[str, int] = field(default_factory=dict)
     #: where each bridge runs: (vhost, name) -> (spid, props)
     bridges: dict[tuple[str, str], tuple[str, tuple[Any, ...]]] = field(default_factory=dict)
+    #: the latest members entry's props (empty: the cluster file's set still)
+    members: tuple[Any, ...] = ()
 
     def apply(self, entry: Entry) -> tuple[list[Fact], list[Fact]]:
         """Apply one entry; returns the facts it added and removed.
@@ -191,6 +200,11 @@ class Wiring:
                 removed.append(("b", vhost, name))
             self.bridges[(vhost, name)] = (entry.spid, entry.props)
             added.append(("b", vhost, name))
+        elif op == MEMBERS:
+            if self.members:
+                removed.append(("m",))
+            self.members = entry.props
+            added.append(("m",))
         elif op == SERVER_GONE:
             doomed = {b for b in self.meta_bindings if b[5] == entry.spid}
             self.meta_bindings -= doomed
