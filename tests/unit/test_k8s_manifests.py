@@ -22,7 +22,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from brokerd.cluster.config import ClusterConfigError, parse_cluster_config
+from brokerd.cluster.config import parse_cluster_config
 from brokerd.config import parse_config
 
 K8S_DIR = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
@@ -187,17 +187,7 @@ def test_the_cluster_file_parses_and_names_the_pods(
     monkeypatch.setenv(
         raw["secret_env"], secret_value(one(docs, "Secret", ref["name"]), ref["key"])
     )
-    try:
-        config = parse_cluster_config(dict(raw), "cluster.toml")
-    except ClusterConfigError as exc:
-        # brokerd learns [discovery] in issue 43 (another change): until then parse the
-        # rest. Once the parser knows the table this branch is dead and the table is
-        # checked by the parser too.
-        if "unknown key(s) discovery" not in str(exc):
-            raise
-        config = parse_cluster_config(
-            {k: v for k, v in raw.items() if k != "discovery"}, "cluster.toml"
-        )
+    config = parse_cluster_config(raw, "cluster.toml")
     port = int(option(brokerd["command"], "--port"))
     service = brokers["spec"]["serviceName"]
     domain = f"{service}.{NAMESPACE}.{CLUSTER_DOMAIN}"
@@ -205,7 +195,9 @@ def test_the_cluster_file_parses_and_names_the_pods(
     assert [str(h) for h in config.known_hosts] == [
         f"{name}-{i}.{domain}:{port}" for i in range(INITIAL_PRIMARIES)
     ]
-    assert raw["discovery"] == {"dns": domain, "port": port}
+    # pods beyond the initial ones find the cluster by the headless service's name
+    assert config.discovery is not None
+    assert (config.discovery.name, config.discovery.port) == (domain, port)
     assert config.heartbeat_timeout > config.heartbeat_interval
 
 
