@@ -140,6 +140,8 @@ class KnownHosts:
                 raise TypeError("version and term must be integers")
             if version < 0 or term < 0:
                 raise ValueError("version and term cannot be negative")
+            if not all(isinstance(v, list | tuple) for v in (hosts, forgotten, nodes)):
+                raise TypeError("hosts, forgotten and nodes must be lists")
             host_list = [_text(h) for h in hosts]
             if not host_list and version:
                 raise ValueError("a set without members")

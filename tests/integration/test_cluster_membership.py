@@ -397,7 +397,8 @@ def test_cluster_members_lists_each_member_with_its_state(make_cluster: MakeClus
     root = cluster.wait_until(cluster.settled_root, timeout=10, what="formation")
     table = cluster.ctl(1, "cluster", "members")
     rows = {row["address"]: row for row in table["members"]}
-    assert table["root"] == root and table["version"] == cluster.status(1)["checksum"]
+    assert table["root"] == root and table["checksum"] == cluster.status(1)["checksum"]
+    assert table["version"] == 0 and table["committed"] and table["forgotten"] == []
     assert set(rows) == {cluster.address(i) for i in range(4)}
     assert [rows[cluster.address(i)]["type"] for i in range(4)] == [
         "primary",
