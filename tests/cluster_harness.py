@@ -102,6 +102,9 @@ class Node:
     bed_slot: int | None = None
     #: the proxy every other server's link to it passes through (``slow_links``)
     slow: SlowLink | None = None
+    #: stopped and forgotten by the cluster for good (``brokerd ctl cluster forget``):
+    #: never restarted, no fault's target; its log is kept
+    retired: bool = False
     #: wall-clock times (time.time()) at which a process of this node was paused or ended
     paused_at: list[float] = field(default_factory=list)
     ended_at: dict[str, float] = field(default_factory=dict)

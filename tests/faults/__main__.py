@@ -20,7 +20,13 @@ from pathlib import Path
 
 from tests.faults.checker import check
 from tests.faults.history import History
-from tests.faults.nemesis import DURABLE_KINDS, KILL_ALL, KILL_ALL_WIPE, KINDS
+from tests.faults.nemesis import (
+    DURABLE_KINDS,
+    KILL_ALL,
+    KILL_ALL_WIPE,
+    KINDS,
+    MEMBERSHIP_KINDS,
+)
 from tests.faults.network import NETWORK_KINDS
 from tests.faults.run import RunConfig, run
 
@@ -33,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--kinds",
         help=f"comma-separated fault kinds (default all: {','.join(KINDS)}; with "
-        f"--durable, {KILL_ALL} and {KILL_ALL_WIPE} too)",
+        f"--durable, {KILL_ALL} and {KILL_ALL_WIPE} too; without --netbed, "
+        f"{','.join(MEMBERSHIP_KINDS)} too)",
     )
     parser.add_argument("--publishers", type=int, default=defaults.publishers)
     parser.add_argument("--consumers", type=int, default=defaults.consumers)
@@ -119,10 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--group-size needs --queue-type quorum")
     durable = args.durable or bool(args.queue_type)
     kinds = tuple(k for k in (args.kinds or "").split(",") if k) or (
-        (DURABLE_KINDS if durable else KINDS) + (NETWORK_KINDS if args.netbed else ())
+        (DURABLE_KINDS if durable else KINDS) + (NETWORK_KINDS if args.netbed else MEMBERSHIP_KINDS)
     )
     if set(kinds) & set(NETWORK_KINDS) and not args.netbed:
         parser.error("network faults need --netbed")
+    if set(kinds) & set(MEMBERSHIP_KINDS) and args.netbed:
+        parser.error(f"{','.join(MEMBERSHIP_KINDS)} runs on loopback only (no --netbed)")
     for needs_disk in (KILL_ALL, KILL_ALL_WIPE):
         if needs_disk in kinds and not durable:
             parser.error(f"{needs_disk} needs --durable: transient messages do not survive it")

@@ -57,6 +57,11 @@ KINDS = (
     REBALANCE,
     STOP_PRIMARY,
 )
+#: a new primary joins (``--join``), serves a while, is stopped as planned and forgotten
+#: (``brokerd ctl cluster forget``): the members change twice under load (loopback only:
+#: a network test bed has no namespace for a server more)
+JOIN_FORGET = "join-forget"
+MEMBERSHIP_KINDS = (JOIN_FORGET,)
 #: with persistent messages (``--durable``) only: a restart of every server keeps what
 #: was written, and transient messages are not (as in RabbitMQ)
 DURABLE_KINDS = (*KINDS, KILL_ALL, KILL_ALL_WIPE)
@@ -75,11 +80,11 @@ def schedule(
     seed: int, count: int, kinds: Sequence[str] = KINDS, timeout: float = 1.0
 ) -> list[Planned]:
     """``count`` faults from ``seed``; holds scale with the heartbeat ``timeout``."""
-    unknown = set(kinds) - set(DURABLE_KINDS) - set(NETWORK_KINDS)
+    unknown = set(kinds) - set(DURABLE_KINDS) - set(NETWORK_KINDS) - set(MEMBERSHIP_KINDS)
     if unknown or not kinds:
         raise ValueError(
             f"unknown fault kinds {sorted(unknown)}; known: "
-            f"{', '.join((*DURABLE_KINDS, *NETWORK_KINDS))}"
+            f"{', '.join((*DURABLE_KINDS, *NETWORK_KINDS, *MEMBERSHIP_KINDS))}"
         )
     rng = random.Random(seed)
     order: list[str] = []
@@ -142,15 +147,23 @@ class Nemesis:
     def role(self, index: int, root: int | None) -> str:
         if index == root:
             return "root"
+        if index >= len(self.cluster.nodes):
+            return "joiner"  # a primary join-forget adds
         return self.cluster.nodes[index].kind
 
     def primaries(self) -> list[int]:
-        return [n.index for n in self.cluster.nodes if n.kind == "primary"]
+        return [n.index for n in self.cluster.nodes if n.kind == "primary" and not n.retired]
+
+    def everyone(self) -> list[int]:
+        """Every server a fault may touch (not those forgotten for good)."""
+        return [n.index for n in self.cluster.nodes if not n.retired]
 
     def target(self, planned: Planned, root: int | None) -> tuple[int, int | None, str]:
         """(target, peer, note) for a planned fault, from the cluster as it is now."""
-        everyone = [n.index for n in self.cluster.nodes]
+        everyone = self.everyone()
         note = ""
+        if planned.kind == JOIN_FORGET:  # the primary it adds
+            return len(self.cluster.nodes), None, "joins through the root"
         if planned.kind == KILL_ROOT:
             if root is not None:
                 return root, None, note
@@ -209,11 +222,13 @@ class Nemesis:
         self.recorder.fault(fault)
         if planned.kind in (MOVE_QUEUE, REBALANCE):
             fault.note = (fault.note + "; " if fault.note else "") + self.operate(planned)
+        elif planned.kind == JOIN_FORGET:
+            fault.note = self.join_forget(planned, root)
         elif planned.kind in (KILL_ALL, KILL_ALL_WIPE):
-            for node in cluster.nodes:
-                cluster.kill(node.index)
+            for index in self.everyone():
+                cluster.kill(index)
             time.sleep(planned.hold)
-            others = [n.index for n in cluster.nodes if n.index != target]
+            others = [i for i in self.everyone() if i != target]
             order = [*others, target]
             if planned.kind == KILL_ALL_WIPE:
                 # a new disk: nothing of its store (its log is kept, for the report)
@@ -285,12 +300,56 @@ class Nemesis:
         self.log(
             f"{planned.kind} [{target}] ({fault.role})"
             + (f" <-> [{peer}] ({fault.peer_role})" if peer is not None else "")
-            + (f": {fault.note}" if planned.kind in (MOVE_QUEUE, REBALANCE) else "")
+            + (f": {fault.note}" if planned.kind in (MOVE_QUEUE, REBALANCE, JOIN_FORGET) else "")
             + f" held {fault.end - fault.start:.1f}s, settled "
             + (f"after {fault.recovered - fault.start:.1f}s" if fault.recovered else "NOT")
         )
         time.sleep(planned.gap)
         return fault
+
+    def join_forget(self, planned: Planned, root: int | None) -> str:
+        """A new primary joins through the root, holds for ``planned.hold`` under the
+        workload (it takes copies, maybe queues), is stopped as planned and forgotten
+        through another primary; what happened, for the record."""
+        cluster = self.cluster
+        through = root if root is not None else self.primaries()[0]
+        index = cluster.add_primary()
+        address = cluster.address(index)
+        started = time.monotonic()
+        cluster.start(index, extra=["--join", cluster.address(through)])
+
+        def admitted() -> bool:
+            held = request(cluster.nodes[through].data_dir, "cluster", ["members"], timeout=5)
+            rows = (held.get("result") or {}).get("members", [])
+            return any(r["address"] == address and r["state"] == "up" for r in rows) and bool(
+                held["result"].get("committed")
+            )
+
+        try:
+            cluster.wait_until(admitted, timeout=self.settle_timeout, what=f"{address} admitted")
+            note = f"admitted in {time.monotonic() - started:.1f}s"
+        except AssertionError:
+            note = "NOT admitted in time"
+        time.sleep(planned.hold)
+        cluster.stop(index)
+        asked = time.monotonic()
+        deadline = asked + self.settle_timeout
+        answer = ""
+        while time.monotonic() < deadline:
+            at = next(i for i in self.primaries() if i != index and cluster.nodes[i].alive())
+            try:
+                reply = request(
+                    cluster.nodes[at].data_dir, "cluster", ["forget", address], timeout=40
+                )
+            except (OSError, ValueError) as exc:
+                reply = {"ok": False, "error": str(exc)}
+            if reply.get("ok") and reply["result"].get("committed"):
+                answer = f"forgotten in {time.monotonic() - asked:.1f}s"
+                break
+            answer = f"forget refused: {reply.get('error') or reply.get('result')}"
+            time.sleep(0.3)  # still heard (its stop under way), or the last change pending
+        cluster.nodes[index].retired = True
+        return f"{note}; {answer}"
 
     def _isolated(self, planned: Planned, root: int | None) -> tuple[int, None, str]:
         """Who ``isolate`` cuts off: the root, a queue's owner, a replica (a primary
@@ -373,7 +432,7 @@ class Nemesis:
         Faults are undone before the next one, so between faults every server
         the nemesis touched is running."""
         for node in self.cluster.nodes:
-            if node.process is not None and not node.alive():
+            if node.process is not None and not node.alive() and not node.retired:
                 code = node.process.proc.returncode if node.process.proc else None
                 self.crashes.append({"index": node.index, "returncode": code, "at": time.time()})
                 self.log(f"[{node.index}] exited by itself with {code}: restarting it")
@@ -397,4 +456,4 @@ class Nemesis:
             if node.paused and node.alive():
                 self.cluster.resume(node.index)
         self.restart_crashed()
-        self.heal([node.index for node in self.cluster.nodes])
+        self.heal(self.everyone())

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.faults.nemesis import KINDS
+from tests.faults.nemesis import KINDS, MEMBERSHIP_KINDS
 from tests.faults.network import NETWORK_KINDS
 from tests.faults.run import Outcome, RunConfig, run
 from tests.support import netbed
@@ -38,7 +38,7 @@ pytestmark = [
 ]
 
 CONFIGS = {
-    "processes": RunConfig(seed=2, faults=len(KINDS)),
+    "processes": RunConfig(seed=2, faults=len(KINDS) + 1, kinds=KINDS + MEMBERSHIP_KINDS),
     "network": RunConfig(seed=3, faults=18, kinds=KINDS + NETWORK_KINDS, netbed=True),
 }
 
