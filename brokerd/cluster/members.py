@@ -92,6 +92,7 @@ class MemberChanges:
         return (
             (self.join is not None or self.discovery is not None)
             and self.host.type == PRIMARY
+            and self.host.hostgroup is None  # a host's workers are members by its name
             and not self.is_member()
         )
 
@@ -254,6 +255,8 @@ class MemberChanges:
         while joining, once this server holds the root's state."""
         host = self.host
         now = host.clock()
+        if host.hostgroup is not None:
+            return  # a cluster of hosts: the known hosts name hosts (no joins yet)
         if self.discovery is not None and not self._looking and now >= self._next_lookup:
             self._looking = True
             host.spawn(self._lookup(self.discovery))
