@@ -5,10 +5,11 @@ here in one transaction. A ``status`` arrives from every broker every heartbeat
 (10 brokers x 1,000 queues at 1 Hz is the design load), so applying one costs a
 fixed number of queries whatever its size: the broker row is updated with one
 UPDATE, the heartbeat sample is one INSERT, the queues, exchanges and bindings a
-few bulk statements each (``clusterapi.snapshots``). What the link needs across
-statuses (last ``seq``, queue counters for rates, the active broker alarms)
-lives in :class:`LinkState`, so nothing is read back per status except on a
-full snapshot.
+few bulk statements each, of the rows that changed (``clusterapi.snapshots``).
+What the link needs across statuses (last ``seq``, queue counters for rates, the
+active broker alarms, the snapshot rows it stored) lives in :class:`LinkState`, so
+a status reads nothing back but on a link's first status or when a shared queue
+changes master.
 
 Malformed messages raise :class:`LinkProtocolError`; the consumer closes the
 socket with code 4400 and the error as the reason.
@@ -86,6 +87,16 @@ class LinkState:
     stopping: bool = False
     #: a worker of this ``brokerd --workers`` host ("": a broker of its own)
     host: str = ""
+    #: the broker's queue, exchange and binding rows as stored, so a status writes only
+    #: what changed (None: not read yet; forgotten when a status fails)
+    queue_rows: dict[QueueKey, snapshots.StoredRow] | None = None
+    exchange_rows: snapshots.WiringRows | None = None
+    binding_rows: snapshots.WiringRows | None = None
+
+    def forget_rows(self) -> None:
+        """The database may not hold what this link remembers (a status rolled back):
+        read it again at the next status."""
+        self.queue_rows = self.exchange_rows = self.binding_rows = None
 
 
 @dataclass
@@ -283,6 +294,14 @@ def _name_taken_by_another(link: LinkState) -> bool:
 
 def apply_status(link: LinkState, msg: dict[str, Any]) -> StatusOutcome:
     """Validate one status and store it; see the module docstring for its cost."""
+    try:
+        return _apply_status(link, msg)
+    except BaseException:
+        link.forget_rows()  # its transaction rolled back what the link remembers writing
+        raise
+
+
+def _apply_status(link: LinkState, msg: dict[str, Any]) -> StatusOutcome:
     seq = linkparse.require(msg, "seq", int, "status")
     sent = epoch(float(linkparse.require(msg, "time", (int, float), "status")), "status.time")
     full = linkparse.require(msg, "full", bool, "status")
@@ -384,9 +403,9 @@ def apply_status(link: LinkState, msg: dict[str, Any]) -> StatusOutcome:
         if queues is not None:
             snapshots.apply_queues(link, queues, full, now, t)
         if exchanges is not None:
-            snapshots.apply_exchanges(link.broker_id, exchanges, full, now)
+            snapshots.apply_exchanges(link, exchanges, full, now)
         if bindings is not None:
-            snapshots.apply_bindings(link.broker_id, bindings, full, now)
+            snapshots.apply_bindings(link, bindings, full, now)
         if link.broker_alarms is None:
             link.broker_alarms = alarms.active_broker_alarms(link.broker_id)
         outcome.alarms_changed = alarms.mirror_broker_alarms(

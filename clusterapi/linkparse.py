@@ -56,6 +56,9 @@ def number(msg: dict[str, Any], key: str, where: str, default: float = 0.0) -> f
 
 
 def count(msg: dict[str, Any], key: str, where: str) -> int:
+    value = msg.get(key)
+    if type(value) is int:  # the common case, checked first: a status has 5 per queue
+        return value
     return optional(msg, key, int, where, 0)
 
 

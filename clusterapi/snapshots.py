@@ -1,17 +1,20 @@
 """Storing the queues, exchanges and bindings of a broker status as snapshot rows.
 
-A status may carry a thousand queues every second from each of ten brokers, so
-each kind costs a fixed number of queries: queues go through one read of the
-broker's rows (their counts so far), one prepared upsert (``executemany``) plus
-their samples, exchanges and bindings through
-``bulk_create(update_conflicts=True)``; a full snapshot deletes what it does not
-list, a delta deletes its ``remove`` keys (a chunk of keys per query).
+A status may carry a thousand queues every second from each of 50 brokers
+(issue 43), and a full snapshot (every 30th status) mostly repeats what is
+stored. So each link remembers the rows it stored (``LinkState.queue_rows``,
+``exchange_rows``, ``binding_rows``: read from the database once per link) and a
+status writes only what differs: the changed queues through one prepared upsert
+(``executemany``) plus their samples, the changed exchanges and bindings the same
+way; a full snapshot deletes what it does not list, a delta its ``remove`` keys
+(a chunk of keys per query). A status that fails makes the link forget (its
+transaction rolled back), so the next one reads the rows again.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from functools import reduce
 from operator import or_
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -44,21 +47,26 @@ QUEUE_SAMPLE_COLUMNS = ("broker", "time", *QueueSample.REPORTED)
 
 
 def apply_queues(link: LinkState, section: Section, full: bool, now: dt.datetime, t: float) -> None:
-    """Queues are the bulk of a status: rows go out as tuples through ``executemany``
+    """Queues are the bulk of a status: every entry is checked and its row worked out,
+    but only the rows that differ from what this link last stored (``link.queue_rows``,
+    read from the database once per link) are written, as tuples through ``executemany``
     of one prepared statement (Django's bulk_create spends most of its time building
-    SQL, and SQLite would cut it into 70-row statements).
+    SQL, and SQLite would cut it into 70-row statements). At 50 brokers x 1,000 queues
+    a full snapshot mostly repeats what is stored: it costs no read and few writes.
 
     A row's ``enqueued``/``delivered`` are the queue's counts as the console keeps
     them, never going backwards (see :func:`carried`); its samples keep the broker's
-    own counters (the lake's per-broker series)."""
+    own counters (the lake's per-broker series). A row's ``updated_at`` is when its
+    values last changed (the broker's ``last_seen`` says how fresh they are)."""
     broker_id = link.broker_id
-    rows: list[tuple[Any, ...]] = []
+    known = link.queue_rows
+    if known is None:
+        known = stored_rows(broker_id)
+    changed: list[tuple[QueueKey, tuple[Any, ...]]] = []
     samples: list[tuple[Any, ...]] = []
     seen: set[QueueKey] = set()
-    sample_every = float(settings.QUEUE_SAMPLE_SECONDS)
-    db_now = connection.ops.adapt_datetimefield_value(now)
+    sample_every = float(settings.QUEUE_SAMPLE_SECONDS) - 0.05
     db_sample_time = connection.ops.adapt_datetimefield_value(datetime_from(t))
-    json_field = QueueSnapshot._meta.get_field("arguments")
     entries: list[tuple[QueueKey, dict[str, Any], str]] = []
     for i, entry in enumerate(section.upsert):
         where = f"status.queues[{i}]"
@@ -67,14 +75,13 @@ def apply_queues(link: LinkState, section: Section, full: bool, now: dt.datetime
             continue  # a broker never sends one twice; if it did, the first wins
         seen.add(key)
         entries.append((key, entry, where))
-    existing = stored_rows(broker_id, None if full else [key for key, _, _ in entries])
     first = [key for key, _, _ in entries if key not in link.counters]
-    restarted_at = _run_start(broker_id) if any(key in existing for key in first) else None
+    restarted_at = _run_start(broker_id) if any(key in known for key in first) else None
     floors = queue_floors(
         {
             key
             for key, entry, _ in entries
-            if entry.get("shared") and _needs_floor(key, link, existing.get(key), entry)
+            if entry.get("shared") and _needs_floor(key, link, known.get(key), entry)
         }
     )
     for key, entry, where in entries:
@@ -90,7 +97,7 @@ def apply_queues(link: LinkState, section: Section, full: bool, now: dt.datetime
         local = consumers
         if shared and master and "consumer_servers" in entry:
             local = spread.get(link.spid, 0)  # a master counts every server's consumers
-        row = existing.get(key)
+        row = known.get(key)
         previous = link.counters.get(key)
         restarted = row is not None and restarted_at is not None and row.updated < restarted_at
         floor = floors.get(key, (0, 0))
@@ -106,33 +113,29 @@ def apply_queues(link: LinkState, section: Section, full: bool, now: dt.datetime
             )
             for i, raw in enumerate((enqueued, delivered))
         )
-        rows.append(
-            (
-                broker_id,
-                key[0],
-                key[1],
-                bool(entry.get("durable")),
-                bool(entry.get("exclusive")),
-                bool(entry.get("auto_delete")),
-                shared,
-                master,
-                messages,
-                unacked,
-                consumers,
-                local,
-                json_field.get_db_prep_save(spread, connection),
-                json_field.get_db_prep_save(replicas, connection),
-                counts[0],
-                counts[1],
-                json_field.get_db_prep_save(linkparse.arguments(entry, where), connection),
-                queue_type(entry, where),
-                db_now,
-            )
+        values = (
+            bool(entry.get("durable")),
+            bool(entry.get("exclusive")),
+            bool(entry.get("auto_delete")),
+            shared,
+            master,
+            messages,
+            unacked,
+            consumers,
+            local,
+            spread,
+            replicas,
+            counts[0],
+            counts[1],
+            linkparse.arguments(entry, where),
+            queue_type(entry, where),
         )
+        if row is None or row.values != values:
+            changed.append((key, values))
         rate_in, rate_out = _rates(previous, row, (enqueued, delivered), counts, master, t)
         link.counters[key] = (enqueued, delivered, t)
         last = link.sampled.get(key)
-        if last is None or t - last >= sample_every - 0.05:
+        if last is None or t - last >= sample_every:
             link.sampled[key] = t
             samples.append(
                 (
@@ -149,60 +152,92 @@ def apply_queues(link: LinkState, section: Section, full: bool, now: dt.datetime
                     rate_out,
                 )
             )
-    if full:
-        gone = [key for key in existing if key not in seen]
-        _delete_pks(QueueSnapshot, [existing[key].pk for key in gone])
-        for key in gone:
-            link.counters.pop(key, None)
-            link.sampled.pop(key, None)
-    else:
-        _delete_keys(QueueSnapshot, broker_id, ("vhost", "name"), section.remove)
-        for key in section.remove:
-            link.counters.pop(key, None)  # type: ignore[arg-type]
-            link.sampled.pop(key, None)  # type: ignore[arg-type]
-    _insert_many(QueueSnapshot, QUEUE_SNAPSHOT_COLUMNS, rows, conflict=("broker", "vhost", "name"))
+    gone = [key for key in known if key not in seen] if full else section.remove
+    _delete_keys(QueueSnapshot, broker_id, ("vhost", "name"), gone)
+    for key in gone:
+        known.pop(key, None)  # type: ignore[arg-type]
+        link.counters.pop(key, None)  # type: ignore[arg-type]
+        link.sampled.pop(key, None)  # type: ignore[arg-type]
+    _insert_many(
+        QueueSnapshot,
+        QUEUE_SNAPSHOT_COLUMNS,
+        queue_rows(broker_id, changed, now),
+        conflict=("broker", "vhost", "name"),
+    )
     _insert_many(QueueSample, QUEUE_SAMPLE_COLUMNS, samples)
+    updated = now.timestamp()
+    for key, values in changed:
+        known[key] = StoredRow(values, updated)
+    link.queue_rows = known
 
 
-# -- the queue counters the console shows: cumulative across owners and restarts -----------
-#
-# A broker counts a queue's messages in and out from 0 in each run, and a shared queue's
-# count is its owner's: after a move the new owner reports its own (from its time as a
-# proxy), after a restart the owner starts again from 0. The console keeps one count
-# per queue that only goes up, as a management UI's message totals do: each row stores
-# the queue's count as known through it (its master row adds what the broker counted
-# since its last status; a proxy row keeps what it last had), and a row that becomes
-# the master continues from the highest count any row of the queue holds (the *floor*).
+#: where a value sits in :attr:`StoredRow.values` (``QueueSnapshot.REPORTED`` after its key)
+QUEUE_VALUES = QueueSnapshot.REPORTED[2:]
+_JSON_VALUES = frozenset(
+    i
+    for i, name in enumerate(QUEUE_VALUES)
+    if isinstance(QueueSnapshot._meta.get_field(name), models.JSONField)
+)
+
+
+def queue_rows(
+    broker_id: int, changed: list[tuple[QueueKey, tuple[Any, ...]]], now: dt.datetime
+) -> list[tuple[Any, ...]]:
+    """The upsert's parameters for the rows that changed (JSON adapted for the database;
+    the empty ``{}`` and ``[]`` most queues have, once)."""
+    if not changed:
+        return []
+    db_now = connection.ops.adapt_datetimefield_value(now)
+    prep = QueueSnapshot._meta.get_field("arguments").get_db_prep_save
+    empty = {dict: prep({}, connection), list: prep([], connection)}
+
+    def adapt(value: Any) -> Any:
+        return empty[type(value)] if not value else prep(value, connection)
+
+    return [
+        (
+            broker_id,
+            *key,
+            *(adapt(v) if i in _JSON_VALUES else v for i, v in enumerate(values)),
+            db_now,
+        )
+        for key, values in changed
+    ]
 
 
 class StoredRow(NamedTuple):
-    """A broker's row of a queue as the database holds it before this status."""
+    """A broker's row of a queue as the database holds it (a link's memory of it)."""
 
-    pk: int
-    enqueued: int
-    delivered: int
-    master: bool
+    #: the row's values in :data:`QUEUE_VALUES` order, as Python values
+    values: tuple[Any, ...]
+    #: when they last changed (``updated_at``), as a timestamp
     updated: float
 
+    @property
+    def enqueued(self) -> int:
+        return self.values[_ENQUEUED]
 
-#: a delta this long or longer reads every row of the broker rather than its keys
-READ_ALL_ROWS = 200
+    @property
+    def delivered(self) -> int:
+        return self.values[_DELIVERED]
+
+    @property
+    def master(self) -> bool:
+        return self.values[_MASTER]
 
 
-def stored_rows(broker_id: int, keys: Sequence[QueueKey] | None) -> dict[QueueKey, StoredRow]:
-    """The broker's queue rows (only those of ``keys`` unless None), by key: one query
-    (a long delta reads them all, cheaper than a long IN list)."""
-    rows = QueueSnapshot.objects.filter(broker_id=broker_id)
-    if keys is not None:
-        if not keys:
-            return {}
-        if len(keys) < READ_ALL_ROWS:
-            rows = rows.filter(name__in={name for _, name in keys})
+_ENQUEUED = QueueSnapshot.REPORTED.index("enqueued") - 2
+_DELIVERED = QueueSnapshot.REPORTED.index("delivered") - 2
+_MASTER = QueueSnapshot.REPORTED.index("master") - 2
+
+
+def stored_rows(broker_id: int) -> dict[QueueKey, StoredRow]:
+    """Every queue row of the broker, by key: one query, once per link (after that the
+    link remembers what it wrote)."""
+    rows = QueueSnapshot.objects.filter(broker_id=broker_id).order_by()
     return {
-        (vhost, name): StoredRow(pk, enqueued, delivered, master, updated.timestamp())
-        for pk, vhost, name, enqueued, delivered, master, updated in rows.order_by().values_list(
-            "pk", "vhost", "name", "enqueued", "delivered", "master", "updated_at"
-        )
+        (vhost, name): StoredRow(tuple(values), updated.timestamp())
+        for vhost, name, *values, updated in rows.values_list(*QueueSnapshot.REPORTED, "updated_at")
     }
 
 
@@ -335,44 +370,40 @@ def datetime_from(t: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(t, tz=dt.UTC)
 
 
-def apply_exchanges(broker_id: int, section: Section, full: bool, now: dt.datetime) -> None:
-    rows: dict[tuple[str, str], ExchangeSnapshot] = {}
+#: an exchange's values after its key, as :func:`apply_exchanges` compares them
+EXCHANGE_VALUES = ("type", "durable", "auto_delete", "internal", "shared", "arguments")
+#: a binding's key and its values
+BINDING_KEY = ("vhost", "source", "destination", "destination_type", "routing_key")
+BINDING_VALUES = ("shared", "arguments")
+
+WiringRows = dict[tuple[str, ...], tuple[Any, ...]]
+
+
+def apply_exchanges(link: LinkState, section: Section, full: bool, now: dt.datetime) -> None:
+    """The broker's exchanges: only those that differ from what the link last stored."""
+    rows: WiringRows = {}
     for i, entry in enumerate(section.upsert):
         where = f"status.exchanges[{i}]"
         key = (linkparse.key_text(entry, "vhost", where), linkparse.key_text(entry, "name", where))
-        rows.setdefault(
-            key,
-            ExchangeSnapshot(
-                broker_id=broker_id,
-                vhost=key[0],
-                name=key[1],
-                type=linkparse.key_text(entry, "type", where)[:64],
-                durable=bool(entry.get("durable")),
-                auto_delete=bool(entry.get("auto_delete")),
-                internal=bool(entry.get("internal")),
-                shared=bool(entry.get("shared")),
-                arguments=linkparse.arguments(entry, where),
-                updated_at=now,
-            ),
-        )
-    fields = ("vhost", "name")
-    if full:
-        _replace_all(ExchangeSnapshot, broker_id, fields, rows.keys())
-    else:
-        _delete_keys(ExchangeSnapshot, broker_id, fields, section.remove)
-    _upsert(
-        ExchangeSnapshot,
-        list(rows.values()),
-        ["broker", "vhost", "name"],
-        ["type", "durable", "auto_delete", "internal", "shared", "arguments", "updated_at"],
-    )
+        if key not in rows:
+            rows[key] = (
+                linkparse.key_text(entry, "type", where)[:64],
+                bool(entry.get("durable")),
+                bool(entry.get("auto_delete")),
+                bool(entry.get("internal")),
+                bool(entry.get("shared")),
+                linkparse.arguments(entry, where),
+            )
+    if link.exchange_rows is None:
+        link.exchange_rows = stored_wiring(ExchangeSnapshot, link.broker_id, ("vhost", "name"))
+    _store_wiring(ExchangeSnapshot, link.broker_id, link.exchange_rows, rows, section, full, now)
 
 
-BINDING_KEY = ("vhost", "source", "destination", "destination_type", "routing_key")
-
-
-def apply_bindings(broker_id: int, section: Section, full: bool, now: dt.datetime) -> None:
-    rows: dict[tuple[str, ...], BindingSnapshot] = {}
+def apply_bindings(link: LinkState, section: Section, full: bool, now: dt.datetime) -> None:
+    """The broker's bindings: a full snapshot lists a thousand of them, which rarely
+    change between two; only those that differ from what the link last stored are
+    written."""
+    rows: WiringRows = {}
     for i, entry in enumerate(section.upsert):
         where = f"status.bindings[{i}]"
         destination_type = linkparse.key_text(entry, "destination_type", where)
@@ -385,53 +416,52 @@ def apply_bindings(broker_id: int, section: Section, full: bool, now: dt.datetim
             destination_type,
             linkparse.key_text(entry, "routing_key", where, required=False),
         )
-        rows.setdefault(
-            key,
-            BindingSnapshot(
-                broker_id=broker_id,
-                **dict(zip(BINDING_KEY, key, strict=True)),
-                shared=bool(entry.get("shared")),
-                arguments=linkparse.arguments(entry, where),
-                updated_at=now,
-            ),
-        )
-    if full:
-        _replace_all(BindingSnapshot, broker_id, BINDING_KEY, rows.keys())
-    else:
-        _delete_keys(BindingSnapshot, broker_id, BINDING_KEY, section.remove)
-    _upsert(
-        BindingSnapshot,
-        list(rows.values()),
-        ["broker", *BINDING_KEY],
-        ["shared", "arguments", "updated_at"],
+        if key not in rows:
+            rows[key] = (bool(entry.get("shared")), linkparse.arguments(entry, where))
+    if link.binding_rows is None:
+        link.binding_rows = stored_wiring(BindingSnapshot, link.broker_id, BINDING_KEY)
+    _store_wiring(BindingSnapshot, link.broker_id, link.binding_rows, rows, section, full, now)
+
+
+def stored_wiring(
+    model: type[ExchangeSnapshot] | type[BindingSnapshot], broker_id: int, key: Sequence[str]
+) -> WiringRows:
+    """The broker's exchange or binding rows, key -> values: one query, once per link."""
+    values = EXCHANGE_VALUES if model is ExchangeSnapshot else BINDING_VALUES
+    rows = model.objects.filter(broker_id=broker_id).order_by().values_list(*key, *values)
+    return {tuple(row[: len(key)]): tuple(row[len(key) :]) for row in rows}
+
+
+def _store_wiring(
+    model: type[ExchangeSnapshot] | type[BindingSnapshot],
+    broker_id: int,
+    known: WiringRows,
+    rows: WiringRows,
+    section: Section,
+    full: bool,
+    now: dt.datetime,
+) -> None:
+    """Delete what went (a full snapshot: what it does not list; a delta: its removals),
+    upsert what is new or changed, and remember it in ``known``."""
+    key = BINDING_KEY if model is BindingSnapshot else ("vhost", "name")
+    values = BINDING_VALUES if model is BindingSnapshot else EXCHANGE_VALUES
+    gone = [k for k in known if k not in rows] if full else section.remove
+    _delete_keys(model, broker_id, key, gone)
+    for k in gone:
+        known.pop(k, None)
+    changed = [(k, v) for k, v in rows.items() if known.get(k) != v]
+    if not changed:
+        return
+    db_now = connection.ops.adapt_datetimefield_value(now)
+    prep = model._meta.get_field("arguments").get_db_prep_save
+    last = len(values) - 1  # ``arguments``, the one JSON value, comes last
+    _insert_many(
+        model,
+        ("broker", *key, *values, "updated_at"),
+        [(broker_id, *k, *v[:last], prep(v[last], connection), db_now) for k, v in changed],
+        conflict=("broker", *key),
     )
-
-
-def _upsert(
-    model: type[models.Model], rows: list[Any], unique: list[str], update: list[str]
-) -> None:
-    if rows:
-        model.objects.bulk_create(
-            rows,
-            batch_size=500,
-            update_conflicts=True,
-            unique_fields=unique,
-            update_fields=update,
-        )
-
-
-def _replace_all(
-    model: type[models.Model], broker_id: int, fields: Sequence[str], keep: Iterable[tuple]
-) -> None:
-    """Delete the broker's rows whose key is not in ``keep`` (a full snapshot)."""
-    wanted = set(keep)
-    existing = model.objects.filter(broker_id=broker_id).values_list("pk", *fields)
-    _delete_pks(model, [pk for pk, *key in existing if tuple(key) not in wanted])
-
-
-def _delete_pks(model: type[models.Model], pks: list[int]) -> None:
-    for start in range(0, len(pks), DELETE_CHUNK * 4):
-        model.objects.filter(pk__in=pks[start : start + DELETE_CHUNK * 4]).delete()
+    known.update(changed)
 
 
 def _delete_keys(

@@ -53,6 +53,10 @@ class TestDatabaseUrl:
         assert options["transaction_mode"] == "IMMEDIATE"
         assert "journal_mode=WAL" in options["init_command"]
 
+    def test_sqlite_file_connections_are_kept(self, tmp_path: Path) -> None:
+        """A status arrives 50 times a second at 50 brokers: no new connection for each."""
+        assert parse_database_url("sqlite:///x.sqlite3", tmp_path)["CONN_MAX_AGE"] > 0
+
     @pytest.mark.parametrize("url", ["sqlite://:memory:", "sqlite:///:memory:"])
     def test_sqlite_memory(self, url: str, tmp_path: Path) -> None:
         assert parse_database_url(url, tmp_path) == {
