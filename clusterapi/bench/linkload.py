@@ -22,6 +22,11 @@ Measured over ``--duration`` after ``--warmup``:
   database every ``--poll`` seconds; so each delay is late by up to one poll
   interval. The bench reads the database through the console's Django settings,
   so run it with the console's environment (``DATA_DIR`` / ``DATABASE_URL``).
+
+For ``clusterapi.bench.pageload --live`` (how late the dashboard shows a status):
+``--tag-connections`` makes each status report its seq as the broker's connection
+count, which the overview's broker table shows, and ``--sent-log`` writes every
+status sent (broker, seq, time) to a CSV file as it goes.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 import psutil
@@ -86,6 +91,9 @@ class FakeBroker:
     churn: float
     rate: float
     rng: random.Random
+    #: report each status's seq as the connection count, so that a page showing the
+    #: broker's connections shows which status it is on (``pageload --live``)
+    tag: bool = False
     spid: str = field(default_factory=lambda: uuid.uuid4().hex[:20])
     seq: int = 0
     want_full: bool = True
@@ -230,7 +238,7 @@ class FakeBroker:
                 "peers": peers,
             },
             "counts": {
-                "connections": 4,
+                "connections": self.seq if self.tag else 4,
                 "channels": 8,
                 "consumers": len(self.state),
                 "vhosts": 1,
@@ -288,6 +296,7 @@ async def run_broker(
     root_spid: str,
     stop_at: float,
     stats: dict[str, int],
+    sent_log: TextIO | None = None,
 ) -> None:
     headers = {"Authorization": f"Bearer {token}"}
     async with websockets.connect(url, additional_headers=headers, max_size=64 << 20) as ws:
@@ -314,10 +323,16 @@ async def run_broker(
                 broker.tick(now - last)
                 last = now
                 others = [p for p in peers if p["spid"] != broker.spid]
-                text = json.dumps(broker.status(others, root_spid))
+                status = broker.status(others, root_spid)
+                text = json.dumps(status)
                 stats["bytes"] += len(text)
                 stats["statuses"] += 1
                 await ws.send(text)
+                if sent_log is not None:
+                    sent_log.write(
+                        f"{broker.name},{status['seq']},{status['time']:.6f},{int(status['full'])}\n"
+                    )
+                    sent_log.flush()
                 next_at += interval
                 if next_at < time.monotonic():  # we fell behind: skip, never burst
                     stats["late"] += 1
@@ -443,7 +458,9 @@ def summary(delays: list[float]) -> dict[str, Any]:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     brokers = [
-        FakeBroker(i, args.queues, args.churn, args.rate, random.Random(rng.random()))
+        FakeBroker(
+            i, args.queues, args.churn, args.rate, random.Random(rng.random()), args.tag_connections
+        )
         for i in range(args.brokers)
     ]
     peers = [
@@ -483,9 +500,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     stats = {"statuses": 0, "bytes": 0, "late": 0, "resyncs": 0, "brokers": len(brokers)}
     started = time.monotonic()
     stop_at = started + args.warmup + args.duration
+    sent_log = open(args.sent_log, "w") if args.sent_log else None  # noqa: SIM115
+    if sent_log is not None:
+        sent_log.write("broker,seq,time,full\n")
     tasks = [
         asyncio.create_task(
-            run_broker(b, args.console, args.token, peers, root_spid, stop_at, stats)
+            run_broker(b, args.console, args.token, peers, root_spid, stop_at, stats, sent_log)
         )
         for b in brokers
     ]
@@ -496,7 +516,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         poller.measuring = True
     window = {k: stats[k] for k in ("statuses", "bytes")}
     t0 = time.monotonic()
-    await asyncio.gather(*tasks)
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        if sent_log is not None:
+            sent_log.close()
     # Statuses sent at the very end may still be in flight: give them a moment.
     elapsed = time.monotonic() - t0
     for meter in meters.values():
@@ -565,6 +589,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="also write the result to this file")
     parser.add_argument("--trace", help="write every status's delay to this CSV file")
+    parser.add_argument(
+        "--sent-log",
+        help="write every status sent (broker, seq, time, full) to this CSV file as it goes",
+    )
+    parser.add_argument(
+        "--tag-connections",
+        action="store_true",
+        help="report each status's seq as the broker's connection count (pageload --live)",
+    )
     args = parser.parse_args(argv)
     if not args.token:
         parser.error("--token (or CONSOLE_BROKER_TOKEN) is required")
