@@ -195,7 +195,8 @@ def _print_status(status: dict[str, Any]) -> None:
             "clients sent elsewhere"
         )
     print(f"candidacy  {_candidacy(status)}")
-    print(f"checksum   {status.get('checksum') or '-'}")
+    version = status.get("members_version", 0)
+    print(f"checksum   {status.get('checksum') or '-'} (members version {version})")
     for peer in status.get("peers", []):
         state = "active" if peer.get("active") else "inactive"
         replaces = peer.get("replaces") or []

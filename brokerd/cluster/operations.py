@@ -175,6 +175,8 @@ class OperatorCommands:
             "ready": members.ready,
             "root_enabled": members.root_enabled,
             "checksum": members.checksum,
+            # the members' version (0: the cluster file's; ``ctl cluster members``)
+            "members_version": members.members_version,
             "vote": decision.vote,
             "reason": decision.reason,
             "quorum": decision.quorum,
