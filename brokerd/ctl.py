@@ -37,10 +37,12 @@ def build_parser() -> argparse.ArgumentParser:
     queues.add_argument(
         "action",
         nargs="?",
-        choices=["rebalance"],
+        choices=["rebalance", "shrink"],
         help="rebalance: move replicated queues' owners until no primary owns more "
-        "than its share (like rabbitmq-queues rebalance)",
+        "than its share (like rabbitmq-queues rebalance); shrink HOST:PORT: take that "
+        "primary out of every quorum group that names it (like rabbitmq-queues shrink)",
     )
+    queues.add_argument("address", nargs="?", metavar="HOST:PORT", help="with shrink")
     connections = sub.add_parser(
         "connections",
         help="the client connections: peer, user, vhost, channels, messages, flow (and the "
@@ -356,7 +358,12 @@ def _run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     extra: list[str] = []
     timeout = 10.0
-    if args.command == "root" or (args.command == "queues" and args.action):
+    if args.command == "queues" and args.action == "shrink":
+        if not args.address:
+            print("brokerd ctl: queues shrink needs HOST:PORT", file=sys.stderr)
+            return 2
+        extra, timeout = [args.action, args.address], 40.0
+    elif args.command == "root" or (args.command == "queues" and args.action):
         extra = [args.action]
     elif args.command == "queue":
         extra = [args.action, args.name, args.to]
@@ -409,6 +416,15 @@ def _print_result(args: argparse.Namespace, result: dict[str, Any]) -> None:
         for m in moves:
             print(f"moving {m['queue']}: {m['from']} -> {m['to']}")
         print(f"{len(moves)} moves asked for" if moves else "balanced already: nothing to move")
+    elif args.command == "queues" and args.action == "shrink" and not args.json:
+        rows = result.get("queues", [])
+        for row in rows:
+            if row["shrunk"]:
+                print(f"{row['queue']}: group {', '.join(row['group'])}")
+            else:
+                print(f"{row['queue']}: not shrunk: {row['reason']}")
+        if not rows:
+            print(f"no quorum group names {result.get('address')}")
     elif args.command == "queues" and not args.json:
         _print_queues(result)
     elif args.command == "connections" and not args.json:

@@ -40,6 +40,7 @@ from brokerd.cluster.membership import Membership
 from brokerd.cluster.messages import CLUSTER_EXCHANGE
 from brokerd.cluster.operations import OperatorCommands, servers
 from brokerd.cluster.ownership.bridges import BridgePlacements
+from brokerd.cluster.ownership.groups import GroupChanges
 from brokerd.cluster.ownership.moves import MOVE_TIMEOUT, QueueMoves
 from brokerd.cluster.ownership.placer import Placer
 from brokerd.cluster.plane.pacing import OVERRUN
@@ -135,6 +136,9 @@ class ClusterController(Membership):
         )
         self.wiring.member_change = self.member_changes.change
         self.wiring.on_members = self.member_changes.applied
+        #: quorum groups that follow the members (``ctl queues shrink``, forgets)
+        self.group_changes = GroupChanges(self)
+        self.placer.group_changes = self.group_changes
         vhost = broker.vhosts.get(config.vhost) if broker is not None else None
         if vhost is not None:
             vhost.queue_factory = self.make_queue

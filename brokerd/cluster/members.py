@@ -72,6 +72,8 @@ class MemberChanges:
         self._next_ask = 0.0
         self._next_lookup = 0.0
         self._looking = False
+        #: addresses forgotten since the last tick (the root shrinks their groups)
+        self.leaving: set[str] = set()
         known = self.stored.known
         if known is not None:  # the set last applied here, not the file's: linked at start
             host.members_version, host.members_record = known.version, known.to_dict()
@@ -107,6 +109,9 @@ class MemberChanges:
             return False
         old = self.current
         self._take(known)
+        # the root takes the forgotten out of the groups naming them (``tick``: not
+        # while the entry that forgot them is being ordered)
+        self.leaving |= set(old.hosts) - set(known.hosts)
         if self.data_dir is not None:
             knownhosts.save(self.data_dir, self.stored)
         log.warning(
@@ -255,6 +260,11 @@ class MemberChanges:
         while joining, once this server holds the root's state."""
         host = self.host
         now = host.clock()
+        if self.leaving:
+            leaving, self.leaving = self.leaving, set()
+            if host.decision.is_root and host.root_now():
+                for address in sorted(leaving):
+                    host.group_changes.forgotten(address)
         if host.hostgroup is not None:
             return  # a cluster of hosts: the known hosts name hosts (no joins yet)
         if self.discovery is not None and not self._looking and now >= self._next_lookup:

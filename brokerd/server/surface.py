@@ -141,6 +141,10 @@ class Surface:
         if command == "dump":
             return {"dump": self.state_dump()}
         args = request.get("args") or []
+        if command == "queues" and len(args) == 2 and args[0] == "shrink":
+            if self.cluster is None:
+                raise ControlError("'queues shrink' needs a clustered broker (--cluster)")
+            return self._shrink(args[1])
         if command == "queues" and args == ["rebalance"]:
             return self._queue_op(queueops.rebalance, self.cluster, None)
         if command == "queues":
@@ -203,6 +207,14 @@ class Surface:
             return await self.cluster.member_changes.forget(host, FORGET_WAIT)
         except (ClusterConfigError, MembershipError) as exc:
             raise ControlError(str(exc)) from None
+
+    async def _shrink(self: Server, address: str) -> dict[str, Any]:
+        assert self.cluster is not None
+        try:
+            host = str(parse_host(address, "queues shrink"))
+        except ClusterConfigError as exc:
+            raise ControlError(str(exc)) from None
+        return await self.cluster.group_changes.shrink(host, FORGET_WAIT)
 
     def readiness(self: Server) -> dict[str, Any]:
         """``brokerd ctl ready`` (a Kubernetes readiness probe): ready once this server

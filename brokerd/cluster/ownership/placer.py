@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 
 from brokerd.cluster.election import PRIMARY
 from brokerd.cluster.hostgroup import peer_host
+from brokerd.cluster.ownership import groups
 from brokerd.cluster.ownership.moves import Mover
 from brokerd.cluster.ownership.rules import choose_owner, group_of, kind_of, locator_of
 from brokerd.cluster.queues.kinds import KINDS
@@ -80,6 +81,8 @@ class Placer:
         self.recovered_owners: dict[str, str] = {}
         #: the quorum groups it recorded for them (those kept by some primaries only)
         self.recovered_groups: dict[str, tuple[str, ...]] = {}
+        #: shrink requests are checked here (``groups.GroupChanges``; the controller's)
+        self.group_changes: groups.GroupChanges | None = None
         #: queues whose wait for their last owner is over, and still short of reports
         #: (logged once each)
         self._short: set[str] = set()
@@ -109,6 +112,8 @@ class Placer:
         becomes the placement it leads to (``moving``), or the reason it cannot."""
         if entry.op == sl.QUEUE_PLACE and dict(entry.props).get("request"):
             return self.mover.request(entry)
+        if groups.is_shrink(entry) and self.group_changes is not None:
+            return self.group_changes.request(entry)
         return self.place_declare(entry)
 
     def recovered(self, entry: Entry) -> Entry:

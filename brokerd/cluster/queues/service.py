@@ -330,6 +330,21 @@ class QueueService:
         if address:
             hook(queue.name, address, queue.group)
 
+    def regrouped(self, queue: SharedQueue) -> None:
+        """A quorum queue's group changed (a shrink): its owner's confirms count over
+        the new group (a majority of it, whose members all hold the queue already);
+        a server left out drops its copy; the group is kept with the queue's owner."""
+        group = queue.group
+        if group is None:
+            return
+        stream = self.stream
+        if queue.local and queue.name in stream.groups:
+            stream.groups[queue.name] = frozenset(group)
+            stream.regrouped()
+        if self.members.address not in group:
+            self.copies.drop(queue.name, write=True)
+        self.owner_placed(queue)
+
     def placements_changed(self) -> None:
         """Which fenced servers still own queues placed before their last fence
         (their failover is under way); this server, fenced, streams again once it

@@ -114,6 +114,8 @@ class Services(Protocol):
 
     def owner_placed(self, queue: SharedQueue) -> None: ...
 
+    def regrouped(self, queue: SharedQueue) -> None: ...
+
     def placements_changed(self) -> None: ...
 
 
@@ -396,6 +398,12 @@ class SharedQueue:
             self.inner.restore(message, waiter)
 
     # -- the role -----------------------------------------------------------------------
+
+    def regroup(self, group: tuple[str, ...]) -> None:
+        """A new group from the state log (``queue.group``: a shrink): confirms and
+        deliveries wait for a majority of it from now on."""
+        self.group = group
+        self.services.regrouped(self)
 
     def place(
         self,

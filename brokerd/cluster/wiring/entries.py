@@ -154,6 +154,8 @@ def apply_entry(
         return _apply_meta(vhost, entry, own_spid, remote)
     if entry.op == sl.QUEUE_PLACE:
         return apply_placement(vhost, entry), None
+    if entry.op == sl.QUEUE_GROUP:
+        return apply_group(vhost, entry), None
     m = codec.decode_method(entry.frame)
     if isinstance(m, commands.Exchange.Declare):
         _exchange, created = vhost.declare_exchange(
@@ -233,6 +235,28 @@ def apply_placement(vhost: Any, entry: Entry) -> bool:
         props.get("to") or None,
     )
     return True
+
+
+def apply_group(vhost: Any, entry: Entry) -> bool:
+    """A quorum queue's new group (``queue.group``): the queue takes it (``regroup``)."""
+    queue = vhost.queues.get(entry.name)
+    regroup = getattr(queue, "regroup", None)
+    group = dict(entry.props).get("group")
+    if regroup is None or not group or tuple(group) == queue.group:
+        return False
+    regroup(tuple(group))
+    return True
+
+
+def group_entry(vhost: str, name: str, group: tuple[str, ...]) -> Entry:
+    """The state-log entry that gives quorum queue ``name`` the group ``group``."""
+    return Entry(0, sl.QUEUE_GROUP, vhost, name, props=freeze({"group": list(group)}))
+
+
+def shrink_request(vhost: str, name: str, address: str, origin: str) -> Entry:
+    """What a server asks of the root to take ``address`` out of ``name``'s group."""
+    props = freeze({"request": "shrink", "address": address})
+    return Entry(0, sl.QUEUE_GROUP, vhost, name, props=props, origin=origin)
 
 
 def place_entry(
@@ -377,7 +401,7 @@ def entry_header(entry: Entry) -> dict[str, Any]:
         "origin": entry.origin,
         "spid": entry.spid,
     }
-    if entry.op in (sl.QUEUE_PLACE, sl.BRIDGE_PLACE):  # no AMQP method says these
+    if entry.op in (sl.QUEUE_PLACE, sl.BRIDGE_PLACE, sl.QUEUE_GROUP):  # no method says these
         header["name"] = entry.name
         header["props"] = dict(entry.props)
     elif entry.op in (sl.SERVER_FENCE, sl.MEMBERS, sl.MEMBER_CHANGE):
@@ -452,7 +476,7 @@ def entry_from_header(header: dict[str, Any], frame: bytes) -> Entry:
         )
     if op in (sl.MEMBERS, sl.MEMBER_CHANGE):
         return _members_entry(header)
-    if op in (sl.QUEUE_PLACE, sl.BRIDGE_PLACE):
+    if op in (sl.QUEUE_PLACE, sl.BRIDGE_PLACE, sl.QUEUE_GROUP):
         props = header.get("props") or {}
         if not isinstance(props, dict):
             raise BucketError("bad placement in bucket")

@@ -35,6 +35,9 @@ QUEUE_PLACE = "queue.place"
 #: ordered by the root as a queue's owner is (``ownership.bridges``); ``name`` is
 #: the bridge's, ``vhost`` its vhost
 BRIDGE_PLACE = "bridge.place"
+#: a quorum queue's group changes (``props.group``: the members' addresses, the owner's
+#: first); asked of the root with ``props.request`` "shrink" and ``props.address``
+QUEUE_GROUP = "queue.group"
 #: the cluster's members (``knownhosts.KnownHosts``, the whole set in ``props``), ordered
 #: by the root one change at a time; the latest replaces every earlier one
 MEMBERS = "cluster.members"
@@ -62,6 +65,7 @@ OPS = (
     SERVER_FENCE,
     BRIDGE_PLACE,
     MEMBERS,
+    QUEUE_GROUP,
 )
 
 
@@ -124,6 +128,8 @@ class Wiring:
     fenced: dict[str, int] = field(default_factory=dict)
     #: where each bridge runs: (vhost, name) -> (spid, props)
     bridges: dict[tuple[str, str], tuple[str, tuple[Any, ...]]] = field(default_factory=dict)
+    #: quorum groups changed since their declare: (vhost, name) -> props
+    groups: dict[tuple[str, str], tuple[Any, ...]] = field(default_factory=dict)
     #: the latest members entry's props (empty: the cluster file's set still)
     members: tuple[Any, ...] = ()
 
@@ -170,6 +176,8 @@ class Wiring:
                 removed.append(("q", vhost, name))
                 if self.owners.pop((vhost, name), None) is not None:
                     removed.append(("o", vhost, name))
+                if self.groups.pop((vhost, name), None) is not None:
+                    removed.append(("g", vhost, name))
                 doomed = {b for b in self.queue_bindings if b[0] == vhost and b[2] == name}
                 self.queue_bindings -= doomed
                 removed += [("qb", *b) for b in doomed]
@@ -200,6 +208,12 @@ class Wiring:
                 removed.append(("b", vhost, name))
             self.bridges[(vhost, name)] = (entry.spid, entry.props)
             added.append(("b", vhost, name))
+        elif op == QUEUE_GROUP:
+            if (vhost, name) in self.queues:
+                if (vhost, name) in self.groups:
+                    removed.append(("g", vhost, name))
+                self.groups[(vhost, name)] = entry.props
+                added.append(("g", vhost, name))
         elif op == MEMBERS:
             if self.members:
                 removed.append(("m",))

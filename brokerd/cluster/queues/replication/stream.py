@@ -320,6 +320,11 @@ class Stream(Snapshots):
         while tail and tail[0][0] <= floors.get(named.get(tail[0][1]), 0):
             tail.popleft()
 
+    def regrouped(self) -> None:
+        """A queue's group changed: its floor is that of its new group from now on
+        (what waits on the old one is released by the old one's floor)."""
+        self._advance()
+
     def reset_feeders(self) -> None:
         self.feeders.clear()
         self._last_publisher = None
