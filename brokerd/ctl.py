@@ -37,12 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
     queues.add_argument(
         "action",
         nargs="?",
-        choices=["rebalance", "shrink"],
+        choices=["rebalance", "grow", "shrink"],
         help="rebalance: move replicated queues' owners until no primary owns more "
-        "than its share (like rabbitmq-queues rebalance); shrink HOST:PORT: take that "
-        "primary out of every quorum group that names it (like rabbitmq-queues shrink)",
+        "than its share (like rabbitmq-queues rebalance); grow HOST:PORT: add that "
+        "primary to every quorum group without it (it counts once it holds the queue); "
+        "shrink HOST:PORT: take it out of every group that names it (rabbitmq-queues "
+        "grow|shrink)",
     )
-    queues.add_argument("address", nargs="?", metavar="HOST:PORT", help="with shrink")
+    queues.add_argument("address", nargs="?", metavar="HOST:PORT", help="with grow|shrink")
     connections = sub.add_parser(
         "connections",
         help="the client connections: peer, user, vhost, channels, messages, flow (and the "
@@ -358,9 +360,9 @@ def _run(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     extra: list[str] = []
     timeout = 10.0
-    if args.command == "queues" and args.action == "shrink":
+    if args.command == "queues" and args.action in ("grow", "shrink"):
         if not args.address:
-            print("brokerd ctl: queues shrink needs HOST:PORT", file=sys.stderr)
+            print(f"brokerd ctl: queues {args.action} needs HOST:PORT", file=sys.stderr)
             return 2
         extra, timeout = [args.action, args.address], 40.0
     elif args.command == "root" or (args.command == "queues" and args.action):
@@ -416,15 +418,15 @@ def _print_result(args: argparse.Namespace, result: dict[str, Any]) -> None:
         for m in moves:
             print(f"moving {m['queue']}: {m['from']} -> {m['to']}")
         print(f"{len(moves)} moves asked for" if moves else "balanced already: nothing to move")
-    elif args.command == "queues" and args.action == "shrink" and not args.json:
+    elif args.command == "queues" and args.action in ("grow", "shrink") and not args.json:
         rows = result.get("queues", [])
         for row in rows:
-            if row["shrunk"]:
+            if row["changed"]:
                 print(f"{row['queue']}: group {', '.join(row['group'])}")
             else:
-                print(f"{row['queue']}: not shrunk: {row['reason']}")
+                print(f"{row['queue']}: unchanged: {row['reason']}")
         if not rows:
-            print(f"no quorum group names {result.get('address')}")
+            print(f"no quorum group to {args.action} with {result.get('address')}")
     elif args.command == "queues" and not args.json:
         _print_queues(result)
     elif args.command == "connections" and not args.json:

@@ -141,10 +141,10 @@ class Surface:
         if command == "dump":
             return {"dump": self.state_dump()}
         args = request.get("args") or []
-        if command == "queues" and len(args) == 2 and args[0] == "shrink":
+        if command == "queues" and len(args) == 2 and args[0] in ("grow", "shrink"):
             if self.cluster is None:
-                raise ControlError("'queues shrink' needs a clustered broker (--cluster)")
-            return self._shrink(args[1])
+                raise ControlError(f"'queues {args[0]}' needs a clustered broker (--cluster)")
+            return self._regroup(args[0], args[1])
         if command == "queues" and args == ["rebalance"]:
             return self._queue_op(queueops.rebalance, self.cluster, None)
         if command == "queues":
@@ -208,13 +208,13 @@ class Surface:
         except (ClusterConfigError, MembershipError) as exc:
             raise ControlError(str(exc)) from None
 
-    async def _shrink(self: Server, address: str) -> dict[str, Any]:
+    async def _regroup(self: Server, action: str, address: str) -> dict[str, Any]:
         assert self.cluster is not None
         try:
-            host = str(parse_host(address, "queues shrink"))
+            host = str(parse_host(address, f"queues {action}"))
         except ClusterConfigError as exc:
             raise ControlError(str(exc)) from None
-        return await self.cluster.group_changes.shrink(host, FORGET_WAIT)
+        return await self.cluster.group_changes.change(action, host, FORGET_WAIT)
 
     def readiness(self: Server) -> dict[str, Any]:
         """``brokerd ctl ready`` (a Kubernetes readiness probe): ready once this server

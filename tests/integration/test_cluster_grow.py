@@ -217,7 +217,7 @@ def test_a_quorum_queue_shrinks_off_a_member_under_load_and_off_a_forgotten_one(
         cluster.wait_until(lambda: sum(map(len, confirmed)) > 50, timeout=10, what="traffic")
         shrunk = cluster.ctl(1, "queues", "shrink", leaving)
         assert [r["queue"] for r in shrunk["queues"]] == ["shrinking"], shrunk
-        assert shrunk["queues"][0]["shrunk"], shrunk
+        assert shrunk["queues"][0]["changed"], shrunk
         cluster.wait_until(
             lambda: all(
                 queue_row(cluster, i, "shrinking")["group"] == [a for a in group if a != leaving]
@@ -227,7 +227,7 @@ def test_a_quorum_queue_shrinks_off_a_member_under_load_and_off_a_forgotten_one(
             what="the new group everywhere",
         )
         again = cluster.ctl(2, "queues", "shrink", owner)
-        assert not again["queues"][0]["shrunk"]
+        assert not again["queues"][0]["changed"]
         assert "not be a majority" in again["queues"][0]["reason"]
         before = sum(map(len, confirmed))
         cluster.wait_until(
@@ -266,3 +266,63 @@ def test_a_quorum_queue_shrinks_off_a_member_under_load_and_off_a_forgotten_one(
         what="the forgotten member out of the group",
     )
     assert len(queue_row(cluster, survivor, "forgetting")["group"]) == 2
+
+
+def test_a_quorum_queue_grows_onto_a_joined_primary_that_then_holds_it(
+    make_cluster: MakeCluster,
+) -> None:
+    cluster = make_cluster(3)
+    cluster.start_settled()
+    setup = connect(cluster.ports[0])
+    setup.channel().queue_declare(
+        "growing",
+        durable=True,
+        arguments={"x-queue-type": "quorum", "x-quorum-initial-group-size": 2},
+    )
+    setup.close()
+    row = cluster.wait_until(
+        lambda: (r := queue_row(cluster, 0, "growing"))["group"] and r["owner_address"] and r,
+        timeout=10,
+        what="the queue placed",
+    )
+    owner_address, other = (
+        row["owner_address"],
+        next(a for a in row["group"] if a != row["owner_address"]),
+    )
+    fourth = join(cluster, 0)
+    wait_version(cluster, [0, 1, 2, fourth], 1, 4)
+    by_address = {cluster.address(i): i for i in (0, 1, 2)}
+    clients = [i for i in (0, 1, 2) if cluster.address(i) != other]
+    publishers = [functools.partial(connect, cluster.ports[i]) for i in clients]
+    with confirmed_publishers(publishers, ["growing"]) as confirmed:
+        cluster.wait_until(lambda: sum(map(len, confirmed)) > 100, timeout=10, what="traffic")
+        grown = cluster.ctl(1, "queues", "grow", cluster.address(fourth))
+        assert [r["queue"] for r in grown["queues"]] == ["growing"] and grown["queues"][0][
+            "changed"
+        ], grown
+        assert queue_row(cluster, fourth, "growing")["group"] == [
+            *row["group"],
+            cluster.address(fourth),
+        ]
+        # the old second member leaves: confirms now need the new one, which counts
+        # only once it holds the queue
+        cluster.stop(by_address[other])
+        before = sum(map(len, confirmed))
+        cluster.wait_until(
+            lambda: sum(map(len, confirmed)) > before + 100,
+            timeout=20,
+            what="confirms on the owner and the grown member",
+        )
+    owner = by_address[owner_address]
+    moved = cluster.ctl(owner, "queue", "move", "growing", cluster.spid(fourth))
+    assert moved["to"], moved
+    cluster.wait_until(
+        lambda: queue_row(cluster, owner, "growing")["owner_address"] == cluster.address(fourth),
+        timeout=10,
+        what="the queue on the grown member",
+    )
+    drain = connect(cluster.ports[owner])
+    got = drain_queues(drain, ["growing"], timeout=20)
+    drain.close()
+    lost = set().union(*confirmed) - set(got)
+    assert not lost, f"{len(lost)} of {sum(map(len, confirmed))} confirmed messages lost"

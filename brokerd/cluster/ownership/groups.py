@@ -1,15 +1,21 @@
-"""Quorum groups that follow the members (issue 43): ``brokerd ctl queues shrink
-HOST``, as ``rabbitmq-queues shrink`` does, and a forgotten server leaving the
+"""Quorum groups that follow the members (issue 43): ``brokerd ctl queues grow|shrink
+HOST``, as ``rabbitmq-queues grow|shrink`` do, and a forgotten server leaving the
 groups that name it.
 
-A shrink takes one address out of one queue's group: asked of the root by any
-server as a ``queue.group`` request, checked there (``check_shrink``) and
-ordered as the queue's new group, which every server applies
-(``SharedQueue.regroup``). The members that stay hold the queue already, so
-the owner's confirms count over the smaller group at once, and never over
-fewer than a majority of the old one: a group shrinks only from three members
-up, and never off its owner (move the queue first, as RabbitMQ transfers
-leadership first).
+A grow or a shrink takes one address into or out of one queue's group: asked of
+the root by any server as a ``queue.group`` request, checked there
+(``check_grow``, ``check_shrink``) and ordered as the queue's new group, which
+every server applies (``SharedQueue.regroup``).
+
+- A shrink: the members that stay hold the queue already, so the owner's
+  confirms count over the smaller group at once, and never over fewer than a
+  majority of the old one: a group shrinks only from three members up, and
+  never off its owner (move the queue first, as RabbitMQ transfers leadership
+  first).
+- A grow: the new member gets the queue's snapshot first, and counts for
+  confirms only once it holds the queue (``Stream.grow``); meanwhile the floor
+  needs a majority of the grown group from the members that hold it, so a grow
+  confirms nothing on the strength of a member still syncing.
 """
 
 from __future__ import annotations
@@ -30,6 +36,34 @@ if TYPE_CHECKING:
 log = logging.getLogger("brokerd.cluster.ownership.groups")
 
 SHRINK = "shrink"
+GROW = "grow"
+
+
+def check_grow(
+    queue: SharedQueue | None, name: str, address: str, live: set[str], members: set[str]
+) -> tuple[str, ...]:
+    """The group queue ``name`` has with ``address`` (``live``: the live primaries'
+    addresses; ``members``: the cluster's); raises ``AMQPError`` with the reason a
+    grow is refused."""
+    if queue is None:
+        raise ChannelError(NOT_FOUND, f"no shared queue '{name}'")
+    group = queue.group
+    if group is None:
+        raise ChannelError(
+            PRECONDITION_FAILED,
+            f"queue '{name}' has no group of its own (classic, or kept by every primary)",
+        )
+    if address in group:
+        raise ChannelError(PRECONDITION_FAILED, f"{address} is in queue '{name}''s group already")
+    if address not in members:
+        raise ChannelError(PRECONDITION_FAILED, f"{address} is not a member of the cluster")
+    if address not in live:
+        raise ChannelError(PRECONDITION_FAILED, f"{address} is not a live primary")
+    if queue.owner is None or queue.moving is not None:
+        raise ChannelError(
+            PRECONDITION_FAILED, f"queue '{name}' is failing over or moving: try again"
+        )
+    return (*group, address)
 
 
 def check_shrink(
@@ -73,33 +107,40 @@ class GroupChanges:
         return next((q for q in self.host.queues.shared_queues() if q.name == name), None)
 
     def request(self, entry: Entry) -> Entry | AMQPError:
-        """Root only: the ``queue.group`` entry a shrink request leads to, or why not."""
+        """Root only: the ``queue.group`` entry a grow or shrink request leads to, or
+        why not."""
         props = dict(entry.props)
         address = str(props.get("address", ""))
         queue = self._queue(entry.name)
-        owner = queue.owner if queue is not None else None
-        owner_address = self.host.address_of(owner) if owner else ""
         try:
-            group = check_shrink(queue, entry.name, address, owner_address)
+            if props.get("request") == GROW:
+                live = {a for _spid, a in self.host.placer.primaries()}
+                group = check_grow(queue, entry.name, address, live, set(self.host.known))
+            else:
+                owner = queue.owner if queue is not None else None
+                owner_address = self.host.address_of(owner) if owner else ""
+                group = check_shrink(queue, entry.name, address, owner_address)
         except AMQPError as exc:
             return exc
-        log.warning("group of %s shrinks: %s leaves, %s stay", entry.name, address, group)
+        log.warning("group of %s is now %s (%s %s)", entry.name, group, props["request"], address)
         return rep.group_entry(entry.vhost, entry.name, group)
 
-    def naming(self, address: str) -> list[str]:
-        """The shared queues whose group names ``address``, as this server knows them."""
+    def naming(self, address: str, *, named: bool = True) -> list[str]:
+        """The shared queues with a group of their own that names ``address`` (or,
+        ``named`` false, that does not), as this server knows them."""
         return sorted(
             q.name
             for q in self.host.queues.shared_queues()
-            if q.group is not None and address in q.group
+            if q.group is not None and (address in q.group) == named
         )
 
-    async def shrink(self, address: str, wait: float) -> dict[str, Any]:
-        """``brokerd ctl queues shrink``: ask the root to take ``address`` out of every
-        group that names it; each queue's answer (its new group, or the refusal)."""
+    async def change(self, action: str, address: str, wait: float) -> dict[str, Any]:
+        """``brokerd ctl queues grow|shrink``: ask the root to take ``address`` into
+        every group that leaves it out, or out of every group that names it; each
+        queue's answer (its new group, or the refusal)."""
         loop = asyncio.get_running_loop()
         answers: dict[str, asyncio.Future[Any]] = {}
-        for name in self.naming(address):
+        for name in self.naming(address, named=action == SHRINK):
             answer: asyncio.Future[Any] = loop.create_future()
             answers[name] = answer
 
@@ -107,7 +148,7 @@ class GroupChanges:
                 if not answer.done():
                     answer.set_result(error)
 
-            entry = rep.shrink_request(self.host.config.vhost, name, address, self.host.spid)
+            entry = rep.group_request(self.host.config.vhost, name, action, address, self.host.spid)
             self.host.wiring.request(entry, done)
         rows = []
         for name, answer in answers.items():
@@ -119,18 +160,18 @@ class GroupChanges:
             rows.append(
                 {
                     "queue": name,
-                    "shrunk": error is None,
+                    "changed": error is None,
                     "group": list(queue.group or ()) if queue is not None else [],
                     "reason": getattr(error, "text", str(error)) if error is not None else "",
                 }
             )
-        return {"address": address, "queues": rows}
+        return {"address": address, "action": action, "queues": rows}
 
     def forgotten(self, address: str) -> None:
         """Root only: a forgotten server leaves every group that names it (those a
         shrink cannot leave, a group of two, keep it: they go on with the other)."""
         for name in self.naming(address):
-            entry = rep.shrink_request(self.host.config.vhost, name, address, self.host.spid)
+            entry = rep.group_request(self.host.config.vhost, name, SHRINK, address, "")
             placed = self.request(entry)
             if isinstance(placed, AMQPError):
                 log.warning("group of %s keeps forgotten %s: %s", name, address, placed.text)
@@ -138,5 +179,6 @@ class GroupChanges:
             self.host.wiring.order(placed)
 
 
-def is_shrink(entry: Entry) -> bool:
-    return entry.op == sl.QUEUE_GROUP and dict(entry.props).get("request") == SHRINK
+def is_request(entry: Entry) -> bool:
+    """A grow or shrink request (the root turns it into the group it leads to)."""
+    return entry.op == sl.QUEUE_GROUP and dict(entry.props).get("request") in (GROW, SHRINK)

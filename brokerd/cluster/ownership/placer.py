@@ -112,7 +112,7 @@ class Placer:
         becomes the placement it leads to (``moving``), or the reason it cannot."""
         if entry.op == sl.QUEUE_PLACE and dict(entry.props).get("request"):
             return self.mover.request(entry)
-        if groups.is_shrink(entry) and self.group_changes is not None:
+        if groups.is_request(entry) and self.group_changes is not None:
             return self.group_changes.request(entry)
         return self.place_declare(entry)
 

@@ -54,6 +54,7 @@ from brokerd.cluster.queues.orphans import Orphans
 from brokerd.cluster.queues.owner import OwnerSide
 from brokerd.cluster.queues.proxy import ProxySide
 from brokerd.cluster.queues.replication.copies import Copies
+from brokerd.cluster.queues.replication.store import ReplicatingStore
 from brokerd.cluster.queues.replication.stream import Stream
 from brokerd.cluster.queues.shared import SharedQueue
 
@@ -331,15 +332,21 @@ class QueueService:
             hook(queue.name, address, queue.group)
 
     def regrouped(self, queue: SharedQueue) -> None:
-        """A quorum queue's group changed (a shrink): its owner's confirms count over
-        the new group (a majority of it, whose members all hold the queue already);
-        a server left out drops its copy; the group is kept with the queue's owner."""
+        """A quorum queue's group changed (a grow or a shrink): its owner's confirms
+        count over the new group, a new member once it holds the queue (``Stream.
+        grow``); a server left out drops its copy; the group is kept with the queue's
+        owner."""
         group = queue.group
         if group is None:
             return
         stream = self.stream
         if queue.local and queue.name in stream.groups:
+            added = set(group) - stream.groups[queue.name]
             stream.groups[queue.name] = frozenset(group)
+            store = queue.store
+            if isinstance(store, ReplicatingStore):
+                for address in sorted(added):  # a grow: the new member syncs first
+                    stream.grow(queue.name, address, store)
             stream.regrouped()
         if self.members.address not in group:
             self.copies.drop(queue.name, write=True)

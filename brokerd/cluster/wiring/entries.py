@@ -253,9 +253,10 @@ def group_entry(vhost: str, name: str, group: tuple[str, ...]) -> Entry:
     return Entry(0, sl.QUEUE_GROUP, vhost, name, props=freeze({"group": list(group)}))
 
 
-def shrink_request(vhost: str, name: str, address: str, origin: str) -> Entry:
-    """What a server asks of the root to take ``address`` out of ``name``'s group."""
-    props = freeze({"request": "shrink", "address": address})
+def group_request(vhost: str, name: str, action: str, address: str, origin: str) -> Entry:
+    """What a server asks of the root to take ``address`` into (``action`` "grow") or
+    out of ("shrink") quorum queue ``name``'s group."""
+    props = freeze({"request": action, "address": address})
     return Entry(0, sl.QUEUE_GROUP, vhost, name, props=props, origin=origin)
 
 

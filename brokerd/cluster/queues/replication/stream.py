@@ -141,6 +141,9 @@ class Stream(Snapshots):
         self.generation = 0
         #: the queues this server owns and streams (``adopt``/``disown``)
         self.owned: set[str] = set()
+        #: queues whose group took in a member that does not hold them yet (``grow``):
+        #: name -> those members' addresses, left out of the group's floor until then
+        self.growing: dict[str, set[str]] = {}
 
     # -- the stream ------------------------------------------------------------------
 
@@ -230,7 +233,13 @@ class Stream(Snapshots):
         rules are ``quorum.floor``'s."""
         replicas = self.replicas.values()
         if group is not None:
-            replicas = [r for r in replicas if r.address in group]  # type: ignore[assignment]
+            waiting = {
+                a
+                for name, new in self.growing.items()
+                if self.groups.get(name) == group
+                for a in new
+            }
+            replicas = [r for r in replicas if r.address in group and r.address not in waiting]  # type: ignore[assignment]
         places = (
             quorum.Place(r.acked, r.joined, r.synced_at is not None, self.whole(r))
             for r in replicas
@@ -293,7 +302,32 @@ class Stream(Snapshots):
         if seq <= replica.acked:
             return
         replica.acked = min(seq, self.seq)
+        if self.growing:
+            self._holds_grown(replica)
         self._advance()
+
+    def grow(self, name: str, address: str, store: ReplicatingStore) -> None:
+        """Queue ``name``'s group took in ``address`` (``brokerd ctl queues grow``): that
+        replica gets the queue's reset and snapshot, and counts for the group's floor
+        only once an ack past the snapshot proves it holds the queue; the floor needs
+        a majority of the whole new group meanwhile, from the members that do."""
+        self.growing.setdefault(name, set()).add(address)
+        replica = next((r for r in self.replicas.values() if r.address == address), None)
+        if replica is None:
+            return  # not linked now: it gets the queue's snapshot when it joins (``add``)
+        replica.queues.pop(name, None)
+        self.transport.repl_batch(replica.out).replicate(0, rec.R_RESET, name, 0)
+        replica.syncs.append((name, deque(store.entries)))
+        self._schedule_sync()
+
+    def _holds_grown(self, replica: ReplicaLink) -> None:
+        for name, waiting in list(self.growing.items()):
+            sent = replica.queues.get(name)
+            if replica.address in waiting and sent is not None and replica.acked > sent:
+                waiting.discard(replica.address)
+                log.warning("replica %s holds %s: it counts for its group", replica.spid, name)
+                if not waiting:
+                    del self.growing[name]
 
     def _advance(self) -> None:
         floors = self._floors
@@ -394,6 +428,7 @@ class Stream(Snapshots):
         live stream (see ``_quorum_floor``): what the queue held is this server's
         alone meanwhile."""
         self.owned.add(name)
+        self.growing.pop(name, None)  # every member of its group gets its snapshot now
         if group is None:
             self.groups.pop(name, None)
         else:
@@ -443,6 +478,7 @@ class Stream(Snapshots):
         """This server no longer owns queue ``name`` (moved, failed over, deleted)."""
         self.owned.discard(name)
         self.groups.pop(name, None)
+        self.growing.pop(name, None)
 
     def restart(self) -> None:
         """Every queue this server owned when it was fenced is placed elsewhere: its
