@@ -157,6 +157,9 @@ class ClusterConfig:
     #: peer discovery by DNS (None: the known hosts and ``--join`` only); not in the
     #: checksum, as it only finds the cluster
     discovery: DNSDiscovery | None = None
+    #: the root grows quorum groups below this size onto members that hold the
+    #: cluster's state and a whole copy (0: off; only the root reads it)
+    quorum_target_group_size: int = 0
 
     @property
     def checksum(self) -> str:
@@ -257,6 +260,7 @@ def parse_cluster_config(
         "recovery_wait",
         "queue_leader_locator",
         "discovery",
+        "quorum_target_group_size",
     }
     unknown = set(raw) - allowed
     if unknown:
@@ -329,6 +333,11 @@ def parse_cluster_config(
             f"{where}: links over TLS need 'host:port' known hosts, not Unix sockets"
         )
     discovery = parse_discovery(raw.get("discovery"), where)
+    target = raw.get("quorum_target_group_size", 0)
+    if isinstance(target, bool) or not isinstance(target, int) or target < 0:
+        raise ClusterConfigError(
+            f"{where}: quorum_target_group_size must be a whole number (0: off)"
+        )
     return ClusterConfig(
         name=name,
         vhost=vhost,
@@ -343,6 +352,7 @@ def parse_cluster_config(
         queue_leader_locator=locator,
         tls=tls,
         discovery=discovery,
+        quorum_target_group_size=target,
     )
 
 

@@ -496,6 +496,7 @@ class ClusterController(Membership):
         if self.decision.is_root and self.root_now():
             self.placer.check()
             self.bridges.check()
+            self.group_changes.reach_target()
         self._flow_alarm()
 
     def _flow_alarm(self) -> None:

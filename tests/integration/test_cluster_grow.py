@@ -326,3 +326,25 @@ def test_a_quorum_queue_grows_onto_a_joined_primary_that_then_holds_it(
     drain.close()
     lost = set().union(*confirmed) - set(got)
     assert not lost, f"{len(lost)} of {sum(map(len, confirmed))} confirmed messages lost"
+
+
+def test_the_root_grows_groups_below_the_target_size_onto_caught_up_members(
+    make_cluster: MakeCluster,
+) -> None:
+    cluster = make_cluster(3)
+    # a top-level key: before the file's tables
+    cluster.file.write_text("quorum_target_group_size = 3\n" + cluster.file.read_text())
+    cluster.start_settled()
+    setup = connect(cluster.ports[0])
+    setup.channel().queue_declare(
+        "targeted",
+        durable=True,
+        arguments={"x-queue-type": "quorum", "x-quorum-initial-group-size": 1},
+    )
+    setup.close()
+    grown = cluster.wait_until(
+        lambda: len(g := queue_row(cluster, 2, "targeted")["group"] or []) == 3 and g,
+        timeout=15,
+        what="the group grown to the target",
+    )
+    assert sorted(grown) == sorted(cluster.address(i) for i in range(3))

@@ -53,6 +53,13 @@ def test_a_default_queue_type_is_kept_and_changes_the_checksum() -> None:
         ({**GOOD, "heartbeat": {"interval": -1}}, "positive"),
         ({**GOOD, "secret_env": "ROOKERY_TEST_UNSET_VAR"}, "not set"),
         ({**GOOD, "default_queue_type": "stream"}, "default_queue_type must be one of"),
+        ({**GOOD, "discovery": "rookery"}, r"\[discovery\] must be a table"),
+        ({**GOOD, "discovery": {"dns": "a b"}}, "dns must be a host name"),
+        ({**GOOD, "discovery": {"dns": "x", "port": 0}}, "port must be"),
+        ({**GOOD, "discovery": {"dns": "x", "interval": 0}}, "interval must be"),
+        ({**GOOD, "discovery": {"dns": "x", "srv": 1}}, "unknown \\[discovery\\] key"),
+        ({**GOOD, "quorum_target_group_size": -1}, "whole number"),
+        ({**GOOD, "quorum_target_group_size": True}, "whole number"),
     ],
 )
 def test_errors_name_the_problem(raw: dict, message: str) -> None:
@@ -96,3 +103,23 @@ def test_the_default_leader_locator_is_client_local_and_takes_rabbitmqs_values()
     for bad in ("min-masters", "Balanced", 1, None):
         with pytest.raises(ClusterConfigError, match="queue_leader_locator"):
             parse_cluster_config(base | {"queue_leader_locator": bad})
+
+
+def test_discovery_and_the_target_group_size_stay_out_of_the_checksum() -> None:
+    plain = parse_cluster_config(GOOD)
+    found = parse_cluster_config(
+        {**GOOD, "discovery": {"dns": "Rookery.Svc", "port": 5673}, "quorum_target_group_size": 3}
+    )
+    assert found.discovery is not None
+    assert (found.discovery.name, found.discovery.port, found.discovery.interval) == (
+        "rookery.svc",
+        5673,
+        10.0,
+    )
+    assert found.quorum_target_group_size == 3 and plain.quorum_target_group_size == 0
+    assert found.checksum == plain.checksum, "they only find the cluster, or act on the root"
+    # the settings checksum is what servers of different members' versions compare
+    assert plain.settings_checksum == known_hosts_checksum([])
+    assert parse_cluster_config({**GOOD, "default_queue_type": "quorum"}).settings_checksum != (
+        plain.settings_checksum
+    )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.wiring import entries as rep
@@ -166,6 +167,45 @@ class GroupChanges:
                 }
             )
         return {"address": address, "action": action, "queues": rows}
+
+    def reach_target(self) -> None:
+        """Root only, each tick: with ``quorum_target_group_size`` set, a quorum group
+        below it grows by one member a tick: a live member not in it, whose copy is
+        whole (it caught up since it joined), the least loaded with groups first."""
+        target = self.host.config.quorum_target_group_size
+        if target <= 0:
+            return
+        queues = [
+            q
+            for q in self.host.queues.shared_queues()
+            if q.group is not None and len(q.group) < target and q.owner and not q.moving
+        ]
+        if not queues:
+            return
+        now = self.host.clock()
+        whole = {
+            peer.address
+            for peer in self.host.peers.values()
+            if peer.status is not None
+            and peer.status.type == "primary"
+            and peer.status.listed
+            and not peer.status.syncing
+            and self.host.standing.active(peer, now)
+        } & set(self.host.known)
+        held = Counter(a for q in self.host.queues.shared_queues() for a in q.group or ())
+        for queue in queues:
+            candidates = sorted(whole - set(queue.group or ()), key=lambda a: (held[a], a))
+            if not candidates:
+                continue
+            entry = rep.group_request(
+                self.host.config.vhost, queue.name, GROW, candidates[0], self.host.spid
+            )
+            placed = self.request(entry)
+            if isinstance(placed, AMQPError):
+                continue
+            log.warning("group of %s grows towards %d: %s", queue.name, target, candidates[0])
+            self.host.wiring.order(placed)
+            held[candidates[0]] += 1
 
     def forgotten(self, address: str) -> None:
         """Root only: a forgotten server leaves every group that names it (those a
