@@ -14,6 +14,7 @@ transaction rolled back), so the next one reads the rows again.
 from __future__ import annotations
 
 import datetime as dt
+import sys
 from collections.abc import Sequence
 from functools import reduce
 from operator import or_
@@ -123,11 +124,11 @@ def apply_queues(link: LinkState, section: Section, full: bool, now: dt.datetime
             unacked,
             consumers,
             local,
-            spread,
-            replicas,
+            _shared(spread),
+            _shared(replicas),
             counts[0],
             counts[1],
-            linkparse.arguments(entry, where),
+            _shared(linkparse.arguments(entry, where)),
             queue_type(entry, where),
         )
         if row is None or row.values != values:
@@ -236,9 +237,21 @@ def stored_rows(broker_id: int) -> dict[QueueKey, StoredRow]:
     link remembers what it wrote)."""
     rows = QueueSnapshot.objects.filter(broker_id=broker_id).order_by()
     return {
-        (vhost, name): StoredRow(tuple(values), updated.timestamp())
+        (sys.intern(vhost), name): StoredRow(tuple(map(_shared, values)), updated.timestamp())
         for vhost, name, *values, updated in rows.values_list(*QueueSnapshot.REPORTED, "updated_at")
     }
+
+
+#: the empty ``{}`` and ``[]`` that most rows have, one of each: the links keep every
+#: broker's rows in memory (about 0.4 KiB a queue with these, 0.6 without)
+_EMPTY: dict[type, Any] = {dict: {}, list: []}
+
+
+def _shared(value: Any) -> Any:
+    """``value``, or the one empty container of its kind if it is empty (never mutated)."""
+    if not value and type(value) in _EMPTY:
+        return _EMPTY[type(value)]
+    return value
 
 
 def queue_floors(keys: set[QueueKey]) -> dict[QueueKey, tuple[int, int]]:
@@ -392,7 +405,7 @@ def apply_exchanges(link: LinkState, section: Section, full: bool, now: dt.datet
                 bool(entry.get("auto_delete")),
                 bool(entry.get("internal")),
                 bool(entry.get("shared")),
-                linkparse.arguments(entry, where),
+                _shared(linkparse.arguments(entry, where)),
             )
     if link.exchange_rows is None:
         link.exchange_rows = stored_wiring(ExchangeSnapshot, link.broker_id, ("vhost", "name"))
@@ -417,7 +430,7 @@ def apply_bindings(link: LinkState, section: Section, full: bool, now: dt.dateti
             linkparse.key_text(entry, "routing_key", where, required=False),
         )
         if key not in rows:
-            rows[key] = (bool(entry.get("shared")), linkparse.arguments(entry, where))
+            rows[key] = (bool(entry.get("shared")), _shared(linkparse.arguments(entry, where)))
     if link.binding_rows is None:
         link.binding_rows = stored_wiring(BindingSnapshot, link.broker_id, BINDING_KEY)
     _store_wiring(BindingSnapshot, link.broker_id, link.binding_rows, rows, section, full, now)
@@ -429,7 +442,13 @@ def stored_wiring(
     """The broker's exchange or binding rows, key -> values: one query, once per link."""
     values = EXCHANGE_VALUES if model is ExchangeSnapshot else BINDING_VALUES
     rows = model.objects.filter(broker_id=broker_id).order_by().values_list(*key, *values)
-    return {tuple(row[: len(key)]): tuple(row[len(key) :]) for row in rows}
+    return {_interned(row[: len(key)]): tuple(map(_shared, row[len(key) :])) for row in rows}
+
+
+def _interned(key: Sequence[str]) -> tuple[str, ...]:
+    """A wiring key whose names (an exchange's, a routing key that is the queue's name)
+    are one string each however many rows repeat them."""
+    return tuple(sys.intern(part) for part in key)
 
 
 def _store_wiring(
@@ -461,7 +480,7 @@ def _store_wiring(
         [(broker_id, *k, *v[:last], prep(v[last], connection), db_now) for k, v in changed],
         conflict=("broker", *key),
     )
-    known.update(changed)
+    known.update((_interned(k), v) for k, v in changed)
 
 
 def _delete_keys(

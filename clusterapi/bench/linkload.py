@@ -362,6 +362,8 @@ class CpuMeter:
         self.children = children
         self._start: dict[int, float] = {}
         self.seconds = 0.0
+        #: resident memory at ``stop`` (the process and its children), MiB
+        self.rss_mib = 0.0
 
     def _procs(self) -> list[psutil.Process]:
         procs = [self.root]
@@ -383,6 +385,11 @@ class CpuMeter:
     def stop(self) -> None:
         end = self._times()
         self.seconds = sum(v - self._start.get(pid, 0.0) for pid, v in end.items())
+        rss = 0
+        for proc in self._procs():
+            with contextlib.suppress(psutil.Error):
+                rss += proc.memory_info().rss
+        self.rss_mib = rss / 2**20
 
 
 class DelayPoller(threading.Thread):
@@ -546,6 +553,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "late_statuses": stats["late"],
         "resyncs": stats["resyncs"],
         "cpu_percent": {name: round(100 * m.seconds / elapsed, 1) for name, m in meters.items()},
+        "rss_mib": {name: round(m.rss_mib, 1) for name, m in meters.items()},
     }
     if poller is not None:
         kinds = {b.name: b.sent for b in brokers}
