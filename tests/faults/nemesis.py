@@ -57,7 +57,8 @@ KINDS = (
     REBALANCE,
     STOP_PRIMARY,
 )
-#: a new primary joins (``--join``), serves a while, is stopped as planned and forgotten
+#: a new primary joins (``--join``), quorum groups grow onto it (``queues grow``), it
+#: serves a while, the groups shrink off it, it is stopped as planned and forgotten
 #: (``brokerd ctl cluster forget``): the members change twice under load (loopback only:
 #: a network test bed has no namespace for a server more)
 JOIN_FORGET = "join-forget"
@@ -330,7 +331,11 @@ class Nemesis:
             note = f"admitted in {time.monotonic() - started:.1f}s"
         except AssertionError:
             note = "NOT admitted in time"
+        # quorum groups (``--queue-type quorum --group-size``) take it in, under traffic,
+        # and let it go before it stops (its forget would too, for groups of three up)
+        note += "; " + self.regroup(through, "grow", address)
         time.sleep(planned.hold)
+        note += "; " + self.regroup(through, "shrink", address)
         cluster.stop(index)
         asked = time.monotonic()
         deadline = asked + self.settle_timeout
@@ -350,6 +355,20 @@ class Nemesis:
             time.sleep(0.3)  # still heard (its stop under way), or the last change pending
         cluster.nodes[index].retired = True
         return f"{note}; {answer}"
+
+    def regroup(self, at: int, action: str, address: str) -> str:
+        """``brokerd ctl queues grow|shrink`` asked of server ``at``: how many groups
+        changed, for the record."""
+        try:
+            reply = request(
+                self.cluster.nodes[at].data_dir, "queues", [action, address], timeout=40
+            )
+        except (OSError, ValueError) as exc:
+            return f"{action} failed: {exc}"
+        if not reply.get("ok"):
+            return f"{action} refused: {reply.get('error')}"
+        rows = reply["result"].get("queues", [])
+        return f"{action} {sum(r['changed'] for r in rows)} of {len(rows)} groups"
 
     def _isolated(self, planned: Planned, root: int | None) -> tuple[int, None, str]:
         """Who ``isolate`` cuts off: the root, a queue's owner, a replica (a primary
