@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import models
+from django.db import connection, models
 from django.db.models import (
     Case,
     Count,
@@ -261,7 +261,7 @@ def counts() -> dict[str, int]:
 
     def once(model: type[models.Model]) -> tuple[int, int]:
         private = model.objects.filter(shared=False).count()
-        shared = model.objects.filter(shared=True).values(*KEYS[model]).distinct().count()
+        shared = _shared_objects(model)
         return private + shared, shared
 
     queue_total, queue_shared = once(QueueSnapshot)
@@ -271,6 +271,29 @@ def counts() -> dict[str, int]:
         "exchanges": once(ExchangeSnapshot)[0],
         "bindings": once(BindingSnapshot)[0],
     }
+
+
+def _shared_objects(model: type[models.Model]) -> int:
+    """How many shared objects the rows of ``model`` stand for (each key once).
+
+    SQLite, which has no statistics, walks the key's index for the DISTINCT and looks
+    every row up to test ``shared``: at 50 brokers x 1,000 queues 20 ms where a scan
+    of the table takes 5 (and never more than the index, however many are shared), so
+    there the table is scanned, ``NOT INDEXED``."""
+    rows = model.objects.filter(shared=True).values(*KEYS[model]).distinct()
+    if connection.vendor != "sqlite":
+        return rows.count()
+    meta = model._meta
+    quote = connection.ops.quote_name
+    key = ", ".join(quote(meta.get_field(name).column) for name in KEYS[model])
+    shared = quote(meta.get_field("shared").column)
+    sql = (
+        f"SELECT COUNT(*) FROM (SELECT DISTINCT {key} FROM {quote(meta.db_table)} "
+        f"NOT INDEXED WHERE {shared})"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return int(cursor.fetchone()[0])
 
 
 def messages_ready(brokers: Iterable[Broker]) -> int:
