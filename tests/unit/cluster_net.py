@@ -64,6 +64,11 @@ class Members:
         self.stopping = False
         self.root_enabled = True
 
+    @property
+    def address(self) -> str:
+        """Its known-hosts address: its spid, in this net."""
+        return self.spid
+
     def clock(self) -> float:
         return self.now
 

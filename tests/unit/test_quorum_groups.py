@@ -144,3 +144,50 @@ def test_publishes_no_majority_of_the_group_holds_go_to_the_next_owner(net4: Net
     net4.place("g", "B")  # failed over to B (its only other member)
     net4.pump()
     assert [m.body for m, _r in net4.queue("B", "g").ready()] == [b"u0", b"u1", b"u2"]
+
+
+def regroup(net: Net, name: str, group: tuple[str, ...]) -> None:
+    """What a ``queue.group`` entry does on every server (``SharedQueue.regroup``)."""
+    for spid in net.servers:
+        net.queue(spid, name).regroup(group)
+
+
+def test_a_grown_member_gets_the_snapshot_and_counts_once_it_holds_the_queue(
+    net4: Net,
+) -> None:
+    declare_grouped(net4, "g", ("A", "B"))
+    for i in range(3):
+        net4.queue("A", "g").push(message(b"%d" % i))
+    net4.pump()
+    assert copy_of(net4, "C", "g") == []
+    stream = net4.servers["A"].queues.stream
+    regroup(net4, "g", ("A", "B", "C"))
+    assert stream.growing == {"g": {"C"}}, "C counts for nothing before it holds g"
+    net4.cut.add(("B", "A"))  # confirms now rest on C
+    waiter = Waiter()
+    net4.queue("A", "g").push(message(b"3"), waiter)
+    net4.pump()
+    net4.servers["C"].queues.copies.ack()
+    net4.pump()
+    assert copy_of(net4, "C", "g") == [b"0", b"1", b"2", b"3"]
+    assert stream.growing == {} and waiter.confirmed()
+
+
+def test_a_shrunk_group_confirms_on_the_rest_and_the_member_left_out_drops_its_copy(
+    net4: Net,
+) -> None:
+    declare_grouped(net4, "g", ("A", "B", "C"))
+    net4.queue("A", "g").push(message(b"0"))
+    net4.pump()
+    assert copy_of(net4, "C", "g") == [b"0"]
+    regroup(net4, "g", ("A", "B"))
+    assert copy_of(net4, "C", "g") == []
+    net4.cut.add(("B", "A"))  # only C's acks come: C is out of the group
+    waiter = Waiter()
+    net4.queue("A", "g").push(message(b"1"), waiter)
+    net4.pump()
+    assert waiter.answers == []
+    net4.cut.discard(("B", "A"))
+    net4.servers["B"].queues.copies.ack()
+    net4.pump()
+    assert waiter.confirmed() and copy_of(net4, "B", "g") == [b"0", b"1"]
