@@ -23,15 +23,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from brokerd.cluster.wiring import entries as rep
 from brokerd.cluster.wiring import statelog as sl
 from brokerd.model.errors import NOT_FOUND, PRECONDITION_FAILED, AMQPError, ChannelError
 
 if TYPE_CHECKING:
-    from brokerd.cluster.controller import ClusterController
+    from brokerd.cluster.config import ClusterConfig
+    from brokerd.cluster.ownership.placer import Placer
+    from brokerd.cluster.peers import Peer
+    from brokerd.cluster.queues.service import QueueService
     from brokerd.cluster.queues.shared import SharedQueue
+    from brokerd.cluster.standing import Standing
+    from brokerd.cluster.wiring.replication import WiringReplication
     from brokerd.cluster.wiring.statelog import Entry
 
 log = logging.getLogger("brokerd.cluster.ownership.groups")
@@ -98,10 +103,28 @@ def check_shrink(
     return tuple(a for a in group if a != address)
 
 
-class GroupChanges:
-    """The root's check of shrink requests, and any server's asking for them."""
+class GroupsHost(Protocol):
+    """What the group changes read of the controller."""
 
-    def __init__(self, host: ClusterController) -> None:
+    spid: str
+    config: ClusterConfig
+    known: set[str]
+    peers: dict[str, Peer]
+    standing: Standing
+    queues: QueueService
+    placer: Placer
+    wiring: WiringReplication
+
+    def clock(self) -> float: ...
+
+    def address_of(self, spid: str) -> str: ...
+
+
+class GroupChanges:
+    """The root's check of grow and shrink requests, any server's asking for them, a
+    forgotten server's leaving, and the target size."""
+
+    def __init__(self, host: GroupsHost) -> None:
         self.host = host
 
     def _queue(self, name: str) -> SharedQueue | None:
