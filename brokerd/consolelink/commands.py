@@ -1,19 +1,25 @@
 """The console's commands: config.apply, root.enable/disable, state.dump, queue.move,
-queues.rebalance.
+queues.rebalance, cluster.forget.
 
 Every command is answered with an ``ack``. The console retries until it has
 one, so the broker remembers the last 256 command ids and answers a repeat
-with the first answer instead of executing twice.
+with the first answer instead of executing twice. Most are answered at once;
+``cluster.forget`` waits for the root and for a majority of the members, so its
+ack is a future the link sends when it resolves, reading other messages
+meanwhile (a repeat of its id while it runs gets the same future).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import inspect
 import logging
 from collections import OrderedDict
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
-from brokerd.cluster.config import ClusterConfig, parse_host
+from brokerd.cluster.config import ClusterConfig, ClusterConfigError, HostPort, parse_host
 from brokerd.config import BrokerConfig, parse_limits, parse_vhost_limits
 from brokerd.configdoc import ConfigDocumentError, document_checksum, validate_document
 from brokerd.consolelink import inforce, messages
@@ -40,7 +46,10 @@ COMMANDS = (
     "state.dump",
     "queue.move",
     "queues.rebalance",
+    "cluster.forget",
 )
+#: what ``handle`` returns: the ack, or (a command that waits) the ack to come
+Answer = dict[str, Any] | asyncio.Future[dict[str, Any]]
 #: an AMQP short string (a vhost, a queue name) holds at most this many bytes
 SHORTSTR_MAX = 255
 
@@ -54,6 +63,19 @@ def text_arg(command: str, args: dict[str, Any], key: str) -> str:
     if len(value.encode("utf-8", "surrogatepass")) > SHORTSTR_MAX:
         raise CommandError(f"{command} {key!r} is longer than {SHORTSTR_MAX} bytes")
     return value
+
+
+def address_arg(command: str, args: dict[str, Any]) -> str:
+    """``args["address"]``, a member's ``host:port`` (port 5672 when left out, as ``brokerd
+    ctl cluster forget`` takes it), normalised as the members list it."""
+    value = text_arg(command, args, "address")
+    try:
+        address = parse_host(value, f"{command} 'address'")
+    except ClusterConfigError as exc:
+        raise CommandError(str(exc)) from None
+    if not isinstance(address, HostPort):
+        raise CommandError(f"{command} 'address' must be HOST:PORT, not a link socket")
+    return str(address)
 
 
 BROKER_PARTS = ("limits", "vhosts", "vhost_limits", "users", "permissions")
@@ -153,6 +175,8 @@ class ConsoleCommands:
         self._installed_config: BrokerConfig | None = None
         self._installed_cluster: ClusterConfig | None = None
         self._answers: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        #: commands still running (cluster.forget), by id: a retry waits for the same ack
+        self._running: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._in_force: tuple[tuple[Any, Any, Any], dict[str, Any]] | None = None
 
     def running(self) -> tuple[int | None, str | None]:
@@ -199,28 +223,66 @@ class ConsoleCommands:
             self._file_cluster = host.cluster_config
         return self._file_config, self._file_cluster
 
-    def handle(self, message: dict[str, Any]) -> dict[str, Any]:
-        """The ack for a parsed ``command`` message; a repeated id gets the first ack."""
+    def handle(self, message: dict[str, Any]) -> Answer:
+        """The ack for a parsed ``command`` message; a repeated id gets the first ack.
+        A command that waits (cluster.forget) returns a future of its ack instead, so
+        the link can go on reading while it runs (needs a running event loop)."""
         command_id = message["id"]
         previous = self._answers.get(command_id)
         if previous is not None:
             log.info("console command id=%s repeated: answering as before", command_id)
             return previous
+        running = self._running.get(command_id)
+        if running is not None:
+            log.info("console command id=%s repeated while it runs: one answer", command_id)
+            return running
         name = message["command"]
         try:
             result = self.execute(name, message.get("args") or {})
-            answer = messages.ack(command_id, True, result)
         except CommandError as exc:
-            log.warning("console command %s id=%s refused: %s", name, command_id, exc)
-            answer = messages.ack(command_id, False, error=str(exc))
+            answer = self._refused(name, command_id, exc)
         else:
+            if inspect.isawaitable(result):
+                future = asyncio.ensure_future(self._finish(name, command_id, result))
+                self._running[command_id] = future
+                return future
+            answer = messages.ack(command_id, True, result)
             log.info("console command %s id=%s done", name, command_id)
+        self._remember(command_id, answer)
+        return answer
+
+    async def _finish(
+        self, name: str, command_id: str, result: Awaitable[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The ack of a command that waits, remembered like any other once it ends."""
+        try:
+            answer = messages.ack(command_id, True, await result)
+            log.info("console command %s id=%s done", name, command_id)
+        except CommandError as exc:
+            answer = self._refused(name, command_id, exc)
+        except Exception as exc:
+            # answered all the same: a console left without an ack retries for a minute
+            log.exception("console command %s id=%s failed", name, command_id)
+            answer = messages.ack(command_id, False, error=f"{name} failed: {exc}")
+        finally:
+            self._running.pop(command_id, None)
+        self._remember(command_id, answer)
+        return answer
+
+    @staticmethod
+    def _refused(name: str, command_id: str, exc: CommandError) -> dict[str, Any]:
+        log.warning("console command %s id=%s refused: %s", name, command_id, exc)
+        return messages.ack(command_id, False, error=str(exc))
+
+    def _remember(self, command_id: str, answer: dict[str, Any]) -> None:
         self._answers[command_id] = answer
         while len(self._answers) > REMEMBERED_COMMANDS:
             self._answers.popitem(last=False)
-        return answer
 
-    def execute(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    def execute(
+        self, name: str, args: dict[str, Any]
+    ) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+        """Run command ``name``: its result, or an awaitable of it (cluster.forget)."""
         if name == "config.apply":
             return self.apply(args)
         if name in ("root.enable", "root.disable"):
@@ -242,7 +304,22 @@ class ConsoleCommands:
                 return self.host.rebalance_queues(text_arg(name, args, "vhost"))
             except HostRefused as exc:
                 raise CommandError(str(exc)) from None
+        if name == "cluster.forget":
+            address = address_arg(name, args)
+            if self.host.worker_of is not None:
+                # its local cluster is its host's workers, no cluster the console manages
+                raise CommandError(f"{name}: a worker of a host has no cluster members to forget")
+            return self._forget(address)
         raise CommandError(f"unknown command {name!r} (known: {', '.join(COMMANDS)})")
+
+    async def _forget(self, address: str) -> dict[str, Any]:
+        """cluster.forget: the root forgets ``address`` (a stopped member), answered once
+        a majority of the remaining members holds the new set (or the wait is over:
+        ``committed`` false)."""
+        try:
+            return await self.host.forget_member(address)
+        except HostRefused as exc:
+            raise CommandError(str(exc)) from None
 
     def _check_order(self, version: int, serial: Any) -> int | None:
         """A push older than the one applied must not roll the broker back (a late

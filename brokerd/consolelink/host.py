@@ -130,6 +130,12 @@ class ConsoleHost(Protocol):
         """Messages this server's bridges forwarded since it started."""
         ...
 
+    def cluster_members(self) -> dict[str, Any] | None:
+        """The members as ``brokerd ctl cluster members --json`` lists them (their
+        version, whether a majority holds it, each member's state, the forgotten);
+        None for a standalone broker."""
+        ...
+
     # -- commands -----------------------------------------------------------------
 
     def state_dump(self) -> str:
@@ -154,4 +160,12 @@ class ConsoleHost(Protocol):
         """Ask the cluster to spread the owners of ``vhost``'s shared queues over the
         primaries: ``{"moves": [{"queue", "from", "to"}, ...]}``, empty when already
         balanced. Raises ``HostRefused`` on a standalone broker."""
+        ...
+
+    async def forget_member(self, address: str) -> dict[str, Any]:
+        """Ask the root to forget the stopped member at ``address`` (host:port), as
+        ``brokerd ctl cluster forget`` does, and wait until a majority of the remaining
+        members holds the new set: ``{"forgotten", "version", "committed", "members"}``.
+        Raises ``HostRefused`` with the root's reason (it is running, it is the root, a
+        change is under way) or on a standalone broker."""
         ...

@@ -196,7 +196,10 @@ class ConsoleLink:
     async def _session(self, ws: ClientConnection) -> None:
         session = ConsoleSession(self.host, self.commands)
         await ws.send(messages.encode(session.hello()))
-        sender = asyncio.get_running_loop().create_task(self._statuses(ws, session))
+        loop = asyncio.get_running_loop()
+        sender = loop.create_task(self._statuses(ws, session))
+        #: acks of commands that wait (cluster.forget), sent when they resolve
+        later: set[asyncio.Task[None]] = set()
         try:
             async for text in ws:
                 try:
@@ -206,16 +209,29 @@ class ConsoleLink:
                     await ws.close(messages.CLOSE_MALFORMED, str(exc)[:100])
                     return
                 for reply in replies:
-                    await ws.send(messages.encode(reply))
+                    if isinstance(reply, dict):
+                        await ws.send(messages.encode(reply))
+                        continue
+                    task = loop.create_task(self._answer_later(ws, reply))
+                    later.add(task)
+                    task.add_done_callback(later.discard)
             log.warning(
                 "console closed the link code=%s reason=%s",
                 ws.close_code,
                 ws.close_reason or "-",
             )
         finally:
-            sender.cancel()
+            for task in (sender, *later):
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError, websockets.ConnectionClosed):
                 await sender
+
+    async def _answer_later(self, ws: ClientConnection, answer: asyncio.Future[dict]) -> None:
+        """Send a command's ack once it resolves. The command itself outlives this link
+        (shielded): a console that reconnects and retries the id gets its ack."""
+        reply = await asyncio.shield(answer)
+        with contextlib.suppress(websockets.ConnectionClosed):
+            await ws.send(messages.encode(reply))
 
     async def _statuses(self, ws: ClientConnection, session: ConsoleSession) -> None:
         """A status every interval; skipped (not queued) while the previous one is

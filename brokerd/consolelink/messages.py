@@ -151,6 +151,9 @@ def view(host: ConsoleHost) -> dict[str, Any]:
         "resources": host.resource_status(),
         "peers": [{key: peer.get(key) for key in PEER_FIELDS} for peer in status["peers"]],
         "bridges": host.bridge_status(),
+        # the members as ``ctl cluster members`` lists them: a few rows, every status, so
+        # the console shows the root's (or the freshest) view without asking
+        "members": host.cluster_members(),
         # the cluster under load: flow control, each link's backlog, unsettled forwards
         # and replica lag, the status-echo round trips and the event loop's lag
         "flow": status.get("flow"),

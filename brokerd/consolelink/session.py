@@ -2,8 +2,10 @@
 
 The shell (``brokerd.consolelink.link``) sends ``hello()`` first, then
 ``status()`` every interval, and passes every received text to ``receive``,
-sending back what it returns. ``receive`` raises ``MalformedMessage`` for
-a message that breaks the protocol; the shell then closes with 4400.
+sending back what it returns (a command that waits, cluster.forget, is a
+future of its ack: the shell sends it once resolved). ``receive`` raises
+``MalformedMessage`` for a message that breaks the protocol; the shell then
+closes with 4400.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from brokerd.consolelink import messages
-from brokerd.consolelink.commands import ConsoleCommands
+from brokerd.consolelink.commands import Answer, ConsoleCommands
 from brokerd.consolelink.tracker import SnapshotTracker, collect
 
 if TYPE_CHECKING:
@@ -49,8 +51,9 @@ class ConsoleSession:
             self._in_force = message["in_force"] = in_force
         return message
 
-    def receive(self, text: str | bytes) -> list[dict[str, Any]]:
-        """Handle one console message; returns the messages to send back."""
+    def receive(self, text: str | bytes) -> list[Answer]:
+        """Handle one console message; returns the messages to send back (or to send
+        once they resolve)."""
         message = messages.parse(text)
         kind = message["type"]
         if kind == "command":

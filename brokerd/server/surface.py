@@ -287,6 +287,10 @@ class Surface:
             total += self.federation.forwarded_total()
         return total
 
+    def cluster_members(self: Server) -> dict[str, Any] | None:
+        """``brokerd ctl cluster members --json`` (the console's ``view.members``)."""
+        return self.cluster.operations.member_table() if self.cluster is not None else None
+
     def settings_in_force(self: Server) -> dict[str, Any]:
         """The configuration in force and where each part came from (file, the
         console's document, default): ``ctl status`` and the console's drift view."""
@@ -316,6 +320,15 @@ class Surface:
         try:
             return queueops.request_move(self.cluster, vhost, name, to)
         except queueops.QueueOpError as exc:
+            raise HostRefused(str(exc)) from None
+
+    async def forget_member(self: Server, address: str) -> dict[str, Any]:
+        """The console's cluster.forget: ``brokerd ctl cluster forget``, refused alike."""
+        if self.cluster is None:
+            raise HostRefused("cluster.forget needs a clustered broker (--cluster)")
+        try:
+            return await self._forget(address)
+        except ControlError as exc:
             raise HostRefused(str(exc)) from None
 
     def rebalance_queues(self: Server, vhost: str) -> dict[str, Any]:
