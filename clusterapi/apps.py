@@ -7,7 +7,8 @@ class ClusterApiConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # configs and owners register what the acks of their commands do (commands.on_ack)
-        from clusterapi import configs, owners, signals  # noqa: F401
+        # configs, members and owners register what the acks of their commands do
+        # (commands.on_ack)
+        from clusterapi import configs, members, owners, signals  # noqa: F401
 
         signals.connect()

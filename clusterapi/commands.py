@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,7 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from brokerd.cluster.config import parse_host
 from clusterapi import audit, convergence, objects
 from clusterapi.cluster import broker_group, notify_dashboard
 from clusterapi.errors import Conflict, InvalidRequest
@@ -38,6 +40,8 @@ COMMAND_NAMES = tuple(name for name, _ in Command.NAME_CHOICES)
 CLUSTER_COMMANDS = (Command.QUEUE_MOVE, Command.QUEUES_REBALANCE)
 #: the longest vhost, queue or broker name the console stores (its models' max_length)
 NAME_MAX = 255
+#: a member's address: HOST:PORT, the port in ASCII digits (a link socket is no member)
+MEMBER_ADDRESS = re.compile(r"\[?([^\s/\x00\[\]]+?)\]?:([0-9]{1,5})")
 #: a retry may come this much before its interval is over (beat's ticks jitter)
 RETRY_SLACK = dt.timedelta(milliseconds=250)
 
@@ -49,7 +53,9 @@ def issue(broker: Broker, name: str, args: dict[str, Any] | None, user: Any) -> 
     filled in from that version); ``queue.move`` takes ``{"vhost", "queue", "to"}``
     (``to``: a primary's spid or name, sent as its spid) and ``queues.rebalance``
     ``{"vhost"}``: both go to a primary, which has the root carry them out for the
-    whole cluster (``clusterapi.owners`` picks it). The other commands take no
+    whole cluster (``clusterapi.owners`` picks it). ``cluster.forget`` takes
+    ``{"address": "HOST:PORT"}``, the member the root is to forget
+    (``clusterapi.members`` picks the broker). The other commands take no
     arguments. A command the broker cannot carry out (see :func:`refusal`) raises
     :class:`Conflict`.
     """
@@ -69,6 +75,12 @@ def issue(broker: Broker, name: str, args: dict[str, Any] | None, user: Any) -> 
         args = _queue_move_args(broker, args)
     elif name == Command.QUEUES_REBALANCE:
         args = _rebalance_args(args)
+    elif name == Command.CLUSTER_FORGET:
+        _known_args(name, args, ("address",))
+        try:
+            args = {"address": member_address(args.get("address"))}
+        except ValueError as exc:
+            raise InvalidRequest(f"args.address: {exc}") from None
     elif args:
         raise InvalidRequest(f"args: {name} takes no arguments")
     reason = refusal(broker, name, args)
@@ -87,7 +99,7 @@ def issue(broker: Broker, name: str, args: dict[str, Any] | None, user: Any) -> 
         details: dict[str, Any] = {"id": str(command.id)}
         if name == Command.CONFIG_APPLY:
             details["version"] = args["version"]  # never the document: it holds password hashes
-        elif name in CLUSTER_COMMANDS:
+        elif name in (*CLUSTER_COMMANDS, Command.CLUSTER_FORGET):
             details.update(args)
             if name == Command.QUEUE_MOVE:  # spids change at each restart: say which broker
                 target = Broker.objects.filter(spid=args["to"]).values_list("name", flat=True)
@@ -117,6 +129,11 @@ def refusal(broker: Broker, name: str, args: dict[str, Any] | None = None) -> st
             return f"{broker.name} is not linked to the console now: it cannot be sent {name}"
         if name == Command.QUEUE_MOVE and args:
             return _move_refusal(broker, args)
+    if name == Command.CLUSTER_FORGET:
+        if broker.broker_type == Broker.TYPE_STANDALONE:
+            return f"{broker.name} is standalone: it has no cluster members to forget"
+        if not broker.connected:
+            return f"{broker.name} is not linked to the console now: it cannot be sent {name}"
     if name in (Command.ROOT_ENABLE, Command.ROOT_DISABLE):
         if broker.broker_type == Broker.TYPE_SECONDARY:
             return f"{broker.name} is a secondary: secondaries are never root"
@@ -185,6 +202,22 @@ def _queue_move_args(broker: Broker, args: dict[str, Any]) -> dict[str, Any]:
     _known_args(Command.QUEUE_MOVE, args, ("vhost", "queue", "to"))
     vhost, queue, to = (_name_arg(args, key) for key in ("vhost", "queue", "to"))
     return {"vhost": vhost, "queue": queue, "to": _primary(broker, to).spid}
+
+
+def member_address(value: Any) -> str:
+    """A cluster member's address as the brokers name it (``host:port``, the host in
+    lower case); ``ValueError`` saying what is wrong with it. Stricter than ``brokerd
+    ctl cluster forget``, which takes a bare host as port 5672: the console asks for
+    the address its pages show."""
+    text = value.strip() if isinstance(value, str) else ""
+    match = MEMBER_ADDRESS.fullmatch(text)
+    if not text or len(text) > NAME_MAX or match is None:
+        raise ValueError(
+            f"must be a member's HOST:PORT (e.g. node4.example:5672), at most {NAME_MAX} characters"
+        )
+    if not 0 < int(match.group(2)) < 65536:
+        raise ValueError(f"port {match.group(2)} is out of range (1 to 65535)")
+    return str(parse_host(text, "address"))
 
 
 def _rebalance_args(args: dict[str, Any]) -> dict[str, Any]:

@@ -24,3 +24,13 @@ class InvalidDocument(InvalidRequest):
     """A configuration document that is well-formed JSON but breaks the document's rules
     (docs/protocol.md: a timeout not above the interval, a permission for an unknown
     user ...); the API answers 422 with ``message`` naming the key."""
+
+
+class Unavailable(InvalidRequest):
+    """Nothing can answer the request now: no broker that could carry it out is linked
+    to the console; the API answers 503 with ``message``."""
+
+
+class NoAnswer(InvalidRequest):
+    """The broker did not answer a command the request waits for in time (it may still
+    carry it out: the command stays open); the API answers 504 with ``message``."""

@@ -449,6 +449,8 @@ class Command(models.Model):
     #: hand a shared queue to another primary; spread the owners over the primaries
     QUEUE_MOVE = "queue.move"
     QUEUES_REBALANCE = "queues.rebalance"
+    #: the root forgets a stopped member for good (``brokerd ctl cluster forget``)
+    CLUSTER_FORGET = "cluster.forget"
     NAME_CHOICES = [
         (CONFIG_APPLY, "config.apply"),
         (ROOT_ENABLE, "root.enable"),
@@ -456,6 +458,7 @@ class Command(models.Model):
         (STATE_DUMP, "state.dump"),
         (QUEUE_MOVE, "queue.move"),
         (QUEUES_REBALANCE, "queues.rebalance"),
+        (CLUSTER_FORGET, "cluster.forget"),
     ]
 
     STATE_PENDING = "pending"

@@ -20,7 +20,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from clusterapi.errors import Conflict, InvalidDocument, InvalidRequest
+from clusterapi.errors import Conflict, InvalidDocument, InvalidRequest, NoAnswer, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,22 @@ class ConflictError(exceptions.APIException):
     default_code = "conflict"
 
 
+class UnavailableError(exceptions.APIException):
+    """503: no broker that could answer is linked to the console now."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "no broker can answer now"
+    default_code = "unavailable"
+
+
+class NoAnswerError(exceptions.APIException):
+    """504: the broker did not answer the command in time (it may still carry it out)."""
+
+    status_code = status.HTTP_504_GATEWAY_TIMEOUT
+    default_detail = "the broker did not answer in time"
+    default_code = "no_answer"
+
+
 def error_body(message: str, detail: Any = None) -> dict[str, Any]:
     return {"error": message, "detail": detail}
 
@@ -55,6 +71,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     """
     if isinstance(exc, Conflict):
         exc = ConflictError(exc.message)
+    elif isinstance(exc, Unavailable):
+        exc = UnavailableError(exc.message)
+    elif isinstance(exc, NoAnswer):
+        exc = NoAnswerError(exc.message)
     elif isinstance(exc, InvalidDocument):
         exc = UnprocessableError(exc.message)
     elif isinstance(exc, InvalidRequest):
@@ -103,6 +123,8 @@ _STATUS_MESSAGES = {
     status.HTTP_409_CONFLICT: "the target cannot do this now",
     status.HTTP_422_UNPROCESSABLE_ENTITY: "the document breaks the configuration rules",
     status.HTTP_500_INTERNAL_SERVER_ERROR: "internal server error; the console's log has the cause",
+    status.HTTP_503_SERVICE_UNAVAILABLE: "no broker can answer now",
+    status.HTTP_504_GATEWAY_TIMEOUT: "the broker did not answer in time",
 }
 
 

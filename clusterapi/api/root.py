@@ -25,6 +25,11 @@ from clusterapi.api import serializers
 ENDPOINTS = (
     ("api-token", "POST a username and password to get an API token"),
     ("api-cluster", "the cluster's state: root, readiness, quorum, brokers up, alarms"),
+    (
+        "api-cluster-members",
+        "the cluster's members, their version and the servers forgotten; POST "
+        ".../forget/ forgets a stopped one for good",
+    ),
     ("api-endpoints", "AMQP URLs of the brokers clients can connect to now"),
     ("api-bridges", "bridges (shovels): where each runs, its state, reason and rate"),
     (

@@ -32,6 +32,8 @@ _WHY = {
     422: "the configuration document breaks its rules (docs/protocol.md): the message "
     "names the key",
     429: "too many failed logins: this user or address is locked out for a while",
+    503: "no broker that could answer is linked to the console now: the message says why",
+    504: "the broker did not answer in time; the command stays open (the message names it)",
 }
 
 

@@ -3,7 +3,7 @@
 from django.urls import path
 from rest_framework.routers import SimpleRouter
 
-from clusterapi.api import bridge_views, config_views, reports, root, views
+from clusterapi.api import bridge_views, config_views, member_views, reports, root, views
 
 router = SimpleRouter()
 router.register("brokers", views.BrokerViewSet, basename="broker")
@@ -23,6 +23,12 @@ urlpatterns = [
     path("", root.ApiRootView.as_view(), name="api-root"),
     path("docs/", root.ApiDocsView.as_view(), name="api-docs"),
     path("cluster/", views.ClusterView.as_view(), name="api-cluster"),
+    path("cluster/members/", member_views.MembersView.as_view(), name="api-cluster-members"),
+    path(
+        "cluster/members/forget/",
+        member_views.ForgetView.as_view(),
+        name="api-cluster-members-forget",
+    ),
     path("endpoints/", views.EndpointsView.as_view(), name="api-endpoints"),
     path("bridges/", bridge_views.BridgesView.as_view(), name="api-bridges"),
     *reports.file_routes(),

@@ -20,7 +20,17 @@ from django.db.models import Q, QuerySet
 from django.http import QueryDict
 from django.utils import timezone
 
-from clusterapi import cluster, commands, configs, decommission, events, inforce, objects, owners
+from clusterapi import (
+    cluster,
+    commands,
+    configs,
+    decommission,
+    events,
+    inforce,
+    members,
+    objects,
+    owners,
+)
 from clusterapi.api import filters
 from clusterapi.errors import Conflict
 from clusterapi.models import (
@@ -177,7 +187,17 @@ def build_overview(params: QueryDict) -> dict[str, Any]:
         "commands": with_stamps(
             Command.objects.select_related("broker", "created_by")[:5], "created_at", "finished_at"
         ),
+        "members": members_view(),
     }
+
+
+def members_view() -> dict[str, Any]:
+    """The overview's Members section: the members as the root reports them (or why
+    they are not known), and the forgets on their way or just ended, which it follows
+    live to their outcome (a refusal's text included)."""
+    shown = members.shown()
+    shown["banner"] = with_stamps(members.recent_forgets(), "created_at", "finished_at")
+    return shown
 
 
 def build_brokers(params: QueryDict) -> dict[str, Any]:
@@ -541,7 +561,14 @@ PAGES: dict[str, Page] = {
         Page(
             "overview",
             "dashboard/overview.html",
-            _fragments("cluster_state", "broker_table", "active_alarms", "rate_data", "recent"),
+            _fragments(
+                "cluster_state",
+                "broker_table",
+                "cluster_members",
+                "active_alarms",
+                "rate_data",
+                "recent",
+            ),
             build_overview,
         ),
         Page("brokers", "dashboard/brokers.html", _fragments("broker_table"), build_brokers),

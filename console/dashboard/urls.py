@@ -16,6 +16,7 @@ urlpatterns = [
         views.broker_decommission,
         name="broker-decommission",
     ),
+    path("cluster/members/forget/", views.member_forget, name="member-forget"),
     path("queues/", views.queues, name="queues"),
     path("queues/rebalance/", views.queues_rebalance, name="queues-rebalance"),
     path("queues/<int:pk>/", views.queue_detail, name="queue"),

@@ -22,9 +22,9 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
-from clusterapi import alarms, cluster, commands, decommission, objects, owners
+from clusterapi import alarms, cluster, commands, decommission, members, objects, owners
 from clusterapi.cluster import notify_dashboard
-from clusterapi.errors import Conflict, InvalidRequest
+from clusterapi.errors import Conflict, InvalidRequest, Unavailable
 from clusterapi.models import Alarm, Broker, Command, QueueSnapshot
 from clusterapi.roles import is_operator
 from console.dashboard.forms import MoveForm, RebalanceForm, RootForm
@@ -197,6 +197,51 @@ def broker_decommission(request: HttpRequest, name: str) -> HttpResponse:
             context["next_steps"] = context["done"]["next"]  # type: ignore[index]
     context["cluster"] = cluster.state()
     return render(request, "dashboard/broker_decommission.html", context, status=status)
+
+
+def _error_status(exc: InvalidRequest) -> int:
+    if isinstance(exc, Unavailable):
+        return 503
+    return 409 if isinstance(exc, Conflict) else 400
+
+
+@login_required
+def member_forget(request: HttpRequest) -> HttpResponse:
+    """Forget a stopped cluster member for good (operators; audited): GET is the
+    confirmation step (the member as the root reports it, what forgetting does), POST
+    sends ``cluster.forget`` to a linked broker, the root first, and goes back to the
+    overview, whose Members section follows the command to its outcome, the root's
+    refusal included."""
+    require_operator(request)
+    if request.method not in ("GET", "HEAD", "POST"):
+        return HttpResponse(status=405, headers={"Allow": "GET, HEAD, POST"})
+    source = request.POST if request.method == "POST" else request.GET
+    address = source.get("address", "").strip()
+    shown = members.shown()
+    row = next((m for m in shown["members"] if m["address"] == address), None)
+    context: dict[str, object] = {
+        "page": "overview",
+        "address": address,
+        "member": row,
+        "members": shown,
+        "error": "",
+        "can_operate": True,
+        "cluster": cluster.state(),
+    }
+    status = 200
+    if request.method == "POST":
+        try:
+            command = members.forget(address, request.user)
+        except InvalidRequest as exc:
+            context["error"], status = exc.message, _error_status(exc)
+        else:
+            messages.success(
+                request,
+                f"cluster.forget of {command.args['address']} sent to {command.broker.name}: "
+                "the Members section shows the answer",
+            )
+            return redirect(reverse("home") + "#cluster-members")
+    return render(request, "dashboard/member_forget.html", context, status=status)
 
 
 @require_POST

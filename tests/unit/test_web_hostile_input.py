@@ -577,8 +577,15 @@ PARSED = ("huge-number", "surrogate")
 def targets(operator: User) -> dict[str, str]:
     """One real object per resource whose operations read a body after finding it."""
     now = timezone.now()
+    # linked, and reporting the members: /cluster/members/ answers them, not a 503
     broker = Broker.objects.create(
-        name="127.0.0.1:5801", spid="spid-1", broker_type="primary", state="up", last_seen=now
+        name="127.0.0.1:5801",
+        spid="spid-1",
+        broker_type="primary",
+        state="up",
+        last_seen=now,
+        connected=True,
+        view={"members": {"version": 0, "members": [{"address": "127.0.0.1:5801"}]}},
     )
     queue = QueueSnapshot.objects.create(
         broker=broker, vhost="/", name="q", shared=True, master=True, updated_at=now
