@@ -46,7 +46,14 @@ DOCUMENT = {
 
 @pytest.fixture
 def pushed(operator: Any) -> dict[str, Any]:
-    broker = Broker.objects.create(name="127.0.0.1:5701", state="up", connected=True)
+    # linked, and reporting the members: /cluster/members/ answers them, not a 503
+    broker = Broker.objects.create(
+        name="127.0.0.1:5701",
+        broker_type="primary",
+        state="up",
+        connected=True,
+        view={"members": {"version": 0, "members": [{"address": "127.0.0.1:5701"}]}},
+    )
     saved = configs.save(DOCUMENT, operator, "with a user")
     command = Command.objects.get(name=Command.CONFIG_APPLY)
     assert MARK in str(command.args) and SECRET in str(command.args)  # the broker link's
