@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from brokerd.cluster.membership import FORGET_AFTER
+from brokerd.cluster.linking import FORGET_AFTER
 from brokerd.cluster.peers import Peer
 from tests.unit.test_cluster_controller import CONFIG, make
 
