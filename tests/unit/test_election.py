@@ -82,6 +82,20 @@ def test_a_primary_whose_copy_is_whole_is_preferred_to_a_more_senior_one_syncing
     assert choose(sitting) == "s3"
 
 
+def test_a_joining_primary_is_never_root_before_it_is_admitted_and_has_caught_up() -> None:
+    """Issue 43: a primary that asked to join is unlisted until the root admits it: no
+    candidate, no vote counted, never root, even alone with the oldest start; once
+    admitted, it ranks after every member whose copy is whole while it syncs."""
+    joiner = _member("s0", listed=False)  # the eldest start time of all
+    peers = (_member("s1", vote="s1"), _member("s2", vote="s1"))
+    view = View(me=joiner, peers=peers, known_primaries=2)
+    assert choose(view) == "s1" and not decide(view).is_root
+    assert "not in known_hosts" in decide(view).reason
+    admitted = _member("s0", syncing=True, vote="s0")
+    view = View(me=admitted, peers=(_member("s2", vote="s2"),), known_primaries=3)
+    assert choose(view) == "s2", "a member whose copy is whole first"
+
+
 def test_after_a_whole_cluster_restart_a_server_that_recovered_state_is_preferred() -> None:
     """No copy follows a live stream after a whole-cluster restart, so seniority
     decided, and a server whose disk was lost, started first, became root with an
