@@ -291,10 +291,13 @@ class Cluster:
     def add_primary(self) -> int:
         """Room for one more primary, not in the cluster file's known hosts (it joins
         with ``--join`` or discovery); returns its index."""
-        if self.netbed is not None or self.pki is not None:
-            raise ValueError("a joining primary runs on loopback with plain links")
+        if self.netbed is not None:
+            raise ValueError("a joining primary runs on loopback")
         index = len(self.nodes)
-        self.nodes.append(Node(index, "primary", free_port(), self.base / f"n{index}"))
+        node = Node(index, "primary", free_port(), self.base / f"n{index}")
+        if self.pki is not None:  # links over TLS: the file's default certificate
+            node.tls_port = free_port()
+        self.nodes.append(node)
         return index
 
     def start(

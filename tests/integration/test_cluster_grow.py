@@ -348,3 +348,13 @@ def test_the_root_grows_groups_below_the_target_size_onto_caught_up_members(
         what="the group grown to the target",
     )
     assert sorted(grown) == sorted(cluster.address(i) for i in range(3))
+
+
+def test_over_tls_links_a_joiner_with_the_cluster_cas_certificate_is_admitted(
+    make_cluster: MakeCluster,
+) -> None:
+    cluster = make_cluster(3, tls=True)
+    cluster.start_settled()
+    index = join(cluster, 0)  # its links present the file's default certificate
+    wait_version(cluster, [0, index], 1, 4)
+    assert cluster.address(index) in {r["address"] for r in members(cluster, 1)["members"]}
