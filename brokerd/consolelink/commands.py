@@ -1,10 +1,11 @@
 """The console's commands: config.apply, root.enable/disable, state.dump, queue.move,
-queues.rebalance, cluster.forget.
+queues.rebalance, cluster.forget, queues.grow/shrink.
 
 Every command is answered with an ``ack``. The console retries until it has
 one, so the broker remembers the last 256 command ids and answers a repeat
 with the first answer instead of executing twice. Most are answered at once;
-``cluster.forget`` waits for the root and for a majority of the members, so its
+``cluster.forget`` waits for the root and for a majority of the members, and
+``queues.grow``/``queues.shrink`` for the root's answer per queue, so their
 ack is a future the link sends when it resolves, reading other messages
 meanwhile (a repeat of its id while it runs gets the same future).
 """
@@ -47,7 +48,11 @@ COMMANDS = (
     "queue.move",
     "queues.rebalance",
     "cluster.forget",
+    "queues.grow",
+    "queues.shrink",
 )
+#: commands that change the quorum groups, and the action each asks of the root
+GROUP_CHANGES = {"queues.grow": "grow", "queues.shrink": "shrink"}
 #: what ``handle`` returns: the ack, or (a command that waits) the ack to come
 Answer = dict[str, Any] | asyncio.Future[dict[str, Any]]
 #: an AMQP short string (a vhost, a queue name) holds at most this many bytes
@@ -175,7 +180,8 @@ class ConsoleCommands:
         self._installed_config: BrokerConfig | None = None
         self._installed_cluster: ClusterConfig | None = None
         self._answers: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        #: commands still running (cluster.forget), by id: a retry waits for the same ack
+        #: commands still running (cluster.forget, queues.grow|shrink), by id: a retry
+        #: waits for the same ack
         self._running: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._in_force: tuple[tuple[Any, Any, Any], dict[str, Any]] | None = None
 
@@ -225,8 +231,9 @@ class ConsoleCommands:
 
     def handle(self, message: dict[str, Any]) -> Answer:
         """The ack for a parsed ``command`` message; a repeated id gets the first ack.
-        A command that waits (cluster.forget) returns a future of its ack instead, so
-        the link can go on reading while it runs (needs a running event loop)."""
+        A command that waits (cluster.forget, queues.grow|shrink) returns a future of
+        its ack instead, so the link can go on reading while it runs (needs a running
+        event loop)."""
         command_id = message["id"]
         previous = self._answers.get(command_id)
         if previous is not None:
@@ -282,7 +289,8 @@ class ConsoleCommands:
     def execute(
         self, name: str, args: dict[str, Any]
     ) -> dict[str, Any] | Awaitable[dict[str, Any]]:
-        """Run command ``name``: its result, or an awaitable of it (cluster.forget)."""
+        """Run command ``name``: its result, or an awaitable of it (cluster.forget,
+        queues.grow/shrink)."""
         if name == "config.apply":
             return self.apply(args)
         if name in ("root.enable", "root.disable"):
@@ -305,19 +313,30 @@ class ConsoleCommands:
             except HostRefused as exc:
                 raise CommandError(str(exc)) from None
         if name == "cluster.forget":
-            address = address_arg(name, args)
-            if self.host.worker_of is not None:
-                # its local cluster is its host's workers, no cluster the console manages
-                raise CommandError(f"{name}: a worker of a host has no cluster members to forget")
-            return self._forget(address)
+            # answered once a majority of the remaining members holds the new set (or
+            # the wait is over: ``committed`` false)
+            address = self._member_arg(name, args, "cluster members to forget")
+            return self._refusable(self.host.forget_member(address))
+        if name in GROUP_CHANGES:
+            # answered once the root answered for every queue (its new group or why not)
+            address = self._member_arg(name, args, "quorum groups to change")
+            return self._refusable(self.host.change_groups(GROUP_CHANGES[name], address))
         raise CommandError(f"unknown command {name!r} (known: {', '.join(COMMANDS)})")
 
-    async def _forget(self, address: str) -> dict[str, Any]:
-        """cluster.forget: the root forgets ``address`` (a stopped member), answered once
-        a majority of the remaining members holds the new set (or the wait is over:
-        ``committed`` false)."""
+    def _member_arg(self, name: str, args: dict[str, Any], what: str) -> str:
+        """The member ``address`` a command about the cluster's members names; refused
+        on a worker of a host, whose local cluster is its host's workers, no cluster
+        the console manages."""
+        address = address_arg(name, args)
+        if self.host.worker_of is not None:
+            raise CommandError(f"{name}: a worker of a host has no {what}")
+        return address
+
+    @staticmethod
+    async def _refusable(result: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+        """A command that waits: what the host answers, its refusal as the ack's error."""
         try:
-            return await self.host.forget_member(address)
+            return await result
         except HostRefused as exc:
             raise CommandError(str(exc)) from None
 

@@ -169,3 +169,12 @@ class ConsoleHost(Protocol):
         Raises ``HostRefused`` with the root's reason (it is running, it is the root, a
         change is under way) or on a standalone broker."""
         ...
+
+    async def change_groups(self, action: str, address: str) -> dict[str, Any]:
+        """``action`` "grow": ask the root to take the primary at ``address`` (host:port)
+        into every quorum group that leaves it out; "shrink": out of every group that
+        names it, as ``brokerd ctl queues grow|shrink`` do. Answered once the root
+        answered for each queue: ``{"address", "action", "queues": [{"queue", "changed",
+        "group", "reason"}]}``, where the root refuses per queue (``reason``). Raises
+        ``HostRefused`` on a standalone broker or for a malformed address."""
+        ...

@@ -198,7 +198,7 @@ class ConsoleLink:
         await ws.send(messages.encode(session.hello()))
         loop = asyncio.get_running_loop()
         sender = loop.create_task(self._statuses(ws, session))
-        #: acks of commands that wait (cluster.forget), sent when they resolve
+        #: acks of commands that wait (cluster.forget, queues.grow|shrink), sent once resolved
         later: set[asyncio.Task[None]] = set()
         try:
             async for text in ws:

@@ -2,8 +2,8 @@
 
 The shell (``brokerd.consolelink.link``) sends ``hello()`` first, then
 ``status()`` every interval, and passes every received text to ``receive``,
-sending back what it returns (a command that waits, cluster.forget, is a
-future of its ack: the shell sends it once resolved). ``receive`` raises
+sending back what it returns (a command that waits, cluster.forget or
+queues.grow|shrink, is a future of its ack: the shell sends it once resolved). ``receive`` raises
 ``MalformedMessage`` for a message that breaks the protocol; the shell then
 closes with 4400.
 """

@@ -331,6 +331,15 @@ class Surface:
         except ControlError as exc:
             raise HostRefused(str(exc)) from None
 
+    async def change_groups(self: Server, action: str, address: str) -> dict[str, Any]:
+        """The console's queues.grow|shrink: ``brokerd ctl queues grow|shrink``."""
+        if self.cluster is None:
+            raise HostRefused(f"queues.{action} needs a clustered broker (--cluster)")
+        try:
+            return await self._regroup(action, address)
+        except ControlError as exc:
+            raise HostRefused(str(exc)) from None
+
     def rebalance_queues(self: Server, vhost: str) -> dict[str, Any]:
         """The console's queues.rebalance."""
         try:

@@ -109,5 +109,5 @@ def test_the_unknown_command_error_lists_every_command() -> None:
     assert not ack["ok"]
     assert ack["error"] == (
         "unknown command 'queue.teleport' (known: config.apply, root.enable, root.disable, "
-        "state.dump, queue.move, queues.rebalance, cluster.forget)"
+        "state.dump, queue.move, queues.rebalance, cluster.forget, queues.grow, queues.shrink)"
     )
