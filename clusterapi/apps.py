@@ -7,8 +7,8 @@ class ClusterApiConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # configs, members and owners register what the acks of their commands do
-        # (commands.on_ack)
-        from clusterapi import configs, members, owners, signals  # noqa: F401
+        # configs, groups, members and owners register what the acks of their commands
+        # do (commands.on_ack)
+        from clusterapi import configs, groups, members, owners, signals  # noqa: F401
 
         signals.connect()

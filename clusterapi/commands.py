@@ -38,6 +38,13 @@ log = logging.getLogger(__name__)
 COMMAND_NAMES = tuple(name for name, _ in Command.NAME_CHOICES)
 #: commands the cluster carries out as a whole, through whichever primary receives them
 CLUSTER_COMMANDS = (Command.QUEUE_MOVE, Command.QUEUES_REBALANCE)
+#: commands about a member of the cluster (``{"address": "HOST:PORT"}``), any linked
+#: broker of the cluster asks the root for, and what a standalone broker lacks for them
+MEMBER_COMMANDS = {
+    Command.CLUSTER_FORGET: "cluster members to forget",
+    Command.QUEUES_GROW: "quorum groups to grow",
+    Command.QUEUES_SHRINK: "quorum groups to shrink",
+}
 #: the longest vhost, queue or broker name the console stores (its models' max_length)
 NAME_MAX = 255
 #: a member's address: HOST:PORT, the port in ASCII digits (a link socket is no member)
@@ -53,9 +60,10 @@ def issue(broker: Broker, name: str, args: dict[str, Any] | None, user: Any) -> 
     filled in from that version); ``queue.move`` takes ``{"vhost", "queue", "to"}``
     (``to``: a primary's spid or name, sent as its spid) and ``queues.rebalance``
     ``{"vhost"}``: both go to a primary, which has the root carry them out for the
-    whole cluster (``clusterapi.owners`` picks it). ``cluster.forget`` takes
-    ``{"address": "HOST:PORT"}``, the member the root is to forget
-    (``clusterapi.members`` picks the broker). The other commands take no
+    whole cluster (``clusterapi.owners`` picks it). ``cluster.forget`` and
+    ``queues.grow|shrink`` take ``{"address": "HOST:PORT"}``, the member the root is
+    to forget, or to take into or out of the quorum groups (``clusterapi.members``
+    picks the broker). The other commands take no
     arguments. A command the broker cannot carry out (see :func:`refusal`) raises
     :class:`Conflict`.
     """
@@ -75,7 +83,7 @@ def issue(broker: Broker, name: str, args: dict[str, Any] | None, user: Any) -> 
         args = _queue_move_args(broker, args)
     elif name == Command.QUEUES_REBALANCE:
         args = _rebalance_args(args)
-    elif name == Command.CLUSTER_FORGET:
+    elif name in MEMBER_COMMANDS:
         _known_args(name, args, ("address",))
         try:
             args = {"address": member_address(args.get("address"))}
@@ -99,7 +107,7 @@ def issue(broker: Broker, name: str, args: dict[str, Any] | None, user: Any) -> 
         details: dict[str, Any] = {"id": str(command.id)}
         if name == Command.CONFIG_APPLY:
             details["version"] = args["version"]  # never the document: it holds password hashes
-        elif name in (*CLUSTER_COMMANDS, Command.CLUSTER_FORGET):
+        elif name in (*CLUSTER_COMMANDS, *MEMBER_COMMANDS):
             details.update(args)
             if name == Command.QUEUE_MOVE:  # spids change at each restart: say which broker
                 target = Broker.objects.filter(spid=args["to"]).values_list("name", flat=True)
@@ -129,9 +137,9 @@ def refusal(broker: Broker, name: str, args: dict[str, Any] | None = None) -> st
             return f"{broker.name} is not linked to the console now: it cannot be sent {name}"
         if name == Command.QUEUE_MOVE and args:
             return _move_refusal(broker, args)
-    if name == Command.CLUSTER_FORGET:
+    if name in MEMBER_COMMANDS:
         if broker.broker_type == Broker.TYPE_STANDALONE:
-            return f"{broker.name} is standalone: it has no cluster members to forget"
+            return f"{broker.name} is standalone: it has no {MEMBER_COMMANDS[name]}"
         if not broker.connected:
             return f"{broker.name} is not linked to the console now: it cannot be sent {name}"
     if name in (Command.ROOT_ENABLE, Command.ROOT_DISABLE):

@@ -1,4 +1,4 @@
-"""The cluster's members as the console shows them, and forgetting one (issue 43).
+"""The cluster's members as the console shows them, and the commands about one (issue 43).
 
 The members are replicated state inside brokerd (``brokerd ctl cluster
 members``): every clustered broker's status carries its table as
@@ -11,7 +11,8 @@ Forgetting a stopped member is the ``cluster.forget`` command (audited, retried
 like any other) sent to a linked broker, the root first: that broker asks the
 root and acks once a majority of the remaining members holds the new set, or
 with the root's refusal. The dashboard follows the command live; the API waits
-for its ack (:func:`forget_and_wait`).
+for its ack (:func:`forget_and_wait`). ``clusterapi.groups`` sends its
+``queues.grow|shrink`` the same way (:func:`send`, :func:`send_and_wait`).
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ log = logging.getLogger(__name__)
 
 #: states of a member that is not running: the ones that may be forgotten
 FORGETTABLE = ("down", "gone", "never heard")
+#: states of a member that runs (``self``: the broker reporting the table)
+RUNNING = ("self", "up")
 #: every state ``brokerd ctl cluster members`` gives (any other shows as ``unknown``)
-STATES = ("self", "up", *FORGETTABLE)
+STATES = (*RUNNING, *FORGETTABLE)
 #: rows of a table read at most: a cluster has a few members, this bounds a bad status
 ROWS_MAX = 256
 #: the broker waits up to 15 s for the root, then up to 15 s for a majority: the API
@@ -74,6 +77,8 @@ def parse(raw: Any) -> dict[str, Any] | None:
                 "state": state,
                 "root": row.get("root") is True,
                 "forgettable": state in FORGETTABLE,
+                # a running primary: it may join or leave quorum groups (queues.grow|shrink)
+                "regroupable": state in RUNNING and row.get("type") == "primary",
             }
         )
     forgotten = raw.get("forgotten")
@@ -139,11 +144,11 @@ def shown() -> dict[str, Any]:
     return members
 
 
-def forget(address: Any, user: Any) -> Command:
-    """Ask the cluster to forget the stopped member at ``address`` (``HOST:PORT``):
-    a ``cluster.forget`` command to a linked broker of the cluster, the root first;
-    audited. :class:`InvalidRequest` for a malformed address, :class:`Unavailable`
-    when no broker of a cluster is linked."""
+def send(name: str, address: Any, user: Any) -> Command:
+    """Command ``name`` about the member at ``address`` (``HOST:PORT``; one of
+    ``commands.MEMBER_COMMANDS``) to a linked broker of the cluster, the root first,
+    which asks the root; audited. :class:`InvalidRequest` for a malformed address,
+    :class:`Unavailable` when no broker of a cluster is linked."""
     try:
         normalised = commands.member_address(address)
     except ValueError as exc:
@@ -151,10 +156,15 @@ def forget(address: Any, user: Any) -> Command:
     broker = _linked().first()
     if broker is None:
         raise Unavailable(
-            "no broker of a cluster is linked to the console now: none can ask the root "
-            "to forget a member"
+            f"no broker of a cluster is linked to the console now: none can ask the root for {name}"
         )
-    return commands.issue(broker, Command.CLUSTER_FORGET, {"address": normalised}, user)
+    return commands.issue(broker, name, {"address": normalised}, user)
+
+
+def forget(address: Any, user: Any) -> Command:
+    """Ask the cluster to forget the stopped member at ``address``: :func:`send` of
+    ``cluster.forget``."""
+    return send(Command.CLUSTER_FORGET, address, user)
 
 
 def wait(command: Command, seconds: float) -> Command:
@@ -168,36 +178,44 @@ def wait(command: Command, seconds: float) -> Command:
         time.sleep(POLL_SECONDS)
 
 
-def forget_and_wait(address: Any, user: Any, seconds: float | None = None) -> Command:
-    """:func:`forget`, then the broker's answer: the acked command, :class:`Conflict`
-    with the root's reason when refused, :class:`NoAnswer` when it did not answer
-    within ``seconds`` (``FORGET_WAIT_SECONDS``; the command stays open, and the
-    broker may still carry it out)."""
-    if seconds is None:
-        seconds = FORGET_WAIT_SECONDS
-    command = wait(forget(address, user), seconds)
+def send_and_wait(name: str, address: Any, user: Any, seconds: float) -> Command:
+    """:func:`send`, then the broker's answer: the acked command, :class:`Conflict`
+    with the root's (or the broker's) reason when refused, :class:`NoAnswer` when it
+    did not answer within ``seconds`` (the command stays open, and the broker may
+    still carry it out)."""
+    command = wait(send(name, address, user), seconds)
     if command.state == Command.STATE_ACKED:
         return command
     if command.state == Command.STATE_FAILED:
-        raise Conflict(command.error or "the broker refused to forget the member")
+        raise Conflict(command.error or f"the broker refused {name}")
     raise NoAnswer(
-        f"{command.broker.name} did not answer cluster.forget {command.id} within "
+        f"{command.broker.name} did not answer {name} {command.id} within "
         f"{seconds:g} s ({command.state}): see /api/v1/commands/{command.id}/"
     )
 
 
-#: a finished forget stays in the Members section this long
+def forget_and_wait(address: Any, user: Any, seconds: float | None = None) -> Command:
+    """:func:`send_and_wait` of ``cluster.forget``, up to ``FORGET_WAIT_SECONDS``."""
+    if seconds is None:
+        seconds = FORGET_WAIT_SECONDS
+    return send_and_wait(Command.CLUSTER_FORGET, address, user, seconds)
+
+
+#: a finished forget, grow or shrink stays in the Members section this long
 BANNER_SECONDS = 120
+#: commands the Members section shows at most
+BANNER_MAX = 5
 
 
-def recent_forgets() -> list[Command]:
-    """Forgets still on their way, and those that ended in the last two minutes: the
-    Members section follows each to its outcome (the refusal's text included)."""
+def recent_commands() -> list[Command]:
+    """Forgets, grows and shrinks still on their way, and those that ended in the last
+    two minutes: the Members section follows each to its outcome (the refusal's text
+    included)."""
     since = timezone.now() - dt.timedelta(seconds=BANNER_SECONDS)
     return list(
-        Command.objects.filter(name=Command.CLUSTER_FORGET)
+        Command.objects.filter(name__in=commands.MEMBER_COMMANDS)
         .filter(Q(state__in=Command.OPEN_STATES) | Q(finished_at__gte=since))
-        .select_related("broker", "created_by")[:3]
+        .select_related("broker", "created_by")[:BANNER_MAX]
     )
 
 

@@ -451,6 +451,10 @@ class Command(models.Model):
     QUEUES_REBALANCE = "queues.rebalance"
     #: the root forgets a stopped member for good (``brokerd ctl cluster forget``)
     CLUSTER_FORGET = "cluster.forget"
+    #: a primary joins every quorum group that leaves it out, or leaves every group naming
+    #: it (``brokerd ctl queues grow|shrink``)
+    QUEUES_GROW = "queues.grow"
+    QUEUES_SHRINK = "queues.shrink"
     NAME_CHOICES = [
         (CONFIG_APPLY, "config.apply"),
         (ROOT_ENABLE, "root.enable"),
@@ -459,6 +463,8 @@ class Command(models.Model):
         (QUEUE_MOVE, "queue.move"),
         (QUEUES_REBALANCE, "queues.rebalance"),
         (CLUSTER_FORGET, "cluster.forget"),
+        (QUEUES_GROW, "queues.grow"),
+        (QUEUES_SHRINK, "queues.shrink"),
     ]
 
     STATE_PENDING = "pending"

@@ -40,7 +40,8 @@ ENDPOINTS = (
     (
         "queue-list",
         "queues, a shared one once; POST .../{id}/move/ moves one to another primary, "
-        ".../rebalance/ spreads them over the primaries",
+        ".../rebalance/ spreads them over the primaries, .../grow/ and .../shrink/ take a "
+        "primary into or out of the quorum groups",
     ),
     ("exchange-list", "exchanges, per broker"),
     ("binding-list", "bindings, per broker"),

@@ -29,6 +29,9 @@ urlpatterns = [
         member_views.ForgetView.as_view(),
         name="api-cluster-members-forget",
     ),
+    # before the router: its queues/{id}/ would take these names for ids
+    path("queues/grow/", member_views.GrowView.as_view(), name="api-queues-grow"),
+    path("queues/shrink/", member_views.ShrinkView.as_view(), name="api-queues-shrink"),
     path("endpoints/", views.EndpointsView.as_view(), name="api-endpoints"),
     path("bridges/", bridge_views.BridgesView.as_view(), name="api-bridges"),
     *reports.file_routes(),

@@ -26,6 +26,7 @@ from clusterapi import (
     configs,
     decommission,
     events,
+    groups,
     inforce,
     members,
     objects,
@@ -193,10 +194,14 @@ def build_overview(params: QueryDict) -> dict[str, Any]:
 
 def members_view() -> dict[str, Any]:
     """The overview's Members section: the members as the root reports them (or why
-    they are not known), and the forgets on their way or just ended, which it follows
-    live to their outcome (a refusal's text included)."""
+    they are not known), and the forgets, grows and shrinks on their way or just ended,
+    which it follows live to their outcome (a refusal's text, each queue's answer)."""
     shown = members.shown()
-    shown["banner"] = with_stamps(members.recent_forgets(), "created_at", "finished_at")
+    banner = with_stamps(members.recent_commands(), "created_at", "finished_at")
+    for command in banner:
+        if command.name in groups.ACTIONS.values():
+            command.queue_answers = groups.outcome(command.result)  # type: ignore[attr-defined]
+    shown["banner"] = banner
     return shown
 
 

@@ -17,6 +17,7 @@ urlpatterns = [
         name="broker-decommission",
     ),
     path("cluster/members/forget/", views.member_forget, name="member-forget"),
+    path("cluster/members/groups/", views.member_groups, name="member-groups"),
     path("queues/", views.queues, name="queues"),
     path("queues/rebalance/", views.queues_rebalance, name="queues-rebalance"),
     path("queues/<int:pk>/", views.queue_detail, name="queue"),

@@ -22,7 +22,16 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST, require_safe
 
-from clusterapi import alarms, cluster, commands, decommission, members, objects, owners
+from clusterapi import (
+    alarms,
+    cluster,
+    commands,
+    decommission,
+    groups,
+    members,
+    objects,
+    owners,
+)
 from clusterapi.cluster import notify_dashboard
 from clusterapi.errors import Conflict, InvalidRequest, Unavailable
 from clusterapi.models import Alarm, Broker, Command, QueueSnapshot
@@ -205,13 +214,16 @@ def _error_status(exc: InvalidRequest) -> int:
     return 409 if isinstance(exc, Conflict) else 400
 
 
-@login_required
-def member_forget(request: HttpRequest) -> HttpResponse:
-    """Forget a stopped cluster member for good (operators; audited): GET is the
-    confirmation step (the member as the root reports it, what forgetting does), POST
-    sends ``cluster.forget`` to a linked broker, the root first, and goes back to the
-    overview, whose Members section follows the command to its outcome, the root's
-    refusal included."""
+def _member_command(
+    request: HttpRequest,
+    template: str,
+    send: Callable[[str], Command],
+    extra: dict[str, object] | None = None,
+) -> HttpResponse:
+    """A command about one member, from the dashboard (operators; audited): GET is the
+    confirmation step (``template``, with the member as the root reports it), POST
+    sends the command (``send(address)``) and goes back to the overview, whose Members
+    section follows it to its outcome, the root's refusal included."""
     require_operator(request)
     if request.method not in ("GET", "HEAD", "POST"):
         return HttpResponse(status=405, headers={"Allow": "GET, HEAD, POST"})
@@ -227,21 +239,49 @@ def member_forget(request: HttpRequest) -> HttpResponse:
         "error": "",
         "can_operate": True,
         "cluster": cluster.state(),
+        **(extra or {}),
     }
     status = 200
     if request.method == "POST":
         try:
-            command = members.forget(address, request.user)
+            command = send(address)
         except InvalidRequest as exc:
             context["error"], status = exc.message, _error_status(exc)
         else:
             messages.success(
                 request,
-                f"cluster.forget of {command.args['address']} sent to {command.broker.name}: "
+                f"{command.name} of {command.args['address']} sent to {command.broker.name}: "
                 "the Members section shows the answer",
             )
             return redirect(reverse("home") + "#cluster-members")
-    return render(request, "dashboard/member_forget.html", context, status=status)
+    return render(request, template, context, status=status)
+
+
+@login_required
+def member_forget(request: HttpRequest) -> HttpResponse:
+    """Forget a stopped cluster member for good: ``cluster.forget`` to a linked broker,
+    the root first, after a confirmation step saying what forgetting does."""
+    return _member_command(
+        request,
+        "dashboard/member_forget.html",
+        lambda address: members.forget(address, request.user),
+    )
+
+
+@login_required
+def member_groups(request: HttpRequest) -> HttpResponse:
+    """Take a running primary into every quorum group that leaves it out (``action``
+    grow) or out of every group naming it (shrink): ``queues.grow|shrink`` to a linked
+    broker, the root first, after a confirmation step; the Members section shows each
+    queue's answer."""
+    source = request.POST if request.method == "POST" else request.GET
+    action = source.get("action", "")
+    return _member_command(
+        request,
+        "dashboard/member_groups.html",
+        lambda address: groups.change(action, address, request.user),
+        {"action": action if action in groups.ACTIONS else ""},
+    )
 
 
 @require_POST

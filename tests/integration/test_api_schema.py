@@ -29,7 +29,7 @@ from rest_framework.authtoken.models import Token
 from schemathesis.config import OperationConfig
 from schemathesis.config._checks import POSITIVE_DATA_ACCEPTANCE_EXPECTED_STATUSES
 
-from clusterapi import configs, members
+from clusterapi import configs, groups, members
 from clusterapi.models import (
     Alarm,
     BindingSnapshot,
@@ -65,8 +65,10 @@ MEMBERS = {
 
 @pytest.fixture(autouse=True)
 def _forgets_wait_briefly(monkeypatch: pytest.MonkeyPatch) -> None:
-    """No broker acks a cluster.forget in process: the API gives up at once (504)."""
+    """No broker acks a cluster.forget or queues.grow|shrink in process: the API gives
+    up at once (504)."""
     monkeypatch.setattr(members, "FORGET_WAIT_SECONDS", 0.05)
+    monkeypatch.setattr(groups, "WAIT_SECONDS", 0.05)
 
 
 @pytest.fixture(autouse=True)
@@ -171,22 +173,28 @@ for name in ("POST /api/v1/reports/", "POST /api/v1/brokers/{id}/decommission/")
     )
 
 
-# A forget waits for the broker's ack, which nothing sends in process: a well-formed
-# address ends in the documented 504 (the command stays open), and the address is checked
-# beyond what the schema states (HOST:PORT, the port's range), refused with a 400.
-schema.config.operations.operations.append(
-    OperationConfig.from_dict(
-        {
-            "include-name": "POST /api/v1/cluster/members/forget/",
-            "checks": {
-                "not_a_server_error": {"expected-statuses": ["2xx", "3xx", "4xx", "504"]},
-                "positive_data_acceptance": {
-                    "expected-statuses": [*POSITIVE_DATA_ACCEPTANCE_EXPECTED_STATUSES, "400"]
+# A forget, a grow or a shrink waits for the broker's ack, which nothing sends in process:
+# a well-formed address ends in the documented 504 (the command stays open), and the
+# address is checked beyond what the schema states (HOST:PORT, the port's range), refused
+# with a 400.
+for waiting in (
+    "POST /api/v1/cluster/members/forget/",
+    "POST /api/v1/queues/grow/",
+    "POST /api/v1/queues/shrink/",
+):
+    schema.config.operations.operations.append(
+        OperationConfig.from_dict(
+            {
+                "include-name": waiting,
+                "checks": {
+                    "not_a_server_error": {"expected-statuses": ["2xx", "3xx", "4xx", "504"]},
+                    "positive_data_acceptance": {
+                        "expected-statuses": [*POSITIVE_DATA_ACCEPTANCE_EXPECTED_STATUSES, "400"]
+                    },
                 },
-            },
-        }
+            }
+        )
     )
-)
 
 
 @schema.parametrize()

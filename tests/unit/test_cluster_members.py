@@ -347,17 +347,19 @@ def test_a_viewer_cannot_forget_through_the_api(viewer: User, brokers: list[Brok
 
 @pytest.fixture
 def answering() -> Iterator[Callable[..., None]]:
-    """Plays the broker's link: once a cluster.forget command exists, acks it (from a
-    thread, while the request waits) with what it is told."""
+    """Plays the broker's link: once a command ``name`` (cluster.forget unless told)
+    exists, acks it (from a thread, while the request waits) with what it is told."""
     connection = connections["default"]
     threads: list[threading.Thread] = []
 
-    def answer(ok: bool, result: Any = None, error: str | None = None) -> None:
+    def answer(
+        ok: bool, result: Any = None, error: str | None = None, name: str = Command.CLUSTER_FORGET
+    ) -> None:
         def run() -> None:
             connections["default"] = connection
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
-                command = Command.objects.filter(name=Command.CLUSTER_FORGET).first()
+                command = Command.objects.filter(name=name).first()
                 if command is not None:
                     commands.acknowledge(command.broker_id, str(command.id), ok, result, error)
                     return
