@@ -174,12 +174,11 @@ class GroupChanges:
 
             entry = rep.group_request(self.host.config.vhost, name, action, address, self.host.spid)
             self.host.wiring.request(entry, done)
+        if answers:  # one deadline for them all, however many queues
+            await asyncio.wait(answers.values(), timeout=wait)
         rows = []
         for name, answer in answers.items():
-            try:
-                error = await asyncio.wait_for(answer, wait)
-            except TimeoutError:
-                error = "the root did not answer in time"
+            error = answer.result() if answer.done() else "the root did not answer in time"
             queue = self._queue(name)
             rows.append(
                 {
