@@ -200,8 +200,9 @@ class Linking:
         return ended_hosts(self.known - self.own_addresses, self.peers.values(), active, self.links)
 
     def forget_superseded(self: Membership, now: float) -> list[str]:
-        """Drop the records of earlier runs of servers that came back under a new spid
-        (issue 43: restarts must not grow state). A run is forgotten once it has
+        """Drop the records of earlier runs of servers that came back under a new spid,
+        and of servers the cluster forgot (issue 43: restarts and scale-downs must not
+        grow state). A run is forgotten once it has
         been silent ``FORGET_AFTER`` heartbeat timeouts, holds no link of its own, and nothing
         names it any more (``record_needed``: an owner's queues, a fence under way,
         a bridge). Its process has ended: a newer one listens at its address, and a
@@ -212,6 +213,23 @@ class Linking:
         for peer in self.peers.values():
             runs.setdefault(server_key(peer), []).append(peer)
         forgotten = []
+        # a server the cluster forgot (``ctl cluster forget``) goes the same way, its
+        # last run included: nothing supersedes it, and it may not come back
+        gone = {str(f[0]) for f in self.members_record.get("forgotten") or () if f}
+        for key in sorted(gone - self.known):
+            for old in runs.pop(key, []):
+                if (
+                    now - old.last_seen < bound
+                    or old.inbound
+                    or (old.link is not None and old.link.up)
+                    or self.standing.active(old, now)
+                    or self.record_needed(old.spid)
+                ):
+                    continue
+                del self.peers[old.spid]
+                self.cut.discard(old.spid)
+                forgotten.append(old.spid)
+                log.info("peer record forgotten spid=%s address=%s (forgotten)", old.spid, key)
         for group in runs.values():
             if len(group) < 2:
                 continue

@@ -53,3 +53,17 @@ def test_a_run_heard_lately_linked_or_named_stays() -> None:
     assert ctl.forget_superseded(now) == []
     ctl.bridges.placed.clear()
     assert ctl.forget_superseded(now) == ["a1"]
+
+
+def test_a_forgotten_servers_records_go_too_its_last_run_included() -> None:
+    ctl, clock = make()
+    now = clock()
+    runs(ctl, "h9:1", "f1", heard=now)
+    ctl.peers["f1"].last_seen = now - BOUND - 1  # its one run, stopped long ago
+    runs(ctl, "h8:1", "g1", heard=now)
+    ctl.peers["g1"].last_seen = now - BOUND - 1  # silent, but still a member
+    ctl.known = {*ctl.known, "h8:1"}
+    assert ctl.forget_superseded(now) == []  # not forgotten yet: its last run stays
+    ctl.members_record = {"forgotten": [["h9:1", "node"]]}
+    assert ctl.forget_superseded(now) == ["f1"]
+    assert "g1" in ctl.peers
