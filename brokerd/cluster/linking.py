@@ -218,13 +218,7 @@ class Linking:
         gone = {str(f[0]) for f in self.members_record.get("forgotten") or () if f}
         for key in sorted(gone - self.known):
             for old in runs.pop(key, []):
-                if (
-                    now - old.last_seen < bound
-                    or old.inbound
-                    or (old.link is not None and old.link.up)
-                    or self.standing.active(old, now)
-                    or self.record_needed(old.spid)
-                ):
+                if not self._forgettable(old, now, bound, old.link is not None and old.link.up):
                     continue
                 del self.peers[old.spid]
                 self.cut.discard(old.spid)
@@ -238,13 +232,7 @@ class Linking:
             for old in group[:-1]:
                 # links are by address: the newest run's carries on in the same object
                 linked = old.link is not None and old.link.up and old.link is not newest.link
-                if (
-                    now - old.last_seen < bound
-                    or linked
-                    or old.inbound
-                    or self.standing.active(old, now)
-                    or self.record_needed(old.spid)
-                ):
+                if not self._forgettable(old, now, bound, linked):
                     continue
                 del self.peers[old.spid]
                 self.cut.discard(old.spid)
@@ -256,6 +244,17 @@ class Linking:
                     newest.spid,
                 )
         return forgotten
+
+    def _forgettable(self: Membership, old: Peer, now: float, bound: float, linked: bool) -> bool:
+        """Silent past ``bound``, with no link or connection of its own, not active, and
+        named by nothing: a record that can go."""
+        return not (
+            now - old.last_seen < bound
+            or linked
+            or old.inbound
+            or self.standing.active(old, now)
+            or self.record_needed(old.spid)
+        )
 
     def record_needed(self: Membership, spid: str) -> bool:
         """Something still names the server run ``spid`` (overridden by the controller:

@@ -192,6 +192,22 @@ def queue_row(cluster: Cluster, index: int, name: str) -> dict[str, Any]:
     return next(r for r in rows if r["name"] == name)
 
 
+def declare_grouped(cluster: Cluster, name: str, size: int | None = None) -> dict[str, Any]:
+    """Declare quorum queue ``name`` through server 0 (a group of ``size``, or the
+    default three) and wait until it is placed: its row, with its group and owner."""
+    arguments: dict[str, Any] = {"x-queue-type": "quorum"}
+    if size is not None:
+        arguments["x-quorum-initial-group-size"] = size
+    setup = connect(cluster.ports[0])
+    setup.channel().queue_declare(name, durable=True, arguments=arguments)
+    setup.close()
+    return cluster.wait_until(
+        lambda: (r := queue_row(cluster, 0, name))["group"] and r["owner_address"] and r,
+        timeout=10,
+        what=f"{name} placed",
+    )
+
+
 def test_a_quorum_queue_shrinks_off_a_member_under_load_and_off_a_forgotten_one(
     make_cluster: MakeCluster,
 ) -> None:
@@ -199,16 +215,7 @@ def test_a_quorum_queue_shrinks_off_a_member_under_load_and_off_a_forgotten_one(
     cluster.start_settled()
     fourth = join(cluster, 0)
     wait_version(cluster, [0, 1, 2, fourth], 1, 4)
-    setup = connect(cluster.ports[0])
-    setup.channel().queue_declare(
-        "shrinking", durable=True, arguments={"x-queue-type": "quorum"}
-    )  # a group of three of the four primaries
-    setup.close()
-    row = cluster.wait_until(
-        lambda: (r := queue_row(cluster, 0, "shrinking"))["group"] and r["owner_address"] and r,
-        timeout=10,
-        what="the queue placed",
-    )
+    row = declare_grouped(cluster, "shrinking")
     group, owner = row["group"], row["owner_address"]
     assert len(group) == 3
     leaving = next(a for a in group if a != owner)
@@ -241,14 +248,7 @@ def test_a_quorum_queue_shrinks_off_a_member_under_load_and_off_a_forgotten_one(
 
     # a forgotten member leaves the groups naming it (a group of three: the queue here
     # is down to two, which keeps it; a new one of three is declared for this)
-    setup = connect(cluster.ports[0])
-    setup.channel().queue_declare("forgetting", durable=True, arguments={"x-queue-type": "quorum"})
-    setup.close()
-    row = cluster.wait_until(
-        lambda: (r := queue_row(cluster, 0, "forgetting"))["group"] and r["owner_address"] and r,
-        timeout=10,
-        what="the second queue placed",
-    )
+    row = declare_grouped(cluster, "forgetting")
     victim = next(
         i
         for i in (0, 1, 2, fourth)
@@ -273,18 +273,7 @@ def test_a_quorum_queue_grows_onto_a_joined_primary_that_then_holds_it(
 ) -> None:
     cluster = make_cluster(3)
     cluster.start_settled()
-    setup = connect(cluster.ports[0])
-    setup.channel().queue_declare(
-        "growing",
-        durable=True,
-        arguments={"x-queue-type": "quorum", "x-quorum-initial-group-size": 2},
-    )
-    setup.close()
-    row = cluster.wait_until(
-        lambda: (r := queue_row(cluster, 0, "growing"))["group"] and r["owner_address"] and r,
-        timeout=10,
-        what="the queue placed",
-    )
+    row = declare_grouped(cluster, "growing", 2)
     owner_address, other = (
         row["owner_address"],
         next(a for a in row["group"] if a != row["owner_address"]),

@@ -45,20 +45,25 @@ SHRINK = "shrink"
 GROW = "grow"
 
 
+def _grouped(queue: SharedQueue | None, name: str) -> tuple[SharedQueue, tuple[str, ...]]:
+    """The queue and its group, or the reason it has none to change."""
+    if queue is None:
+        raise ChannelError(NOT_FOUND, f"no shared queue '{name}'")
+    if queue.group is None:
+        raise ChannelError(
+            PRECONDITION_FAILED,
+            f"queue '{name}' has no group of its own (classic, or kept by every primary)",
+        )
+    return queue, queue.group
+
+
 def check_grow(
     queue: SharedQueue | None, name: str, address: str, live: set[str], members: set[str]
 ) -> tuple[str, ...]:
     """The group queue ``name`` has with ``address`` (``live``: the live primaries'
     addresses; ``members``: the cluster's); raises ``AMQPError`` with the reason a
     grow is refused."""
-    if queue is None:
-        raise ChannelError(NOT_FOUND, f"no shared queue '{name}'")
-    group = queue.group
-    if group is None:
-        raise ChannelError(
-            PRECONDITION_FAILED,
-            f"queue '{name}' has no group of its own (classic, or kept by every primary)",
-        )
+    queue, group = _grouped(queue, name)
     if address in group:
         raise ChannelError(PRECONDITION_FAILED, f"{address} is in queue '{name}''s group already")
     if address not in members:
@@ -77,14 +82,7 @@ def check_shrink(
 ) -> tuple[str, ...]:
     """The group queue ``name`` has without ``address``; raises ``AMQPError`` with the
     reason a shrink is refused."""
-    if queue is None:
-        raise ChannelError(NOT_FOUND, f"no shared queue '{name}'")
-    group = queue.group
-    if group is None:
-        raise ChannelError(
-            PRECONDITION_FAILED,
-            f"queue '{name}' has no group of its own (classic, or kept by every primary)",
-        )
+    queue, group = _grouped(queue, name)
     if address not in group:
         raise ChannelError(PRECONDITION_FAILED, f"{address} is not in queue '{name}''s group")
     if len(group) < 3:
