@@ -79,6 +79,9 @@ class Fault:
     #: a network fault's heal began (``end`` is when it was done): what a server did
     #: before this, it did cut off
     healing: float | None = None
+    #: a network fault's cut was in place (its routes and links changed: on a loaded
+    #: machine the ``ip`` commands take a while after ``start``); None: not recorded
+    cut: float | None = None
 
 
 @dataclass

@@ -270,6 +270,7 @@ class Nemesis:
                     self.primaries(),
                     planned.pick_peer,
                 )
+                fault.cut = time.time()
                 fault.note = "; ".join(p for p in (fault.note, cut) if p)
                 time.sleep(planned.hold)
             finally:

@@ -125,6 +125,10 @@ def _longest_gap(times: list[float], start: float, end: float) -> float | None:
 def _last_after(fault: Fault, times: Iterable[float]) -> float:
     """Seconds from the cut to the cut-off server's last confirm or delivery while it
     was cut off, before its heal began (0.0: none): a publish it held through the
-    cut may well be confirmed the moment the heal lets it through."""
+    cut may well be confirmed the moment the heal lets it through. The cut is when
+    it was in place (``Fault.cut``: applying it runs several ``ip`` commands, which on
+    a loaded machine took up to seconds, and what was confirmed meanwhile was not
+    cut off), else when it was asked for."""
+    start = fault.cut or fault.start
     end = fault.healing or fault.end or fault.start
-    return max((t - fault.start for t in times if fault.start < t <= end), default=0.0)
+    return max((t - start for t in times if start < t <= end), default=0.0)
