@@ -105,7 +105,13 @@ class JournalQueueStore:
         self.ids[id(message)] = jid
         self.committer.register(journal, waiter.defer() if waiter is not None else None)
 
-    def delivered(self, message: Message, consumer: ConsumerSink | None, no_ack: bool) -> None:
+    def delivered(
+        self,
+        message: Message,
+        consumer: ConsumerSink | None,
+        no_ack: bool,
+        written: PublishWaiter | None = None,
+    ) -> None:
         if message.paged:  # a replica marks its paged copies too
             jid = message.jid  # type: ignore[attr-defined]
             if no_ack:
@@ -123,7 +129,9 @@ class JournalQueueStore:
             journal.mark(rec.DEQUEUE, jid)
         else:
             journal.mark(rec.ACQUIRE, jid)
-        self.committer.register(journal)
+        # ``written``: a replica acks the acquisition only once its record is on disk
+        # (a whole-cluster crash must not bring a delivered message back unflagged)
+        self.committer.register(journal, written.defer() if written is not None else None)
 
     def dequeued(self, messages: Iterable[Message]) -> None:
         if not self.ids and not self.paged:

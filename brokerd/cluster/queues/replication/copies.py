@@ -416,7 +416,7 @@ class Copies:
         if op == rec.R_ENQUEUE or op == rec.R_SYNC:
             self._add(stream, r)
         elif op == rec.R_ACQUIRE:
-            self._acquire(r.queue, r.mid)
+            self._acquire(r.queue, r.mid, _Write(self, stream, r.seq or stream.applied + 1))
         elif op == rec.R_SETTLE:
             self._settle(r.queue, r.mid)
         elif op == rec.R_REQUEUE:
@@ -467,9 +467,9 @@ class Copies:
             # flagged on disk too: a copy restored or requeued at the master comes back
             # flagged after a restart here, not as a first delivery
             store.enqueued(message, write, jid=r.mid, redelivered=redelivered)
+            if acquired:  # delivered already: its mark on disk too before the ack
+                store.delivered(message, None, False, write)
             write.arm(True, 1)
-            if acquired:
-                store.delivered(message, None, False)
             queue = self.vhost().queues[r.queue]  # type: ignore[union-attr]
             if replica.bytes > queue.page_limit:
                 stub = store.page_out(message, jid=r.mid)
@@ -478,14 +478,19 @@ class Copies:
                     return
         replica.bytes += len(r.body)
 
-    def _acquire(self, name: str, mid: int) -> None:
+    def _acquire(self, name: str, mid: int, write: _Write | None = None) -> None:
+        """The owner delivered it: marked here, and on disk before the event is acked
+        (the owner's delivery waits for that ack: after a crash of every server the
+        copy must bring it back flagged redelivered, its owner's disk maybe lost)."""
         entry = self._entry(name, mid)
         if entry is None or entry.acquired:
             return
         entry.acquired = True
         store = self._store(name)
         if store is not None:
-            store.delivered(entry.message, None, False)
+            store.delivered(entry.message, None, False, write)
+            if write is not None:
+                write.arm(True, 1)
 
     def _settle(self, name: str, mid: int) -> None:
         replica = self.queues.get(name)
