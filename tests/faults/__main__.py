@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -155,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         stall_dumps=args.stall_dumps,
         stall_after=args.stall_after,
     )
+    # a plain ``kill`` ends the run as Ctrl-C does: the run's own teardown stops the
+    # servers and removes the test bed (left alone, SIGTERM kills only this process)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     base = args.dir or Path(tempfile.mkdtemp(prefix="rookery-faults-"))
     started = time.monotonic()
     flood = (
