@@ -71,6 +71,10 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+#: the tag that lets a user publish with a ``user-id`` not its own (RabbitMQ's)
+IMPERSONATOR = "impersonator"
+
+
 @dataclass
 class User:
     name: str

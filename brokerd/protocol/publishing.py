@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 
 from pamqp import commands
 
+from brokerd.model.auth import IMPERSONATOR
 from brokerd.model.completion import Completion
 from brokerd.model.errors import NO_ROUTE, ChannelError, access_refused, precondition_failed
 from brokerd.model.exchange import Exchange
 from brokerd.model.expiry import check_expiration
 from brokerd.model.message import Body, Message
-from brokerd.wire import codec
+from brokerd.wire import codec, tables
 from brokerd.wire.codec import INLINE_BODY
 
 if TYPE_CHECKING:
@@ -137,6 +138,9 @@ class Publishing:
         exchange = self._check_publish(message.exchange)
         if message.expiring:  # a TTL, or a 406
             check_expiration(message.props_raw)
+        claimed = tables.user_id(message.props_raw)
+        if claimed is not None:
+            self._check_user_id(claimed)
         if exchange.muxer.client_traffic:
             conn.messages_in += 1
             conn.broker.messages_in += 1
@@ -160,6 +164,19 @@ class Publishing:
             self.send_return(NO_ROUTE, "NO_ROUTE", message)
         if self.confirm:
             self._confirm(accepted)
+
+    def _check_user_id(self, claimed: bytes) -> None:
+        """A ``user-id`` must name the user logged in (RabbitMQ's rule and 406 text):
+        consumers may trust it. A user tagged ``impersonator`` may set any, as a
+        local bridge republishing what it moved does."""
+        user = self.connection.user
+        name = getattr(user, "name", "")
+        if claimed == name.encode() or IMPERSONATOR in getattr(user, "tags", ()):
+            return
+        raise precondition_failed(
+            f"user_id property set to '{claimed.decode(errors='replace')}' "
+            f"but authenticated user was '{name}'"
+        )
 
     def _confirm(self, accepted: bool) -> None:
         """The publish just read is settled now: its confirm follows those still

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from brokerd.bridges.runner import LocalBroker
 from brokerd.bridges.service import BridgeError, BridgeService, DefinitionFile
-from brokerd.model.auth import Permission, User, hash_password
+from brokerd.model.auth import IMPERSONATOR, Permission, User, hash_password
 from brokerd.server.control import ControlError
 
 if TYPE_CHECKING:
@@ -33,7 +33,9 @@ def install_user(server: Server) -> None:
         server._bridge_password = secrets.token_urlsafe(32)
         server._bridge_password_hash = hash_password(server._bridge_password, iterations=1000)
     users = server.broker.users
-    users.add_user(User(BRIDGE_USER, server._bridge_password_hash, ("bridge",)))
+    # an impersonator: a shovel or a trusting federation link republishes a user-id
+    # that named a user where the message came from (RabbitMQ's direct connection)
+    users.add_user(User(BRIDGE_USER, server._bridge_password_hash, ("bridge", IMPERSONATOR)))
     # the clustered vhost too: it is the clients' (its shared queues are what a
     # cluster's bridges move); the links log in with the cluster secret, not as users
     for vhost in server.broker.vhosts:

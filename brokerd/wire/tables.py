@@ -110,6 +110,15 @@ def shortstr_value(field: bytes) -> bytes:
     return field[1 : 1 + field[0]]
 
 
+def user_id(raw: bytes) -> bytes | None:
+    """The ``user-id`` property (None if absent): its flag is read without decoding,
+    so a publish without one (nearly all) costs a bit test."""
+    if len(raw) < 2 or not raw[1] & USER_ID:
+        return None
+    field = split_properties(raw).get(USER_ID)
+    return None if field is None else shortstr_value(field)
+
+
 def expiration(raw: bytes) -> bytes | None:
     """The ``expiration`` property straight from the encoded properties (None if
     absent), skipping the seven that precede it: asked of every message that
