@@ -17,18 +17,29 @@ already requeued those messages."""
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from brokerd.cluster.plane import records as rec
+from brokerd.cluster.queues.proxied import (
+    MAX_WAITING,
+    RETRIES,
+    Members,
+    ProxiedConsumer,
+    Request,
+    Session,
+    error_of,
+    is_current,
+    is_gone,
+    is_ok,
+    missing,
+    not_mastered,
+    not_ready,
+    unavailable,
+    window_of,
+)
 from brokerd.model.errors import (
     INTERNAL_ERROR,
-    NOT_FOUND,
-    AMQPError,
-    ChannelError,
-    ConnectionError_,
 )
 from brokerd.model.interfaces import ConsumerSink, Reply
 from brokerd.model.message import Message
@@ -39,88 +50,6 @@ if TYPE_CHECKING:
     from brokerd.cluster.queues.shared import SharedQueue
 
 log = logging.getLogger("brokerd.cluster.queues.proxy")
-
-
-class Members(Protocol):
-    """What the proxy side asks of membership."""
-
-    config: Any
-    not_ready_reason: str
-
-    def clock(self) -> float: ...
-
-    def in_sync(self, root: str) -> bool: ...
-
-
-#: requests (gets, purges, counts) that may wait for an owner at once; more are refused
-MAX_WAITING = 10_000
-#: times a request is asked again of an owner that does not master its queue yet
-RETRIES = 3
-
-
-class Session:
-    """One attachment of this server's proxies to the owner ``peer``."""
-
-    __slots__ = ("epoch", "out", "peer")
-
-    def __init__(self, peer: str, epoch: int, out: Outbound) -> None:
-        self.peer = peer
-        self.epoch = epoch
-        self.out = out
-
-
-class ProxiedConsumer:
-    """A local consumer of a proxied shared queue, as attached at its owner."""
-
-    __slots__ = (
-        "attached",
-        "consumer",
-        "created",
-        "owed",
-        "pending",
-        "queue",
-        "reply",
-        "session",
-        "tag",
-        "windowed",
-    )
-
-    def __init__(
-        self, queue: SharedQueue, consumer: ConsumerSink, tag: str, reply: Reply | None, now: float
-    ) -> None:
-        self.queue = queue
-        self.consumer = consumer
-        self.tag = tag
-        #: the client's consume-ok, until the owner first accepts it
-        self.reply = reply
-        self.created = now
-        #: the session its consume went out under (None: not sent yet, or that ended)
-        self.session: Session | None = None
-        self.attached = False
-        #: deliveries from the owner the consumer was not ready for yet
-        self.pending: deque[tuple[Message, bool]] = deque()
-        #: no prefetch window in ack mode: credit goes back as deliveries are written
-        self.windowed = bool(getattr(consumer, "no_ack", False)) or not _window(consumer)
-        self.owed = 0
-
-
-def _window(consumer: ConsumerSink) -> int:
-    return int(getattr(consumer, "window", 0) or 0)
-
-
-@dataclass
-class Request:
-    """A get, purge or count asked of a queue's owner, re-asked under a new session."""
-
-    queue: SharedQueue | None
-    issue: Callable[[Session, int], None]
-    answer: Callable[[Any], None]
-    created: float
-    consume: ProxiedConsumer | None = None
-    session: Session | None = None
-    retries: int = field(default=0)
-    #: asks the queue itself, once its owner is this server (a failover chose it)
-    here: Callable[[], None] | None = None
 
 
 class ProxySide:
@@ -236,12 +165,12 @@ class ProxySide:
         if expired:
             self.waiting = [r for r in self.waiting if now - r.created <= limit]
             for request in expired:
-                request.answer(_not_ready(members, request.queue))
+                request.answer(not_ready(members, request.queue))
         for state in list(self.by_tag.values()):
             if state.reply is not None and not state.attached and now - state.created > limit:
                 self._drop(state)
                 reply, state.reply = state.reply, None
-                reply(_not_ready(members, state.queue))
+                reply(not_ready(members, state.queue))
 
     # -- requests ----------------------------------------------------------------------
 
@@ -277,8 +206,8 @@ class ProxySide:
         answer: Callable[[Any], None],
         here: Callable[[], None] | None = None,
     ) -> None:
-        if _unavailable(queue):
-            answer(_not_ready(self.members, queue))
+        if unavailable(queue):
+            answer(not_ready(self.members, queue))
             return
         request = Request(queue, issue, answer, self.members.clock(), here=here)
         session = self._session_for(queue)
@@ -287,7 +216,7 @@ class ProxySide:
         elif len(self.waiting) < MAX_WAITING:
             self.waiting.append(request)
         else:
-            answer(_not_ready(self.members, queue))
+            answer(not_ready(self.members, queue))
 
     def get(self, queue: SharedQueue, no_ack: bool, reply: Reply) -> None:
         asked: list[Session] = []
@@ -304,7 +233,7 @@ class ProxySide:
             elif isinstance(r, rec.Reply) and r.code == 0:
                 reply(None)  # get-empty
             else:
-                reply(_error(r))
+                reply(error_of(r))
 
         self._ask(queue, issue, answer)
 
@@ -313,7 +242,10 @@ class ProxySide:
             self.transport.batch(session.out).purge(req, queue.name)
 
         self._ask(
-            queue, issue, lambda r: reply(r.a if _ok(r) else _error(r)), lambda: queue.purge(reply)
+            queue,
+            issue,
+            lambda r: reply(r.a if is_ok(r) else error_of(r)),
+            lambda: queue.purge(reply),
         )
 
     def stat(self, queue: SharedQueue, reply: Reply) -> None:
@@ -323,7 +255,7 @@ class ProxySide:
         self._ask(
             queue,
             issue,
-            lambda r: reply((r.a, r.b) if _ok(r) else _error(r)),
+            lambda r: reply((r.a, r.b) if is_ok(r) else error_of(r)),
             lambda: queue.stat(reply),
         )
 
@@ -340,8 +272,8 @@ class ProxySide:
     def attach(self, queue: SharedQueue, consumer: ConsumerSink, reply: Reply | None) -> None:
         """basic.consume on a proxied queue: its owner decides (exclusivity counts
         consumers everywhere); ``reply`` answers when it has."""
-        if _unavailable(queue) and reply is not None:
-            reply(_not_ready(self.members, queue))
+        if unavailable(queue) and reply is not None:
+            reply(not_ready(self.members, queue))
             return
         state = ProxiedConsumer(queue, consumer, self._tag(consumer), reply, self.members.clock())
         queue.proxied[consumer] = state
@@ -379,7 +311,7 @@ class ProxySide:
             elif request.here is not None:
                 request.here()
             else:
-                request.answer(_not_ready(self.members, queue))
+                request.answer(not_ready(self.members, queue))
 
     def replaced(self, queue: SharedQueue) -> None:
         """A proxied classic queue has another owner now (or none): its consumers
@@ -396,7 +328,7 @@ class ProxySide:
                 self._drop(state)
                 reply, state.reply = state.reply, None
                 if reply is not None:
-                    reply(_not_ready(self.members, queue))
+                    reply(not_ready(self.members, queue))
                 else:
                     queue.detach(consumer)
                     consumer.cancelled(queue)
@@ -411,7 +343,7 @@ class ProxySide:
         session = state.session
         if session is None or self.sessions.get(session.peer) is not session:
             return
-        returned = [m.ref[1] for m, _ in state.pending if _current(m, session)]
+        returned = [m.ref[1] for m, _ in state.pending if is_current(m, session)]
         batch = self.transport.batch(session.out)
         batch.cancel(state.tag)
         if returned:
@@ -431,7 +363,7 @@ class ProxySide:
             0,
             state.tag,
             state.queue.name,
-            _window(consumer),
+            window_of(consumer),
             bool(getattr(consumer, "no_ack", False)),
             consumer.exclusive,
             consumer.no_local,
@@ -447,14 +379,14 @@ class ProxySide:
         queue, consumer = state.queue, state.consumer
         if state.tag not in self.by_tag:
             return  # cancelled meanwhile (the cancel went after the consume)
-        if _ok(r):
+        if is_ok(r):
             state.attached = True
             reply, state.reply = state.reply, None
             if reply is not None:
                 queue.attach(consumer)  # the owner accepted it: listed here
                 reply(None)
             return
-        error = _error(r)
+        error = error_of(r)
         if error.reply_code == INTERNAL_ERROR:
             # the owner moved meanwhile, or the consume reached the new owner before
             # the placement did: attached again (``tick``)
@@ -496,13 +428,13 @@ class ProxySide:
         request = self.requests.get(r.req)  # type: ignore[union-attr]
         if request is not None and request.session is session:
             del self.requests[r.req]  # type: ignore[union-attr]
-            if _not_mastered(r) and request.consume is None and request.retries < RETRIES:
+            if not_mastered(r) and request.consume is None and request.retries < RETRIES:
                 # it reached the owner before the placement did: asked again (``tick``)
                 request.retries += 1
                 request.session = None
                 self.waiting.append(request)
                 return
-            gone = _gone(r) and request.queue is not None and request.consume is None
+            gone = is_gone(r) and request.queue is not None and request.consume is None
             if gone and self._stale(request):
                 return
             request.answer(r)
@@ -528,7 +460,7 @@ class ProxySide:
     def queue_gone(self, queue: Any) -> None:
         """VirtualHost hook: a queue was removed here; what waited for that is answered."""
         for request in self.stale.pop(queue, ()):
-            request.answer(_missing(queue))
+            request.answer(missing(queue))
 
     def _ask_stale_again(self, now: float) -> None:
         """Stale requests a heartbeat timeout old are asked of the owner again."""
@@ -601,52 +533,3 @@ class ProxySide:
                 batch.ack(ids)
             else:
                 batch.reject(ids, outcome == "requeue")
-
-
-def _current(message: Message, session: Session) -> bool:
-    ref = message.ref
-    return ref is not None and ref[0] is session  # type: ignore[index]
-
-
-def _ok(r: Any) -> bool:
-    return isinstance(r, rec.Reply) and r.code == 0
-
-
-def _error(r: Any) -> AMQPError:
-    if isinstance(r, AMQPError):
-        return r
-    if isinstance(r, rec.Reply):
-        cls = ConnectionError_ if r.hard else ChannelError
-        return cls(r.code, r.text)
-    return ConnectionError_(INTERNAL_ERROR, "unexpected answer from the queue's owner")
-
-
-def _gone(r: Any) -> bool:
-    """The owner's answer: it has no such queue."""
-    return isinstance(r, rec.Reply) and r.code == NOT_FOUND
-
-
-def _missing(queue: Any) -> AMQPError:
-    return ChannelError(NOT_FOUND, f"no queue '{queue.name}' in vhost '{queue.vhost}'")
-
-
-def _not_mastered(r: Any) -> bool:
-    """The owner's answer: the queue is not mastered there (yet, or any more)."""
-    return isinstance(r, rec.Reply) and r.code == INTERNAL_ERROR
-
-
-def _unavailable(queue: SharedQueue) -> bool:
-    """A queue whose owner is away (a classic queue, or one no copy of which was
-    left): RabbitMQ answers for it at once. A replicated queue not placed yet waits."""
-    return queue.unavailable()
-
-
-def _not_ready(members: Any, queue: SharedQueue | None = None) -> AMQPError:
-    if queue is not None and _unavailable(queue):
-        return ChannelError(
-            NOT_FOUND,
-            f"home node '{queue.home or 'unknown'}' of durable queue '{queue.name}' in vhost "
-            f"'{queue.vhost}' is down or inaccessible",
-        )
-    reason = members.not_ready_reason or "no session with the queue's owner"
-    return ConnectionError_(INTERNAL_ERROR, f"cluster not ready: {reason}")

@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from brokerd.cluster.queues.handover import Handovers
     from brokerd.cluster.queues.orphans import Orphans
     from brokerd.cluster.queues.owner import OwnerSide
-    from brokerd.cluster.queues.proxy import ProxiedConsumer, ProxySide
+    from brokerd.cluster.queues.proxied import ProxiedConsumer
+    from brokerd.cluster.queues.proxy import ProxySide
     from brokerd.cluster.queues.replication.copies import Copies
     from brokerd.cluster.queues.replication.store import ReplicatingStore
     from brokerd.cluster.queues.replication.stream import Stream
