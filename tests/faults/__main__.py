@@ -188,7 +188,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         print(f"history and report in {args.json}")
-    ok = outcome.report.ok() and not (outcome.crashes or outcome.leftover or outcome.stuck_clients)
+    if outcome.misnumbered:
+        print(f"CLIENTS NAMING SERVERS BY ANOTHER INDEX: {outcome.misnumbered}")
+    ok = outcome.report.ok() and not (
+        outcome.crashes or outcome.leftover or outcome.stuck_clients or outcome.misnumbered
+    )
     if not ok:
         print(outcome.describe)
     return 0 if ok else 1

@@ -86,6 +86,9 @@ class Outcome:
     leftover: list[int] = field(default_factory=list)
     #: client threads still running after the cleanup (must be none)
     stuck_clients: list[str] = field(default_factory=list)
+    #: clients whose server indexes are not the harness's (must be none: every
+    #: per-server figure and the kill-*-server targets rest on them)
+    misnumbered: list[str] = field(default_factory=list)
 
     @property
     def crashes(self) -> list[dict[str, float | int | None]]:
@@ -175,6 +178,13 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
         )
     try:
         cluster.start_all()
+        # fresh servers are numbered by seniority once they are up (``start_all``),
+        # each keeping its address: the clients were made with the addresses in spawn
+        # order, so they take them again now, or a client's server index (in its
+        # publishes and deliveries, and the target of kill-publisher-server and
+        # kill-consumer-server) names another server than the harness's index does
+        for client in clients:
+            client.ports = list(cluster.endpoints)
         cluster.wait_until(cluster.settled_root, timeout=30, what="a settled root")
         declare(cluster.primary_endpoints, queues, config.queue_type, config.group_size)
         for client in clients:
@@ -247,6 +257,9 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
             if n.process is not None and n.process.proc is not None and n.alive()
         ],
         stuck_clients=[c.name for c in clients if c.is_alive()],
+        misnumbered=[
+            c.name for c in clients if c.ports != cluster.endpoints[: len(c.ports)]
+        ],
     )
 
 

@@ -70,6 +70,13 @@ def test_every_process_and_client_was_cleaned_up(outcome: Outcome) -> None:
     assert outcome.stuck_clients == [], context(outcome)
 
 
+def test_clients_name_servers_as_the_harness_does(outcome: Outcome) -> None:
+    # start_all numbers fresh servers by seniority after they are up: clients made
+    # before it named them in spawn order, so the per-server figures (a cut-off
+    # server's last confirm) and kill-publisher-server's target were another server's
+    assert outcome.misnumbered == [], context(outcome)
+
+
 def test_no_server_exited_by_itself(outcome: Outcome) -> None:
     assert outcome.crashes == [], context(outcome)
 

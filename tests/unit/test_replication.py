@@ -584,3 +584,31 @@ def test_a_server_that_notices_the_roots_loss_first_keeps_its_copys_place(
     # a new root's stream is what counts from then on
     net.elect("B")
     assert c.source == "B" and b.copies.source is None
+
+
+def test_a_reset_behind_a_refused_one_in_one_batch_is_applied(net: Net) -> None:
+    """A fenced owner that had not applied its fence yet answers its replicas with a
+    reset of its old generation, which they refuse; once it applies the fence it
+    resets them under the next one. On a slow loop both resets go in one batch: the
+    refusal must skip only its own generation's records, not the reset behind them,
+    or the replicas never take the new stream and the owner confirms nothing (the
+    tenth session's soak: a queue moved onto it stalled its publishers 12.9 s)."""
+    net.queue("A", "q").push(message(b"1"))
+    net.pump()
+    net.fail_over("A")  # fenced: A's stream starts again under generation 1
+    net.pump()
+    side = net.servers["B"].queues.copies
+    assert side.fences == {"A": 1}
+    stream = side.streams["A"]
+    stream.joined = False  # as before a reset: what follows is the batch's to decide
+    seq = net.servers["A"].queues.stream.seq
+    stale = [
+        rec.Replicate(0, rec.R_RESET, "", seq - 5, 0),  # generation 0: refused
+        rec.Replicate(seq - 4, rec.R_SETTLE, "q", 0),  # of the refused generation
+    ]
+    current = [
+        rec.Replicate(0, rec.R_RESET, "", seq, 1),
+        rec.Replicate(seq + 1, rec.R_SETTLE, "q", 0),
+    ]
+    side.receive(net.servers["B"].queues.transport.out("A"), [*stale, *current])
+    assert stream.joined and stream.applied == seq + 1

@@ -232,13 +232,20 @@ class Copies:
         stream = self.streams.get(spid)
         if stream is None:
             stream = self.streams[spid] = SourceStream(spid)
+        #: after a refused reset: its generation's records, skipped up to the next reset
+        #: (a fenced owner's reset of its old generation and the one of its new may
+        #: share a batch: the second must not be dropped with the first)
+        refused = False
         for r in records:
-            if r.seq == 0:
-                if r.op == rec.R_RESET and not r.queue:
-                    if not self._current(stream, r.flags):
-                        return
+            if r.seq == 0 and r.op == rec.R_RESET and not r.queue:
+                refused = not self._current(stream, r.flags)
+                if not refused:
                     self.begin(stream, r.mid)
-                elif stream.joined:
+                continue
+            if refused:
+                continue
+            if r.seq == 0:
+                if stream.joined:
                     self.apply(stream, r)
                 continue
             if not stream.joined or r.seq != stream.applied + 1:
