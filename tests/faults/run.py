@@ -257,9 +257,7 @@ def run(config: RunConfig, base: Path, log: Callable[[str], None] = print) -> Ou
             if n.process is not None and n.process.proc is not None and n.alive()
         ],
         stuck_clients=[c.name for c in clients if c.is_alive()],
-        misnumbered=[
-            c.name for c in clients if c.ports != cluster.endpoints[: len(c.ports)]
-        ],
+        misnumbered=[c.name for c in clients if c.ports != cluster.endpoints[: len(c.ports)]],
     )
 
 

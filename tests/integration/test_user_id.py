@@ -25,9 +25,10 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     root: Path = tmp_path_factory.mktemp("user-id")
     config = root / "brokerd.toml"
     users = [("app", []), ("relay", ["impersonator"])]
+    hashed = hash_password("secret", iterations=1000)
     config.write_text(
         "".join(
-            f'[[users]]\nname = "{name}"\npassword_hash = "{hash_password("secret", iterations=1000)}"\n'
+            f'[[users]]\nname = "{name}"\npassword_hash = "{hashed}"\n'
             f"tags = {tags!r}\n\n"
             f'[[permissions]]\nuser = "{name}"\nvhost = "/"\n\n'
             for name, tags in users
@@ -72,8 +73,7 @@ def test_another_name_is_406_and_the_connection_lives(broker: BrokerProcess) -> 
             ch.basic_publish("", queue, b"x", pika.BasicProperties(user_id="relay"))
         assert closed.value.reply_code == 406
         assert closed.value.reply_text == (
-            "PRECONDITION_FAILED - user_id property set to 'relay' but authenticated "
-            "user was 'app'"
+            "PRECONDITION_FAILED - user_id property set to 'relay' but authenticated user was 'app'"
         )
         again = conn.channel()  # only that channel closed
         assert again.queue_declare(queue, passive=True).method.message_count == 0
