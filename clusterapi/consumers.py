@@ -20,7 +20,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
@@ -33,8 +33,6 @@ from clusterapi.models import Broker, Command
 
 log = logging.getLogger(__name__)
 
-_R = TypeVar("_R")
-
 #: one thread for every broker link's database work: one link's messages are applied
 #: in order (each awaits the last), and SQLite takes one writer at a time anyway; page
 #: loads (Django's shared sync thread) and live fragments (their own threads) read
@@ -42,7 +40,7 @@ _R = TypeVar("_R")
 _LINK_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="broker-links-db")
 
 
-def on_link_thread(func: Callable[..., _R]) -> Callable[..., Any]:
+def on_link_thread(func: Callable[..., Any]) -> Callable[..., Any]:
     """``func`` as a coroutine run on the links' database thread (connections
     closed when past their age, as ``database_sync_to_async`` does)."""
     return database_sync_to_async(func, thread_sensitive=False, executor=_LINK_THREAD)
