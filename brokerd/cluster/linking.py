@@ -122,6 +122,10 @@ class Linking:
         pushed a new file): links to the added, none to the removed. Returns them."""
         removed, added = self.known - known, known - self.known
         self.known, self.checksum = known, checksum
+        if self.address in known:
+            # named by the address it was admitted as (or started with): listed at
+            # once, not only once a link of its own has come back to it
+            self.own_addresses.add(self.address)
         self.listed = bool(self.own_addresses & known)
         for address in removed:
             link = self.links.pop(address, None)

@@ -253,6 +253,21 @@ def test_reconfigure_applies_heartbeat_timing_and_known_hosts_live() -> None:
     assert ctl.reconfigure(new)["applied"] == []
 
 
+def test_a_joiner_is_listed_as_soon_as_the_set_naming_its_address_is_taken() -> None:
+    """Admitted as h4:4, it is a member (votes, counts itself once) when it takes the
+    set that names it, not only once a link of its own comes back to it (before, its
+    status said unlisted for as long as that link took)."""
+    clock = Clock()
+    ctl = ClusterController(
+        CONFIG, spid="s4", server_type="primary", start_time=1.0, address="h4:4", clock=clock
+    )
+    assert not ctl.listed
+    ctl.set_known({"h1:1", "h2:2", "h3:3"}, "x")
+    assert not ctl.listed, "its address is not in the set"
+    ctl.set_known({"h1:1", "h2:2", "h3:3", "h4:4"}, "y")
+    assert ctl.listed and "h4:4" in ctl.own_addresses
+
+
 def test_names_that_led_to_the_same_server_count_once_in_the_quorum() -> None:
     config = parse_cluster_config(
         {

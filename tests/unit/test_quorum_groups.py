@@ -33,7 +33,7 @@ def declare_grouped(net: Net, name: str, group: tuple[str, ...], owner: str = "A
 
 def copy_of(net: Net, spid: str, name: str) -> list[bytes]:
     replica = net.servers[spid].queues.copies.queues.get(name)
-    return [] if replica is None else [e.message.body for e in replica.entries.values()]
+    return [] if replica is None else [e.message.body for _mid, e in replica.ordered()]
 
 
 def test_a_group_of_two_confirms_on_its_member_alone_and_the_others_keep_no_copy(
@@ -171,6 +171,72 @@ def test_a_grown_member_gets_the_snapshot_and_counts_once_it_holds_the_queue(
     net4.pump()
     assert copy_of(net4, "C", "g") == [b"0", b"1", b"2", b"3"]
     assert stream.growing == {} and waiter.confirmed()
+
+
+def test_a_grown_member_counts_though_no_publish_follows_its_snapshot(net4: Net) -> None:
+    """The last publish before the old member goes is in the grown member's snapshot
+    (a publisher that waits for each confirm sends no other): the owner sends an
+    event after the snapshot for its ack to prove the member holds the queue
+    (before the fix, none came, and the confirm waited for ever)."""
+    declare_grouped(net4, "g", ("A", "B"))
+    net4.queue("A", "g").push(message(b"0"))
+    net4.pump()
+    stream = net4.servers["A"].queues.stream
+    stream._syncing = True  # as on a running loop: the snapshot goes on a later turn
+    regroup(net4, "g", ("A", "B", "C"))
+    net4.cut.add(("B", "A"))  # B is gone: its acks never come again
+    waiter = Waiter()
+    net4.queue("A", "g").push(message(b"1"), waiter)  # before the snapshot is sent
+    while stream.sync_step():
+        pass
+    stream._syncing = False
+    for _ in range(3):
+        net4.pump()
+        net4.servers["C"].queues.copies.ack()
+    net4.pump()
+    assert copy_of(net4, "C", "g") == [b"0", b"1"]
+    assert waiter.confirmed() and net4.servers["A"].queues.stream.growing == {}
+
+
+def test_what_waits_on_the_old_group_waits_on_the_grown_one(net4: Net) -> None:
+    """A confirm waiting for B when the group grows is released by the new group's
+    floor once C holds the queue, B gone for good (before the fix it waited for the
+    old group's, which only B could move)."""
+    declare_grouped(net4, "g", ("A", "B"))
+    net4.queue("A", "g").push(message(b"0"))
+    net4.pump()
+    net4.cut.add(("B", "A"))
+    waiter = Waiter()
+    net4.queue("A", "g").push(message(b"1"), waiter)
+    net4.pump()
+    assert waiter.answers == []
+    regroup(net4, "g", ("A", "B", "C"))
+    for _ in range(3):
+        net4.pump()
+        net4.servers["C"].queues.copies.ack()
+    net4.pump()
+    assert copy_of(net4, "C", "g") == [b"0", b"1"]
+    assert waiter.confirmed()
+
+
+def test_a_group_shared_with_another_queue_keeps_its_waiters(net4: Net) -> None:
+    """Two queues of one group: when one grows, what waits on the other stays on the
+    old group's floor (C holds nothing of the other queue)."""
+    declare_grouped(net4, "g", ("A", "B"))
+    declare_grouped(net4, "h", ("A", "B"))
+    net4.cut.add(("B", "A"))
+    waiter = Waiter()
+    net4.queue("A", "h").push(message(b"h"), waiter)
+    net4.pump()
+    regroup(net4, "g", ("A", "B", "C"))
+    for _ in range(3):
+        net4.pump()
+        net4.servers["C"].queues.copies.ack()
+    assert waiter.answers == []
+    net4.cut.discard(("B", "A"))
+    net4.servers["B"].queues.copies.ack()
+    net4.pump()
+    assert waiter.confirmed()
 
 
 def test_a_shrunk_group_confirms_on_the_rest_and_the_member_left_out_drops_its_copy(

@@ -341,13 +341,9 @@ class QueueService:
             return
         stream = self.stream
         if queue.local and queue.name in stream.groups:
-            added = set(group) - stream.groups[queue.name]
-            stream.groups[queue.name] = frozenset(group)
             store = queue.store
-            if isinstance(store, ReplicatingStore):
-                for address in sorted(added):  # a grow: the new member syncs first
-                    stream.grow(queue.name, address, store)
-            stream.regrouped()
+            replicating = store if isinstance(store, ReplicatingStore) else None
+            stream.regroup(queue.name, frozenset(group), replicating)
         if self.members.address not in group:
             self.copies.drop(queue.name, write=True)
         self.owner_placed(queue)

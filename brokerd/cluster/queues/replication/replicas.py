@@ -120,6 +120,8 @@ class Snapshots:
     _syncing: bool
     _sync_waits: bool
     _sync_seq: int
+    #: queues whose group took in members that do not hold them yet (``Regroups``)
+    growing: dict[str, set[str]]
 
     if TYPE_CHECKING:
 
@@ -161,6 +163,7 @@ class Snapshots:
         more = False
         sent = False
         done: list[ReplicaLink] = []
+        grown: list[str] = []
         turn_ends = time.perf_counter() + SYNC_TURN
         for replica in self.replicas.values():
             link = self.peers.link_to(replica.spid)
@@ -205,6 +208,8 @@ class Snapshots:
                     batch.replicate(0, rec.R_SYNCED, name, 0)
                     replica.syncs.popleft()
                     replica.queues[name] = self.seq
+                    if replica.address in self.growing.get(name, ()):
+                        grown.append(name)
             if not replica.syncs and replica.synced_at is None:
                 done.append(replica)
             more = more or bool(replica.syncs)
@@ -212,5 +217,10 @@ class Snapshots:
             # a live event after the snapshot: its ack proves the snapshot is in
             replica.synced_at = self.emit(rec.R_SYNCED, "", 0)
             log.info("replica %s: snapshot sent, synced at seq=%d", replica.spid, replica.synced_at)
+        for name in grown:
+            # a grown member counts once it acks an event after its snapshot of the
+            # queue (``_holds_grown``): with the publishers all waiting for that, none
+            # would come, so one is sent (a settle of mid 0: nothing to every replica)
+            self.emit(rec.R_SETTLE, name, 0)
         self._sync_waits = more and not sent
         return more

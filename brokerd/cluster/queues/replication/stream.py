@@ -55,6 +55,7 @@ from brokerd.cluster.plane import records as rec
 from brokerd.cluster.plane.flow import Feeder, Feeders, feeder
 from brokerd.cluster.queues.replication import quorum
 from brokerd.cluster.queues.replication.entry import Entry
+from brokerd.cluster.queues.replication.regroup import Group, Regroups
 from brokerd.cluster.queues.replication.replicas import Gate, ReplicaLink, Snapshots
 from brokerd.cluster.queues.replication.store import ReplicatingStore
 from brokerd.model.completion import Done
@@ -67,10 +68,6 @@ if TYPE_CHECKING:
     from brokerd.model.vhost import VirtualHost
 
 log = logging.getLogger("brokerd.cluster.queues.replication.stream")
-
-#: whose acks a floor counts: the addresses of a quorum queue's group, or None for
-#: every primary (a replicated queue, a quorum queue whose group is every primary)
-Group = frozenset[str] | None
 
 
 class Peers(Protocol):
@@ -87,7 +84,7 @@ class Peers(Protocol):
     def link_to(self, spid: str | None) -> Any: ...
 
 
-class Stream(Snapshots):
+class Stream(Snapshots, Regroups):
     """This server's replicas and its replication stream (the queues it owns)."""
 
     def __init__(
@@ -306,29 +303,6 @@ class Stream(Snapshots):
             self._holds_grown(replica)
         self._advance()
 
-    def grow(self, name: str, address: str, store: ReplicatingStore) -> None:
-        """Queue ``name``'s group took in ``address`` (``brokerd ctl queues grow``): that
-        replica gets the queue's reset and snapshot, and counts for the group's floor
-        only once an ack past the snapshot proves it holds the queue; the floor needs
-        a majority of the whole new group meanwhile, from the members that do."""
-        self.growing.setdefault(name, set()).add(address)
-        replica = next((r for r in self.replicas.values() if r.address == address), None)
-        if replica is None:
-            return  # not linked now: it gets the queue's snapshot when it joins (``add``)
-        replica.queues.pop(name, None)
-        self.transport.repl_batch(replica.out).replicate(0, rec.R_RESET, name, 0)
-        replica.syncs.append((name, deque(store.entries)))
-        self._schedule_sync()
-
-    def _holds_grown(self, replica: ReplicaLink) -> None:
-        for name, waiting in list(self.growing.items()):
-            sent = replica.queues.get(name)
-            if replica.address in waiting and sent is not None and replica.acked > sent:
-                waiting.discard(replica.address)
-                log.warning("replica %s holds %s: it counts for its group", replica.spid, name)
-                if not waiting:
-                    del self.growing[name]
-
     def _advance(self) -> None:
         floors = self._floors
         groups: set[Group] = {None, *self.groups.values(), *self._confirms, *self._gates}
@@ -353,11 +327,6 @@ class Stream(Snapshots):
         tail, named = self.tail, self.groups
         while tail and tail[0][0] <= floors.get(named.get(tail[0][1]), 0):
             tail.popleft()
-
-    def regrouped(self) -> None:
-        """A queue's group changed: its floor is that of its new group from now on
-        (what waits on the old one is released by the old one's floor)."""
-        self._advance()
 
     def reset_feeders(self) -> None:
         self.feeders.clear()
