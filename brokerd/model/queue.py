@@ -17,8 +17,9 @@ message's is kept until it is settled. A requeued one goes into the heap
 under its old position, and since every position in the heap is below the
 FIFO's head, the heap drains first, in position order: nacking 2, 3, 4, 5 of
 1..6 brings them back as 2, 3, 4, 5 ahead of 6, as RabbitMQ does, at
-O(log n) a message. TTL and x-expires are ``expiry.QueueExpiry``'s;
-dead-lettering is ``deadletter``'s.
+O(log n) a message. TTL and x-expires are ``expiry.QueueExpiry``'s; the length
+limits (x-max-length, x-overflow) ``overflow.QueueOverflow``'s; dead-lettering is
+``deadletter``'s.
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ from brokerd.model.arguments import (
     validate_queue_arguments,
 )
 from brokerd.model.consumers import QueueConsumers
-from brokerd.model.deadletter import MAXLEN, REJECTED
+from brokerd.model.deadletter import REJECTED
 from brokerd.model.expiry import QueueExpiry
 from brokerd.model.interfaces import ConsumerSink, Got, PublishWaiter, Reply
 from brokerd.model.message import Message
+from brokerd.model.overflow import QueueOverflow
 from brokerd.model.storage import CorruptMessage, QueueStore
 
 if TYPE_CHECKING:
@@ -63,7 +65,7 @@ PAGE_LIMIT = 64 * 1024 * 1024
 _TIEBREAK = itertools.count()
 
 
-class Queue(QueueConsumers, QueueExpiry):
+class Queue(QueueConsumers, QueueExpiry, QueueOverflow):
     """The local queue type: a FIFO of messages and a round-robin set of consumers.
 
     Standalone every queue is one; in a cluster the private (exclusive) queues
@@ -222,77 +224,6 @@ class Queue(QueueConsumers, QueueExpiry):
         self.messages.append(message)
         self.bytes += len(message.body)
         return True
-
-    def _push_checked(self, message: Message, waiter: PublishWaiter | None) -> bool:
-        """``push`` past the consumers when a TTL or a length limit (x-max-length,
-        x-max-length-bytes) applies: off the plain path, so a queue without them
-        pays one flag test per message."""
-        deadline = self._deadline(message)
-        if deadline is not None and not self.message_count and deadline <= self.timers.now():
-            # it would be the head and is due already (a TTL of 0): it goes at
-            # once, never stored, as RabbitMQ discards (or dead-letters) it
-            self._expired([message], stored=False)
-            return True
-        max_length = self.max_length
-        max_bytes = self.max_length_bytes
-        size = len(message.body)
-        dropped = None
-        if self._over(max_length, max_bytes, size):
-            if self.reject_publish:
-                self.stats_in -= 1
-                self.stats_dropped += 1
-                if self._dead_letter_refused:
-                    self._dead_letter([message], MAXLEN)
-                return False
-            dropped = self._drop_head(max_length, max_bytes, size)
-            if max_length == 0 or (max_bytes is not None and size > max_bytes):
-                # no room even alone: enqueued and dropped at once, as the head
-                self.stats_dropped += 1
-                dropped.append(message)
-                self._dead_letter(dropped, MAXLEN)
-                return True
-        if deadline is not None:
-            self._deadlines[self._head_pos + len(self.messages)] = deadline
-        store = self.store
-        if store is not None:
-            if store.tracks_enqueues:
-                store.enqueued(message, waiter)
-            if self.bytes > self.page_limit and (stub := store.page_out(message)) is not None:
-                message = stub  # flow to disk: the body leaves memory
-                self._paged_bytes += stub.length
-            else:
-                self.bytes += len(message.body)
-        else:
-            self.bytes += len(message.body)
-        self.messages.append(message)
-        if dropped:
-            self._dead_letter(dropped, MAXLEN)
-        if self._deadlines:
-            self._arm_expiry()
-        return True
-
-    def _over(self, max_length: int | None, max_bytes: int | None, size: int) -> bool:
-        """Would one more message of ``size`` bytes put the queue over its limits?"""
-        return (max_length is not None and self.message_count >= max_length) or (
-            max_bytes is not None and self.bytes + self._paged_bytes + size > max_bytes
-        )
-
-    def _drop_head(self, max_length: int | None, max_bytes: int | None, size: int) -> list[Message]:
-        """Drop-head overflow: take heads until there is room for one more (RabbitMQ
-        enqueues, then drops heads while over: the same messages go)."""
-        dropped = []
-        while self.message_count and self._over(max_length, max_bytes, size):
-            popped = self._pop(past_corrupt=False)
-            if popped is None:
-                continue  # the head was corrupt (dropped, so not counted as dropped)
-            head, _, position = popped
-            if self._deadlines:
-                self._deadlines.pop(position, None)
-            dropped.append(head)
-        self.stats_dropped += len(dropped)
-        if self.store is not None and dropped:
-            self.store.dequeued(dropped)
-        return dropped
 
     def _keep_deadline(self, position: int, message: Message) -> None:
         deadline = self._deadline(message)
