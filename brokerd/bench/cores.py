@@ -50,7 +50,7 @@ from brokerd.bench.failover import Node
 from brokerd.bench.ports import free_port
 from brokerd.bench.scenarios import BenchError, Options
 from brokerd.bench.spread import add_run_options, print_medians, run_spread
-from brokerd.ctl import request
+from brokerd.server.control import request
 
 RABBIT = "rabbitmq-one"
 

@@ -133,7 +133,7 @@ class Surface:
     def control(
         self: Server, request: dict[str, Any]
     ) -> dict[str, Any] | Awaitable[dict[str, Any]]:
-        """Answer one control-socket request (see brokerd/ctl.py); a queue move is
+        """Answer one control-socket request (see brokerd/ctl/); a queue move is
         answered once it ends (a coroutine)."""
         command = request["command"]
         if command == "status":

@@ -76,7 +76,7 @@ def make_targets(root: Path = ROOT) -> set[str]:
 
 
 def ctl_commands(root: Path = ROOT) -> set[str]:
-    text = (root / "brokerd" / "ctl.py").read_text()
+    text = (root / "brokerd" / "ctl" / "__init__.py").read_text()
     return set(re.findall(r"add_parser\(\s*\"([\w-]+)\"", text))
 
 

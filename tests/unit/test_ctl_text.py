@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from brokerd import ctl
 from brokerd.cluster.operations import address_of, retired_spids
+from brokerd.ctl import host, text
 from tests.unit.test_cluster_controller import link_from, make, status
 
 
 def printed(capsys: pytest.CaptureFixture[str], result: dict[str, Any]) -> list[str]:
-    ctl._print_status(result)
+    text.print_status(result)
     return capsys.readouterr().out.splitlines()
 
 
@@ -72,7 +72,7 @@ def test_servers_are_named_with_their_address(capsys: pytest.CaptureFixture[str]
 
 def test_queue_owners_are_named_with_their_address(capsys: pytest.CaptureFixture[str]) -> None:
     base = {"vhost": "/", "type": "quorum", "consumers": 0, "replicas": None, "messages": 3}
-    ctl._print_queues(
+    text.print_queues(
         {
             "spid": "s1",
             "queues": [
@@ -129,7 +129,7 @@ def test_link_rows_of_several_restarts_do_not_pile_up() -> None:
         "peers": [{"spid": "s2c", "address": "h2:2", "replaces": ["s2", "s2b"]}],
         "lanes": {spid: {"state": "down"} for spid in ("s2", "s2b")} | {"s2c": {"state": "up"}},
     }
-    assert [spid for spid, _lane in ctl._link_rows(result)] == ["s2c"]
+    assert [spid for spid, _lane in text.link_rows(result)] == ["s2c"]
 
 
 def test_a_hosts_bridge_status_joins_every_workers_rows(
@@ -142,12 +142,12 @@ def test_a_hosts_bridge_status_joins_every_workers_rows(
         1: "not answering: timed out",
         2: {"bridges": [{"name": "b", "state": "starting"}]},
     }
-    monkeypatch.setattr(ctl, "_ask_worker", lambda _d, index, *_a: answers[index])
+    monkeypatch.setattr(host, "ask_worker", lambda _d, index, *_a: answers[index])
     workers = [{"index": i, "state": "running"} for i in range(3)] + [
         {"index": 3, "state": "stopped"}
     ]
     args = argparse.Namespace(command="bridges", action="status", json=True, data_dir=tmp_path)
-    assert ctl._host_bridge_status(args, workers, 1.0) == 0
+    assert host.host_bridge_status(args, workers, 1.0) == 0
     out = capsys.readouterr()
     rows = json.loads(out.out)["bridges"]
     assert [(r["name"], r["worker"]) for r in rows] == [("a", "worker-0"), ("b", "worker-2")]
