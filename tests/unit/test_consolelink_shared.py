@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from brokerd.cluster.queues.shared import RemoteQueues
 from brokerd.consolelink.tracker import SnapshotTracker, collect
-from brokerd.ctl import _replica_text
+from brokerd.ctl.text import _replica_text
 from brokerd.server.dump import _placement, queue_table
 from tests.unit.cluster_net import Net, Sink, message
 

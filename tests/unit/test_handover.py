@@ -302,7 +302,7 @@ def test_ctl_queues_shows_a_move_under_way(net: Net) -> None:
 
 
 def test_the_queue_table_prints_the_target(capsys: Any) -> None:
-    from brokerd.ctl import _print_queues
+    from brokerd.ctl.text import print_queues
 
     row = {
         "vhost": "/",
@@ -315,7 +315,7 @@ def test_the_queue_table_prints_the_target(capsys: Any) -> None:
         "consumers": 0,
         "replicas": [],
     }
-    _print_queues({"spid": "A", "queues": [row]})
+    print_queues({"spid": "A", "queues": [row]})
     assert "A (here) -> B" in capsys.readouterr().out
 
 

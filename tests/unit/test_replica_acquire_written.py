@@ -11,7 +11,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from brokerd.cluster.plane import records as rec
-from brokerd.cluster.queues.replication.copies import Copies, QueueCopy, SourceStream
+from brokerd.cluster.queues.replication.content import QueueCopy, SourceStream
+from brokerd.cluster.queues.replication.copies import Copies
 from brokerd.cluster.queues.replication.entry import Entry
 from brokerd.model.message import Message
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from brokerd.cluster.queues.replication.copies import QueueCopy
+from brokerd.cluster.queues.replication.content import QueueCopy
 from brokerd.cluster.queues.replication.entry import Entry
 from brokerd.cluster.queues.shared import SharedQueue
 from brokerd.model.interfaces import PublishWaiter

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from brokerd.cluster.queues.replication.copies import QueueCopy
+from brokerd.cluster.queues.replication.content import QueueCopy
 from brokerd.cluster.queues.replication.entry import Entry
 from brokerd.cluster.queues.replication.marks import ConfirmMarks
 from brokerd.cluster.queues.replication.store import ReplicatingStore

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from brokerd.cluster.queues.replication.copies import QueueCopy
+from brokerd.cluster.queues.replication.content import QueueCopy
 from brokerd.cluster.queues.replication.entry import Entry
 from brokerd.model.interfaces import ConsumerSink, PublishWaiter, Reply
 from brokerd.model.message import Message

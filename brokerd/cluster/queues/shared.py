@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from brokerd.cluster.queues.replication.copies import QueueCopy
+from brokerd.cluster.queues.replication.content import QueueCopy
 from brokerd.cluster.queues.replication.entry import Entry
 from brokerd.cluster.queues.roles import Owner, Proxy
 from brokerd.model.interfaces import ConsumerSink, PublishWaiter, Reply
