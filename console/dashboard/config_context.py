@@ -19,6 +19,7 @@ from django.http import QueryDict
 
 from clusterapi import configs, convergence, passwords
 from clusterapi.models import Broker, ConfigVersion
+from console.dashboard.readable import with_stamps
 
 
 def pretty(document: Any) -> str:
@@ -91,7 +92,6 @@ def build_config(params: QueryDict) -> dict[str, Any]:
         item.running_count = running.get(item.checksum, 0)
         item.is_current = version is not None and item.pk == version.pk
     rows = convergence.broker_rows(version) if version is not None else []
-    from console.dashboard.pages import with_stamps  # pages imports this module
 
     return {
         "version": version,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,16 @@ def absolute(value: Any) -> Stamp | None:
         value = value.replace(tzinfo=dt.UTC)
     utc = value.astimezone(dt.UTC)
     return Stamp(iso=iso(utc), text=f"{utc.day} {utc:%b %Y %H:%M:%S} UTC", kind="at")
+
+
+def with_stamps(objects: Iterable[Any], *fields: str) -> list[Any]:
+    """The objects as a list, each with ``<field>_stamp`` set for every field."""
+    now = timezone.now()
+    out = list(objects)
+    for obj in out:
+        for name in fields:
+            setattr(obj, f"{name}_stamp", stamp(getattr(obj, name), now))
+    return out
 
 
 def detail_items(details: Any) -> list[tuple[str, str]]:

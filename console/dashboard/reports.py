@@ -26,8 +26,8 @@ from clusterapi.api.reports import headline
 from clusterapi.errors import InvalidRequest
 from clusterapi.models import ReportRun
 from clusterapi.roles import is_operator
-from console.dashboard.pages import PAGE_SIZE, with_stamps
-from console.dashboard.readable import absolute
+from console.dashboard.pages import PAGE_SIZE
+from console.dashboard.readable import absolute, with_stamps
 
 #: seconds between reloads of a page showing an unfinished run
 REFRESH_SECONDS = 5

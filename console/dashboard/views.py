@@ -36,14 +36,10 @@ from clusterapi.cluster import notify_dashboard
 from clusterapi.errors import Conflict, InvalidRequest, Unavailable
 from clusterapi.models import Alarm, Broker, Command, QueueSnapshot
 from clusterapi.roles import is_operator
+from console.dashboard.broker_page import banner_commands
 from console.dashboard.forms import MoveForm, RebalanceForm, RootForm
-from console.dashboard.pages import (
-    PAGES,
-    banner_commands,
-    queue_moves,
-    rebalance_view,
-    with_stamps,
-)
+from console.dashboard.pages import PAGES, queue_moves, rebalance_view
+from console.dashboard.readable import with_stamps
 
 
 def is_htmx(request: HttpRequest) -> bool:

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from clusterapi import ingest
 from clusterapi.models import Broker, BrokerEvent
-from console.dashboard.pages import peer_links
+from console.dashboard.broker_page import peer_links
 from tests.support.linkmessages import hello as link_hello
 
 pytestmark = pytest.mark.django_db

@@ -14,7 +14,7 @@ from clusterapi import cluster, ingest
 from clusterapi.ingest import LinkState
 from clusterapi.linkparse import LinkProtocolError
 from clusterapi.models import Alarm, Broker, BrokerEvent
-from console.dashboard.pages import grouped_by_host
+from console.dashboard.rows import grouped_by_host
 from tests.support.linkmessages import hello as link_hello
 
 HOST = "10.0.0.5:5672"
