@@ -39,6 +39,8 @@ from typing import Any
 
 from playwright.sync_api import BrowserContext, Page, Route, sync_playwright
 
+from clusterapi.bench.meters import percentile
+
 PAGES = ("/", "/brokers/", "/queues/", "/exchanges/", "/bindings/", "/alarms/", "/bridges/")
 CHROMIUM = "/usr/bin/chromium"
 #: seconds at the end of a live window whose statuses are not counted
@@ -110,13 +112,6 @@ def measure(page: Page, url: str) -> dict[str, Any]:
     page.goto(url, wait_until="load", timeout=120_000)
     timings = page.evaluate(TIMINGS)
     return {key: None if value is None else round(value, 1) for key, value in timings.items()}
-
-
-def percentile(values: list[float], p: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1))))]
 
 
 def read_sent(path: Path) -> list[tuple[str, int, float]]:

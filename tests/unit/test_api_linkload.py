@@ -7,7 +7,8 @@ import random
 import pytest
 
 from clusterapi import ingest
-from clusterapi.bench.linkload import FakeBroker, parse_args, percentile
+from clusterapi.bench.linkload import FakeBroker, parse_args
+from clusterapi.bench.meters import percentile
 from clusterapi.models import BindingSnapshot, QueueSnapshot
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("in_memory_layer")]
