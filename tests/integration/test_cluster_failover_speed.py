@@ -26,9 +26,10 @@ import pytest
 from pika.adapters.blocking_connection import BlockingConnection
 from pika.exceptions import AMQPConnectionError, AMQPError, ConnectionClosedByBroker
 
-from tests.cluster_harness import Cluster, Sampler
+from tests.cluster_harness import Cluster
 from tests.conftest import uid
 from tests.support.clients import connect as client
+from tests.support.sampler import Sampler
 
 # serial: its timing is measured against the heartbeat, so it runs alone
 pytestmark = [

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.cluster_harness import Cluster, MakeCluster, Sampler
+from tests.cluster_harness import Cluster, MakeCluster
 from tests.support.clients import confirmed_publishers, connect, drain_queues
+from tests.support.sampler import Sampler
 
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
 

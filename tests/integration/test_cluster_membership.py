@@ -21,11 +21,10 @@ from tests.cluster_harness import (
     INTERVAL,
     TIMEOUT,
     MakeCluster,
-    Sampler,
-    brief,
     write_cluster_file,
 )
 from tests.support.clients import connect
+from tests.support.sampler import Sampler, brief
 
 # serial: its timing is measured against the heartbeat, so it runs beside no
 # browser, Spark or unit test (Makefile)

@@ -17,11 +17,9 @@ from tests.cluster_harness import (
     INTERVAL,
     TIMEOUT,
     MakeCluster,
-    Sampler,
-    brief,
-    roots_with_quorum,
 )
 from tests.support.clients import connect
+from tests.support.sampler import Sampler, brief, roots_with_quorum
 
 # serial: its timing is measured against the heartbeat, so it runs beside no
 # browser, Spark or unit test (Makefile)
