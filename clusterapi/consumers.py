@@ -6,9 +6,14 @@ as a ``link.refused`` alarm), then takes ``hello``, ``status`` and ``ack``
 messages and answers with ``welcome``, ``resync`` and ``command``. Commands
 reach it through the channel layer: the consumer joins the group
 ``broker.<id>`` after the hello and forwards every ``broker.command`` event.
-Database work runs on a thread of the links' own (``on_link_thread``), not in
-the thread Django runs sync views in: a page load there held every broker's
-statuses up behind it (at 50 brokers the live overview lagged 3 s at p95).
+Database work runs in Channels' database thread (``database_sync_to_async``),
+the one Django runs sync views in: a page load holds the statuses up for its
+render. A thread of the links' own was tried and measured worse (50 brokers x
+1,000 queues with pages open in Chromium: the live overview's lag p50 9.2 s
+against 2.1 s, a quarter of the statuses never shown): the link thread's many
+short SQLite calls each give up the GIL and wait to take it back behind a
+rendering thread, so ingest fell further behind than when renders and statuses
+simply take turns (docs/benchmarks.md, eleventh session).
 """
 
 from __future__ import annotations
@@ -18,8 +23,6 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -32,19 +35,6 @@ from clusterapi.ingest import LinkProtocolError, LinkState
 from clusterapi.models import Broker, Command
 
 log = logging.getLogger(__name__)
-
-#: one thread for every broker link's database work: one link's messages are applied
-#: in order (each awaits the last), and SQLite takes one writer at a time anyway; page
-#: loads (Django's shared sync thread) and live fragments (their own threads) read
-#: beside it (WAL)
-_LINK_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="broker-links-db")
-
-
-def on_link_thread(func: Callable[..., Any]) -> Callable[..., Any]:
-    """``func`` as a coroutine run on the links' database thread (connections
-    closed when past their age, as ``database_sync_to_async`` does)."""
-    return database_sync_to_async(func, thread_sensitive=False, executor=_LINK_THREAD)
-
 
 #: websocket close code for a malformed message (docs/protocol.md)
 CLOSE_MALFORMED = 4400
@@ -113,7 +103,7 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
             return
         _last_refusal_recorded = now
         try:
-            await on_link_thread(_record_refusal)(peer, reason)
+            await database_sync_to_async(_record_refusal)(peer, reason)
             await anotify_dashboard("alarm")
         except Exception:
             log.exception("could not record the refused broker link")
@@ -157,7 +147,7 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
         if self.link is not None:
             raise LinkProtocolError("hello sent twice on one link")
         hello = ingest.parse_hello(msg)
-        broker, _ = await on_link_thread(ingest.register_hello)(hello, self.channel_name)
+        broker, _ = await database_sync_to_async(ingest.register_hello)(hello, self.channel_name)
         self.link = LinkState(
             broker.pk,
             broker.name,
@@ -171,16 +161,16 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
         self.member = asyncio.ensure_future(
             keep_in_group(self.channel_layer, self.group, self.channel_name)
         )
-        version = await on_link_thread(configs.current)()
+        version = await database_sync_to_async(configs.current)()
         await self.send_json(
             {"v": 1, "type": "welcome", "config_version": version.number if version else None}
         )
-        await on_link_thread(_after_hello)(broker.pk)
+        await database_sync_to_async(_after_hello)(broker.pk)
         await anotify_dashboard("broker", broker.name)
 
     async def on_status(self, msg: dict[str, Any]) -> None:
         assert self.link is not None
-        outcome = await on_link_thread(ingest.apply_status)(self.link, msg)
+        outcome = await database_sync_to_async(ingest.apply_status)(self.link, msg)
         if outcome.resync:
             await self.send_json({"v": 1, "type": "resync"})
         await anotify_dashboard("broker", self.link.name)
@@ -203,7 +193,7 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
             raise LinkProtocolError("ack.result must be an object or null")
         if error is not None and not isinstance(error, str):
             raise LinkProtocolError("ack.error must be a string or null")
-        await on_link_thread(commands.acknowledge)(
+        await database_sync_to_async(commands.acknowledge)(
             self.link.broker_id, command_id, ok, result, error
         )
         # an ack may have recorded what the broker runs: the next status is compared with
@@ -214,7 +204,7 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
         """A planned stop: recorded now, so the link closing next raises nothing."""
         assert self.link is not None
         spid, reason = ingest.parse_stopping(msg)
-        if await on_link_thread(ingest.record_stopping)(self.link, spid, reason):
+        if await database_sync_to_async(ingest.record_stopping)(self.link, spid, reason):
             log.info("broker %s stopping as planned (%s)", self.link.name, reason or "?")
             await anotify_dashboard("broker", self.link.name)
 
@@ -238,7 +228,7 @@ class BrokerLinkConsumer(AsyncJsonWebsocketConsumer):
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
         if self.link is not None:
-            outcome = await on_link_thread(ingest.link_closed)(
+            outcome = await database_sync_to_async(ingest.link_closed)(
                 self.link, self.channel_name, code, crash=not self.closed_by_console
             )
             log.info(
