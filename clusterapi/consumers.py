@@ -10,10 +10,9 @@ Database work runs in Channels' database thread (``database_sync_to_async``),
 the one Django runs sync views in: a page load holds the statuses up for its
 render. A thread of the links' own was tried and measured worse (50 brokers x
 1,000 queues with pages open in Chromium: the live overview's lag p50 9.2 s
-against 2.1 s, a quarter of the statuses never shown): the link thread's many
-short SQLite calls each give up the GIL and wait to take it back behind a
-rendering thread, so ingest fell further behind than when renders and statuses
-simply take turns (docs/benchmarks.md, eleventh session).
+against 0.6-2.1 s, a quarter of the statuses never shown): ingest fell further
+behind beside the rendering threads than when renders and statuses take turns
+on one thread (the cause is not settled: docs/benchmarks.md, eleventh session).
 """
 
 from __future__ import annotations
