@@ -336,3 +336,26 @@ async def test_a_hand_over_under_way_ends_once_quorum_goes(
     assert "stopping: 0 of 1 queues moved to other primaries" in caplog.text
     assert "still under way: orders" in caplog.text
     assert "stopping: no quorum (1 of 3 known primaries stay), 1 queue stays here" in caplog.text
+
+
+async def test_a_stop_waits_for_what_it_relayed_so_far_and_for_no_later_forward() -> None:
+    """Forwards taken for a queue being handed over are relayed to its new owner; the
+    stopping server keeps its links until those are settled, or the peers would send
+    them again, flagged, beside the relayed copy (a CI run caught such a duplicate).
+    Later forwards, its own clients' (they may never pause), are not waited for."""
+    ctl, clock = make()
+    out = ctl.queues.transport.out("s2")
+    out.up = True
+    out.unsettled[5] = (None, [], None, False)  # relayed to the queue's new owner
+    stop = asyncio.create_task(ctl.settle_relays(limit=1.0))
+    await asyncio.sleep(0.03)
+    assert not stop.done()  # the relay is not settled yet
+    out.unsettled[9] = (None, [], None, False)  # a later forward
+    del out.unsettled[5]  # the new owner settled the relay
+    await asyncio.wait_for(stop, 0.5)
+    # bounded: a new owner that never settles holds the stop no longer than the limit
+    stop = asyncio.create_task(ctl.settle_relays(limit=1.0))
+    await asyncio.sleep(0.03)
+    assert not stop.done()
+    clock.now += 1.5
+    await asyncio.wait_for(stop, 0.5)
