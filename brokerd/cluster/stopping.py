@@ -97,18 +97,9 @@ class PlannedStop:
         queues, deadline = self.queues, self.clock() + limit
         while queues.orphans.kept and self.clock() < deadline:
             await asyncio.sleep(0.005)
-        outbound = queues.transport.outbound
-        marks = {spid: max(out.unsettled) for spid, out in outbound.items() if out.unsettled}
-
-        def relaying() -> bool:
-            for spid, top in marks.items():
-                out = outbound.get(spid)
-                # unsettled forwards in the order sent: the lowest number first
-                if out is not None and out.up and next(iter(out.unsettled), top + 1) <= top:
-                    return True
-            return False
-
-        while relaying() and self.clock() < deadline:
+        transport = queues.transport
+        marks = [(out, max(out.unsettled)) for out in transport.outbound.values() if out.unsettled]
+        while any(transport.unsettled_upto(mark) for mark in marks) and self.clock() < deadline:
             await asyncio.sleep(0.005)
 
     def why_queues_stay(self) -> str | None:
